@@ -1,0 +1,200 @@
+//! [`Idempotency`]: the handle generated code runs against (a store, defaults and a clock).
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
+
+/// Default `ttl`: how long a COMPLETED response is replayed.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default `lease`: how long a PENDING claim blocks other callers when its worker stops sending heartbeats.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// A store plus the defaults used by `#[idempotent]` functions: cheap to clone (one `Arc`).
+///
+/// Pass it to a function with `store = ..` (an `Idempotency`, a reference to one, or an `Arc` of one), or
+/// [`install`](Idempotency::install) it once as the process-wide default.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotent_runtime::Idempotency;
+///
+/// let idem = Idempotency::builder_in_memory()
+///     .default_ttl(Duration::from_secs(3600))
+///     .default_lease(Duration::from_secs(30))
+///     .build();
+/// idem.install();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    lease: Duration,
+    failed_ttl: Duration,
+    heartbeat: bool,
+}
+
+static INSTALLED: RwLock<Option<Idempotency>> = RwLock::new(None);
+
+impl Idempotency {
+    /// Records in the DynamoDB table `table`, through a ready client (see
+    /// [`DynamoDbStore`](crate::DynamoDbStore) for the table's shape).
+    #[cfg(feature = "dynamodb")]
+    pub fn dynamodb(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self::builder(crate::DynamoDbStore::new(client, table)).build()
+    }
+
+    /// Records in this process's memory ([`MemoryStore`]): for tests and local runs.
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Self::builder_in_memory().build()
+    }
+
+    /// A builder over any store.
+    pub fn builder(store: impl Store) -> Builder {
+        Self::builder_arc(Arc::new(store))
+    }
+
+    /// A builder over a shared store (keep a clone of the `Arc` to inspect the store in tests).
+    pub fn builder_arc(store: Arc<dyn Store>) -> Builder {
+        Builder {
+            store,
+            clock: Arc::new(SystemClock),
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            failed_ttl: None,
+            heartbeat: true,
+        }
+    }
+
+    /// A builder over a new [`MemoryStore`].
+    #[must_use]
+    pub fn builder_in_memory() -> Builder {
+        Self::builder(MemoryStore::new())
+    }
+
+    /// Makes this handle the process-wide default, used by functions without `store = ..`. Installing
+    /// again replaces the previous default (calls already running keep the one they started with).
+    pub fn install(&self) {
+        *INSTALLED.write().unwrap_or_else(PoisonError::into_inner) = Some(self.clone());
+    }
+
+    /// The installed default, if any.
+    #[must_use]
+    pub fn installed() -> Option<Idempotency> {
+        INSTALLED
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Removes the installed default (for tests).
+    pub fn uninstall() {
+        *INSTALLED.write().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &dyn Store {
+        self.inner.store.as_ref()
+    }
+
+    /// The clock.
+    #[must_use]
+    pub fn clock(&self) -> &dyn Clock {
+        self.inner.clock.as_ref()
+    }
+
+    /// `ttl` for functions that do not set one.
+    #[must_use]
+    pub fn default_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// `lease` for functions that do not set one.
+    #[must_use]
+    pub fn default_lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// How long a FAILED record is kept (it is claimable at once; this is only how long operators can see
+    /// its error).
+    #[must_use]
+    pub fn failed_ttl(&self) -> Duration {
+        self.inner.failed_ttl
+    }
+
+    /// Whether a running body's lease is extended by heartbeats.
+    #[must_use]
+    pub fn heartbeat(&self) -> bool {
+        self.inner.heartbeat
+    }
+}
+
+/// Builds an [`Idempotency`]; start from [`Idempotency::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct Builder {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    lease: Duration,
+    failed_ttl: Option<Duration>,
+    heartbeat: bool,
+}
+
+impl Builder {
+    /// `ttl` for functions that do not set one (default 24 h).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// `lease` for functions that do not set one (default 60 s).
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long FAILED records stay visible (default: the lease).
+    pub fn failed_ttl(mut self, ttl: Duration) -> Self {
+        self.failed_ttl = Some(ttl);
+        self
+    }
+
+    /// The clock expiries and leases are computed from (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Whether to extend a running body's lease every third of the lease (default: on), so a live worker
+    /// is never taken over and `lease` only bounds how long a crashed worker blocks its key.
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat = on;
+        self
+    }
+
+    /// The handle.
+    #[must_use]
+    pub fn build(self) -> Idempotency {
+        Idempotency {
+            inner: Arc::new(Inner {
+                store: self.store,
+                clock: self.clock,
+                ttl: self.ttl,
+                lease: self.lease,
+                failed_ttl: self.failed_ttl.unwrap_or(self.lease),
+                heartbeat: self.heartbeat,
+            }),
+        }
+    }
+}

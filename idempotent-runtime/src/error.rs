@@ -1,0 +1,244 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Why an idempotent call did not produce the body's own result.
+///
+/// Every message is lowercase, names the key's namespace (by default `module::path::fn_name`, or the
+/// attribute's `name = ".."`) and says what to do about it. The body's own error type `E` receives it through
+/// `E: From<Error>`; the body's own errors are never wrapped in this type.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another call holds the key and has not finished yet (and `wait` ran out, or was zero).
+    #[error(
+        "`{namespace}`: another call with this key is still in progress; retry after {retry_after:?}"
+    )]
+    InProgress {
+        /// The key's namespace.
+        namespace: String,
+        /// How long until the other call's lease runs out (at which point the key may be taken over).
+        retry_after: Duration,
+    },
+
+    /// The key was used before with a different `payload`.
+    #[error(
+        "`{namespace}`: this idempotency key was already used with a different payload; use a new key for a different request"
+    )]
+    PayloadMismatch {
+        /// The key's namespace.
+        namespace: String,
+    },
+
+    /// This call's claim was taken over by another caller (its lease ran out) before the result was stored;
+    /// the result was not stored and the other caller's record was left untouched.
+    #[error(
+        "`{namespace}`: the claim on this key was lost (the lease ran out and another call took over); the result was not stored — raise `lease` above the body's running time"
+    )]
+    LeaseLost {
+        /// The key's namespace.
+        namespace: String,
+    },
+
+    /// A business write staged on the transaction failed its condition; nothing was written and the record
+    /// moved to FAILED, so the call may be retried.
+    #[error("`{namespace}`: the transaction was canceled: {}", display_reasons(reasons))]
+    TransactionCanceled {
+        /// The key's namespace.
+        namespace: String,
+        /// One entry per action of the transaction, in order (index 0 is the idempotency record).
+        reasons: Vec<CancellationReason>,
+    },
+
+    /// Too many writes were staged on one transaction, or they are too large, or two touch the same item.
+    #[error("`{namespace}`: {detail}")]
+    TooManyWrites {
+        /// The key's namespace.
+        namespace: String,
+        /// What limit was exceeded.
+        detail: String,
+    },
+
+    /// DynamoDB kept throttling after the configured retries.
+    #[error(
+        "`{namespace}`: the idempotency table is throttling requests and retries ran out; the key stays claimable after its lease — retry later or raise the table's capacity"
+    )]
+    Throttled {
+        /// The key's namespace.
+        namespace: String,
+        /// The last SDK error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The idempotency table does not exist.
+    #[error(
+        "`{namespace}`: the idempotency table `{table}` does not exist; create it with `DynamoDbStore::create_table` (partition key `pk`, type S) or point the store at the right table"
+    )]
+    TableNotFound {
+        /// The key's namespace.
+        namespace: String,
+        /// The table's name.
+        table: String,
+    },
+
+    /// The store failed for another reason (network, permissions, ...).
+    #[error("`{namespace}`: the idempotency store failed: {}", chain(source.as_ref()))]
+    Store {
+        /// The key's namespace.
+        namespace: String,
+        /// The underlying error (for DynamoDB, the SDK's error).
+        #[source]
+        source: BoxError,
+    },
+
+    /// The key, the payload or the body's `Ok` value could not be serialized to JSON.
+    #[error("`{namespace}`: could not serialize the {what} to JSON: {source}")]
+    Serialize {
+        /// The key's namespace.
+        namespace: String,
+        /// `key`, `payload` or `response`.
+        what: &'static str,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A stored response no longer deserializes into the function's output type (the type changed in a deploy?).
+    #[error(
+        "`{namespace}`: the stored response does not deserialize into the function's output type ({source}); if the type changed, give the function a new `name = \"..\"` or wait for the records to expire"
+    )]
+    Deserialize {
+        /// The key's namespace.
+        namespace: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The stored item is not a record this library can read; it was left as it is.
+    #[error(
+        "`{namespace}`: the stored record for this key is unreadable ({detail}); it was left untouched — check that no other writer uses the table"
+    )]
+    CorruptRecord {
+        /// The key's namespace.
+        namespace: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// The body's response was too large to store even compressed; the body ran once, and its result cannot
+    /// be replayed.
+    #[error(
+        "`{namespace}`: the response ({size} bytes) is too large to store in one item; the call ran once and will not run again for this key"
+    )]
+    ResponseTooLarge {
+        /// The key's namespace.
+        namespace: String,
+        /// The serialized size in bytes.
+        size: usize,
+    },
+
+    /// The key's record expired, and only its tombstone (`retain`) remains: the call ran long ago.
+    #[error(
+        "`{namespace}`: this key was used and its stored response has expired; use a new key to run the call again"
+    )]
+    Expired {
+        /// The key's namespace.
+        namespace: String,
+    },
+
+    /// No `store = ..` was given and no default `Idempotency` was installed.
+    #[error(
+        "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
+    )]
+    NotInstalled {
+        /// The key's namespace.
+        namespace: String,
+    },
+}
+
+/// A boxed error that keeps the original as `source()`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why one action of a canceled transaction failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancellationReason {
+    /// The action's index in the transaction (0 is the idempotency record).
+    pub index: usize,
+    /// DynamoDB's code, e.g. `ConditionalCheckFailed` or `None` for an action that was fine.
+    pub code: String,
+    /// DynamoDB's message, if any.
+    pub message: Option<String>,
+    /// The item as it was, when the action asked for `ALL_OLD` on a failed condition.
+    #[cfg(feature = "dynamodb")]
+    pub item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+}
+
+fn display_reasons(reasons: &[CancellationReason]) -> String {
+    let failed: Vec<String> = reasons
+        .iter()
+        .filter(|r| r.code != "None")
+        .map(|r| match &r.message {
+            Some(m) => format!("action {} {} ({m})", r.index, r.code),
+            None => format!("action {} {}", r.index, r.code),
+        })
+        .collect();
+    if failed.is_empty() {
+        "no reason given".to_owned()
+    } else {
+        failed.join(", ")
+    }
+}
+
+impl Error {
+    /// The namespace of the key the error is about.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        match self {
+            Error::InProgress { namespace, .. }
+            | Error::PayloadMismatch { namespace }
+            | Error::LeaseLost { namespace }
+            | Error::TransactionCanceled { namespace, .. }
+            | Error::TooManyWrites { namespace, .. }
+            | Error::Throttled { namespace, .. }
+            | Error::TableNotFound { namespace, .. }
+            | Error::Store { namespace, .. }
+            | Error::Serialize { namespace, .. }
+            | Error::Deserialize { namespace, .. }
+            | Error::CorruptRecord { namespace, .. }
+            | Error::ResponseTooLarge { namespace, .. }
+            | Error::Expired { namespace }
+            | Error::NotInstalled { namespace } => namespace,
+        }
+    }
+
+    /// Whether retrying the same call later may succeed (in progress, throttled, lease lost, canceled
+    /// transaction, store trouble).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::InProgress { .. }
+                | Error::LeaseLost { .. }
+                | Error::TransactionCanceled { .. }
+                | Error::Throttled { .. }
+                | Error::Store { .. }
+        )
+    }
+}
+
+/// An error and its sources, joined with `: ` (the SDK's own `Display` says little without them).
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}

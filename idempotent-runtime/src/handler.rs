@@ -1,0 +1,328 @@
+//! The state machine: claim → execute → complete or fail (DESIGN §5).
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec;
+use crate::config::Idempotency;
+use crate::error::Error;
+use crate::record::{Record, Status};
+use crate::store::{Change, ClaimOutcome, ClaimRequest, StoreError, Transition, WriteOutcome};
+
+/// What the attribute says about one function: its namespace and its durations (`None` = the handle's
+/// default). Generated code keeps one in a `static`.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// The key namespace: `name = ".."`, or `module_path!()::fn_name`.
+    pub namespace: &'static str,
+    /// `ttl = ".."`.
+    pub ttl: Option<Duration>,
+    /// `lease = ".."`.
+    pub lease: Option<Duration>,
+    /// `wait = ".."`.
+    pub wait: Option<Duration>,
+}
+
+impl Call {
+    /// A call in `namespace` with every duration left to the handle's defaults.
+    #[must_use]
+    pub const fn new(namespace: &'static str) -> Self {
+        Self {
+            namespace,
+            ttl: None,
+            lease: None,
+            wait: None,
+        }
+    }
+}
+
+/// Maps a store failure to the crate's error, naming the namespace.
+pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
+    let namespace = namespace.to_owned();
+    match err {
+        StoreError::Throttled(source) => Error::Throttled { namespace, source },
+        StoreError::TableNotFound(table) => Error::TableNotFound { namespace, table },
+        StoreError::Corrupt(detail) => Error::CorruptRecord { namespace, detail },
+        StoreError::Other(source) => Error::Store { namespace, source },
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Epoch seconds of `now_ms + extra`, rounded up so a record never expires early.
+fn expiry_s(now_ms: u64, extra: Duration) -> u64 {
+    now_ms.saturating_add(millis(extra)).div_ceil(1000)
+}
+
+/// What a blocking record means for this call.
+enum Found {
+    /// Our own claim (a retried write whose first response was lost).
+    Ours,
+    /// A stored response to return.
+    Replay(Vec<u8>),
+    /// Another call is running; its lease ends in this long.
+    InProgress(Duration),
+    /// The record became claimable after all; try to claim again.
+    Claimable,
+}
+
+fn examine(
+    call: &Call,
+    record: Record,
+    token: &str,
+    fingerprint: Option<&str>,
+    now_ms: u64,
+) -> Result<Found, Error> {
+    if record.token == token {
+        return Ok(Found::Ours);
+    }
+    if let (Some(stored), Some(ours)) = (record.fingerprint.as_deref(), fingerprint)
+        && stored != ours
+    {
+        return Err(Error::PayloadMismatch {
+            namespace: call.namespace.to_owned(),
+        });
+    }
+    if record.is_claimable(now_ms) {
+        return Ok(Found::Claimable);
+    }
+    match record.status {
+        Status::Completed => match record.response {
+            Some(bytes) => Ok(Found::Replay(bytes)),
+            None => Err(Error::ResponseTooLarge {
+                namespace: call.namespace.to_owned(),
+                size: 0,
+            }),
+        },
+        Status::Pending => Ok(Found::InProgress(Duration::from_millis(
+            record.lease_until_ms.unwrap_or(now_ms).saturating_sub(now_ms),
+        ))),
+        // A FAILED record is always claimable.
+        Status::Failed => Ok(Found::Claimable),
+    }
+}
+
+/// First poll after this long, doubling up to [`MAX_POLL`], while waiting for an in-flight call.
+const FIRST_POLL: Duration = Duration::from_millis(25);
+const MAX_POLL: Duration = Duration::from_secs(1);
+
+/// Runs `body` at most once per key while its record lives; see DESIGN §5.
+pub(crate) async fn run<T, E, F>(
+    idem: &Idempotency,
+    call: &Call,
+    key: &str,
+    fingerprint: Option<&str>,
+    describe: impl FnOnce(&E) -> String,
+    body: F,
+) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let namespace = call.namespace;
+    let store = idem.store();
+    let clock = idem.clock();
+    let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
+    let lease = call.lease.unwrap_or_else(|| idem.default_lease());
+    let token = uuid::Uuid::new_v4().to_string();
+    let wait_until = call
+        .wait
+        .filter(|w| !w.is_zero())
+        .map(|w| tokio::time::Instant::now() + w);
+
+    // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
+    // two reads.
+    let mut poll = FIRST_POLL;
+    let mut claimable_retries = 0;
+    'claim: loop {
+        let now_ms = clock.now_ms();
+        let request = ClaimRequest {
+            key,
+            token: &token,
+            now_ms,
+            lease_until_ms: now_ms.saturating_add(millis(lease)),
+            expires_at_s: expiry_s(now_ms, lease + ttl),
+            fingerprint,
+        };
+        let mut record = match store
+            .claim(&request)
+            .await
+            .map_err(|e| store_error(namespace, e))?
+        {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Existing(record) => record,
+        };
+        // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
+        loop {
+            let now_ms = clock.now_ms();
+            match examine(call, record, &token, fingerprint, now_ms)? {
+                Found::Ours => break 'claim,
+                Found::Replay(bytes) => {
+                    tracing::debug!(namespace, "replaying stored response");
+                    return codec::decode(&bytes).map_err(|source| {
+                        Error::Deserialize {
+                            namespace: namespace.to_owned(),
+                            source,
+                        }
+                        .into()
+                    });
+                }
+                Found::Claimable => {
+                    claimable_retries += 1;
+                    if claimable_retries > 3 {
+                        return Err(Error::CorruptRecord {
+                            namespace: namespace.to_owned(),
+                            detail: "the record stays claimable but every claim is refused".into(),
+                        }
+                        .into());
+                    }
+                    continue 'claim;
+                }
+                Found::InProgress(retry_after) => {
+                    let Some(deadline) =
+                        wait_until.filter(|d| *d > tokio::time::Instant::now())
+                    else {
+                        return Err(Error::InProgress {
+                            namespace: namespace.to_owned(),
+                            retry_after,
+                        }
+                        .into());
+                    };
+                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll)).await;
+                    poll = (poll * 2).min(MAX_POLL);
+                    match store.get(key).await.map_err(|e| store_error(namespace, e))? {
+                        Some(next) => record = next,
+                        // Deleted (by TTL or by hand): the key is new.
+                        None => continue 'claim,
+                    }
+                }
+            }
+        }
+    }
+
+    tracing::debug!(namespace, "claimed; running the body");
+    let outcome = if idem.heartbeat() {
+        with_heartbeat(idem, key, &token, lease, ttl, body).await
+    } else {
+        body.await
+    };
+
+    match outcome {
+        Ok(value) => {
+            let bytes = match codec::encode(&value) {
+                Ok(bytes) => bytes,
+                Err(source) => {
+                    fail(idem, call, key, &token, &format!("the response did not serialize: {source}")).await;
+                    return Err(Error::Serialize {
+                        namespace: namespace.to_owned(),
+                        what: "response",
+                        source,
+                    }
+                    .into());
+                }
+            };
+            let now_ms = clock.now_ms();
+            let transition = Transition {
+                key,
+                token: &token,
+                change: Change::Complete {
+                    response: Some(&bytes),
+                    expires_at_s: expiry_s(now_ms, ttl),
+                },
+            };
+            match store
+                .transition(&transition)
+                .await
+                .map_err(|e| store_error(namespace, e))?
+            {
+                WriteOutcome::Applied => Ok(value),
+                // Our own completion landed, and the response to it was lost.
+                WriteOutcome::Rejected(Some(r))
+                    if r.token == token && r.status == Status::Completed =>
+                {
+                    Ok(value)
+                }
+                WriteOutcome::Rejected(_) => {
+                    tracing::warn!(namespace, "claim lost before completion; result not stored");
+                    Err(Error::LeaseLost {
+                        namespace: namespace.to_owned(),
+                    }
+                    .into())
+                }
+            }
+        }
+        Err(err) => {
+            fail(idem, call, key, &token, &describe(&err)).await;
+            Err(err)
+        }
+    }
+}
+
+/// Moves our claim to FAILED. The caller gets the body's own error whatever happens here; a failed
+/// write only means the key stays PENDING until its lease runs out.
+async fn fail(idem: &Idempotency, call: &Call, key: &str, token: &str, error: &str) {
+    let now_ms = idem.clock().now_ms();
+    let transition = Transition {
+        key,
+        token,
+        change: Change::Fail {
+            error,
+            expires_at_s: expiry_s(now_ms, idem.failed_ttl()),
+        },
+    };
+    match idem.store().transition(&transition).await {
+        Ok(WriteOutcome::Applied) => {}
+        Ok(WriteOutcome::Rejected(_)) => {
+            tracing::warn!(namespace = call.namespace, "claim lost before the failure was recorded");
+        }
+        Err(e) => {
+            tracing::warn!(namespace = call.namespace, error = %e, "could not record the failure; the key is claimable after its lease");
+        }
+    }
+}
+
+/// Runs `body` while extending the lease every third of it, so a live worker is never taken over.
+async fn with_heartbeat<F: Future>(
+    idem: &Idempotency,
+    key: &str,
+    token: &str,
+    lease: Duration,
+    ttl: Duration,
+    body: F,
+) -> F::Output {
+    let beat = async {
+        let every = (lease / 3).max(Duration::from_millis(1));
+        loop {
+            tokio::time::sleep(every).await;
+            let now_ms = idem.clock().now_ms();
+            let transition = Transition {
+                key,
+                token,
+                change: Change::ExtendLease {
+                    lease_until_ms: now_ms.saturating_add(millis(lease)),
+                    expires_at_s: expiry_s(now_ms, lease + ttl),
+                },
+            };
+            match idem.store().transition(&transition).await {
+                Ok(WriteOutcome::Applied) => {}
+                Ok(WriteOutcome::Rejected(_)) => {
+                    // Lost: completion will report it. Stop beating.
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => tracing::warn!(error = %e, "lease heartbeat failed; will retry"),
+            }
+        }
+    };
+    tokio::pin!(body);
+    tokio::select! {
+        biased;
+        out = &mut body => out,
+        _ = beat => unreachable!("the heartbeat never finishes"),
+    }
+}

@@ -1,0 +1,76 @@
+//! Exactly-once async functions backed by DynamoDB.
+//!
+//! Put `#[idempotent]` on an `async fn` returning `Result<T, E>`: the first call with a key runs the body
+//! and stores its `Ok` value; later calls with the same key get the stored value back without running the
+//! body; a call while the first is still running gets [`Error::InProgress`] (or waits, with `wait = ..`);
+//! an `Err` lets the next call run again.
+//!
+//! ```
+//! use idempotent_runtime::{idempotent, Error, Idempotency};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Receipt { id: u64 }
+//!
+//! #[derive(Debug)]
+//! enum PaymentError { Declined, Idempotency(Error) }
+//! impl From<Error> for PaymentError {
+//!     fn from(e: Error) -> Self { PaymentError::Idempotency(e) }
+//! }
+//!
+//! #[idempotent(key = (tenant, order_id), ttl = "24h")]
+//! async fn charge(tenant: u32, order_id: &str, cents: u64) -> Result<Receipt, PaymentError> {
+//!     if cents == 0 { return Err(PaymentError::Declined); }
+//!     Ok(Receipt { id: 7 })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), PaymentError> {
+//! Idempotency::in_memory().install(); // or Idempotency::dynamodb(client, "idempotency")
+//! let first = charge(1, "order-1", 500).await?;
+//! let again = charge(1, "order-1", 500).await?; // replayed, the body did not run
+//! assert_eq!(first.id, again.id);
+//! # Ok(()) }
+//! ```
+//!
+//! The protocol, per call (see the repository's DESIGN notes for every request):
+//!
+//! | path | DynamoDB round trips |
+//! |---|---|
+//! | first call, success or failure | 2 (claim, complete/fail) |
+//! | duplicate of a COMPLETED key | 1 (the claim's failed condition returns the record) |
+//! | duplicate while PENDING | 1 |
+//!
+//! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
+//! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
+
+mod clock;
+mod codec;
+mod config;
+mod error;
+mod handler;
+mod key;
+mod record;
+pub mod store;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{Builder, DEFAULT_LEASE, DEFAULT_TTL, Idempotency};
+pub use error::{BoxError, CancellationReason, Error};
+pub use key::{derive_key, fingerprint};
+pub use record::{Record, Status};
+pub use store::memory::MemoryStore;
+pub use store::{Store, StoreError};
+
+#[cfg(feature = "dynamodb")]
+pub use store::dynamodb::{AttributeNames, DynamoDbStore};
+
+/// The AWS SDK for DynamoDB, re-exported so that users get the version this crate was built with.
+#[cfg(feature = "dynamodb")]
+pub use aws_sdk_dynamodb;
+
+#[cfg(feature = "macros")]
+pub use idempotent_macros::idempotent;

@@ -1,0 +1,139 @@
+//! What generated code calls. Not public API: it may change in any release.
+
+use std::borrow::Borrow;
+use std::fmt::Display;
+use std::future::Future;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use crate::handler::Call;
+use crate::{Error, Idempotency};
+
+/// The return types `#[idempotent]` accepts: `Result<T, E>` (or an alias of it) with a storable `T` and an
+/// `E` that can carry this crate's errors.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` functions must return `Result<T, E>` where `T: Serialize + DeserializeOwned` and `E: From<idempotent_runtime::Error>`; `{Self}` is not such a type",
+    label = "this return type cannot be stored and replayed",
+    note = "the `Ok` value is stored as JSON and replayed to duplicates, so it must implement `serde::Serialize` and `serde::de::DeserializeOwned`; the error type receives `idempotent_runtime::Error` through `From`"
+)]
+pub trait Output: Sized {
+    /// The stored value.
+    type Ok: Serialize + DeserializeOwned;
+    /// The function's error.
+    type Err: From<Error>;
+    /// Splits the result.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+    /// Joins the result.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+}
+
+impl<T, E> Output for Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    type Ok = T;
+    type Err = E;
+    #[inline]
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+    #[inline]
+    fn from_result(result: Result<T, E>) -> Self {
+        result
+    }
+}
+
+/// Checks the return type where it is written, so the error lands on `-> ...`.
+#[inline]
+pub const fn assert_output<R: Output>() {}
+
+/// The handle given with `store = ..`: an `Idempotency`, a reference to one, or an `Arc` of one.
+#[inline]
+pub fn handle<S: Borrow<Idempotency> + ?Sized>(store: &S) -> Result<Idempotency, Error> {
+    Ok(store.borrow().clone())
+}
+
+/// The installed default handle.
+pub fn installed(call: &Call) -> Result<Idempotency, Error> {
+    Idempotency::installed().ok_or_else(|| Error::NotInstalled {
+        namespace: call.namespace.to_owned(),
+    })
+}
+
+/// The record key for the attribute's `key` expression.
+pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Result<String, Error> {
+    crate::key::derive_key(call.namespace, key).map_err(|source| Error::Serialize {
+        namespace: call.namespace.to_owned(),
+        what: "key",
+        source,
+    })
+}
+
+/// The fingerprint of the attribute's `payload` expression.
+pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<String, Error> {
+    crate::key::fingerprint(payload).map_err(|source| Error::Serialize {
+        namespace: call.namespace.to_owned(),
+        what: "payload",
+        source,
+    })
+}
+
+/// Runs the state machine around `body`. Errors found before the body (no store, a key that does not
+/// serialize) come back through `E: From<Error>`, and the body does not run.
+pub async fn execute<R, F, D>(
+    handle: Result<Idempotency, Error>,
+    call: &Call,
+    key: Result<String, Error>,
+    fingerprint: Option<Result<String, Error>>,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output,
+    F: Future<Output = R>,
+    D: FnOnce(&R::Err) -> String,
+{
+    let prepared = handle.and_then(|h| {
+        let key = key?;
+        let fingerprint = fingerprint.transpose()?;
+        Ok((h, key, fingerprint))
+    });
+    let (handle, key, fingerprint) = match prepared {
+        Ok(p) => p,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        crate::handler::run(&handle, call, &key, fingerprint.as_deref(), describe, body).await,
+    )
+}
+
+/// Text stored for a FAILED record: the error's `Display` when it has one ([`DescribeDisplay`]), its type
+/// name otherwise ([`DescribeOther`]); picked by method resolution on `(&Describe(e)).describe()`.
+pub struct Describe<'a, E>(pub &'a E);
+
+/// Chosen first, when `E: Display`.
+pub trait DescribeDisplay {
+    /// The error's text.
+    fn describe(&self) -> String;
+}
+
+impl<E: Display> DescribeDisplay for Describe<'_, E> {
+    fn describe(&self) -> String {
+        self.0.to_string()
+    }
+}
+
+/// The fallback, for error types without `Display`.
+pub trait DescribeOther {
+    /// The error's type name.
+    fn describe(&self) -> String;
+}
+
+impl<E> DescribeOther for &Describe<'_, E> {
+    fn describe(&self) -> String {
+        format!("an error of type `{}`", std::any::type_name::<E>())
+    }
+}

@@ -1,0 +1,83 @@
+//! The stored record: one item per key, and the rule that says when a key may be claimed.
+
+use std::fmt;
+
+/// Where a key is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// A call holds the key and is running the body (until `lease_until`).
+    Pending,
+    /// The body returned `Ok`; its response is stored and replayed to duplicates.
+    Completed,
+    /// The body returned `Err`; the key may be claimed again at once.
+    Failed,
+}
+
+impl Status {
+    /// The value stored in the `status` attribute.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "PENDING",
+            Status::Completed => "COMPLETED",
+            Status::Failed => "FAILED",
+        }
+    }
+
+    /// Parses the stored value; `None` for anything this library does not write.
+    #[must_use]
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "PENDING" => Some(Status::Pending),
+            "COMPLETED" => Some(Status::Completed),
+            "FAILED" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One idempotency record, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The derived key: `"{namespace}#{hex(sha256(canonical_json(key)))}"`.
+    pub key: String,
+    /// The record's state.
+    pub status: Status,
+    /// The fencing token of the claim that wrote the record; unique per claim.
+    pub token: String,
+    /// How many claims were made on this key so far.
+    pub attempt: u64,
+    /// While PENDING: the claim is live until this instant (epoch milliseconds).
+    pub lease_until_ms: Option<u64>,
+    /// The record counts as absent after this instant (epoch seconds); also the table's TTL attribute.
+    pub expires_at_s: u64,
+    /// The payload's fingerprint, when the function declares a `payload`.
+    pub fingerprint: Option<String>,
+    /// When COMPLETED: the encoded response (see [`crate::codec`]). `None` when it was too large to store.
+    pub response: Option<Vec<u8>>,
+    /// When FAILED: the body's error, as text, for operators.
+    pub error: Option<String>,
+}
+
+impl Record {
+    /// Whether a new claim may take this key at `now_ms`: the record expired, failed, or is a PENDING claim
+    /// whose lease ran out. This is the single rule behind the stores' claim conditions.
+    #[must_use]
+    pub fn is_claimable(&self, now_ms: u64) -> bool {
+        self.is_expired(now_ms)
+            || self.status == Status::Failed
+            || (self.status == Status::Pending && self.lease_until_ms.is_some_and(|l| l < now_ms))
+    }
+
+    /// Whether the record counts as absent at `now_ms` (its `expires_at` is in the past).
+    #[must_use]
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at_s < now_ms / 1000
+    }
+}

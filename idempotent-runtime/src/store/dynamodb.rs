@@ -1,0 +1,515 @@
+//! [`DynamoDbStore`]: records in a DynamoDB table, one item per key.
+//!
+//! Every call is a single conditional `UpdateItem` (claim, complete, fail, heartbeat) or a consistent
+//! `GetItem` (waiting for an in-flight call), always with `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a
+//! failed condition hands back the blocking record in the same round trip.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+};
+
+use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
+use crate::record::{Record, Status};
+
+/// The names of the record's attributes in the table. The defaults are DESIGN's: `pk`, `status`, `token`,
+/// `attempt`, `lease_until`, `expires_at`, `fingerprint`, `response`, `error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttributeNames {
+    /// Partition key (type S).
+    pub key: String,
+    /// `PENDING`, `COMPLETED` or `FAILED` (S).
+    pub status: String,
+    /// The claim's fencing token (S).
+    pub token: String,
+    /// Claims made so far (N).
+    pub attempt: String,
+    /// End of a PENDING claim's lease, epoch milliseconds (N).
+    pub lease_until: String,
+    /// Expiry, epoch seconds (N); the table's TTL attribute.
+    pub expires_at: String,
+    /// Fingerprint of the payload (S).
+    pub fingerprint: String,
+    /// The encoded response (B).
+    pub response: String,
+    /// A FAILED call's error text (S).
+    pub error: String,
+}
+
+impl Default for AttributeNames {
+    fn default() -> Self {
+        Self {
+            key: "pk".into(),
+            status: "status".into(),
+            token: "token".into(),
+            attempt: "attempt".into(),
+            lease_until: "lease_until".into(),
+            expires_at: "expires_at".into(),
+            fingerprint: "fingerprint".into(),
+            response: "response".into(),
+            error: "error".into(),
+        }
+    }
+}
+
+impl AttributeNames {
+    fn resolve(&self, placeholder: &str) -> &str {
+        match placeholder {
+            "#pk" => &self.key,
+            "#st" => &self.status,
+            "#tk" => &self.token,
+            "#at" => &self.attempt,
+            "#lu" => &self.lease_until,
+            "#ex" => &self.expires_at,
+            "#fp" => &self.fingerprint,
+            "#rs" => &self.response,
+            "#er" => &self.error,
+            other => unreachable!("unknown placeholder {other}"),
+        }
+    }
+
+    fn map(&self, placeholders: &[&str]) -> HashMap<String, String> {
+        placeholders
+            .iter()
+            .map(|p| ((*p).to_owned(), self.resolve(p).to_owned()))
+            .collect()
+    }
+}
+
+const CLAIMABLE: &str =
+    "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
+const CLAIM_WITH_FINGERPRINT: &str =
+    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er";
+const CLAIM_WITHOUT_FINGERPRINT: &str =
+    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #fp";
+const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
+const COMPLETE: &str = "SET #st = :completed, #rs = :rs, #ex = :ex REMOVE #lu";
+const COMPLETE_WITHOUT_RESPONSE: &str = "SET #st = :completed, #ex = :ex REMOVE #lu, #rs";
+const FAIL: &str = "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu";
+const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
+
+/// Expression attribute names per kind of call, resolved once.
+#[derive(Debug, Clone)]
+struct Expressions {
+    claim: HashMap<String, String>,
+    complete: HashMap<String, String>,
+    fail: HashMap<String, String>,
+    extend: HashMap<String, String>,
+}
+
+impl Expressions {
+    fn new(names: &AttributeNames) -> Self {
+        Self {
+            claim: names.map(&["#pk", "#st", "#tk", "#lu", "#ex", "#fp", "#at", "#rs", "#er"]),
+            complete: names.map(&["#st", "#rs", "#ex", "#lu", "#tk"]),
+            fail: names.map(&["#st", "#er", "#ex", "#lu", "#tk"]),
+            extend: names.map(&["#st", "#ex", "#lu", "#tk"]),
+        }
+    }
+}
+
+/// Idempotency records in a DynamoDB table (partition key only, type S).
+///
+/// Cheap to clone. Create the table with [`DynamoDbStore::create_table`] or by hand: partition key `pk`
+/// (String), any billing mode, TTL on `expires_at` (optional: expiry is enforced by the conditions, TTL
+/// only reclaims space).
+///
+/// The client is used as it is configured (region, credentials, retries). [`with_retry_config`](Self::with_retry_config)
+/// overrides its retry policy for this store's calls only.
+#[derive(Debug, Clone)]
+pub struct DynamoDbStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    client: Client,
+    table: String,
+    names: AttributeNames,
+    expressions: Expressions,
+    retry: Option<RetryConfig>,
+}
+
+impl DynamoDbStore {
+    /// A store on `table`, with the default attribute names.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self::with_attribute_names(client, table, AttributeNames::default())
+    }
+
+    /// A store on `table` whose records use the given attribute names.
+    pub fn with_attribute_names(
+        client: Client,
+        table: impl Into<String>,
+        names: AttributeNames,
+    ) -> Self {
+        let expressions = Expressions::new(&names);
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                table: table.into(),
+                names,
+                expressions,
+                retry: None,
+            }),
+        }
+    }
+
+    /// Overrides the client's retry policy for this store's calls (throttling and transient errors are
+    /// retried by the SDK with exponential backoff and jitter; a failed condition is never retried).
+    #[must_use]
+    pub fn with_retry_config(self, retry: RetryConfig) -> Self {
+        let inner = Arc::unwrap_or_clone(self.inner);
+        Self {
+            inner: Arc::new(Inner {
+                retry: Some(retry),
+                ..inner
+            }),
+        }
+    }
+
+    /// The table's name.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The SDK client.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The attribute names in use.
+    #[must_use]
+    pub fn attribute_names(&self) -> &AttributeNames {
+        &self.inner.names
+    }
+
+    /// Creates the table if it does not exist: partition key of type S, on-demand billing, TTL enabled on
+    /// the expiry attribute. Waits until the table is active (up to two minutes).
+    ///
+    /// # Errors
+    /// The SDK's error when the table cannot be created or its TTL cannot be enabled.
+    pub async fn create_table(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let created = inner
+            .client
+            .create_table()
+            .table_name(&inner.table)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(&inner.names.key)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(|e| StoreError::Other(e.into()))?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(&inner.names.key)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(|e| StoreError::Other(e.into()))?,
+            )
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("ResourceInUseException") => return Ok(()),
+            Err(e) => return Err(classify(&inner.table, e)),
+        }
+        use aws_sdk_dynamodb::client::Waiters as _;
+        inner
+            .client
+            .wait_until_table_exists()
+            .table_name(&inner.table)
+            .wait(std::time::Duration::from_secs(120))
+            .await
+            .map_err(|e| StoreError::Other(e.into()))?;
+        inner
+            .client
+            .update_time_to_live()
+            .table_name(&inner.table)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .enabled(true)
+                    .attribute_name(&inner.names.expires_at)
+                    .build()
+                    .map_err(|e| StoreError::Other(e.into()))?,
+            )
+            .send()
+            .await
+            .map_err(|e| classify(&inner.table, e))?;
+        Ok(())
+    }
+
+    fn key_value(&self, key: &str) -> AttributeValue {
+        AttributeValue::S(key.to_owned())
+    }
+
+    fn config_override(&self) -> aws_sdk_dynamodb::config::Builder {
+        let mut builder = aws_sdk_dynamodb::config::Builder::new();
+        if let Some(retry) = &self.inner.retry {
+            builder.set_retry_config(Some(retry.clone()));
+        }
+        builder
+    }
+
+    /// Turns a stored item into a [`Record`], or says what is wrong with it.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for a missing or mistyped attribute or an unknown status.
+    pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
+        parse_item(&self.inner.names, item)
+    }
+}
+
+fn n(value: u64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+#[async_trait::async_trait]
+impl Store for DynamoDbStore {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let inner = &self.inner;
+        let mut values = HashMap::with_capacity(9);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+        values.insert(":tk".to_owned(), s(request.token));
+        values.insert(":lu".to_owned(), n(request.lease_until_ms));
+        values.insert(":ex".to_owned(), n(request.expires_at_s));
+        values.insert(":one".to_owned(), n(1));
+        values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
+        values.insert(":now_ms".to_owned(), n(request.now_ms));
+        let update = match request.fingerprint {
+            Some(fp) => {
+                values.insert(":fp".to_owned(), s(fp));
+                CLAIM_WITH_FINGERPRINT
+            }
+            None => CLAIM_WITHOUT_FINGERPRINT,
+        };
+        let result = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .key(&inner.names.key, self.key_value(request.key))
+            .update_expression(update)
+            .condition_expression(CLAIMABLE)
+            .set_expression_attribute_names(Some(inner.expressions.claim.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(self.config_override())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(ClaimOutcome::Claimed),
+            Err(err) => match rejected_item(&err) {
+                Some(Some(item)) => Ok(ClaimOutcome::Existing(parse_item(&inner.names, item)?)),
+                Some(None) => Err(StoreError::Corrupt(
+                    "the claim condition failed but no item was returned".to_owned(),
+                )),
+                None => Err(classify(&inner.table, err)),
+            },
+        }
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        let inner = &self.inner;
+        let mut values = HashMap::with_capacity(5);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":tk".to_owned(), s(transition.token));
+        let (update, names) = match transition.change {
+            Change::Complete {
+                response,
+                expires_at_s,
+            } => {
+                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                match response {
+                    Some(bytes) => {
+                        values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
+                        (COMPLETE, &inner.expressions.complete)
+                    }
+                    None => (COMPLETE_WITHOUT_RESPONSE, &inner.expressions.complete),
+                }
+            }
+            Change::Fail {
+                error,
+                expires_at_s,
+            } => {
+                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+                values.insert(":er".to_owned(), s(error));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                (FAIL, &inner.expressions.fail)
+            }
+            Change::ExtendLease {
+                lease_until_ms,
+                expires_at_s,
+            } => {
+                values.insert(":lu".to_owned(), n(lease_until_ms));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                (EXTEND_LEASE, &inner.expressions.extend)
+            }
+        };
+        let result = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .key(&inner.names.key, self.key_value(transition.key))
+            .update_expression(update)
+            .condition_expression(HELD_BY_TOKEN)
+            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(self.config_override())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(WriteOutcome::Applied),
+            Err(err) => match rejected_item(&err) {
+                Some(item) => Ok(WriteOutcome::Rejected(
+                    item.map(|i| parse_item(&inner.names, i)).transpose()?,
+                )),
+                None => Err(classify(&inner.table, err)),
+            },
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let inner = &self.inner;
+        let output = inner
+            .client
+            .get_item()
+            .table_name(&inner.table)
+            .key(&inner.names.key, self.key_value(key))
+            .consistent_read(true)
+            .customize()
+            .config_override(self.config_override())
+            .send()
+            .await
+            .map_err(|e| classify(&inner.table, e))?;
+        output
+            .item()
+            .map(|item| parse_item(&inner.names, item))
+            .transpose()
+    }
+
+    fn kind(&self) -> &'static str {
+        "dynamodb"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `Some(old item)` when the error is a failed condition (the item is `None` if there was none).
+fn rejected_item<R>(
+    err: &SdkError<aws_sdk_dynamodb::operation::update_item::UpdateItemError, R>,
+) -> Option<Option<&HashMap<String, AttributeValue>>> {
+    match err.as_service_error()? {
+        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => {
+            Some(e.item())
+        }
+        _ => None,
+    }
+}
+
+const THROTTLING_CODES: [&str; 4] = [
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "ThrottledException",
+];
+
+/// Sorts an SDK error into the store's error kinds.
+pub(crate) fn classify<E, R>(table: &str, err: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match err.code() {
+        Some("ResourceNotFoundException") => StoreError::TableNotFound(table.to_owned()),
+        Some(code) if THROTTLING_CODES.contains(&code) => StoreError::Throttled(Box::new(err)),
+        _ => StoreError::Other(Box::new(err)),
+    }
+}
+
+fn attr<'a>(
+    item: &'a HashMap<String, AttributeValue>,
+    name: &str,
+) -> Option<&'a AttributeValue> {
+    item.get(name)
+}
+
+fn string(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<String>, StoreError> {
+    match attr(item, name) {
+        None => Ok(None),
+        Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+        Some(_) => Err(StoreError::Corrupt(format!("attribute `{name}` is not a string"))),
+    }
+}
+
+fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<u64>, StoreError> {
+    match attr(item, name) {
+        None => Ok(None),
+        Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
+            StoreError::Corrupt(format!("attribute `{name}` is not a non-negative integer: {v}"))
+        }),
+        Some(_) => Err(StoreError::Corrupt(format!("attribute `{name}` is not a number"))),
+    }
+}
+
+fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
+    value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
+}
+
+fn parse_item(
+    names: &AttributeNames,
+    item: &HashMap<String, AttributeValue>,
+) -> Result<Record, StoreError> {
+    let status_text = required(string(item, &names.status)?, &names.status)?;
+    let status = Status::parse(&status_text).ok_or_else(|| {
+        StoreError::Corrupt(format!("unknown status `{status_text}` in `{}`", names.status))
+    })?;
+    let lease_until_ms = number(item, &names.lease_until)?;
+    if status == Status::Pending && lease_until_ms.is_none() {
+        return Err(StoreError::Corrupt(format!(
+            "a PENDING record without `{}`",
+            names.lease_until
+        )));
+    }
+    let response = match attr(item, &names.response) {
+        None => None,
+        Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
+        Some(_) => {
+            return Err(StoreError::Corrupt(format!(
+                "attribute `{}` is not binary",
+                names.response
+            )));
+        }
+    };
+    Ok(Record {
+        key: required(string(item, &names.key)?, &names.key)?,
+        status,
+        token: required(string(item, &names.token)?, &names.token)?,
+        attempt: number(item, &names.attempt)?.unwrap_or(0),
+        lease_until_ms,
+        expires_at_s: required(number(item, &names.expires_at)?, &names.expires_at)?,
+        fingerprint: string(item, &names.fingerprint)?,
+        response,
+        error: string(item, &names.error)?,
+    })
+}

@@ -1,0 +1,126 @@
+//! Where records live: the [`Store`] trait and its two implementations.
+//!
+//! A store is thin: it performs one conditional write or read per call and reports what it found. All
+//! decisions (replay, in progress, lease lost, payload mismatch) are taken by the caller, so every store
+//! behaves the same way; the conformance suite in `tests/` runs against each of them.
+
+use crate::error::BoxError;
+use crate::record::Record;
+
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
+pub mod memory;
+
+/// A new claim on a key.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The derived key.
+    pub key: &'a str,
+    /// This claim's fresh fencing token.
+    pub token: &'a str,
+    /// The current time (epoch milliseconds); the claim condition is evaluated against it.
+    pub now_ms: u64,
+    /// Until when the claim blocks other callers (epoch milliseconds).
+    pub lease_until_ms: u64,
+    /// When the PENDING record counts as absent (epoch seconds).
+    pub expires_at_s: u64,
+    /// The payload's fingerprint, if any.
+    pub fingerprint: Option<&'a str>,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key was absent or claimable; it is now PENDING under the request's token.
+    Claimed,
+    /// The key was held; here is the record that blocked the claim, read in the same round trip.
+    Existing(Record),
+}
+
+/// A fenced transition of a PENDING record: only the claim holding `token` may make it.
+#[derive(Debug, Clone, Copy)]
+pub struct Transition<'a> {
+    /// The derived key.
+    pub key: &'a str,
+    /// The token of the claim that must still hold the key.
+    pub token: &'a str,
+    /// What to write.
+    pub change: Change<'a>,
+}
+
+/// The write of a [`Transition`].
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// PENDING → COMPLETED with the encoded response (`None` when too large to store).
+    Complete {
+        /// The encoded response.
+        response: Option<&'a [u8]>,
+        /// New expiry (epoch seconds).
+        expires_at_s: u64,
+    },
+    /// PENDING → FAILED with the error's text.
+    Fail {
+        /// The body's error, for operators.
+        error: &'a str,
+        /// New expiry (epoch seconds).
+        expires_at_s: u64,
+    },
+    /// PENDING stays PENDING with a later lease (a heartbeat).
+    ExtendLease {
+        /// New lease end (epoch milliseconds).
+        lease_until_ms: u64,
+        /// New expiry (epoch seconds).
+        expires_at_s: u64,
+    },
+}
+
+/// What a fenced write found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The record was PENDING under our token; the write was applied.
+    Applied,
+    /// The condition failed; here is the record as it was (`None` if there was none).
+    Rejected(Option<Record>),
+}
+
+/// Why a store call failed (as opposed to a condition that did not hold, which is an outcome).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend kept throttling after its retries.
+    #[error("throttled: {0}")]
+    Throttled(#[source] BoxError),
+    /// The table does not exist.
+    #[error("table `{0}` does not exist")]
+    TableNotFound(String),
+    /// An item that is not a record of this library.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// Anything else (network, permissions, validation).
+    #[error("{}", crate::error::chain(.0.as_ref()))]
+    Other(#[source] BoxError),
+}
+
+/// A backend for idempotency records.
+///
+/// Implementations must make `claim` and `transition` linearizable per key: of concurrent claims on one
+/// key, exactly one may see [`ClaimOutcome::Claimed`]. Conditions are evaluated against the times in the
+/// request, never against the store's own clock, so the caller's injectable clock decides expiry.
+#[async_trait::async_trait]
+pub trait Store: std::fmt::Debug + Send + Sync + 'static {
+    /// Claims the key if it is absent or claimable ([`Record::is_claimable`]); otherwise returns the
+    /// record that blocked it.
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
+
+    /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
+
+    /// Reads the record with a strongly consistent read.
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
+
+    /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).
+    fn kind(&self) -> &'static str;
+
+    /// The item as this store would hold it, to let callers downcast (`store.as_any().downcast_ref::<MemoryStore>()`).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
