@@ -31,7 +31,11 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let ident = &sig.ident;
     let namespace = match &args.name {
         Some(name) => quote!(#name),
-        None => quote!(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident))),
+        None => quote!(::core::concat!(
+            ::core::module_path!(),
+            "::",
+            ::core::stringify!(#ident)
+        )),
     };
     let ttl = optional_duration(args.ttl.as_ref());
     let lease = optional_duration(args.lease.as_ref());
@@ -60,7 +64,41 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
         #private::assert_output::<#output>();
     };
     let err = format_ident!("__idempotent_err");
+    let describe = quote! {
+        |#err| {
+            #[allow(unused_imports)]
+            use #private::{DescribeDisplay as _, DescribeOther as _};
+            (&#private::Describe(#err)).describe()
+        }
+    };
     let stmts = &block.stmts;
+
+    let common = quote! {
+        __idempotent_handle,
+        &__IDEMPOTENT_CALL,
+        __idempotent_key,
+        __idempotent_fingerprint,
+    };
+    let body = quote! {
+        async move {
+            #fake_return
+            #(#stmts)*
+        }
+    };
+    let execute = match &args.transact {
+        None => quote! {
+            #private::execute::<#output, _, _>(#common #describe, #body)
+        },
+        Some(tx) => quote! {
+            let #tx = #private::transaction();
+            #private::execute_transact::<#output, _, _>(
+                #common
+                ::core::clone::Clone::clone(&#tx),
+                #describe,
+                #body,
+            )
+        },
+    };
 
     quote! {
         #(#outer_attrs)*
@@ -76,21 +114,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
             let __idempotent_handle = #handle;
             let __idempotent_key = #private::key(&__IDEMPOTENT_CALL, &(#key));
             let __idempotent_fingerprint = #fingerprint;
-            #private::execute::<#output, _, _>(
-                __idempotent_handle,
-                &__IDEMPOTENT_CALL,
-                __idempotent_key,
-                __idempotent_fingerprint,
-                |#err| {
-                    #[allow(unused_imports)]
-                    use #private::{DescribeDisplay as _, DescribeOther as _};
-                    (&#private::Describe(#err)).describe()
-                },
-                async move {
-                    #fake_return
-                    #(#stmts)*
-                },
-            )
+            #execute
             .await
         }
     }

@@ -42,7 +42,10 @@ pub enum Error {
 
     /// A business write staged on the transaction failed its condition; nothing was written and the record
     /// moved to FAILED, so the call may be retried.
-    #[error("`{namespace}`: the transaction was canceled: {}", display_reasons(reasons))]
+    #[error(
+        "`{namespace}`: the transaction was canceled: {}",
+        display_reasons(reasons)
+    )]
     TransactionCanceled {
         /// The key's namespace.
         namespace: String,

@@ -39,6 +39,13 @@ impl Call {
     }
 }
 
+/// Writes staged by a `transact = ..` body (an empty type without the DynamoDB feature).
+#[cfg(feature = "dynamodb")]
+pub(crate) use crate::transaction::Transaction as Staging;
+/// Writes staged by a `transact = ..` body (an empty type without the DynamoDB feature).
+#[cfg(not(feature = "dynamodb"))]
+pub(crate) enum Staging {}
+
 /// Maps a store failure to the crate's error, naming the namespace.
 pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
     let namespace = namespace.to_owned();
@@ -100,7 +107,10 @@ fn examine(
             }),
         },
         Status::Pending => Ok(Found::InProgress(Duration::from_millis(
-            record.lease_until_ms.unwrap_or(now_ms).saturating_sub(now_ms),
+            record
+                .lease_until_ms
+                .unwrap_or(now_ms)
+                .saturating_sub(now_ms),
         ))),
         // A FAILED record is always claimable.
         Status::Failed => Ok(Found::Claimable),
@@ -117,6 +127,7 @@ pub(crate) async fn run<T, E, F>(
     call: &Call,
     key: &str,
     fingerprint: Option<&str>,
+    staging: Option<&Staging>,
     describe: impl FnOnce(&E) -> String,
     body: F,
 ) -> Result<T, E>
@@ -185,8 +196,7 @@ where
                     continue 'claim;
                 }
                 Found::InProgress(retry_after) => {
-                    let Some(deadline) =
-                        wait_until.filter(|d| *d > tokio::time::Instant::now())
+                    let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now())
                     else {
                         return Err(Error::InProgress {
                             namespace: namespace.to_owned(),
@@ -194,9 +204,14 @@ where
                         }
                         .into());
                     };
-                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll)).await;
+                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll))
+                        .await;
                     poll = (poll * 2).min(MAX_POLL);
-                    match store.get(key).await.map_err(|e| store_error(namespace, e))? {
+                    match store
+                        .get(key)
+                        .await
+                        .map_err(|e| store_error(namespace, e))?
+                    {
                         Some(next) => record = next,
                         // Deleted (by TTL or by hand): the key is new.
                         None => continue 'claim,
@@ -218,7 +233,14 @@ where
             let bytes = match codec::encode(&value) {
                 Ok(bytes) => bytes,
                 Err(source) => {
-                    fail(idem, call, key, &token, &format!("the response did not serialize: {source}")).await;
+                    fail(
+                        idem,
+                        call,
+                        key,
+                        &token,
+                        &format!("the response did not serialize: {source}"),
+                    )
+                    .await;
                     return Err(Error::Serialize {
                         namespace: namespace.to_owned(),
                         what: "response",
@@ -227,39 +249,115 @@ where
                     .into());
                 }
             };
-            let now_ms = clock.now_ms();
-            let transition = Transition {
-                key,
-                token: &token,
-                change: Change::Complete {
-                    response: Some(&bytes),
-                    expires_at_s: expiry_s(now_ms, ttl),
-                },
-            };
-            match store
-                .transition(&transition)
+            complete(idem, call, key, &token, ttl, &bytes, staging)
                 .await
-                .map_err(|e| store_error(namespace, e))?
-            {
-                WriteOutcome::Applied => Ok(value),
-                // Our own completion landed, and the response to it was lost.
-                WriteOutcome::Rejected(Some(r))
-                    if r.token == token && r.status == Status::Completed =>
-                {
-                    Ok(value)
-                }
-                WriteOutcome::Rejected(_) => {
-                    tracing::warn!(namespace, "claim lost before completion; result not stored");
-                    Err(Error::LeaseLost {
-                        namespace: namespace.to_owned(),
-                    }
-                    .into())
-                }
-            }
+                .map(|()| value)
+                .map_err(E::from)
         }
         Err(err) => {
             fail(idem, call, key, &token, &describe(&err)).await;
             Err(err)
+        }
+    }
+}
+
+/// Moves our claim to COMPLETED with `bytes` (and the staged writes, in one transaction).
+#[cfg_attr(not(feature = "dynamodb"), allow(clippy::unused_async))]
+async fn complete(
+    idem: &Idempotency,
+    call: &Call,
+    key: &str,
+    token: &str,
+    ttl: Duration,
+    bytes: &[u8],
+    staging: Option<&Staging>,
+) -> Result<(), Error> {
+    let namespace = call.namespace;
+    let transition = Transition {
+        key,
+        token,
+        change: Change::Complete {
+            response: Some(bytes),
+            expires_at_s: expiry_s(idem.clock().now_ms(), ttl),
+        },
+    };
+    #[cfg(feature = "dynamodb")]
+    if let Some(staging) = staging {
+        let writes = staging.take();
+        if !writes.is_empty() {
+            return complete_transaction(idem, call, &transition, writes).await;
+        }
+    }
+    #[cfg(not(feature = "dynamodb"))]
+    let _ = staging;
+    let outcome = idem
+        .store()
+        .transition(&transition)
+        .await
+        .map_err(|e| store_error(namespace, e))?;
+    settle(call, token, outcome)
+}
+
+/// Whether a completion landed: applied, or rejected because our own earlier attempt already landed.
+fn settle(call: &Call, token: &str, outcome: WriteOutcome) -> Result<(), Error> {
+    match outcome {
+        WriteOutcome::Applied => Ok(()),
+        // Our own completion landed, and the response to it was lost.
+        WriteOutcome::Rejected(Some(r)) if r.token == token && r.status == Status::Completed => {
+            Ok(())
+        }
+        WriteOutcome::Rejected(_) => {
+            tracing::warn!(
+                namespace = call.namespace,
+                "claim lost before completion; result not stored"
+            );
+            Err(Error::LeaseLost {
+                namespace: call.namespace.to_owned(),
+            })
+        }
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+async fn complete_transaction(
+    idem: &Idempotency,
+    call: &Call,
+    transition: &Transition<'_>,
+    writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+) -> Result<(), Error> {
+    use crate::store::TransactOutcome;
+    let namespace = call.namespace;
+    let check = crate::transaction::check_limits(transition.key, &writes);
+    if let Err(detail) = check {
+        fail(idem, call, transition.key, transition.token, &detail).await;
+        return Err(Error::TooManyWrites {
+            namespace: namespace.to_owned(),
+            detail,
+        });
+    }
+    match idem
+        .store()
+        .complete_transaction(transition, writes)
+        .await
+        .map_err(|e| store_error(namespace, e))?
+    {
+        TransactOutcome::Committed => Ok(()),
+        TransactOutcome::Rejected(record) => {
+            settle(call, transition.token, WriteOutcome::Rejected(record))
+        }
+        TransactOutcome::Canceled(reasons) => {
+            let summary = format!(
+                "transaction canceled: {}",
+                Error::TransactionCanceled {
+                    namespace: namespace.to_owned(),
+                    reasons: reasons.clone(),
+                }
+            );
+            fail(idem, call, transition.key, transition.token, &summary).await;
+            Err(Error::TransactionCanceled {
+                namespace: namespace.to_owned(),
+                reasons,
+            })
         }
     }
 }
@@ -279,7 +377,10 @@ async fn fail(idem: &Idempotency, call: &Call, key: &str, token: &str, error: &s
     match idem.store().transition(&transition).await {
         Ok(WriteOutcome::Applied) => {}
         Ok(WriteOutcome::Rejected(_)) => {
-            tracing::warn!(namespace = call.namespace, "claim lost before the failure was recorded");
+            tracing::warn!(
+                namespace = call.namespace,
+                "claim lost before the failure was recorded"
+            );
         }
         Err(e) => {
             tracing::warn!(namespace = call.namespace, error = %e, "could not record the failure; the key is claimable after its lease");

@@ -51,7 +51,10 @@ mod error;
 mod handler;
 mod key;
 mod record;
+mod size;
 pub mod store;
+#[cfg(feature = "dynamodb")]
+mod transaction;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -62,11 +65,14 @@ pub use config::{Builder, DEFAULT_LEASE, DEFAULT_TTL, Idempotency};
 pub use error::{BoxError, CancellationReason, Error};
 pub use key::{derive_key, fingerprint};
 pub use record::{Record, Status};
+pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
 pub use store::dynamodb::{AttributeNames, DynamoDbStore};
+#[cfg(feature = "dynamodb")]
+pub use transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction};
 
 /// The AWS SDK for DynamoDB, re-exported so that users get the version this crate was built with.
 #[cfg(feature = "dynamodb")]

@@ -80,6 +80,15 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<St
     })
 }
 
+/// Everything evaluated before the body, or the first error among them.
+fn prepare(
+    handle: Result<Idempotency, Error>,
+    key: Result<String, Error>,
+    fingerprint: Option<Result<String, Error>>,
+) -> Result<(Idempotency, String, Option<String>), Error> {
+    Ok((handle?, key?, fingerprint.transpose()?))
+}
+
 /// Runs the state machine around `body`. Errors found before the body (no store, a key that does not
 /// serialize) come back through `E: From<Error>`, and the body does not run.
 pub async fn execute<R, F, D>(
@@ -95,18 +104,64 @@ where
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
-    let prepared = handle.and_then(|h| {
-        let key = key?;
-        let fingerprint = fingerprint.transpose()?;
-        Ok((h, key, fingerprint))
-    });
-    let (handle, key, fingerprint) = match prepared {
+    let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
         Ok(p) => p,
         Err(e) => return R::from_result(Err(e.into())),
     };
     let body = async move { body.await.into_result() };
     R::from_result(
-        crate::handler::run(&handle, call, &key, fingerprint.as_deref(), describe, body).await,
+        crate::handler::run(
+            &handle,
+            call,
+            &key,
+            fingerprint.as_deref(),
+            None,
+            describe,
+            body,
+        )
+        .await,
+    )
+}
+
+/// A new staging handle for `transact = ..`.
+#[cfg(feature = "dynamodb")]
+#[must_use]
+pub fn transaction() -> crate::Transaction {
+    crate::Transaction::new()
+}
+
+/// [`execute`] for `transact = ..`: the writes staged on `transaction` commit with the COMPLETED record.
+#[cfg(feature = "dynamodb")]
+pub async fn execute_transact<R, F, D>(
+    handle: Result<Idempotency, Error>,
+    call: &Call,
+    key: Result<String, Error>,
+    fingerprint: Option<Result<String, Error>>,
+    transaction: crate::Transaction,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output,
+    F: Future<Output = R>,
+    D: FnOnce(&R::Err) -> String,
+{
+    let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
+        Ok(p) => p,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        crate::handler::run(
+            &handle,
+            call,
+            &key,
+            fingerprint.as_deref(),
+            Some(&transaction),
+            describe,
+            body,
+        )
+        .await,
     )
 }
 

@@ -1,1 +1,198 @@
-//! Shared helpers for the test suite.
+//! Shared support for the test suite: DynamoDB Local clients, fresh tables, a request counter, and the
+//! two stores behind one constructor so every behaviour test runs against both.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_dynamodb::config::{
+    BehaviorVersion, ConfigBag, Credentials, Intercept, Region, RuntimeComponents,
+};
+use idempotent_runtime::{DynamoDbStore, Idempotency, ManualClock, MemoryStore, Store};
+
+/// The environment variable `scripts/test` sets to DynamoDB Local's endpoint.
+pub const ENDPOINT_VAR: &str = "IDEMPOTENT_DYNAMODB_ENDPOINT";
+
+/// DynamoDB Local's endpoint. Panics (failing the test, never skipping it) when none is configured.
+#[must_use]
+pub fn endpoint() -> String {
+    std::env::var(ENDPOINT_VAR).unwrap_or_else(|_| {
+        panic!(
+            "this test needs DynamoDB Local, and {ENDPOINT_VAR} is not set: run the tests with `scripts/test` \
+             (it installs and starts DynamoDB Local), or start one with `scripts/dynamodb-local start` and \
+             export {ENDPOINT_VAR}=<the printed endpoint>"
+        )
+    })
+}
+
+/// Counts the HTTP requests a client sends (every attempt, retries included), by operation.
+#[derive(Debug, Clone, Default)]
+pub struct RequestCounter {
+    total: Arc<AtomicUsize>,
+    by_operation: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl RequestCounter {
+    /// Requests sent so far.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+
+    /// Requests of one operation (`UpdateItem`, `GetItem`, `TransactWriteItems`, ...).
+    #[must_use]
+    pub fn of(&self, operation: &str) -> usize {
+        self.by_operation
+            .lock()
+            .unwrap()
+            .get(operation)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Sets every count to zero.
+    pub fn reset(&self) {
+        self.total.store(0, Ordering::SeqCst);
+        self.by_operation.lock().unwrap().clear();
+    }
+}
+
+impl Intercept for RequestCounter {
+    fn name(&self) -> &'static str {
+        "RequestCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let operation = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .and_then(|t| t.rsplit('.').next())
+            .unwrap_or("unknown")
+            .to_owned();
+        self.total.fetch_add(1, Ordering::SeqCst);
+        *self
+            .by_operation
+            .lock()
+            .unwrap()
+            .entry(operation)
+            .or_default() += 1;
+        Ok(())
+    }
+}
+
+/// A client for DynamoDB Local at `endpoint` with dummy credentials, counting its requests.
+#[must_use]
+pub fn client_at(endpoint: &str) -> (Client, RequestCounter) {
+    let counter = RequestCounter::default();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
+        .interceptor(counter.clone())
+        .build();
+    (Client::from_conf(config), counter)
+}
+
+/// A client for the DynamoDB Local that `scripts/test` started.
+#[must_use]
+pub fn client() -> (Client, RequestCounter) {
+    client_at(&endpoint())
+}
+
+/// A unique table name, so tests running at once never share records.
+#[must_use]
+pub fn unique_table(prefix: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst),
+        uuid_suffix()
+    )
+}
+
+fn uuid_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000)
+}
+
+/// A fresh table on DynamoDB Local and a store on it, with a request counter on its client.
+pub async fn dynamodb_store() -> (DynamoDbStore, RequestCounter) {
+    let (client, counter) = client();
+    let store = DynamoDbStore::new(client, unique_table("idem"));
+    store.create_table().await.expect("create the test table");
+    counter.reset();
+    (store, counter)
+}
+
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// [`MemoryStore`].
+    Memory,
+    /// [`DynamoDbStore`] on DynamoDB Local.
+    DynamoDb,
+}
+
+/// Everything a behaviour test needs: a handle with a manual clock, the store behind it, and (on
+/// DynamoDB) the request counter.
+#[derive(Debug, Clone)]
+pub struct Harness {
+    /// The handle to pass as `store = ..`.
+    pub idem: Idempotency,
+    /// The store behind `idem`.
+    pub store: Arc<dyn Store>,
+    /// The clock behind `idem`.
+    pub clock: ManualClock,
+    /// Requests sent to DynamoDB (always zero on the memory store).
+    pub requests: RequestCounter,
+}
+
+impl Harness {
+    /// A harness on `backend` whose clock starts now; `configure` may change the builder.
+    pub async fn new(backend: Backend) -> Self {
+        Self::with(backend, |b| b).await
+    }
+
+    /// A harness whose builder is adjusted by `configure`.
+    pub async fn with(
+        backend: Backend,
+        configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
+    ) -> Self {
+        let (store, requests): (Arc<dyn Store>, RequestCounter) = match backend {
+            Backend::Memory => (Arc::new(MemoryStore::new()), RequestCounter::default()),
+            Backend::DynamoDb => {
+                let (store, counter) = dynamodb_store().await;
+                (Arc::new(store), counter)
+            }
+        };
+        let clock = ManualClock::starting_now();
+        let idem = configure(Idempotency::builder_arc(store.clone()).clock(clock.clone())).build();
+        Self {
+            idem,
+            store,
+            clock,
+            requests,
+        }
+    }
+
+    /// The stored record of `key` in `namespace`.
+    pub async fn record<K: serde::Serialize + ?Sized>(
+        &self,
+        namespace: &str,
+        key: &K,
+    ) -> Option<idempotent_runtime::Record> {
+        let key = idempotent_runtime::derive_key(namespace, key).unwrap();
+        self.store.get(&key).await.unwrap()
+    }
+}

@@ -10,12 +10,18 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+    TransactWriteItem, Update,
 };
 
-use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
+use super::{
+    Change, ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition,
+    WriteOutcome,
+};
+use crate::CancellationReason;
 use crate::record::{Record, Status};
 
 /// The names of the record's attributes in the table. The defaults are DESIGN's: `pk`, `status`, `token`,
@@ -82,8 +88,7 @@ impl AttributeNames {
     }
 }
 
-const CLAIMABLE: &str =
-    "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
+const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
 const CLAIM_WITH_FINGERPRINT: &str =
     "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er";
 const CLAIM_WITHOUT_FINGERPRINT: &str =
@@ -106,7 +111,9 @@ struct Expressions {
 impl Expressions {
     fn new(names: &AttributeNames) -> Self {
         Self {
-            claim: names.map(&["#pk", "#st", "#tk", "#lu", "#ex", "#fp", "#at", "#rs", "#er"]),
+            claim: names.map(&[
+                "#pk", "#st", "#tk", "#lu", "#ex", "#fp", "#at", "#rs", "#er",
+            ]),
             complete: names.map(&["#st", "#rs", "#ex", "#lu", "#tk"]),
             fail: names.map(&["#st", "#er", "#ex", "#lu", "#tk"]),
             extend: names.map(&["#st", "#ex", "#lu", "#tk"]),
@@ -249,6 +256,55 @@ impl DynamoDbStore {
         Ok(())
     }
 
+    /// The update expression, names and values of a fenced transition.
+    fn transition_parts(
+        &self,
+        transition: &Transition<'_>,
+    ) -> (
+        &'static str,
+        HashMap<String, String>,
+        HashMap<String, AttributeValue>,
+    ) {
+        let expressions = &self.inner.expressions;
+        let mut values = HashMap::with_capacity(5);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":tk".to_owned(), s(transition.token));
+        let (update, names) = match transition.change {
+            Change::Complete {
+                response,
+                expires_at_s,
+            } => {
+                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                match response {
+                    Some(bytes) => {
+                        values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
+                        (COMPLETE, &expressions.complete)
+                    }
+                    None => (COMPLETE_WITHOUT_RESPONSE, &expressions.complete),
+                }
+            }
+            Change::Fail {
+                error,
+                expires_at_s,
+            } => {
+                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+                values.insert(":er".to_owned(), s(error));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                (FAIL, &expressions.fail)
+            }
+            Change::ExtendLease {
+                lease_until_ms,
+                expires_at_s,
+            } => {
+                values.insert(":lu".to_owned(), n(lease_until_ms));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                (EXTEND_LEASE, &expressions.extend)
+            }
+        };
+        (update, names.clone(), values)
+    }
+
     fn key_value(&self, key: &str) -> AttributeValue {
         AttributeValue::S(key.to_owned())
     }
@@ -326,42 +382,7 @@ impl Store for DynamoDbStore {
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let inner = &self.inner;
-        let mut values = HashMap::with_capacity(5);
-        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
-        values.insert(":tk".to_owned(), s(transition.token));
-        let (update, names) = match transition.change {
-            Change::Complete {
-                response,
-                expires_at_s,
-            } => {
-                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
-                values.insert(":ex".to_owned(), n(expires_at_s));
-                match response {
-                    Some(bytes) => {
-                        values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
-                        (COMPLETE, &inner.expressions.complete)
-                    }
-                    None => (COMPLETE_WITHOUT_RESPONSE, &inner.expressions.complete),
-                }
-            }
-            Change::Fail {
-                error,
-                expires_at_s,
-            } => {
-                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
-                values.insert(":er".to_owned(), s(error));
-                values.insert(":ex".to_owned(), n(expires_at_s));
-                (FAIL, &inner.expressions.fail)
-            }
-            Change::ExtendLease {
-                lease_until_ms,
-                expires_at_s,
-            } => {
-                values.insert(":lu".to_owned(), n(lease_until_ms));
-                values.insert(":ex".to_owned(), n(expires_at_s));
-                (EXTEND_LEASE, &inner.expressions.extend)
-            }
-        };
+        let (update, names, values) = self.transition_parts(transition);
         let result = inner
             .client
             .update_item()
@@ -369,7 +390,7 @@ impl Store for DynamoDbStore {
             .key(&inner.names.key, self.key_value(transition.key))
             .update_expression(update)
             .condition_expression(HELD_BY_TOKEN)
-            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .customize()
@@ -384,6 +405,81 @@ impl Store for DynamoDbStore {
                 )),
                 None => Err(classify(&inner.table, err)),
             },
+        }
+    }
+
+    async fn complete_transaction(
+        &self,
+        transition: &Transition<'_>,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let inner = &self.inner;
+        let (update, names, values) = self.transition_parts(transition);
+        let record = Update::builder()
+            .table_name(&inner.table)
+            .key(&inner.names.key, self.key_value(transition.key))
+            .update_expression(update)
+            .condition_expression(HELD_BY_TOKEN)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Other(e.into()))?;
+        let mut items = Vec::with_capacity(writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(record).build());
+        items.extend(writes);
+        let result = inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(crate::transaction::request_token(
+                transition.key,
+                transition.token,
+            ))
+            .customize()
+            .config_override(self.config_override())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(TransactOutcome::Committed),
+            Err(err) => err,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
+            err.as_service_error()
+        else {
+            return Err(classify(&inner.table, err));
+        };
+        let reasons: Vec<CancellationReason> = canceled
+            .cancellation_reasons()
+            .iter()
+            .enumerate()
+            .map(|(index, r)| CancellationReason {
+                index,
+                code: r.code().unwrap_or("None").to_owned(),
+                message: r.message().map(str::to_owned),
+                item: r.item().cloned(),
+            })
+            .collect();
+        match reasons.first() {
+            Some(first) if first.code == "ConditionalCheckFailed" => Ok(TransactOutcome::Rejected(
+                first
+                    .item
+                    .as_ref()
+                    .map(|item| parse_item(&inner.names, item))
+                    .transpose()?,
+            )),
+            _ if reasons.iter().any(|r| r.code == "ConditionalCheckFailed") => {
+                Ok(TransactOutcome::Canceled(reasons))
+            }
+            // Conflicts and throttling that outlasted the SDK's retries: nothing was written, the
+            // claim still holds, and the caller may retry.
+            _ if reasons.iter().any(|r| {
+                r.code == "ThrottlingError" || r.code == "ProvisionedThroughputExceeded"
+            }) =>
+            {
+                Err(StoreError::Throttled(Box::new(err)))
+            }
+            _ => Ok(TransactOutcome::Canceled(reasons)),
         }
     }
 
@@ -447,18 +543,20 @@ where
     }
 }
 
-fn attr<'a>(
-    item: &'a HashMap<String, AttributeValue>,
-    name: &str,
-) -> Option<&'a AttributeValue> {
+fn attr<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a AttributeValue> {
     item.get(name)
 }
 
-fn string(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<String>, StoreError> {
+fn string(
+    item: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<Option<String>, StoreError> {
     match attr(item, name) {
         None => Ok(None),
         Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
-        Some(_) => Err(StoreError::Corrupt(format!("attribute `{name}` is not a string"))),
+        Some(_) => Err(StoreError::Corrupt(format!(
+            "attribute `{name}` is not a string"
+        ))),
     }
 }
 
@@ -466,9 +564,13 @@ fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<u
     match attr(item, name) {
         None => Ok(None),
         Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
-            StoreError::Corrupt(format!("attribute `{name}` is not a non-negative integer: {v}"))
+            StoreError::Corrupt(format!(
+                "attribute `{name}` is not a non-negative integer: {v}"
+            ))
         }),
-        Some(_) => Err(StoreError::Corrupt(format!("attribute `{name}` is not a number"))),
+        Some(_) => Err(StoreError::Corrupt(format!(
+            "attribute `{name}` is not a number"
+        ))),
     }
 }
 
@@ -482,7 +584,10 @@ fn parse_item(
 ) -> Result<Record, StoreError> {
     let status_text = required(string(item, &names.status)?, &names.status)?;
     let status = Status::parse(&status_text).ok_or_else(|| {
-        StoreError::Corrupt(format!("unknown status `{status_text}` in `{}`", names.status))
+        StoreError::Corrupt(format!(
+            "unknown status `{status_text}` in `{}`",
+            names.status
+        ))
     })?;
     let lease_until_ms = number(item, &names.lease_until)?;
     if status == Status::Pending && lease_until_ms.is_none() {

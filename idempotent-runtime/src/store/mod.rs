@@ -83,6 +83,18 @@ pub enum WriteOutcome {
     Rejected(Option<Record>),
 }
 
+/// What a transactional completion found.
+#[cfg(feature = "dynamodb")]
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransactOutcome {
+    /// The record and every staged write committed together.
+    Committed,
+    /// The record was not PENDING under our token (nothing was written); here it is as it was.
+    Rejected(Option<Record>),
+    /// A staged write's condition (or another action) failed; nothing was written.
+    Canceled(Vec<crate::CancellationReason>),
+}
+
 /// Why a store call failed (as opposed to a condition that did not hold, which is an outcome).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -114,6 +126,21 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
+
+    /// Applies `transition` (a completion) together with the staged `writes`, atomically: all or nothing.
+    ///
+    /// The default says the store does not support transactions.
+    #[cfg(feature = "dynamodb")]
+    async fn complete_transaction(
+        &self,
+        transition: &Transition<'_>,
+        writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let _ = (transition, writes);
+        Err(StoreError::Other(
+            format!("the {} store does not support `transact`", self.kind()).into(),
+        ))
+    }
 
     /// Reads the record with a strongly consistent read.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;

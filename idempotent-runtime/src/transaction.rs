@@ -1,0 +1,161 @@
+//! [`Transaction`]: business writes staged by the body, committed atomically with the COMPLETED record.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use aws_sdk_dynamodb::types::{ConditionCheck, Delete, Put, TransactWriteItem, Update};
+
+/// Most writes one body may stage: DynamoDB allows 100 actions per transaction, and one is the record.
+pub const MAX_STAGED_WRITES: usize = 99;
+
+/// Writes staged by an `#[idempotent(transact = tx)]` body.
+///
+/// The body stages the SDK's own [`TransactWriteItem`] values (each with its own condition); when it
+/// returns `Ok`, they are sent in one `TransactWriteItems` together with the fenced PENDING → COMPLETED
+/// update of the record, so the business writes and the stored response commit together or not at all.
+/// When the body returns `Err`, nothing staged is written.
+///
+/// Cheap to clone; clones share the staged writes.
+#[derive(Debug, Clone, Default)]
+pub struct Transaction {
+    writes: Arc<Mutex<Vec<TransactWriteItem>>>,
+}
+
+impl Transaction {
+    /// An empty transaction.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TransactWriteItem>> {
+        self.writes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stages any action.
+    pub fn push(&self, item: TransactWriteItem) {
+        self.lock().push(item);
+    }
+
+    /// Stages a `Put`.
+    pub fn put(&self, put: Put) {
+        self.push(TransactWriteItem::builder().put(put).build());
+    }
+
+    /// Stages an `Update`.
+    pub fn update(&self, update: Update) {
+        self.push(TransactWriteItem::builder().update(update).build());
+    }
+
+    /// Stages a `Delete`.
+    pub fn delete(&self, delete: Delete) {
+        self.push(TransactWriteItem::builder().delete(delete).build());
+    }
+
+    /// Stages a `ConditionCheck`: the transaction commits only if it holds.
+    pub fn condition_check(&self, check: ConditionCheck) {
+        self.push(TransactWriteItem::builder().condition_check(check).build());
+    }
+
+    /// How many writes are staged.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is staged.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// A copy of the staged writes.
+    #[must_use]
+    pub fn writes(&self) -> Vec<TransactWriteItem> {
+        self.lock().clone()
+    }
+
+    /// Removes and returns the staged writes.
+    pub(crate) fn take(&self) -> Vec<TransactWriteItem> {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+/// Most bytes one transaction may carry (DynamoDB's aggregate limit).
+pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
+
+/// Checks DynamoDB's limits before anything is sent: at most [`MAX_STAGED_WRITES`] staged writes, at most
+/// [`MAX_TRANSACTION_BYTES`] in all, and no two actions on one item (the record's own included).
+pub(crate) fn check_limits(record_key: &str, writes: &[TransactWriteItem]) -> Result<(), String> {
+    if writes.len() > MAX_STAGED_WRITES {
+        return Err(format!(
+            "{} writes were staged on the transaction; at most {MAX_STAGED_WRITES} fit in one DynamoDB transaction with the idempotency record",
+            writes.len()
+        ));
+    }
+    let bytes: usize = writes.iter().map(crate::size::transact_item_size).sum();
+    if bytes > MAX_TRANSACTION_BYTES {
+        return Err(format!(
+            "the staged writes carry about {bytes} bytes; a DynamoDB transaction carries at most {MAX_TRANSACTION_BYTES}"
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (index, write) in writes.iter().enumerate() {
+        let Some(target) = target(write) else {
+            continue;
+        };
+        if target
+            .1
+            .values()
+            .any(|v| v.as_s().is_ok_and(|s| s == record_key))
+        {
+            return Err(format!(
+                "staged write {index} targets the idempotency record itself; stage writes on business items only"
+            ));
+        }
+        let mut key: Vec<_> = target.1.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        key.sort();
+        if !seen.insert((target.0.to_owned(), key)) {
+            return Err(format!(
+                "staged write {index} touches an item another staged write already touches; DynamoDB allows one action per item in a transaction"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The table and key an Update, Delete or ConditionCheck targets (a Put's key attributes are not known
+/// without the table's schema; DynamoDB itself rejects a Put that collides).
+fn target(
+    write: &TransactWriteItem,
+) -> Option<(
+    &str,
+    &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+)> {
+    if let Some(u) = write.update() {
+        return Some((u.table_name(), u.key()));
+    }
+    if let Some(d) = write.delete() {
+        return Some((d.table_name(), d.key()));
+    }
+    write.condition_check().map(|c| (c.table_name(), c.key()))
+}
+
+/// The `ClientRequestToken` for a claim's commit: 36 characters derived from (key, token), so the SDK's
+/// retries of one commit are recognised by DynamoDB (for ten minutes) and applied once.
+pub(crate) fn request_token(key: &str, token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(key.as_bytes())
+        .chain_update([0])
+        .chain_update(token.as_bytes())
+        .finalize();
+    let hex = hex::encode(&digest[..16]);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
