@@ -39,6 +39,7 @@ struct Inner {
     ttl: Duration,
     lease: Duration,
     failed_ttl: Duration,
+    retain: Option<Duration>,
     heartbeat: bool,
 }
 
@@ -71,6 +72,7 @@ impl Idempotency {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             failed_ttl: None,
+            retain: None,
             heartbeat: true,
         }
     }
@@ -132,6 +134,12 @@ impl Idempotency {
         self.inner.failed_ttl
     }
 
+    /// How long a record is kept after its response stops being replayed, if at all.
+    #[must_use]
+    pub fn retain(&self) -> Option<Duration> {
+        self.inner.retain
+    }
+
     /// Whether a running body's lease is extended by heartbeats.
     #[must_use]
     pub fn heartbeat(&self) -> bool {
@@ -148,10 +156,20 @@ pub struct Builder {
     ttl: Duration,
     lease: Duration,
     failed_ttl: Option<Duration>,
+    retain: Option<Duration>,
     heartbeat: bool,
 }
 
 impl Builder {
+    /// Keeps a tombstone of each COMPLETED record for `retain` after its `ttl` (the "audit log for
+    /// recently expired keys"): a very late duplicate then gets [`Error::Expired`](crate::Error::Expired)
+    /// instead of running the body again. Without it (the default), a key counts as new once its `ttl`
+    /// has passed. The stored item lives `ttl + retain`; its response is kept but no longer replayed.
+    pub fn retain(mut self, retain: Duration) -> Self {
+        self.retain = Some(retain).filter(|r| !r.is_zero());
+        self
+    }
+
     /// `ttl` for functions that do not set one (default 24 h).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -183,6 +201,30 @@ impl Builder {
         self
     }
 
+    /// Overrides the SDK's retry policy for a [`DynamoDbStore`](crate::DynamoDbStore)'s calls
+    /// (throttling and transient errors are retried with exponential backoff and jitter; a failed
+    /// condition never is). When retries run out, a throttled call fails with
+    /// [`Error::Throttled`](crate::Error::Throttled) and its key is claimable again after its lease.
+    /// Other stores ignore it.
+    ///
+    /// ```
+    /// use idempotent_runtime::aws_sdk_dynamodb::config::retry::RetryConfig;
+    /// # fn f(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
+    /// let idem = idempotent_runtime::Idempotency::builder(
+    ///     idempotent_runtime::DynamoDbStore::new(client, "idempotency"),
+    /// )
+    /// .retry_config(RetryConfig::adaptive().with_max_attempts(5))
+    /// .build();
+    /// # }
+    /// ```
+    #[cfg(feature = "dynamodb")]
+    pub fn retry_config(mut self, retry: aws_sdk_dynamodb::config::retry::RetryConfig) -> Self {
+        if let Some(store) = self.store.as_any().downcast_ref::<crate::DynamoDbStore>() {
+            self.store = Arc::new(store.clone().with_retry_config(retry));
+        }
+        self
+    }
+
     /// The handle.
     #[must_use]
     pub fn build(self) -> Idempotency {
@@ -193,6 +235,7 @@ impl Builder {
                 ttl: self.ttl,
                 lease: self.lease,
                 failed_ttl: self.failed_ttl.unwrap_or(self.lease),
+                retain: self.retain,
                 heartbeat: self.heartbeat,
             }),
         }

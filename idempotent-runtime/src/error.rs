@@ -133,13 +133,11 @@ pub enum Error {
     /// The body's response was too large to store even compressed; the body ran once, and its result cannot
     /// be replayed.
     #[error(
-        "`{namespace}`: the response ({size} bytes) is too large to store in one item; the call ran once and will not run again for this key"
+        "`{namespace}`: the call's response was too large to store in one DynamoDB item even compressed, so it cannot be replayed; the call ran once and will not run again for this key until the record expires"
     )]
     ResponseTooLarge {
         /// The key's namespace.
         namespace: String,
-        /// The serialized size in bytes.
-        size: usize,
     },
 
     /// The key's record expired, and only its tombstone (`retain`) remains: the call ran long ago.
@@ -210,7 +208,7 @@ impl Error {
             | Error::Serialize { namespace, .. }
             | Error::Deserialize { namespace, .. }
             | Error::CorruptRecord { namespace, .. }
-            | Error::ResponseTooLarge { namespace, .. }
+            | Error::ResponseTooLarge { namespace }
             | Error::Expired { namespace }
             | Error::NotInstalled { namespace } => namespace,
         }

@@ -99,11 +99,19 @@ fn examine(
         return Ok(Found::Claimable);
     }
     match record.status {
+        Status::Completed
+            if record
+                .replay_until_s
+                .is_some_and(|until| until < now_ms / 1000) =>
+        {
+            Err(Error::Expired {
+                namespace: call.namespace.to_owned(),
+            })
+        }
         Status::Completed => match record.response {
             Some(bytes) => Ok(Found::Replay(bytes)),
             None => Err(Error::ResponseTooLarge {
                 namespace: call.namespace.to_owned(),
-                size: 0,
             }),
         },
         Status::Pending => Ok(Found::InProgress(Duration::from_millis(
@@ -176,10 +184,16 @@ where
                 Found::Ours => break 'claim,
                 Found::Replay(bytes) => {
                     tracing::debug!(namespace, "replaying stored response");
-                    return codec::decode(&bytes).map_err(|source| {
-                        Error::Deserialize {
-                            namespace: namespace.to_owned(),
-                            source,
+                    return codec::decode(&bytes).map_err(|e| {
+                        let namespace = namespace.to_owned();
+                        match e {
+                            codec::DecodeError::Json(source) => {
+                                Error::Deserialize { namespace, source }
+                            }
+                            codec::DecodeError::Compression(e) => Error::CorruptRecord {
+                                namespace,
+                                detail: format!("the stored response does not decompress: {e}"),
+                            },
                         }
                         .into()
                     });
@@ -230,7 +244,7 @@ where
 
     match outcome {
         Ok(value) => {
-            let bytes = match codec::encode(&value) {
+            let json = match codec::to_json(&value) {
                 Ok(bytes) => bytes,
                 Err(source) => {
                     fail(
@@ -249,10 +263,27 @@ where
                     .into());
                 }
             };
-            complete(idem, call, key, &token, ttl, &bytes, staging)
-                .await
-                .map(|()| value)
-                .map_err(E::from)
+            let bytes = codec::pack(json);
+            let fits = bytes.len() <= store.response_budget(key, fingerprint);
+            if !fits {
+                tracing::warn!(
+                    namespace,
+                    bytes = bytes.len(),
+                    "response too large to store even compressed; duplicates will get ResponseTooLarge"
+                );
+            }
+            complete(
+                idem,
+                call,
+                key,
+                &token,
+                ttl,
+                fits.then_some(&bytes[..]),
+                staging,
+            )
+            .await
+            .map(|()| value)
+            .map_err(E::from)
         }
         Err(err) => {
             fail(idem, call, key, &token, &describe(&err)).await;
@@ -269,16 +300,19 @@ async fn complete(
     key: &str,
     token: &str,
     ttl: Duration,
-    bytes: &[u8],
+    response: Option<&[u8]>,
     staging: Option<&Staging>,
 ) -> Result<(), Error> {
     let namespace = call.namespace;
+    let now_ms = idem.clock().now_ms();
+    let retain = idem.retain();
     let transition = Transition {
         key,
         token,
         change: Change::Complete {
-            response: Some(bytes),
-            expires_at_s: expiry_s(idem.clock().now_ms(), ttl),
+            response,
+            expires_at_s: expiry_s(now_ms, ttl + retain.unwrap_or_default()),
+            replay_until_s: retain.map(|_| expiry_s(now_ms, ttl)),
         },
     };
     #[cfg(feature = "dynamodb")]
@@ -376,6 +410,8 @@ async fn fail(idem: &Idempotency, call: &Call, key: &str, token: &str, error: &s
     };
     match idem.store().transition(&transition).await {
         Ok(WriteOutcome::Applied) => {}
+        // Our own earlier attempt landed; its response was lost.
+        Ok(WriteOutcome::Rejected(Some(r))) if r.token == token && r.status == Status::Failed => {}
         Ok(WriteOutcome::Rejected(_)) => {
             tracing::warn!(
                 namespace = call.namespace,

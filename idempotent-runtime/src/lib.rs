@@ -61,16 +61,17 @@ mod transaction;
 pub mod __private;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use codec::COMPRESS_ABOVE;
 pub use config::{Builder, DEFAULT_LEASE, DEFAULT_TTL, Idempotency};
 pub use error::{BoxError, CancellationReason, Error};
 pub use key::{derive_key, fingerprint};
-pub use record::{Record, Status};
+pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
-pub use store::dynamodb::{AttributeNames, DynamoDbStore};
+pub use store::dynamodb::DynamoDbStore;
 #[cfg(feature = "dynamodb")]
 pub use transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction};
 

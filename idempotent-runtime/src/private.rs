@@ -1,8 +1,9 @@
 //! What generated code calls. Not public API: it may change in any release.
 
-use std::borrow::Borrow;
 use std::fmt::Display;
 use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -49,10 +50,65 @@ where
 #[inline]
 pub const fn assert_output<R: Output>() {}
 
-/// The handle given with `store = ..`: an `Idempotency`, a reference to one, or an `Arc` of one.
+/// What `store = ..` accepts: an `Idempotency`, or a reference, `Box`, `Rc` or `Arc` of one. A trait of
+/// its own (rather than `Borrow<Idempotency>`) so that a wrong expression, most often a store passed
+/// where its handle belongs, gets a message that says what to pass.
+#[diagnostic::on_unimplemented(
+    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Rc` or `Arc` of one); `{Self}` is not",
+    label = "expected an `Idempotency` here",
+    note = "to use a store such as `MemoryStore` or `DynamoDbStore`, wrap it once: `Idempotency::builder(store).build()`, and pass that handle"
+)]
+pub trait Handle {
+    /// The handle.
+    fn idempotency(&self) -> &Idempotency;
+}
+
+impl Handle for Idempotency {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        self
+    }
+}
+
+impl<T: Handle + ?Sized> Handle for &T {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        (**self).idempotency()
+    }
+}
+
+impl<T: Handle + ?Sized> Handle for &mut T {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        (**self).idempotency()
+    }
+}
+
+impl<T: Handle + ?Sized> Handle for Box<T> {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        (**self).idempotency()
+    }
+}
+
+impl<T: Handle + ?Sized> Handle for Rc<T> {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        (**self).idempotency()
+    }
+}
+
+impl<T: Handle + ?Sized> Handle for Arc<T> {
+    #[inline]
+    fn idempotency(&self) -> &Idempotency {
+        (**self).idempotency()
+    }
+}
+
+/// The handle given with `store = ..`.
 #[inline]
-pub fn handle<S: Borrow<Idempotency> + ?Sized>(store: &S) -> Result<Idempotency, Error> {
-    Ok(store.borrow().clone())
+pub fn handle<S: Handle + ?Sized>(store: &S) -> Result<Idempotency, Error> {
+    Ok(store.idempotency().clone())
 }
 
 /// The installed default handle.
@@ -122,6 +178,30 @@ where
         .await,
     )
 }
+
+/// Wraps the code generated for `transact = ..`: passes it through when this crate has the `dynamodb`
+/// feature, and is one compile error that names the feature otherwise (the macro cannot see this crate's
+/// features).
+#[cfg(feature = "dynamodb")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idempotent_transact {
+    ($($body:tt)*) => { $($body)* };
+}
+
+/// Wraps the code generated for `transact = ..`: this build has no `dynamodb` feature.
+#[cfg(not(feature = "dynamodb"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idempotent_transact {
+    ($($body:tt)*) => {
+        ::core::compile_error!(
+            "`transact = ..` needs the `dynamodb` feature of `idempotent-runtime`, which this build does not enable; add `features = [\"dynamodb\"]` to the `idempotent-runtime` dependency in Cargo.toml (or keep its default features)"
+        )
+    };
+}
+
+pub use crate::__idempotent_transact as transact;
 
 /// A new staging handle for `transact = ..`.
 #[cfg(feature = "dynamodb")]

@@ -59,10 +59,14 @@ pub struct Record {
     pub expires_at_s: u64,
     /// The payload's fingerprint, when the function declares a `payload`.
     pub fingerprint: Option<String>,
-    /// When COMPLETED: the encoded response (see [`crate::codec`]). `None` when it was too large to store.
+    /// When COMPLETED: the response's JSON, gzip-compressed above [`COMPRESS_ABOVE`](crate::COMPRESS_ABOVE)
+    /// bytes. `None` when it was too large to store.
     pub response: Option<Vec<u8>>,
     /// When FAILED: the body's error, as text, for operators.
     pub error: Option<String>,
+    /// With retention: the response is replayed until this instant (epoch seconds); after it, and until
+    /// `expires_at`, duplicates get [`Error::Expired`](crate::Error::Expired).
+    pub replay_until_s: Option<u64>,
 }
 
 impl Record {
@@ -79,5 +83,69 @@ impl Record {
     #[must_use]
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_s < now_ms / 1000
+    }
+}
+
+/// The names of the record's attributes in the table. The defaults are DESIGN's: `pk`, `status`, `token`,
+/// `attempt`, `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, and `replay_until` (only
+/// written with retention).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttributeNames {
+    /// Partition key (type S).
+    pub key: String,
+    /// `PENDING`, `COMPLETED` or `FAILED` (S).
+    pub status: String,
+    /// The claim's fencing token (S).
+    pub token: String,
+    /// Claims made so far (N).
+    pub attempt: String,
+    /// End of a PENDING claim's lease, epoch milliseconds (N).
+    pub lease_until: String,
+    /// Expiry, epoch seconds (N); the table's TTL attribute.
+    pub expires_at: String,
+    /// Fingerprint of the payload (S).
+    pub fingerprint: String,
+    /// The encoded response (B).
+    pub response: String,
+    /// A FAILED call's error text (S).
+    pub error: String,
+    /// With retention: end of the replay window, epoch seconds (N).
+    pub replay_until: String,
+}
+
+impl Default for AttributeNames {
+    fn default() -> Self {
+        Self {
+            key: "pk".into(),
+            status: "status".into(),
+            token: "token".into(),
+            attempt: "attempt".into(),
+            lease_until: "lease_until".into(),
+            expires_at: "expires_at".into(),
+            fingerprint: "fingerprint".into(),
+            response: "response".into(),
+            error: "error".into(),
+            replay_until: "replay_until".into(),
+        }
+    }
+}
+
+impl AttributeNames {
+    /// The attribute behind an expression placeholder (`#pk`, `#st`, ...).
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    pub(crate) fn resolve(&self, placeholder: &str) -> &str {
+        match placeholder {
+            "#pk" => &self.key,
+            "#st" => &self.status,
+            "#tk" => &self.token,
+            "#at" => &self.attempt,
+            "#lu" => &self.lease_until,
+            "#ex" => &self.expires_at,
+            "#fp" => &self.fingerprint,
+            "#rs" => &self.response,
+            "#er" => &self.error,
+            "#ru" => &self.replay_until,
+            other => unreachable!("unknown placeholder {other}"),
+        }
     }
 }

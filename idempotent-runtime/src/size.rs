@@ -3,8 +3,38 @@
 #[cfg(feature = "dynamodb")]
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
+use crate::record::AttributeNames;
+
 /// DynamoDB's item size limit, attribute names included.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// The largest size DynamoDB may count for a number attribute (38 digits of precision).
+const MAX_NUMBER_BYTES: usize = 21;
+/// A fencing token (a hyphenated UUID).
+const TOKEN_BYTES: usize = 36;
+
+/// The most bytes a response may have so that a COMPLETED record for `key` fits in one item: the limit
+/// minus every other attribute, names included (counted generously).
+pub(crate) fn response_budget(
+    names: &AttributeNames,
+    key: &str,
+    fingerprint: Option<&str>,
+) -> usize {
+    let overhead = names.key.len()
+        + key.len()
+        + names.status.len()
+        + "COMPLETED".len()
+        + names.token.len()
+        + TOKEN_BYTES
+        + names.attempt.len()
+        + names.expires_at.len()
+        + names.replay_until.len()
+        + 2 * MAX_NUMBER_BYTES
+        + MAX_NUMBER_BYTES
+        + fingerprint.map_or(0, |f| names.fingerprint.len() + f.len())
+        + names.response.len();
+    MAX_ITEM_BYTES.saturating_sub(overhead)
+}
 
 /// The size of an attribute value, by DynamoDB's rules (numbers are approximated by their text length).
 #[cfg(feature = "dynamodb")]

@@ -34,6 +34,7 @@ fn complete<'a>(
         change: Change::Complete {
             response: Some(response),
             expires_at_s,
+            replay_until_s: None,
         },
     }
 }

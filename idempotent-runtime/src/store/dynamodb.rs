@@ -24,101 +24,38 @@ use super::{
 use crate::CancellationReason;
 use crate::record::{Record, Status};
 
-/// The names of the record's attributes in the table. The defaults are DESIGN's: `pk`, `status`, `token`,
-/// `attempt`, `lease_until`, `expires_at`, `fingerprint`, `response`, `error`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttributeNames {
-    /// Partition key (type S).
-    pub key: String,
-    /// `PENDING`, `COMPLETED` or `FAILED` (S).
-    pub status: String,
-    /// The claim's fencing token (S).
-    pub token: String,
-    /// Claims made so far (N).
-    pub attempt: String,
-    /// End of a PENDING claim's lease, epoch milliseconds (N).
-    pub lease_until: String,
-    /// Expiry, epoch seconds (N); the table's TTL attribute.
-    pub expires_at: String,
-    /// Fingerprint of the payload (S).
-    pub fingerprint: String,
-    /// The encoded response (B).
-    pub response: String,
-    /// A FAILED call's error text (S).
-    pub error: String,
-}
-
-impl Default for AttributeNames {
-    fn default() -> Self {
-        Self {
-            key: "pk".into(),
-            status: "status".into(),
-            token: "token".into(),
-            attempt: "attempt".into(),
-            lease_until: "lease_until".into(),
-            expires_at: "expires_at".into(),
-            fingerprint: "fingerprint".into(),
-            response: "response".into(),
-            error: "error".into(),
-        }
-    }
-}
-
-impl AttributeNames {
-    fn resolve(&self, placeholder: &str) -> &str {
-        match placeholder {
-            "#pk" => &self.key,
-            "#st" => &self.status,
-            "#tk" => &self.token,
-            "#at" => &self.attempt,
-            "#lu" => &self.lease_until,
-            "#ex" => &self.expires_at,
-            "#fp" => &self.fingerprint,
-            "#rs" => &self.response,
-            "#er" => &self.error,
-            other => unreachable!("unknown placeholder {other}"),
-        }
-    }
-
-    fn map(&self, placeholders: &[&str]) -> HashMap<String, String> {
-        placeholders
-            .iter()
-            .map(|p| ((*p).to_owned(), self.resolve(p).to_owned()))
-            .collect()
-    }
-}
+pub use crate::record::AttributeNames;
 
 const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
-const CLAIM_WITH_FINGERPRINT: &str =
-    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er";
+const CLAIM_WITH_FINGERPRINT: &str = "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er, #ru";
 const CLAIM_WITHOUT_FINGERPRINT: &str =
-    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #fp";
+    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #fp, #ru";
 const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
-const COMPLETE: &str = "SET #st = :completed, #rs = :rs, #ex = :ex REMOVE #lu";
-const COMPLETE_WITHOUT_RESPONSE: &str = "SET #st = :completed, #ex = :ex REMOVE #lu, #rs";
 const FAIL: &str = "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu";
 const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 
-/// Expression attribute names per kind of call, resolved once.
-#[derive(Debug, Clone)]
-struct Expressions {
-    claim: HashMap<String, String>,
-    complete: HashMap<String, String>,
-    fail: HashMap<String, String>,
-    extend: HashMap<String, String>,
-}
-
-impl Expressions {
-    fn new(names: &AttributeNames) -> Self {
-        Self {
-            claim: names.map(&[
-                "#pk", "#st", "#tk", "#lu", "#ex", "#fp", "#at", "#rs", "#er",
-            ]),
-            complete: names.map(&["#st", "#rs", "#ex", "#lu", "#tk"]),
-            fail: names.map(&["#st", "#er", "#ex", "#lu", "#tk"]),
-            extend: names.map(&["#st", "#ex", "#lu", "#tk"]),
+/// The `#placeholders` used in `expressions`, mapped to their attribute names (DynamoDB rejects
+/// unused ones).
+fn names_for(names: &AttributeNames, expressions: &[&str]) -> HashMap<String, String> {
+    let mut map = HashMap::with_capacity(10);
+    for expression in expressions {
+        let mut rest = *expression;
+        while let Some(start) = rest.find('#') {
+            let tail = &rest[start..];
+            let end = tail[1..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(tail.len(), |i| i + 1);
+            let placeholder = &tail[..end];
+            if !map.contains_key(placeholder) {
+                map.insert(
+                    placeholder.to_owned(),
+                    names.resolve(placeholder).to_owned(),
+                );
+            }
+            rest = &tail[end..];
         }
     }
+    map
 }
 
 /// Idempotency records in a DynamoDB table (partition key only, type S).
@@ -139,7 +76,6 @@ struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
-    expressions: Expressions,
     retry: Option<RetryConfig>,
 }
 
@@ -155,13 +91,11 @@ impl DynamoDbStore {
         table: impl Into<String>,
         names: AttributeNames,
     ) -> Self {
-        let expressions = Expressions::new(&names);
         Self {
             inner: Arc::new(Inner {
                 client,
                 table: table.into(),
                 names,
-                expressions,
                 retry: None,
             }),
         }
@@ -261,28 +195,34 @@ impl DynamoDbStore {
         &self,
         transition: &Transition<'_>,
     ) -> (
-        &'static str,
+        String,
         HashMap<String, String>,
         HashMap<String, AttributeValue>,
     ) {
-        let expressions = &self.inner.expressions;
-        let mut values = HashMap::with_capacity(5);
+        let mut values = HashMap::with_capacity(6);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":tk".to_owned(), s(transition.token));
-        let (update, names) = match transition.change {
+        let update = match transition.change {
             Change::Complete {
                 response,
                 expires_at_s,
+                replay_until_s,
             } => {
                 values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                match response {
-                    Some(bytes) => {
-                        values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
-                        (COMPLETE, &expressions.complete)
-                    }
-                    None => (COMPLETE_WITHOUT_RESPONSE, &expressions.complete),
+                let mut set = String::from("SET #st = :completed, #ex = :ex");
+                let mut remove = String::from(" REMOVE #lu");
+                if let Some(bytes) = response {
+                    values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
+                    set.push_str(", #rs = :rs");
+                } else {
+                    remove.push_str(", #rs");
                 }
+                if let Some(until) = replay_until_s {
+                    values.insert(":ru".to_owned(), n(until));
+                    set.push_str(", #ru = :ru");
+                }
+                set + &remove
             }
             Change::Fail {
                 error,
@@ -291,7 +231,7 @@ impl DynamoDbStore {
                 values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                (FAIL, &expressions.fail)
+                FAIL.to_owned()
             }
             Change::ExtendLease {
                 lease_until_ms,
@@ -299,10 +239,11 @@ impl DynamoDbStore {
             } => {
                 values.insert(":lu".to_owned(), n(lease_until_ms));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                (EXTEND_LEASE, &expressions.extend)
+                EXTEND_LEASE.to_owned()
             }
         };
-        (update, names.clone(), values)
+        let names = names_for(&self.inner.names, &[&update, HELD_BY_TOKEN]);
+        (update, names, values)
     }
 
     fn key_value(&self, key: &str) -> AttributeValue {
@@ -361,7 +302,7 @@ impl Store for DynamoDbStore {
             .key(&inner.names.key, self.key_value(request.key))
             .update_expression(update)
             .condition_expression(CLAIMABLE)
-            .set_expression_attribute_names(Some(inner.expressions.claim.clone()))
+            .set_expression_attribute_names(Some(names_for(&inner.names, &[update, CLAIMABLE])))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .customize()
@@ -502,6 +443,10 @@ impl Store for DynamoDbStore {
             .transpose()
     }
 
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        crate::size::response_budget(&self.inner.names, key, fingerprint)
+    }
+
     fn kind(&self) -> &'static str {
         "dynamodb"
     }
@@ -616,5 +561,6 @@ fn parse_item(
         fingerprint: string(item, &names.fingerprint)?,
         response,
         error: string(item, &names.error)?,
+        replay_until_s: number(item, &names.replay_until)?,
     })
 }

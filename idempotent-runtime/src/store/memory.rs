@@ -82,6 +82,7 @@ impl Store for MemoryStore {
                 fingerprint: request.fingerprint.map(str::to_owned),
                 response: None,
                 error: None,
+                replay_until_s: None,
             },
         );
         Ok(ClaimOutcome::Claimed)
@@ -99,10 +100,12 @@ impl Store for MemoryStore {
             Change::Complete {
                 response,
                 expires_at_s,
+                replay_until_s,
             } => {
                 record.status = Status::Completed;
                 record.response = response.map(<[u8]>::to_vec);
                 record.expires_at_s = expires_at_s;
+                record.replay_until_s = replay_until_s;
                 record.lease_until_ms = None;
             }
             Change::Fail {

@@ -53,10 +53,13 @@ pub struct Transition<'a> {
 pub enum Change<'a> {
     /// PENDING → COMPLETED with the encoded response (`None` when too large to store).
     Complete {
-        /// The encoded response.
+        /// The encoded response (`None`: too large to store; duplicates get
+        /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge)).
         response: Option<&'a [u8]>,
         /// New expiry (epoch seconds).
         expires_at_s: u64,
+        /// With retention: the end of the replay window (epoch seconds), before `expires_at_s`.
+        replay_until_s: Option<u64>,
     },
     /// PENDING → FAILED with the error's text.
     Fail {
@@ -144,6 +147,13 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
 
     /// Reads the record with a strongly consistent read.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
+
+    /// The most bytes a stored response may have for `key`, so that its record fits in one item. The
+    /// default is DynamoDB's 400 KB limit with the default attribute names, so that every store accepts
+    /// and refuses the same responses.
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        crate::size::response_budget(&crate::record::AttributeNames::default(), key, fingerprint)
+    }
 
     /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).
     fn kind(&self) -> &'static str;
