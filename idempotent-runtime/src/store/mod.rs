@@ -145,6 +145,23 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         ))
     }
 
+    /// Claims the key (as [`claim`](Store::claim)) together with the staged `writes`, atomically: the
+    /// claim and every write land together or not at all. [`TransactOutcome::Rejected`] carries the
+    /// record that blocked the claim; [`TransactOutcome::Canceled`] says which write failed.
+    ///
+    /// The default says the store does not support transactions.
+    #[cfg(feature = "dynamodb")]
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let _ = (request, writes);
+        Err(StoreError::Other(
+            format!("the {} store does not support `claim_with`", self.kind()).into(),
+        ))
+    }
+
     /// Reads the record with a strongly consistent read.
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
 
