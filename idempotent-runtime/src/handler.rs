@@ -129,13 +129,68 @@ fn examine(
 const FIRST_POLL: Duration = Duration::from_millis(25);
 const MAX_POLL: Duration = Duration::from_secs(1);
 
+/// Business writes that commit with the claim (`claim_with`); nothing without the DynamoDB feature.
+#[cfg(feature = "dynamodb")]
+pub(crate) type ClaimWrites = Vec<aws_sdk_dynamodb::types::TransactWriteItem>;
+/// Business writes that commit with the claim (`claim_with`); nothing without the DynamoDB feature.
+#[cfg(not(feature = "dynamodb"))]
+pub(crate) type ClaimWrites = ();
+
+/// Everything about one call except the body.
+pub(crate) struct Plan<'a> {
+    pub(crate) call: &'a Call,
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: Option<&'a str>,
+    /// Writes the body stages, committed with the COMPLETED record.
+    pub(crate) staging: Option<&'a Staging>,
+    /// Writes committed with the claim.
+    pub(crate) claim_writes: ClaimWrites,
+}
+
+/// One claim attempt: a plain conditional write, or a transaction when business writes go with it.
+async fn claim(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    request: &ClaimRequest<'_>,
+) -> Result<ClaimOutcome, Error> {
+    let namespace = plan.call.namespace;
+    #[cfg(feature = "dynamodb")]
+    if !plan.claim_writes.is_empty() {
+        use crate::store::TransactOutcome;
+        if let Err(detail) = crate::transaction::check_limits(plan.key, &plan.claim_writes) {
+            return Err(Error::TooManyWrites {
+                namespace: namespace.to_owned(),
+                detail,
+            });
+        }
+        return match idem
+            .store()
+            .claim_transaction(request, plan.claim_writes.clone())
+            .await
+            .map_err(|e| store_error(namespace, e))?
+        {
+            TransactOutcome::Committed => Ok(ClaimOutcome::Claimed),
+            TransactOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
+            TransactOutcome::Rejected(None) => Err(Error::CorruptRecord {
+                namespace: namespace.to_owned(),
+                detail: "the claim condition failed but no item was returned".into(),
+            }),
+            TransactOutcome::Canceled(reasons) => Err(Error::TransactionCanceled {
+                namespace: namespace.to_owned(),
+                reasons,
+            }),
+        };
+    }
+    idem.store()
+        .claim(request)
+        .await
+        .map_err(|e| store_error(namespace, e))
+}
+
 /// Runs `body` at most once per key while its record lives; see DESIGN §5.
 pub(crate) async fn run<T, E, F>(
     idem: &Idempotency,
-    call: &Call,
-    key: &str,
-    fingerprint: Option<&str>,
-    staging: Option<&Staging>,
+    plan: Plan<'_>,
     describe: impl FnOnce(&E) -> String,
     body: F,
 ) -> Result<T, E>
@@ -144,6 +199,13 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
+    let Plan {
+        call,
+        key,
+        fingerprint,
+        staging,
+        ..
+    } = plan;
     let namespace = call.namespace;
     let store = idem.store();
     let clock = idem.clock();
@@ -169,11 +231,7 @@ where
             expires_at_s: expiry_s(now_ms, lease + ttl),
             fingerprint,
         };
-        let mut record = match store
-            .claim(&request)
-            .await
-            .map_err(|e| store_error(namespace, e))?
-        {
+        let mut record = match claim(idem, &plan, &request).await? {
             ClaimOutcome::Claimed => break,
             ClaimOutcome::Existing(record) => record,
         };

@@ -168,10 +168,13 @@ where
     R::from_result(
         crate::handler::run(
             &handle,
-            call,
-            &key,
-            fingerprint.as_deref(),
-            None,
+            crate::handler::Plan {
+                call,
+                key: &key,
+                fingerprint: fingerprint.as_deref(),
+                staging: None,
+                claim_writes: crate::handler::ClaimWrites::default(),
+            },
             describe,
             body,
         )
@@ -234,10 +237,13 @@ where
     R::from_result(
         crate::handler::run(
             &handle,
-            call,
-            &key,
-            fingerprint.as_deref(),
-            Some(&transaction),
+            crate::handler::Plan {
+                call,
+                key: &key,
+                fingerprint: fingerprint.as_deref(),
+                staging: Some(&transaction),
+                claim_writes: Vec::new(),
+            },
             describe,
             body,
         )

@@ -140,11 +140,14 @@ fn target(
     write.condition_check().map(|c| (c.table_name(), c.key()))
 }
 
-/// The `ClientRequestToken` for a claim's commit: 36 characters derived from (key, token), so the SDK's
-/// retries of one commit are recognised by DynamoDB (for ten minutes) and applied once.
-pub(crate) fn request_token(key: &str, token: &str) -> String {
+/// The `ClientRequestToken` of one of a claim's transactions (`purpose`: `claim` or `complete`): 36
+/// characters derived from (purpose, key, token), so the SDK's retries of one transaction are recognised by
+/// DynamoDB (for ten minutes) and applied once, while the claim's two transactions never share a token.
+pub(crate) fn request_token(purpose: &str, key: &str, token: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::new()
+        .chain_update(purpose.as_bytes())
+        .chain_update([0])
         .chain_update(key.as_bytes())
         .chain_update([0])
         .chain_update(token.as_bytes())

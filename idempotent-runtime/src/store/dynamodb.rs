@@ -23,6 +23,7 @@ use super::{
 };
 use crate::CancellationReason;
 use crate::record::{Record, Status};
+use crate::transaction::request_token;
 
 pub use crate::record::AttributeNames;
 
@@ -190,6 +191,99 @@ impl DynamoDbStore {
         Ok(())
     }
 
+    /// The update expression, names and values of a claim.
+    fn claim_parts(
+        &self,
+        request: &ClaimRequest<'_>,
+    ) -> (
+        &'static str,
+        HashMap<String, String>,
+        HashMap<String, AttributeValue>,
+    ) {
+        let mut values = HashMap::with_capacity(9);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+        values.insert(":tk".to_owned(), s(request.token));
+        values.insert(":lu".to_owned(), n(request.lease_until_ms));
+        values.insert(":ex".to_owned(), n(request.expires_at_s));
+        values.insert(":one".to_owned(), n(1));
+        values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
+        values.insert(":now_ms".to_owned(), n(request.now_ms));
+        let update = match request.fingerprint {
+            Some(fp) => {
+                values.insert(":fp".to_owned(), s(fp));
+                CLAIM_WITH_FINGERPRINT
+            }
+            None => CLAIM_WITHOUT_FINGERPRINT,
+        };
+        let names = names_for(&self.inner.names, &[update, CLAIMABLE]);
+        (update, names, values)
+    }
+
+    /// Sends `record` (index 0) and `writes` in one `TransactWriteItems` with an idempotent request token,
+    /// and sorts out a cancellation.
+    async fn transact(
+        &self,
+        record: Update,
+        writes: Vec<TransactWriteItem>,
+        request_token: String,
+    ) -> Result<TransactOutcome, StoreError> {
+        let inner = &self.inner;
+        let mut items = Vec::with_capacity(writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(record).build());
+        items.extend(writes);
+        let result = inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(request_token)
+            .customize()
+            .config_override(self.config_override())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(TransactOutcome::Committed),
+            Err(err) => err,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
+            err.as_service_error()
+        else {
+            return Err(classify(&inner.table, err));
+        };
+        let reasons: Vec<CancellationReason> = canceled
+            .cancellation_reasons()
+            .iter()
+            .enumerate()
+            .map(|(index, r)| CancellationReason {
+                index,
+                code: r.code().unwrap_or("None").to_owned(),
+                message: r.message().map(str::to_owned),
+                item: r.item().cloned(),
+            })
+            .collect();
+        match reasons.first() {
+            Some(first) if first.code == "ConditionalCheckFailed" => Ok(TransactOutcome::Rejected(
+                first
+                    .item
+                    .as_ref()
+                    .map(|item| parse_item(&inner.names, item))
+                    .transpose()?,
+            )),
+            _ if reasons.iter().any(|r| r.code == "ConditionalCheckFailed") => {
+                Ok(TransactOutcome::Canceled(reasons))
+            }
+            // Conflicts and throttling that outlasted the SDK's retries: nothing was written, the
+            // claim still holds, and the caller may retry.
+            _ if reasons.iter().any(|r| {
+                r.code == "ThrottlingError" || r.code == "ProvisionedThroughputExceeded"
+            }) =>
+            {
+                Err(StoreError::Throttled(Box::new(err)))
+            }
+            _ => Ok(TransactOutcome::Canceled(reasons)),
+        }
+    }
+
     /// The update expression, names and values of a fenced transition.
     fn transition_parts(
         &self,
@@ -279,22 +373,7 @@ fn s(value: &str) -> AttributeValue {
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let inner = &self.inner;
-        let mut values = HashMap::with_capacity(9);
-        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
-        values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
-        values.insert(":tk".to_owned(), s(request.token));
-        values.insert(":lu".to_owned(), n(request.lease_until_ms));
-        values.insert(":ex".to_owned(), n(request.expires_at_s));
-        values.insert(":one".to_owned(), n(1));
-        values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
-        values.insert(":now_ms".to_owned(), n(request.now_ms));
-        let update = match request.fingerprint {
-            Some(fp) => {
-                values.insert(":fp".to_owned(), s(fp));
-                CLAIM_WITH_FINGERPRINT
-            }
-            None => CLAIM_WITHOUT_FINGERPRINT,
-        };
+        let (update, names, values) = self.claim_parts(request);
         let result = inner
             .client
             .update_item()
@@ -302,7 +381,7 @@ impl Store for DynamoDbStore {
             .key(&inner.names.key, self.key_value(request.key))
             .update_expression(update)
             .condition_expression(CLAIMABLE)
-            .set_expression_attribute_names(Some(names_for(&inner.names, &[update, CLAIMABLE])))
+            .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .customize()
@@ -366,62 +445,29 @@ impl Store for DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Other(e.into()))?;
-        let mut items = Vec::with_capacity(writes.len() + 1);
-        items.push(TransactWriteItem::builder().update(record).build());
-        items.extend(writes);
-        let result = inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .client_request_token(crate::transaction::request_token(
-                transition.key,
-                transition.token,
-            ))
-            .customize()
-            .config_override(self.config_override())
-            .send()
-            .await;
-        let err = match result {
-            Ok(_) => return Ok(TransactOutcome::Committed),
-            Err(err) => err,
-        };
-        let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
-            err.as_service_error()
-        else {
-            return Err(classify(&inner.table, err));
-        };
-        let reasons: Vec<CancellationReason> = canceled
-            .cancellation_reasons()
-            .iter()
-            .enumerate()
-            .map(|(index, r)| CancellationReason {
-                index,
-                code: r.code().unwrap_or("None").to_owned(),
-                message: r.message().map(str::to_owned),
-                item: r.item().cloned(),
-            })
-            .collect();
-        match reasons.first() {
-            Some(first) if first.code == "ConditionalCheckFailed" => Ok(TransactOutcome::Rejected(
-                first
-                    .item
-                    .as_ref()
-                    .map(|item| parse_item(&inner.names, item))
-                    .transpose()?,
-            )),
-            _ if reasons.iter().any(|r| r.code == "ConditionalCheckFailed") => {
-                Ok(TransactOutcome::Canceled(reasons))
-            }
-            // Conflicts and throttling that outlasted the SDK's retries: nothing was written, the
-            // claim still holds, and the caller may retry.
-            _ if reasons.iter().any(|r| {
-                r.code == "ThrottlingError" || r.code == "ProvisionedThroughputExceeded"
-            }) =>
-            {
-                Err(StoreError::Throttled(Box::new(err)))
-            }
-            _ => Ok(TransactOutcome::Canceled(reasons)),
-        }
+        let token = request_token("complete", transition.key, transition.token);
+        self.transact(record, writes, token).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let inner = &self.inner;
+        let (update, names, values) = self.claim_parts(request);
+        let record = Update::builder()
+            .table_name(&inner.table)
+            .key(&inner.names.key, self.key_value(request.key))
+            .update_expression(update)
+            .condition_expression(CLAIMABLE)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Other(e.into()))?;
+        let token = request_token("claim", request.key, request.token);
+        self.transact(record, writes, token).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {

@@ -1,0 +1,160 @@
+//! [`Operation`]: the state machine without the attribute, for closures, dynamic namespaces of static
+//! lifetime, and claim-time business writes ([`Operation::claim_with`]).
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::handler::{Call, ClaimWrites, Plan, run};
+use crate::{Error, Idempotency};
+
+/// One idempotent call, configured step by step; start with [`Idempotency::operation`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idempotent_runtime::Error> {
+/// use std::time::Duration;
+/// let idem = idempotent_runtime::Idempotency::in_memory();
+/// let order = ("acme", 42);
+/// let total: u64 = idem
+///     .operation("shop::checkout", &order)
+///     .ttl(Duration::from_secs(3600))
+///     .run(|| async { Ok::<_, idempotent_runtime::Error>(1_250) })
+///     .await?;
+/// assert_eq!(total, 1_250);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "an operation does nothing until `run` is awaited"]
+pub struct Operation<'a> {
+    idem: &'a Idempotency,
+    call: Call,
+    key: Result<String, Error>,
+    fingerprint: Option<Result<String, Error>>,
+    claim_writes: ClaimWrites,
+}
+
+impl Idempotency {
+    /// An idempotent call of `namespace` with `key` (any `Serialize` value; hashed as the attribute's
+    /// `key = ..`). A key that does not serialize is reported by `run`, before anything is sent.
+    pub fn operation<K: Serialize + ?Sized>(
+        &self,
+        namespace: &'static str,
+        key: &K,
+    ) -> Operation<'_> {
+        let call = Call::new(namespace);
+        Operation {
+            idem: self,
+            key: crate::__private::key(&call, key),
+            call,
+            fingerprint: None,
+            claim_writes: ClaimWrites::default(),
+        }
+    }
+}
+
+impl Operation<'_> {
+    /// How long the response is replayed (default: the handle's).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.call.ttl = Some(ttl);
+        self
+    }
+
+    /// How long the claim blocks others if its worker dies (default: the handle's).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.call.lease = Some(lease);
+        self
+    }
+
+    /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.call.wait = Some(wait);
+        self
+    }
+
+    /// Rejects the key with another payload ([`Error::PayloadMismatch`]).
+    pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
+        self.fingerprint = Some(crate::__private::fingerprint(&self.call, payload));
+        self
+    }
+
+    /// Business writes that commit in one transaction with the claim ("claim and reserve"): the claim
+    /// and the writes land together or not at all. When a write's condition fails, nothing is written,
+    /// no record is left behind, the body does not run, and `run` returns
+    /// [`Error::TransactionCanceled`]. Duplicates of a claimed key do not apply the writes again.
+    #[cfg(feature = "dynamodb")]
+    pub fn claim_with(
+        mut self,
+        writes: impl IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Self {
+        self.claim_writes.extend(writes);
+        self
+    }
+
+    fn prepare(&mut self) -> Result<(String, Option<String>), Error> {
+        let key = std::mem::replace(&mut self.key, Ok(String::new()))?;
+        let fingerprint = self.fingerprint.take().transpose()?;
+        Ok((key, fingerprint))
+    }
+
+    /// Runs `body` at most once per key while its record lives, and returns its (possibly replayed)
+    /// result. The error's `Display` text is stored on FAILED records.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    pub async fn run<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (key, fingerprint) = self.prepare()?;
+        let plan = Plan {
+            call: &self.call,
+            key: &key,
+            fingerprint: fingerprint.as_deref(),
+            staging: None,
+            claim_writes: self.claim_writes,
+        };
+        run(
+            self.idem,
+            plan,
+            ToString::to_string,
+            async move { body().await },
+        )
+        .await
+    }
+
+    /// [`run`](Self::run), with a [`Transaction`](crate::Transaction) whose staged writes commit with
+    /// the COMPLETED record.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    #[cfg(feature = "dynamodb")]
+    pub async fn run_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Display,
+        F: FnOnce(crate::Transaction) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (key, fingerprint) = self.prepare()?;
+        let transaction = crate::Transaction::new();
+        let staged = transaction.clone();
+        let plan = Plan {
+            call: &self.call,
+            key: &key,
+            fingerprint: fingerprint.as_deref(),
+            staging: Some(&staged),
+            claim_writes: self.claim_writes,
+        };
+        run(self.idem, plan, ToString::to_string, async move {
+            body(transaction).await
+        })
+        .await
+    }
+}
