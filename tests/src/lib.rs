@@ -1,6 +1,8 @@
 //! Shared support for the test suite: DynamoDB Local clients, fresh tables, a request counter, and the
 //! two stores behind one constructor so every behaviour test runs against both.
 
+pub mod proxy;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
