@@ -41,6 +41,7 @@ struct Inner {
     failed_ttl: Duration,
     retain: Option<Duration>,
     heartbeat: bool,
+    cache: Option<crate::cache::ResponseCache>,
 }
 
 static INSTALLED: RwLock<Option<Idempotency>> = RwLock::new(None);
@@ -74,6 +75,7 @@ impl Idempotency {
             failed_ttl: None,
             retain: None,
             heartbeat: true,
+            cache: None,
         }
     }
 
@@ -145,6 +147,10 @@ impl Idempotency {
     pub fn heartbeat(&self) -> bool {
         self.inner.heartbeat
     }
+
+    pub(crate) fn cache(&self) -> Option<&crate::cache::ResponseCache> {
+        self.inner.cache.as_ref()
+    }
 }
 
 /// Builds an [`Idempotency`]; start from [`Idempotency::builder`].
@@ -158,9 +164,19 @@ pub struct Builder {
     failed_ttl: Option<Duration>,
     retain: Option<Duration>,
     heartbeat: bool,
+    cache: Option<usize>,
 }
 
 impl Builder {
+    /// Keeps up to `capacity` COMPLETED responses in this process, so a duplicate handled by the same
+    /// process is answered without a round trip (off by default). Only COMPLETED records are cached, and
+    /// only while they are replayable, so answers never differ from the store's; a payload mismatch is
+    /// still detected.
+    pub fn local_cache(mut self, capacity: usize) -> Self {
+        self.cache = Some(capacity).filter(|c| *c > 0);
+        self
+    }
+
     /// Keeps a tombstone of each COMPLETED record for `retain` after its `ttl` (the "audit log for
     /// recently expired keys"): a very late duplicate then gets [`Error::Expired`](crate::Error::Expired)
     /// instead of running the body again. Without it (the default), a key counts as new once its `ttl`
@@ -237,6 +253,7 @@ impl Builder {
                 failed_ttl: self.failed_ttl.unwrap_or(self.lease),
                 retain: self.retain,
                 heartbeat: self.heartbeat,
+                cache: self.cache.map(crate::cache::ResponseCache::new),
             }),
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::cache::Cached;
 use crate::codec;
 use crate::config::Idempotency;
 use crate::error::Error;
@@ -71,7 +72,7 @@ enum Found {
     /// Our own claim (a retried write whose first response was lost).
     Ours,
     /// A stored response to return.
-    Replay(Vec<u8>),
+    Replay(Record),
     /// Another call is running; its lease ends in this long.
     InProgress(Duration),
     /// The record became claimable after all; try to claim again.
@@ -108,12 +109,10 @@ fn examine(
                 namespace: call.namespace.to_owned(),
             })
         }
-        Status::Completed => match record.response {
-            Some(bytes) => Ok(Found::Replay(bytes)),
-            None => Err(Error::ResponseTooLarge {
-                namespace: call.namespace.to_owned(),
-            }),
-        },
+        Status::Completed if record.response.is_none() => Err(Error::ResponseTooLarge {
+            namespace: call.namespace.to_owned(),
+        }),
+        Status::Completed => Ok(Found::Replay(record)),
         Status::Pending => Ok(Found::InProgress(Duration::from_millis(
             record
                 .lease_until_ms
@@ -217,6 +216,19 @@ where
         .filter(|w| !w.is_zero())
         .map(|w| tokio::time::Instant::now() + w);
 
+    if let Some(hit) = idem.cache().and_then(|c| c.get(key, clock.now_ms())) {
+        if let (Some(stored), Some(ours)) = (hit.fingerprint.as_deref(), fingerprint)
+            && stored != ours
+        {
+            return Err(Error::PayloadMismatch {
+                namespace: namespace.to_owned(),
+            }
+            .into());
+        }
+        tracing::debug!(namespace, "replaying cached response");
+        return Ok(replay(namespace, &hit.response)?);
+    }
+
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
     // two reads.
     let mut poll = FIRST_POLL;
@@ -240,21 +252,23 @@ where
             let now_ms = clock.now_ms();
             match examine(call, record, &token, fingerprint, now_ms)? {
                 Found::Ours => break 'claim,
-                Found::Replay(bytes) => {
+                Found::Replay(record) => {
                     tracing::debug!(namespace, "replaying stored response");
-                    return codec::decode(&bytes).map_err(|e| {
-                        let namespace = namespace.to_owned();
-                        match e {
-                            codec::DecodeError::Json(source) => {
-                                Error::Deserialize { namespace, source }
-                            }
-                            codec::DecodeError::Compression(e) => Error::CorruptRecord {
-                                namespace,
-                                detail: format!("the stored response does not decompress: {e}"),
+                    let response = record.response.unwrap_or_default();
+                    let value = replay(namespace, &response)?;
+                    if let Some(cache) = idem.cache() {
+                        cache.insert(
+                            key,
+                            Cached {
+                                response: response.into(),
+                                fingerprint: record.fingerprint.map(Into::into),
+                                replay_until_s: record
+                                    .replay_until_s
+                                    .unwrap_or(record.expires_at_s),
                             },
-                        }
-                        .into()
-                    });
+                        );
+                    }
+                    return Ok(value);
                 }
                 Found::Claimable => {
                     claimable_retries += 1;
@@ -330,24 +344,41 @@ where
                     "response too large to store even compressed; duplicates will get ResponseTooLarge"
                 );
             }
-            complete(
-                idem,
-                call,
-                key,
-                &token,
-                ttl,
-                fits.then_some(&bytes[..]),
-                staging,
-            )
-            .await
-            .map(|()| value)
-            .map_err(E::from)
+            // Taken before the write, so the cached window never outlasts the stored one.
+            let replay_until_s = expiry_s(clock.now_ms(), ttl);
+            let stored = fits.then_some(&bytes[..]);
+            complete(idem, call, key, &token, ttl, stored, staging).await?;
+            if let Some(cache) = idem.cache().filter(|_| fits) {
+                cache.insert(
+                    key,
+                    Cached {
+                        response: bytes.into(),
+                        fingerprint: fingerprint.map(Into::into),
+                        replay_until_s,
+                    },
+                );
+            }
+            Ok(value)
         }
         Err(err) => {
             fail(idem, call, key, &token, &describe(&err)).await;
             Err(err)
         }
     }
+}
+
+/// Decodes a stored response.
+fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8]) -> Result<T, Error> {
+    codec::decode(response).map_err(|e| {
+        let namespace = namespace.to_owned();
+        match e {
+            codec::DecodeError::Json(source) => Error::Deserialize { namespace, source },
+            codec::DecodeError::Compression(e) => Error::CorruptRecord {
+                namespace,
+                detail: format!("the stored response does not decompress: {e}"),
+            },
+        }
+    })
 }
 
 /// Moves our claim to COMPLETED with `bytes` (and the staged writes, in one transaction).

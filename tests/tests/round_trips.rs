@@ -94,3 +94,50 @@ async fn a_pending_duplicate_takes_one_round_trip() {
     gate.1.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap(), 3);
 }
+
+#[idempotent(key = id, payload = amount, store = idem, name = "round-trips::cached", ttl = "1h")]
+async fn cached(
+    idem: &Idempotency,
+    runs: &AtomicUsize,
+    id: u64,
+    amount: u64,
+) -> Result<u64, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(id + amount)
+}
+
+#[tokio::test]
+async fn with_the_local_cache_a_duplicate_takes_no_round_trip() {
+    let h = Harness::with(Backend::DynamoDb, |b| b.local_cache(1_000)).await;
+    let runs = AtomicUsize::new(0);
+    assert_eq!(cached(&h.idem, &runs, 1, 10).await.unwrap(), 11);
+    assert_eq!(h.requests.total(), 2);
+    h.requests.reset();
+    assert_eq!(cached(&h.idem, &runs, 1, 10).await.unwrap(), 11);
+    assert_eq!(h.requests.total(), 0, "answered from the cache");
+    // A payload mismatch is still caught, from the cache.
+    let err = cached(&h.idem, &runs, 1, 99).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Idempotency(Error::PayloadMismatch { .. })),
+        "{err:?}"
+    );
+    assert_eq!(h.requests.total(), 0);
+    // Past the ttl the cache does not answer, and the store says the key is new.
+    h.clock.advance(std::time::Duration::from_secs(3_602));
+    assert_eq!(cached(&h.idem, &runs, 1, 10).await.unwrap(), 11);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(h.requests.total(), 2);
+    // A replay from the store fills the cache too: a second process's cache is cold.
+    let other = idempotent_runtime::Idempotency::builder_arc(h.store.clone())
+        .clock(h.clock.clone())
+        .local_cache(10)
+        .build();
+    h.requests.reset();
+    assert_eq!(cached(&other, &runs, 1, 10).await.unwrap(), 11);
+    assert_eq!(cached(&other, &runs, 1, 10).await.unwrap(), 11);
+    assert_eq!(
+        h.requests.total(),
+        1,
+        "one claim (replayed), then the cache"
+    );
+}
