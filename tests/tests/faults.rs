@@ -1,0 +1,473 @@
+//! Exactly-once under lost responses, throttling, server errors, crashes and races: DynamoDB Local behind
+//! the fault-injection proxy (and the memory store where it applies).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::retry::{RetryConfig, RetryPartition, TokenBucket};
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::types::{AttributeValue, Update};
+use idempotent_runtime::{
+    DynamoDbStore, Error, Idempotency, ManualClock, MemoryStore, Status, Store, idempotent,
+};
+use idempotent_tests::proxy::{Fault, FaultProxy, Rule};
+use idempotent_tests::{RequestCounter, unique_table};
+
+#[derive(Debug)]
+enum AppError {
+    Body,
+    Idempotency(Error),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Body => f.write_str("the body failed"),
+            AppError::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Counts executions per key.
+#[derive(Debug, Default)]
+struct Runs(std::sync::Mutex<HashMap<u64, usize>>);
+
+impl Runs {
+    fn record(&self, id: u64) {
+        *self.0.lock().unwrap().entry(id).or_default() += 1;
+    }
+    fn of(&self, id: u64) -> usize {
+        self.0.lock().unwrap().get(&id).copied().unwrap_or(0)
+    }
+    fn total(&self) -> usize {
+        self.0.lock().unwrap().values().sum()
+    }
+}
+
+#[idempotent(key = id, store = idem, name = "faults::work", lease = "30s")]
+async fn work(idem: &Idempotency, runs: &Runs, id: u64, fail: bool) -> Result<String, AppError> {
+    runs.record(id);
+    if fail {
+        return Err(AppError::Body);
+    }
+    Ok(format!("result-{id}"))
+}
+
+/// A client through `endpoint` whose retries are quick (so fault tests stay short) and whose retry
+/// budget is its own and unlimited (the SDK's shared token bucket would otherwise stop retrying under a
+/// deliberate storm of faults, which is not what these tests measure).
+fn faulty_client(endpoint: &str) -> (Client, RequestCounter) {
+    let counter = RequestCounter::default();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
+        .retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(3)
+                .with_initial_backoff(Duration::from_millis(5))
+                .with_max_backoff(Duration::from_millis(50)),
+        )
+        .retry_partition(
+            RetryPartition::custom(unique_table("faults"))
+                .token_bucket(TokenBucket::unlimited())
+                .build(),
+        )
+        .interceptor(counter.clone())
+        .build();
+    (Client::from_conf(config), counter)
+}
+
+/// A fresh table, a proxy in front of DynamoDB Local, and a handle whose client goes through it.
+struct Rig {
+    proxy: FaultProxy,
+    idem: Idempotency,
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+    requests: RequestCounter,
+}
+
+impl Rig {
+    async fn new() -> Self {
+        let (direct, _) = idempotent_tests::client();
+        let table = unique_table("faults");
+        DynamoDbStore::new(direct, &table)
+            .create_table()
+            .await
+            .unwrap();
+        let proxy = FaultProxy::start(&idempotent_tests::endpoint()).await;
+        let (client, requests) = faulty_client(proxy.endpoint());
+        let store: Arc<dyn Store> = Arc::new(DynamoDbStore::new(client, &table));
+        let clock = ManualClock::starting_now();
+        let idem = Idempotency::builder_arc(store.clone())
+            .clock(clock.clone())
+            .build();
+        Self {
+            proxy,
+            idem,
+            store,
+            clock,
+            requests,
+        }
+    }
+
+    async fn record(&self, id: u64) -> Option<idempotent_runtime::Record> {
+        let key = idempotent_runtime::derive_key("faults::work", &id).unwrap();
+        self.store.get(&key).await.unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_claim_whose_response_was_lost_is_recognised_by_its_token() {
+    let rig = Rig::new().await;
+    rig.proxy.set_rules([Rule::new(Fault::DropResponse)
+        .operation("UpdateItem")
+        .body_contains(":now_ms")
+        .nth(1)]);
+    let runs = Runs::default();
+    assert_eq!(work(&rig.idem, &runs, 1, false).await.unwrap(), "result-1");
+    assert_eq!(runs.of(1), 1);
+    let stats = rig.proxy.stats().operation("UpdateItem");
+    assert_eq!(
+        (stats.dropped, stats.requests),
+        (1, 3),
+        "claim, its retry, complete"
+    );
+    assert_eq!(rig.requests.of("GetItem"), 0, "no extra read");
+    let record = rig.record(1).await.unwrap();
+    assert_eq!((record.status, record.attempt), (Status::Completed, 1));
+}
+
+#[tokio::test]
+async fn a_completion_whose_response_was_lost_is_recognised_by_its_token() {
+    let rig = Rig::new().await;
+    rig.proxy.set_rules([Rule::new(Fault::DropResponse)
+        .operation("UpdateItem")
+        .body_contains(":completed")
+        .nth(1)]);
+    let runs = Runs::default();
+    assert_eq!(work(&rig.idem, &runs, 2, false).await.unwrap(), "result-2");
+    assert_eq!(rig.proxy.stats().operation("UpdateItem").dropped, 1);
+    assert_eq!(rig.requests.of("GetItem"), 0);
+    assert_eq!(rig.record(2).await.unwrap().status, Status::Completed);
+    assert_eq!(work(&rig.idem, &runs, 2, false).await.unwrap(), "result-2");
+    assert_eq!(runs.of(2), 1);
+}
+
+#[tokio::test]
+async fn a_failure_whose_response_was_lost_still_leaves_the_key_retryable() {
+    let rig = Rig::new().await;
+    rig.proxy.set_rules([Rule::new(Fault::DropResponse)
+        .operation("UpdateItem")
+        .body_contains(":er")
+        .nth(1)]);
+    let runs = Runs::default();
+    assert!(matches!(
+        work(&rig.idem, &runs, 3, true).await,
+        Err(AppError::Body)
+    ));
+    assert_eq!(rig.proxy.stats().operation("UpdateItem").dropped, 1);
+    assert_eq!(rig.record(3).await.unwrap().status, Status::Failed);
+    assert_eq!(work(&rig.idem, &runs, 3, false).await.unwrap(), "result-3");
+    assert_eq!(runs.of(3), 2);
+}
+
+#[tokio::test]
+async fn a_claim_throttled_until_retries_run_out_is_throttled_and_writes_nothing() {
+    let rig = Rig::new().await;
+    rig.proxy
+        .set_rules([Rule::new(Fault::Throttle).operation("UpdateItem")]);
+    let runs = Runs::default();
+    let err = work(&rig.idem, &runs, 4, false).await.unwrap_err();
+    assert!(
+        matches!(&err, AppError::Idempotency(Error::Throttled { namespace, .. }) if namespace == "faults::work"),
+        "{err:?}"
+    );
+    assert_eq!(
+        rig.proxy.stats().operation("UpdateItem").throttled,
+        3,
+        "three attempts"
+    );
+    assert_eq!(runs.total(), 0);
+    rig.proxy.clear();
+    assert!(rig.record(4).await.is_none());
+    assert_eq!(work(&rig.idem, &runs, 4, false).await.unwrap(), "result-4");
+}
+
+#[tokio::test]
+async fn a_completion_throttled_until_retries_run_out_leaves_the_key_claimable_after_its_lease() {
+    let rig = Rig::new().await;
+    rig.proxy.set_rules([Rule::new(Fault::ThrottlingException)
+        .operation("UpdateItem")
+        .body_contains(":completed")]);
+    let runs = Runs::default();
+    let err = work(&rig.idem, &runs, 5, false).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Idempotency(Error::Throttled { .. })),
+        "{err:?}"
+    );
+    assert_eq!(runs.of(5), 1);
+    rig.proxy.clear();
+    assert_eq!(
+        rig.record(5).await.unwrap().status,
+        Status::Pending,
+        "not wedged: the lease bounds it"
+    );
+    assert!(matches!(
+        work(&rig.idem, &runs, 5, false).await,
+        Err(AppError::Idempotency(Error::InProgress { .. }))
+    ));
+    rig.clock.advance(Duration::from_secs(31));
+    assert_eq!(work(&rig.idem, &runs, 5, false).await.unwrap(), "result-5");
+    assert_eq!(runs.of(5), 2);
+    assert_eq!(rig.record(5).await.unwrap().status, Status::Completed);
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_by_the_sdk() {
+    let rig = Rig::new().await;
+    rig.proxy.set_rules([Rule::new(Fault::ServerError)
+        .operation("UpdateItem")
+        .first(2)]);
+    let runs = Runs::default();
+    assert_eq!(work(&rig.idem, &runs, 6, false).await.unwrap(), "result-6");
+    assert_eq!(rig.proxy.stats().operation("UpdateItem").server_errors, 2);
+    assert_eq!(runs.of(6), 1);
+}
+
+#[idempotent(key = order, store = idem, name = "faults::reserve", transact = tx)]
+async fn reserve(idem: &Idempotency, table: &str, order: &str) -> Result<(), AppError> {
+    tx.update(
+        Update::builder()
+            .table_name(table)
+            .key("pk", AttributeValue::S("counter".into()))
+            .update_expression("ADD applied :one")
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .unwrap(),
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_commit_whose_response_was_lost_is_applied_once_by_the_sdk_retry() {
+    let rig = Rig::new().await;
+    let (direct, _) = idempotent_tests::client();
+    let table = unique_table("counter");
+    // A business table of the same shape; its counter item counts how often the staged write landed.
+    DynamoDbStore::new(direct.clone(), &table)
+        .create_table()
+        .await
+        .unwrap();
+    rig.proxy.set_rules([Rule::new(Fault::DropResponse)
+        .operation("TransactWriteItems")
+        .nth(1)]);
+    reserve(&rig.idem, &table, "o-1").await.unwrap();
+    let stats = rig.proxy.stats().operation("TransactWriteItems");
+    assert_eq!(
+        (stats.dropped, stats.requests),
+        (1, 2),
+        "the commit landed, its response was lost, the SDK retried"
+    );
+    let counter = direct
+        .get_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S("counter".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let applied = counter.item().unwrap()["applied"]
+        .as_n()
+        .unwrap()
+        .to_owned();
+    println!(
+        "lost commit response: TransactWriteItems sent {} times, counter item `applied` = {applied}",
+        stats.requests
+    );
+    assert_eq!(
+        applied, "1",
+        "the ClientRequestToken made the retry a no-op"
+    );
+    let key = idempotent_runtime::derive_key("faults::reserve", "o-1").unwrap();
+    assert_eq!(
+        rig.store.get(&key).await.unwrap().unwrap().status,
+        Status::Completed
+    );
+}
+
+#[idempotent(key = id, store = idem, name = "faults::race", lease = "60s")]
+async fn race(idem: &Idempotency, runs: &Runs, id: u64) -> Result<u64, AppError> {
+    runs.record(id);
+    tokio::task::yield_now().await;
+    Ok(id * 3)
+}
+
+async fn rounds_of_32(idem: &Idempotency, rounds: u64) -> (usize, usize) {
+    let runs = Arc::new(Runs::default());
+    let (mut replayed, mut in_progress) = (0, 0);
+    // Eight rounds at a time: each key still sees 32 concurrent callers.
+    for batch in (0..rounds).collect::<Vec<_>>().chunks(8) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &round in batch {
+            for _ in 0..32 {
+                let (idem, runs) = (idem.clone(), runs.clone());
+                tasks.spawn(async move { (round, race(&idem, &runs, round).await) });
+            }
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined.unwrap() {
+                (round, Ok(v)) => {
+                    assert_eq!(v, round * 3);
+                    replayed += 1;
+                }
+                (_, Err(AppError::Idempotency(Error::InProgress { .. }))) => in_progress += 1,
+                (_, Err(e)) => panic!("unexpected {e:?}"),
+            }
+        }
+    }
+    for round in 0..rounds {
+        assert_eq!(
+            runs.of(round),
+            1,
+            "round {round}: the body must run exactly once"
+        );
+    }
+    (replayed, in_progress)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_rounds_of_32_concurrent_callers_run_each_body_once_on_dynamodb() {
+    let rig = Rig::new().await;
+    let (ok, in_progress) = rounds_of_32(&rig.idem, 1_000).await;
+    println!(
+        "dynamodb via proxy: 1000 rounds x 32 callers: 1000 executions, {ok} Ok results (first + replays), {in_progress} InProgress, {} requests",
+        rig.proxy.stats().total.requests
+    );
+    assert_eq!(ok + in_progress, 32_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_rounds_of_32_concurrent_callers_run_each_body_once_in_memory() {
+    let idem = Idempotency::builder(MemoryStore::new()).build();
+    let (ok, in_progress) = rounds_of_32(&idem, 1_000).await;
+    println!("memory: 1000 rounds x 32 callers: {ok} Ok, {in_progress} InProgress");
+    assert_eq!(ok + in_progress, 32_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_thousand_keys_under_drops_throttles_and_server_errors_never_run_twice() {
+    const KEYS: u64 = 2_000;
+    let rig = Rig::new().await;
+    let seed = 20_261_130;
+    rig.proxy.set_rules([
+        Rule::new(Fault::DropResponse).probability(0.10, seed),
+        Rule::new(Fault::Throttle).probability(0.10, seed + 1),
+        Rule::new(Fault::ServerError).probability(0.05, seed + 2),
+    ]);
+    let runs = Arc::new(Runs::default());
+    let mut errors: HashMap<String, usize> = HashMap::new();
+    // Each key is called three times, one call after another, 32 keys at a time.
+    let keys: Vec<u64> = (0..KEYS).collect();
+    for chunk in keys.chunks(32) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &id in chunk {
+            let (idem, runs) = (rig.idem.clone(), runs.clone());
+            tasks.spawn(async move {
+                let mut outcomes = Vec::new();
+                for _ in 0..3 {
+                    outcomes.push(work(&idem, &runs, id, false).await);
+                }
+                (id, outcomes)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            let (id, outcomes) = joined.unwrap();
+            for outcome in outcomes {
+                match outcome {
+                    Ok(v) => assert_eq!(
+                        v,
+                        format!("result-{id}"),
+                        "a replay must be this key's own result"
+                    ),
+                    Err(AppError::Idempotency(e)) => {
+                        let kind = format!("{e:?}")
+                            .split([' ', '{', '('])
+                            .next()
+                            .unwrap()
+                            .to_owned();
+                        *errors.entry(kind).or_default() += 1;
+                    }
+                    Err(e) => panic!("unexpected {e:?}"),
+                }
+            }
+        }
+    }
+    let stats = rig.proxy.stats();
+    rig.proxy.clear();
+
+    let mut ran_once = 0;
+    let mut completed = 0;
+    let mut pending = Vec::new();
+    let mut never_claimed = Vec::new();
+    for id in 0..KEYS {
+        assert!(runs.of(id) <= 1, "key {id} ran {} times", runs.of(id));
+        ran_once += usize::from(runs.of(id) == 1);
+        match rig.record(id).await.map(|r| r.status) {
+            Some(Status::Completed) => completed += 1,
+            Some(Status::Pending) => pending.push(id),
+            Some(Status::Failed) => panic!("key {id}: nothing fails in this body"),
+            None => never_claimed.push(id),
+        }
+    }
+    // A key whose completion never got through is PENDING until its lease: afterwards a later call
+    // runs it once more and it ends COMPLETED; nothing stays PENDING past the lease.
+    rig.clock.advance(Duration::from_secs(31));
+    for &id in pending.iter().chain(&never_claimed) {
+        let before = runs.of(id);
+        assert_eq!(
+            work(&rig.idem, &runs, id, false).await.unwrap(),
+            format!("result-{id}")
+        );
+        assert_eq!(runs.of(id), before + 1, "key {id} re-runs exactly once");
+        assert_eq!(rig.record(id).await.unwrap().status, Status::Completed);
+    }
+    let mut histogram: HashMap<usize, usize> = HashMap::new();
+    for id in 0..KEYS {
+        *histogram.entry(runs.of(id)).or_default() += 1;
+        assert!(runs.of(id) >= 1);
+    }
+    let mut histogram: Vec<_> = histogram.into_iter().collect();
+    histogram.sort_unstable();
+    println!("{KEYS} keys x 3 calls, seed {seed}, faults on every operation:");
+    println!(
+        "  requests {} | dropped responses {} | throttles {} | HTTP 500 {}",
+        stats.total.requests, stats.total.dropped, stats.total.throttled, stats.total.server_errors
+    );
+    for (op, c) in &stats.by_operation {
+        println!(
+            "  {op}: {} requests, {} dropped, {} throttled, {} HTTP 500",
+            c.requests, c.dropped, c.throttled, c.server_errors
+        );
+    }
+    println!("  errors seen by callers: {errors:?}");
+    println!(
+        "  after the calls: {completed} COMPLETED, {} PENDING (completion lost), {} never claimed; bodies run during the calls: {ran_once}",
+        pending.len(),
+        never_claimed.len()
+    );
+    println!(
+        "  executions per key after the lease and one more call for the unfinished keys: {histogram:?}"
+    );
+    assert!(stats.total.dropped > 0 && stats.total.throttled > 0 && stats.total.server_errors > 0);
+}
