@@ -8,9 +8,9 @@ use crate::store::Store;
 use crate::store::memory::MemoryStore;
 
 /// Default `ttl`: how long a COMPLETED response is replayed.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub const DEFAULT_TTL: Duration = Duration::from_hours(24);
 /// Default `lease`: how long a PENDING claim blocks other callers when its worker stops sending heartbeats.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+pub const DEFAULT_LEASE: Duration = Duration::from_mins(1);
 
 /// A store plus the defaults used by `#[idempotent]` functions: cheap to clone (one `Arc`).
 ///
@@ -80,7 +80,6 @@ impl Idempotency {
     }
 
     /// A builder over a new [`MemoryStore`].
-    #[must_use]
     pub fn builder_in_memory() -> Builder {
         Self::builder(MemoryStore::new())
     }

@@ -102,7 +102,7 @@ pub enum Error {
         namespace: String,
         /// `key`, `payload` or `response`.
         what: &'static str,
-        /// serde_json's error.
+        /// `serde_json`'s error.
         #[source]
         source: serde_json::Error,
     },
@@ -114,7 +114,7 @@ pub enum Error {
     Deserialize {
         /// The key's namespace.
         namespace: String,
-        /// serde_json's error.
+        /// `serde_json`'s error.
         #[source]
         source: serde_json::Error,
     },

@@ -186,31 +186,32 @@ async fn claim(
         .map_err(|e| store_error(namespace, e))
 }
 
-/// Runs `body` at most once per key while its record lives; see DESIGN §5.
-pub(crate) async fn run<T, E, F>(
+/// How the claim phase ended.
+enum Acquired<T> {
+    /// We hold the claim: run the body.
+    Held,
+    /// The answer is known without running the body (a replay).
+    Done(T),
+}
+
+/// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
+/// in-flight call until it finishes or the wait runs out.
+async fn acquire<T: DeserializeOwned>(
     idem: &Idempotency,
-    plan: Plan<'_>,
-    describe: impl FnOnce(&E) -> String,
-    body: F,
-) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-{
+    plan: &Plan<'_>,
+    token: &str,
+    lease: Duration,
+    ttl: Duration,
+) -> Result<Acquired<T>, Error> {
     let Plan {
         call,
         key,
         fingerprint,
-        staging,
         ..
-    } = plan;
+    } = *plan;
     let namespace = call.namespace;
     let store = idem.store();
     let clock = idem.clock();
-    let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
-    let lease = call.lease.unwrap_or_else(|| idem.default_lease());
-    let token = uuid::Uuid::new_v4().to_string();
     let wait_until = call
         .wait
         .filter(|w| !w.is_zero())
@@ -222,11 +223,10 @@ where
         {
             return Err(Error::PayloadMismatch {
                 namespace: namespace.to_owned(),
-            }
-            .into());
+            });
         }
         tracing::debug!(namespace, "replaying cached response");
-        return Ok(replay(namespace, &hit.response)?);
+        return replay(namespace, &hit.response).map(Acquired::Done);
     }
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
@@ -237,21 +237,21 @@ where
         let now_ms = clock.now_ms();
         let request = ClaimRequest {
             key,
-            token: &token,
+            token,
             now_ms,
             lease_until_ms: now_ms.saturating_add(millis(lease)),
             expires_at_s: expiry_s(now_ms, lease + ttl),
             fingerprint,
         };
-        let mut record = match claim(idem, &plan, &request).await? {
-            ClaimOutcome::Claimed => break,
+        let mut record = match claim(idem, plan, &request).await? {
+            ClaimOutcome::Claimed => return Ok(Acquired::Held),
             ClaimOutcome::Existing(record) => record,
         };
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
             let now_ms = clock.now_ms();
-            match examine(call, record, &token, fingerprint, now_ms)? {
-                Found::Ours => break 'claim,
+            match examine(call, record, token, fingerprint, now_ms)? {
+                Found::Ours => return Ok(Acquired::Held),
                 Found::Replay(record) => {
                     tracing::debug!(namespace, "replaying stored response");
                     let response = record.response.unwrap_or_default();
@@ -268,7 +268,7 @@ where
                             },
                         );
                     }
-                    return Ok(value);
+                    return Ok(Acquired::Done(value));
                 }
                 Found::Claimable => {
                     claimable_retries += 1;
@@ -276,8 +276,7 @@ where
                         return Err(Error::CorruptRecord {
                             namespace: namespace.to_owned(),
                             detail: "the record stays claimable but every claim is refused".into(),
-                        }
-                        .into());
+                        });
                     }
                     continue 'claim;
                 }
@@ -287,8 +286,7 @@ where
                         return Err(Error::InProgress {
                             namespace: namespace.to_owned(),
                             retry_after,
-                        }
-                        .into());
+                        });
                     };
                     tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll))
                         .await;
@@ -306,6 +304,36 @@ where
             }
         }
     }
+}
+
+/// Runs `body` at most once per key while its record lives; see DESIGN §5.
+pub(crate) async fn run<T, E, F>(
+    idem: &Idempotency,
+    plan: Plan<'_>,
+    describe: impl FnOnce(&E) -> String,
+    body: F,
+) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let call = plan.call;
+    let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
+    let lease = call.lease.unwrap_or_else(|| idem.default_lease());
+    let token = uuid::Uuid::new_v4().to_string();
+    if let Acquired::Done(value) = acquire(idem, &plan, &token, lease, ttl).await? {
+        return Ok(value);
+    }
+    let Plan {
+        key,
+        fingerprint,
+        staging,
+        ..
+    } = plan;
+    let namespace = call.namespace;
+    let store = idem.store();
+    let clock = idem.clock();
 
     tracing::debug!(namespace, "claimed; running the body");
     let outcome = if idem.heartbeat() {

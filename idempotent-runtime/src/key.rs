@@ -19,7 +19,7 @@ fn sha256_hex<T: Serialize + ?Sized>(value: &T) -> Result<String, serde_json::Er
 /// namespaces never collide.
 ///
 /// # Errors
-/// serde_json's error when `key` does not serialize (a map with non-string keys, a failing `Serialize`).
+/// `serde_json`'s error when `key` does not serialize (a map with non-string keys, a failing `Serialize`).
 ///
 /// ```
 /// let key = idempotent_runtime::derive_key("billing::charge", &("acme", 42)).unwrap();
@@ -41,7 +41,7 @@ pub fn derive_key<T: Serialize + ?Sized>(
 /// The fingerprint stored for a `payload`: hex SHA-256 of its canonical JSON.
 ///
 /// # Errors
-/// serde_json's error when `payload` does not serialize.
+/// `serde_json`'s error when `payload` does not serialize.
 pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_json::Error> {
     sha256_hex(payload)
 }

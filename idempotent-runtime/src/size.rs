@@ -42,7 +42,6 @@ pub(crate) fn value_size(value: &AttributeValue) -> usize {
     match value {
         AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
         AttributeValue::B(b) => b.as_ref().len(),
-        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
         AttributeValue::Ss(v) | AttributeValue::Ns(v) => v.iter().map(String::len).sum(),
         AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
         AttributeValue::L(v) => 3 + v.iter().map(|x| 1 + value_size(x)).sum::<usize>(),

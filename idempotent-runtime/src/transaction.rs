@@ -123,7 +123,7 @@ pub(crate) fn check_limits(record_key: &str, writes: &[TransactWriteItem]) -> Re
     Ok(())
 }
 
-/// The table and key an Update, Delete or ConditionCheck targets (a Put's key attributes are not known
+/// The table and key an `Update`, `Delete` or `ConditionCheck` targets (a Put's key attributes are not known
 /// without the table's schema; DynamoDB itself rejects a Put that collides).
 fn target(
     write: &TransactWriteItem,

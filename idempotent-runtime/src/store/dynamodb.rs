@@ -8,9 +8,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::client::Waiters as _;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
@@ -166,12 +168,11 @@ impl DynamoDbStore {
             Err(e) if e.code() == Some("ResourceInUseException") => return Ok(()),
             Err(e) => return Err(classify(&inner.table, e)),
         }
-        use aws_sdk_dynamodb::client::Waiters as _;
         inner
             .client
             .wait_until_table_exists()
             .table_name(&inner.table)
-            .wait(std::time::Duration::from_secs(120))
+            .wait(std::time::Duration::from_mins(2))
             .await
             .map_err(|e| StoreError::Other(e.into()))?;
         inner
@@ -241,9 +242,8 @@ impl DynamoDbStore {
             .config_override(self.config_override())
             .send()
             .await;
-        let err = match result {
-            Ok(_) => return Ok(TransactOutcome::Committed),
-            Err(err) => err,
+        let Err(err) = result else {
+            return Ok(TransactOutcome::Committed);
         };
         let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
             err.as_service_error()
@@ -340,10 +340,6 @@ impl DynamoDbStore {
         (update, names, values)
     }
 
-    fn key_value(&self, key: &str) -> AttributeValue {
-        AttributeValue::S(key.to_owned())
-    }
-
     fn config_override(&self) -> aws_sdk_dynamodb::config::Builder {
         let mut builder = aws_sdk_dynamodb::config::Builder::new();
         if let Some(retry) = &self.inner.retry {
@@ -359,6 +355,10 @@ impl DynamoDbStore {
     pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
         parse_item(&self.inner.names, item)
     }
+}
+
+fn key_value(key: &str) -> AttributeValue {
+    AttributeValue::S(key.to_owned())
 }
 
 fn n(value: u64) -> AttributeValue {
@@ -378,7 +378,7 @@ impl Store for DynamoDbStore {
             .client
             .update_item()
             .table_name(&inner.table)
-            .key(&inner.names.key, self.key_value(request.key))
+            .key(&inner.names.key, key_value(request.key))
             .update_expression(update)
             .condition_expression(CLAIMABLE)
             .set_expression_attribute_names(Some(names))
@@ -390,7 +390,7 @@ impl Store for DynamoDbStore {
             .await;
         match result {
             Ok(_) => Ok(ClaimOutcome::Claimed),
-            Err(err) => match rejected_item(&err) {
+            Err(err) => match rejected(&err).map(|e| e.item()) {
                 Some(Some(item)) => Ok(ClaimOutcome::Existing(parse_item(&inner.names, item)?)),
                 Some(None) => Err(StoreError::Corrupt(
                     "the claim condition failed but no item was returned".to_owned(),
@@ -407,7 +407,7 @@ impl Store for DynamoDbStore {
             .client
             .update_item()
             .table_name(&inner.table)
-            .key(&inner.names.key, self.key_value(transition.key))
+            .key(&inner.names.key, key_value(transition.key))
             .update_expression(update)
             .condition_expression(HELD_BY_TOKEN)
             .set_expression_attribute_names(Some(names))
@@ -419,7 +419,7 @@ impl Store for DynamoDbStore {
             .await;
         match result {
             Ok(_) => Ok(WriteOutcome::Applied),
-            Err(err) => match rejected_item(&err) {
+            Err(err) => match rejected(&err).map(|e| e.item()) {
                 Some(item) => Ok(WriteOutcome::Rejected(
                     item.map(|i| parse_item(&inner.names, i)).transpose()?,
                 )),
@@ -437,7 +437,7 @@ impl Store for DynamoDbStore {
         let (update, names, values) = self.transition_parts(transition);
         let record = Update::builder()
             .table_name(&inner.table)
-            .key(&inner.names.key, self.key_value(transition.key))
+            .key(&inner.names.key, key_value(transition.key))
             .update_expression(update)
             .condition_expression(HELD_BY_TOKEN)
             .set_expression_attribute_names(Some(names))
@@ -458,7 +458,7 @@ impl Store for DynamoDbStore {
         let (update, names, values) = self.claim_parts(request);
         let record = Update::builder()
             .table_name(&inner.table)
-            .key(&inner.names.key, self.key_value(request.key))
+            .key(&inner.names.key, key_value(request.key))
             .update_expression(update)
             .condition_expression(CLAIMABLE)
             .set_expression_attribute_names(Some(names))
@@ -476,7 +476,7 @@ impl Store for DynamoDbStore {
             .client
             .get_item()
             .table_name(&inner.table)
-            .key(&inner.names.key, self.key_value(key))
+            .key(&inner.names.key, key_value(key))
             .consistent_read(true)
             .customize()
             .config_override(self.config_override())
@@ -502,14 +502,12 @@ impl Store for DynamoDbStore {
     }
 }
 
-/// `Some(old item)` when the error is a failed condition (the item is `None` if there was none).
-fn rejected_item<R>(
-    err: &SdkError<aws_sdk_dynamodb::operation::update_item::UpdateItemError, R>,
-) -> Option<Option<&HashMap<String, AttributeValue>>> {
+/// The failed condition, when that is what the error is (it carries the old item, if there was one).
+fn rejected<R>(
+    err: &SdkError<UpdateItemError, R>,
+) -> Option<&aws_sdk_dynamodb::types::error::ConditionalCheckFailedException> {
     match err.as_service_error()? {
-        aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => {
-            Some(e.item())
-        }
+        UpdateItemError::ConditionalCheckFailedException(e) => Some(e),
         _ => None,
     }
 }
