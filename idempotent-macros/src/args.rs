@@ -39,7 +39,9 @@ impl Args {
         let mut seen: Vec<String> = Vec::new();
         let parser = syn::meta::parser(|meta| {
             let ident = meta.path.get_ident().cloned().ok_or_else(|| {
-                meta.error(format!("expected an argument name; expected one of {ARGUMENTS}"))
+                meta.error(format!(
+                    "expected an argument name; expected one of {ARGUMENTS}"
+                ))
             })?;
             let name = ident.to_string();
             let has_value = meta.input.peek(syn::Token![=]);
@@ -123,13 +125,17 @@ fn parse_duration(text: &str) -> Option<Duration> {
         return None;
     }
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return None;
         }
         let number: u64 = rest[..digits].parse().ok()?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let seconds_per_unit = match &rest[..unit_len] {
             "ms" => None,
             "s" => Some(1),
@@ -149,7 +155,12 @@ fn parse_duration(text: &str) -> Option<Duration> {
     humantime::parse_duration(text).ok().filter(|d| *d == total)
 }
 
-fn duration(name: &str, value: &Expr, zero_ok: bool, diag: &mut Diagnostics) -> Option<DurationArg> {
+fn duration(
+    name: &str,
+    value: &Expr,
+    zero_ok: bool,
+    diag: &mut Diagnostics,
+) -> Option<DurationArg> {
     let Some(literal) = string_literal(value) else {
         diag.error(
             value,
@@ -172,7 +183,10 @@ fn duration(name: &str, value: &Expr, zero_ok: bool, diag: &mut Diagnostics) -> 
         return None;
     };
     if parsed.is_zero() && !zero_ok {
-        diag.error(literal, format!("`{name}` must be longer than zero, like {}", example(name)));
+        diag.error(
+            literal,
+            format!("`{name}` must be longer than zero, like {}", example(name)),
+        );
         return None;
     }
     Some(DurationArg {
@@ -185,7 +199,10 @@ fn name_literal(value: &Expr, diag: &mut Diagnostics) -> Option<LitStr> {
     match string_literal(value) {
         Some(s) if !s.value().trim().is_empty() => Some(s.clone()),
         Some(s) => {
-            diag.error(s, "`name` must not be empty; expected a stable namespace like \"charge-v1\"");
+            diag.error(
+                s,
+                "`name` must not be empty; expected a stable namespace like \"charge-v1\"",
+            );
             None
         }
         None => {
@@ -212,17 +229,31 @@ fn transact_ident(value: &Expr, diag: &mut Diagnostics) -> Option<Ident> {
 
 fn crate_path(value: &Expr, diag: &mut Diagnostics) -> Option<Path> {
     let Some(literal) = string_literal(value) else {
-        diag.error(value, "`crate` must be a string literal with a path, like \"idempotent_runtime\"");
+        diag.error(
+            value,
+            "`crate` must be a string literal with a path, like \"idempotent_runtime\"",
+        );
         return None;
     };
+    let text = literal.value();
     match literal.parse_with(Path::parse_mod_style) {
         Ok(path) => Some(path),
+        // The package name from Cargo.toml is the likeliest mistake: say which spelling Rust code uses.
+        Err(_) if text.contains('-') && syn::parse_str::<Path>(&text.replace('-', "_")).is_ok() => {
+            diag.error(
+                literal,
+                format!(
+                    "invalid `crate` path {text:?}: Rust code spells crate names with `_` where Cargo.toml has `-`; expected {:?}",
+                    text.replace('-', "_")
+                ),
+            );
+            None
+        }
         Err(_) => {
             diag.error(
                 literal,
                 format!(
-                    "invalid `crate` path {:?}: expected a path like \"idempotent_runtime\" or \"::my_idempotent\"",
-                    literal.value()
+                    "invalid `crate` path {text:?}: expected a path like \"idempotent_runtime\" or \"::my_idempotent\""
                 ),
             );
             None
@@ -237,9 +268,9 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("24h"), Some(Duration::from_secs(86_400)));
-        assert_eq!(parse_duration("7d"), Some(Duration::from_secs(7 * 86_400)));
-        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("24h"), Some(Duration::from_hours(24)));
+        assert_eq!(parse_duration("7d"), Some(Duration::from_hours(7 * 24)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_mins(90)));
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
         for bad in ["", "1 day", "h", "10", "5x", "-5s", "1.5h", "24 h"] {

@@ -1,13 +1,17 @@
 //! The only place that emits code.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, ItemFn, ReturnType};
+use syn::{AttrStyle, Expr, Ident, ItemFn, ReturnType, Stmt, Type};
 
 use crate::args::{Args, DurationArg};
 
 /// Rewrites `item` into claim → execute → complete/fail around its body.
+///
+/// Each runtime call that can fail to type-check is spanned on the user's tokens it checks (the return type,
+/// `key`, `payload`, `store`, `transact`), so the error lands there instead of on the whole attribute, and
+/// the several uses of the return type report one error between them.
 pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let ItemFn {
         attrs,
@@ -18,87 +22,20 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let (outer_attrs, inner_attrs): (Vec<_>, Vec<_>) = attrs
         .into_iter()
         .partition(|a| matches!(a.style, AttrStyle::Outer));
-    let krate = args
-        .krate
-        .as_ref()
-        .map_or_else(|| quote!(::idempotent_runtime), ToTokens::to_token_stream);
-    let private = quote!(#krate::__private);
     let ReturnType::Type(_, output) = &sig.output else {
         unreachable!("checked in item::check")
     };
-    let output_span = output.span();
-
-    let ident = &sig.ident;
-    let namespace = match &args.name {
-        Some(name) => quote!(#name),
-        None => quote!(::core::concat!(
-            ::core::module_path!(),
-            "::",
-            ::core::stringify!(#ident)
-        )),
-    };
+    let emit = Emit { args, output };
+    let private = emit.private(Span::call_site());
+    let namespace = emit.namespace(&sig.ident);
     let ttl = optional_duration(args.ttl.as_ref());
     let lease = optional_duration(args.lease.as_ref());
     let wait = optional_duration(args.wait.as_ref());
-
-    let handle = match &args.store {
-        Some(store) => quote!(#private::handle(&(#store))),
-        None => quote!(#private::installed(&__IDEMPOTENT_CALL)),
-    };
-    let key = by_reference(args.key.as_ref().expect("checked in args::parse"));
-    let fingerprint = match &args.payload {
-        Some(payload) => {
-            let payload = by_reference(payload);
-            quote!(::core::option::Option::Some(#private::fingerprint(&__IDEMPOTENT_CALL, &(#payload))))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    let fake_return = quote_spanned! {output_span=>
-        #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::needless_return)]
-        if false {
-            let __idempotent_fake_return: #output = loop {};
-            return __idempotent_fake_return;
-        }
-    };
-    let assert_output = quote_spanned! {output_span=>
-        #private::assert_output::<#output>();
-    };
-    let err = format_ident!("__idempotent_err");
-    let describe = quote! {
-        |#err| {
-            #[allow(unused_imports)]
-            use #private::{DescribeDisplay as _, DescribeOther as _};
-            (&#private::Describe(#err)).describe()
-        }
-    };
-    let stmts = &block.stmts;
-
-    let common = quote! {
-        __idempotent_handle,
-        &__IDEMPOTENT_CALL,
-        __idempotent_key,
-        __idempotent_fingerprint,
-    };
-    let body = quote! {
-        async move {
-            #fake_return
-            #(#stmts)*
-        }
-    };
-    let execute = match &args.transact {
-        None => quote! {
-            #private::execute::<#output, _, _>(#common #describe, #body)
-        },
-        Some(tx) => quote! {
-            let #tx = #private::transaction();
-            #private::execute_transact::<#output, _, _>(
-                #common
-                ::core::clone::Clone::clone(&#tx),
-                #describe,
-                #body,
-            )
-        },
-    };
+    let assert_output = emit.assert_output();
+    let handle = emit.handle();
+    let key = emit.key();
+    let fingerprint = emit.fingerprint();
+    let execute = emit.execute(&block.stmts);
 
     quote! {
         #(#outer_attrs)*
@@ -112,43 +49,207 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
             };
             #assert_output
             let __idempotent_handle = #handle;
-            let __idempotent_key = #private::key(&__IDEMPOTENT_CALL, &(#key));
+            let __idempotent_key = #key;
             let __idempotent_fingerprint = #fingerprint;
             #execute
-            .await
+        }
+    }
+}
+
+/// The function as written, followed by `error`: used when the attribute is wrong, so that callers still
+/// type-check against the signature. Parameters that only the attribute would have used are not reported
+/// as unused while it is being fixed.
+pub(crate) fn original(item: &ItemFn, error: &syn::Error) -> TokenStream {
+    let error = error.to_compile_error();
+    quote! {
+        #[allow(unused_variables)]
+        #item
+        #error
+    }
+}
+
+/// The pieces of one expansion.
+struct Emit<'a> {
+    args: &'a Args,
+    /// The function's return type.
+    output: &'a Type,
+}
+
+impl Emit<'_> {
+    /// `<crate>::__private`. The default path is spanned at `span`; a path given with `crate = ".."`
+    /// keeps the span of its literal, so an unresolved crate is reported once, on that literal.
+    fn private(&self, span: Span) -> TokenStream {
+        self.args.krate.as_ref().map_or_else(
+            || quote_spanned!(span=> ::idempotent_runtime::__private),
+            |path| quote!(#path::__private),
+        )
+    }
+
+    fn namespace(&self, ident: &Ident) -> TokenStream {
+        self.args.name.as_ref().map_or_else(
+            || {
+                quote!(::core::concat!(
+                    ::core::module_path!(),
+                    "::",
+                    ::core::stringify!(#ident)
+                ))
+            },
+            |name| quote!(#name),
+        )
+    }
+
+    /// Checks the return type where it is written, so that the error lands on `-> ...`.
+    fn assert_output(&self) -> TokenStream {
+        let output = self.output;
+        let private = self.private(output.span());
+        quote_spanned!(output.span()=> #private::assert_output::<#output>();)
+    }
+
+    fn handle(&self) -> TokenStream {
+        let Some(store) = &self.args.store else {
+            let private = self.private(Span::call_site());
+            return quote!(#private::installed(&__IDEMPOTENT_CALL));
+        };
+        let private = self.private(store.span());
+        quote_spanned!(store.span()=> #private::handle(&(#store)))
+    }
+
+    fn key(&self) -> TokenStream {
+        let key = self.args.key.as_ref().expect("checked in args::parse");
+        let private = self.private(key.span());
+        let borrowed = by_reference(key);
+        quote_spanned!(key.span()=> #private::key(&__IDEMPOTENT_CALL, &(#borrowed)))
+    }
+
+    fn fingerprint(&self) -> TokenStream {
+        let Some(payload) = &self.args.payload else {
+            return quote!(::core::option::Option::None);
+        };
+        let private = self.private(payload.span());
+        let borrowed = by_reference(payload);
+        let fingerprint = quote_spanned!(payload.span()=>
+            #private::fingerprint(&__IDEMPOTENT_CALL, &(#borrowed))
+        );
+        quote!(::core::option::Option::Some(#fingerprint))
+    }
+
+    /// The call into the runtime, awaited, with the body as `async move { .. }`.
+    ///
+    /// rustc reports a wrong return type once per span. `assert_output::<Ret>()` reports it on the whole
+    /// return type; this call requires `Ret: Output` again and is reported on the call expression, which
+    /// runs from the path to the closing parenthesis. Spanning the path on the return type's first token
+    /// and the parentheses on its last makes that the same span, and the second report disappears.
+    fn execute(&self, stmts: &[Stmt]) -> TokenStream {
+        let output = self.output;
+        let output_span = output.span();
+        let at_output = self.private(output_span);
+        let common = quote! {
+            __idempotent_handle,
+            &__IDEMPOTENT_CALL,
+            __idempotent_key,
+            __idempotent_fingerprint,
+        };
+        let describe = self.describe();
+        let body = self.body(stmts);
+        let last = last_span(output).unwrap_or(output_span);
+        let Some(tx) = &self.args.transact else {
+            let arguments = group_at(
+                Delimiter::Parenthesis,
+                quote!(#common #describe, #body),
+                last,
+            );
+            return quote_spanned! {output_span=>
+                #at_output::execute::<#output, _, _> #arguments .await
+            };
+        };
+        // `transact!` passes its input through when the runtime has the `dynamodb` feature and is a
+        // compile error naming that feature otherwise: the macro cannot see the runtime's features.
+        let guard = self.private(tx.span());
+        let call_site = self.private(Span::call_site());
+        let arguments = group_at(
+            Delimiter::Parenthesis,
+            quote!(#common ::core::clone::Clone::clone(&#tx), #describe, #body,),
+            last,
+        );
+        let staged = quote_spanned! {output_span=>
+            let #tx = #call_site::transaction();
+            #at_output::execute_transact::<#output, _, _> #arguments .await
+        };
+        quote_spanned!(tx.span()=> #guard::transact! {{ #staged }})
+    }
+
+    /// The closure that turns the body's error into the text stored on a FAILED record: its `Display`
+    /// when it has one, its type name otherwise, chosen by autoref on `(&Describe(e)).describe()`.
+    fn describe(&self) -> TokenStream {
+        let output_span = self.output.span();
+        let private = self.private(output_span);
+        let err = format_ident!("__idempotent_err");
+        quote_spanned! {output_span=>
+            |#err| {
+                #[allow(unused_imports)]
+                use #private::{DescribeDisplay as _, DescribeOther as _};
+                (&#private::Describe(#err)).describe()
+            }
+        }
+    }
+
+    /// The body as written, behind a fake return edge typed as the return type (as tracing does), so
+    /// that `return` and `?` in the body are checked against `-> ...` where the user wrote it.
+    fn body(&self, stmts: &[Stmt]) -> TokenStream {
+        let output = self.output;
+        let fake_return = quote_spanned! {output.span()=>
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::empty_loop,
+                clippy::let_with_type_underscore,
+                clippy::needless_return,
+                clippy::unreachable
+            )]
+            if false {
+                let __idempotent_fake_return: #output = loop {};
+                return __idempotent_fake_return;
+            }
+        };
+        quote! {
+            async move {
+                #fake_return
+                #(#stmts)*
+            }
         }
     }
 }
 
 fn optional_duration(arg: Option<&DurationArg>) -> TokenStream {
-    match arg {
-        Some(d) => {
-            let millis = u64::try_from(d.value.as_millis()).unwrap_or(u64::MAX);
-            quote_spanned!(d.literal.span()=> ::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-        }
-        None => quote!(::core::option::Option::None),
+    let Some(duration) = arg else {
+        return quote!(::core::option::Option::None);
+    };
+    let millis = u64::try_from(duration.value.as_millis()).unwrap_or(u64::MAX);
+    quote_spanned! {duration.literal.span()=>
+        ::core::option::Option::Some(::core::time::Duration::from_millis(#millis))
     }
 }
 
-/// Whether `expr` names a place (`req`, `req.order_id`, `self.tenant.id`): borrowing it moves nothing.
+/// Whether `expr` names a place (`req`, `req.order_id`, `self.tenant.id`), which `&` borrows as it is.
 fn is_place(expr: &Expr) -> bool {
     match expr {
         Expr::Path(_) => true,
         Expr::Field(f) => is_place(&f.base),
-        Expr::Paren(p) => is_place(&p.expr),
         _ => false,
     }
 }
 
-/// Makes a tuple or array of places borrow its elements instead of moving them, so
-/// `key = (req.tenant, req.order_id)` does not move out of `req` before the body runs. A lone place is
-/// already borrowed by the generated `&(..)`.
+/// Makes a tuple or array borrow each of its elements instead of moving them, so
+/// `key = (req.tenant, req.order_id)` does not move out of `req` before the body runs. Every element is
+/// borrowed, not only places, so that an array such as `[req.id, 0]` keeps one element type. A lone
+/// expression is already borrowed by the generated `&(..)`; deeper nesting is left as written.
 fn by_reference(expr: &Expr) -> TokenStream {
     let borrow = |e: &Expr| {
         if is_place(e) {
             quote_spanned!(e.span()=> &#e)
         } else {
-            e.to_token_stream()
+            quote_spanned!(e.span()=> &(#e))
         }
     };
     match expr {
@@ -165,5 +266,67 @@ fn by_reference(expr: &Expr) -> TokenStream {
             quote!([#(#elems),*])
         }
         other => other.to_token_stream(),
+    }
+}
+
+/// The span of the last token of `tokens`: with the first token's span (`Spanned::span` on stable Rust), it
+/// lets generated code cover exactly the user's tokens.
+fn last_span(tokens: impl ToTokens) -> Option<Span> {
+    tokens
+        .into_token_stream()
+        .into_iter()
+        .last()
+        .map(|tree| tree.span())
+}
+
+/// `tokens` in `delimiter`s that carry `span`.
+fn group_at(delimiter: Delimiter, tokens: TokenStream, span: Span) -> Group {
+    let mut group = Group::new(delimiter, tokens);
+    group.set_span(span);
+    group
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::expand;
+    use crate::args::Args;
+    use crate::diag::Diagnostics;
+
+    fn expanded(args: proc_macro2::TokenStream) -> String {
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(args, &mut diag).expect("valid arguments");
+        assert!(diag.finish().is_ok());
+        let item = syn::parse_quote! {
+            async fn charge(idem: &Idempotency, order_id: u64) -> Result<u64, Error> {
+                Ok(order_id)
+            }
+        };
+        expand(&args, item).to_string()
+    }
+
+    /// With `crate = ".."`, nothing in the expansion may still name the default path: in a crate that
+    /// only has the renamed dependency, it would not resolve.
+    #[test]
+    fn renamed_crate_is_the_only_path_to_the_runtime() {
+        let out = expanded(quote! {
+            key = order_id, payload = order_id, store = idem, transact = tx, crate = "idem"
+        });
+        assert!(!out.contains("idempotent_runtime"), "{out}");
+        assert!(
+            out.contains("idem :: __private :: execute_transact"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn default_crate_path_is_absolute() {
+        let out = expanded(quote!(key = order_id));
+        assert!(
+            out.contains(":: idempotent_runtime :: __private :: execute"),
+            "{out}"
+        );
+        assert!(!out.contains("execute_transact"), "{out}");
     }
 }

@@ -8,38 +8,365 @@ mod item;
 
 use proc_macro::TokenStream;
 
-/// Turns an `async fn` into an exactly-once operation; see `idempotent_runtime::idempotent`.
+/// Runs an `async fn` at most once per key.
+///
+/// The first call with a key claims it, runs the body and stores its `Ok` value. Later calls with the same
+/// key get the stored value back without running the body, for as long as the record lives (`ttl`). A call
+/// that arrives while the first is still running gets `Error::InProgress` (or waits for the result, with
+/// `wait`). An `Err` is returned to its caller unchanged and not stored: the next call runs the body again.
+///
+/// ```
+/// use idempotent_runtime::{Error, Idempotency, idempotent};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Receipt {
+///     charge_id: String,
+/// }
+///
+/// #[idempotent(key = (tenant, order_id), ttl = "24h")]
+/// async fn charge(tenant: u32, order_id: &str, cents: u64) -> Result<Receipt, Error> {
+///     Ok(Receipt { charge_id: format!("ch_{tenant}_{order_id}_{cents}") })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// Idempotency::in_memory().install(); // or Idempotency::dynamodb(client, "idempotency")
+/// let first = charge(7, "order-1", 500).await?;
+/// let again = charge(7, "order-1", 500).await?; // the stored receipt: the body did not run again
+/// assert_eq!(first.charge_id, again.charge_id);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Arguments
+///
+/// `key` is required, the others are optional, each at most once, in any order. Durations are string
+/// literals checked at compile time: one or more groups of a number and a unit (`ms`, `s`, `m`, `h`, `d`),
+/// like `"30s"`, `"15m"`, `"24h"`, `"7d"` or `"1h30m"`.
+///
+/// ## `key = <expr>`
+///
+/// What makes two calls the same call: any `serde::Serialize` expression over the parameters, `self` and
+/// parameters bound by patterns included; a tuple for a composite key. It is evaluated on every call,
+/// before the body, by reference (see [Limitations](#limitations)), and hashed together with the namespace
+/// (`name`) into the record's key, so the store never sees the key's values.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// struct Request {
+///     tenant: u32,
+///     order_id: String,
+/// }
+///
+/// #[idempotent(key = (req.tenant, req.order_id))]
+/// async fn submit(req: Request) -> Result<String, Error> {
+///     Ok(req.order_id) // the key only borrowed `req.order_id`
+/// }
+/// ```
+///
+/// ## `ttl = "<duration>"`
+///
+/// How long a completed result is replayed; after that the key counts as new. Default: the handle's
+/// (`Builder::default_ttl`), 24 hours unless changed.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[idempotent(key = order_id, ttl = "7d")]
+/// async fn ship(order_id: u64) -> Result<u64, Error> {
+///     Ok(order_id)
+/// }
+/// ```
+///
+/// ## `lease = "<duration>"`
+///
+/// How long a running call's claim keeps other callers out after its worker's last heartbeat: the bound on
+/// how long a crashed worker holds up its key, after which another call takes the key over. Heartbeats
+/// extend the lease while the body runs (unless the handle turns them off with `Builder::heartbeat`), so it
+/// need not cover the body's running time. Must be longer than zero. Default: the handle's
+/// (`Builder::default_lease`), 60 seconds unless changed.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[idempotent(key = job_id, lease = "5m")]
+/// async fn render(job_id: u64) -> Result<Vec<u8>, Error> {
+///     Ok(Vec::new())
+/// }
+/// ```
+///
+/// ## `payload = <expr>`
+///
+/// A `Serialize` expression, usually the whole request, whose fingerprint is stored with the record: a
+/// call with the same key but another payload gets `Error::PayloadMismatch` instead of the other request's
+/// result. Evaluated by reference, like `key`. Default: none, the payload is not checked.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[derive(serde::Serialize)]
+/// struct Transfer {
+///     id: String,
+///     cents: u64,
+/// }
+///
+/// #[idempotent(key = req.id, payload = &req)]
+/// async fn transfer(req: Transfer) -> Result<u64, Error> {
+///     Ok(req.cents)
+/// }
+/// ```
+///
+/// ## `wait = "<duration>"`
+///
+/// How long a duplicate that finds the key still running waits for the result (polling the store) before
+/// giving up with `Error::InProgress`. If the running call fails meanwhile, the waiting call runs the body
+/// itself. Default: `"0s"`, fail at once.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[idempotent(key = report_id, wait = "5s")]
+/// async fn report(report_id: u64) -> Result<String, Error> {
+///     Ok(format!("report {report_id}"))
+/// }
+/// ```
+///
+/// ## `name = "<namespace>"`
+///
+/// The namespace of the function's keys. Default: `module_path!()` and the function's name, like
+/// `"shop::billing::charge"`, which changes when the function is renamed or moved (its stored results are
+/// then no longer found). Give a stable name to keep results across such changes, to tell apart methods
+/// of the same name in one module (see [Limitations](#limitations)), and a new one when the output type
+/// changes incompatibly (a stored result that no longer deserializes is `Error::Deserialize`).
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[idempotent(key = order_id, name = "charge-v2")]
+/// async fn charge(order_id: u64) -> Result<u64, Error> {
+///     Ok(order_id)
+/// }
+/// ```
+///
+/// ## `store = <expr>`
+///
+/// The handle to use, as an expression over the parameters such as `self.idem`: an `Idempotency`, or a
+/// reference, `Box`, `Rc` or `Arc` of one. Default: the handle installed with `Idempotency::install`; a
+/// call made when none is installed returns `Error::NotInstalled` without running the body.
+///
+/// ```
+/// # use idempotent_runtime::{Error, Idempotency, idempotent};
+/// struct Payments {
+///     idem: Idempotency,
+/// }
+///
+/// impl Payments {
+///     #[idempotent(key = order_id, store = self.idem, name = "payments::charge")]
+///     async fn charge(&self, order_id: u64) -> Result<u64, Error> {
+///         Ok(order_id)
+///     }
+/// }
+/// ```
+///
+/// ## `transact = <ident>`
+///
+/// Binds the given name in the body to an `idempotent_runtime::Transaction`. DynamoDB writes staged on it
+/// (the SDK's own `Put`, `Update`, `Delete` and `ConditionCheck` values) are sent in one
+/// `TransactWriteItems` with the record's completion, so the business writes and the stored result commit
+/// together or not at all; when the body returns `Err`, nothing staged is written. Needs the runtime's
+/// `dynamodb` feature (on by default). Default: none.
+///
+/// ```no_run
+/// use idempotent_runtime::aws_sdk_dynamodb::error::BuildError;
+/// use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Update};
+/// use idempotent_runtime::{Error, idempotent};
+///
+/// #[derive(Debug)]
+/// enum ShopError {
+///     Idempotency(Error),
+///     Request(BuildError),
+/// }
+/// # impl From<Error> for ShopError {
+/// #     fn from(e: Error) -> Self { ShopError::Idempotency(e) }
+/// # }
+/// # impl From<BuildError> for ShopError {
+/// #     fn from(e: BuildError) -> Self { ShopError::Request(e) }
+/// # }
+///
+/// #[idempotent(key = order_id, transact = tx)]
+/// async fn reserve(order_id: String, sku: String, qty: u32) -> Result<String, ShopError> {
+///     tx.update(
+///         Update::builder()
+///             .table_name("inventory")
+///             .key("sku", AttributeValue::S(sku))
+///             .update_expression("SET available = available - :q")
+///             .condition_expression("available >= :q")
+///             .expression_attribute_values(":q", AttributeValue::N(qty.to_string()))
+///             .build()?,
+///     );
+///     Ok(order_id)
+/// }
+/// ```
+///
+/// ## `crate = "<path>"`
+///
+/// Where the runtime is, when it is not `::idempotent_runtime`; see
+/// [Renaming the crate](#renaming-the-crate).
+///
+/// # Equivalent code
+///
+/// The attribute keeps the signature as written and replaces the body. A function such as
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// # #[derive(serde::Serialize)]
+/// # struct Charge { order_id: String, cents: u64 }
+/// #[idempotent(key = req.order_id, ttl = "1h", payload = &req)]
+/// async fn charge(req: Charge) -> Result<u64, Error> {
+///     Ok(req.cents)
+/// }
+/// ```
+///
+/// behaves as this function written with the runtime's public API (`Idempotency::operation` runs the same
+/// state machine around a closure):
+///
+/// ```
+/// # use std::time::Duration;
+/// # use idempotent_runtime::{Error, Idempotency};
+/// # #[derive(serde::Serialize)]
+/// # struct Charge { order_id: String, cents: u64 }
+/// async fn charge(req: Charge) -> Result<u64, Error> {
+///     // `name`, or the function's path.
+///     const NAMESPACE: &str = concat!(module_path!(), "::charge");
+///     // `store`, or the installed handle.
+///     let idem = Idempotency::installed().ok_or_else(|| Error::NotInstalled {
+///         namespace: NAMESPACE.to_owned(),
+///     })?;
+///     idem.operation(NAMESPACE, &req.order_id) // `key`, borrowed and hashed now
+///         .ttl(Duration::from_secs(3600)) // durations were parsed at compile time
+///         .payload(&req) // `payload`, borrowed and fingerprinted now
+///         .run(|| async move {
+///             // The body, unchanged: claim first; run only if the claim is ours; then store the
+///             // `Ok` value (complete) or mark the key FAILED and hand the `Err` back.
+///             Ok(req.cents)
+///         })
+///         .await
+/// }
+/// ```
+///
+/// The differences are in the details: the generated code checks the return type where it is written, so
+/// a type error points at `-> ...`; it computes the handle, key and fingerprint before the claim and
+/// reports a failure among them (no handle installed, a key that does not serialize) through `E` without
+/// running the body; it needs no `E: Display` (a FAILED record stores the error's `Display` text when it
+/// has one, and its type name otherwise); and its locals are prefixed `__idempotent_`, so they never
+/// collide with the body's.
+///
+/// # Requirements
+///
+/// - An `async fn` with a body: a free function, or a method in an inherent impl or a trait impl (native
+///   `async fn` in traits); generic, with lifetimes, `where` clauses, `impl Trait` parameters and any
+///   visibility. Not a `const fn`.
+/// - The return type is `Result<T, E>`, or an alias of it such as `std::result::Result<T, MyError>` or a
+///   crate's own `Result<T>`, with `T: Serialize + DeserializeOwned` (the stored value, as JSON) and
+///   `E: From<idempotent_runtime::Error>` (so the caller can be told "in progress", "payload mismatch", a
+///   store failure, and so on). `Box<dyn std::error::Error + Send + Sync>` and `anyhow::Error` qualify.
+/// - `key` and `payload` implement `serde::Serialize`; `store` is an `Idempotency` or a pointer to one.
+/// - Without `store`, a handle installed with `Idempotency::install` before the first call.
+/// - With `transact`, the runtime's `dynamodb` feature.
+///
+/// # Renaming the crate
+///
+/// The generated code names the runtime as `::idempotent_runtime`. When the dependency has another name
+/// (`idem = { package = "idempotent-runtime", version = "0.1" }` in Cargo.toml), or the runtime is reached
+/// through a crate that re-exports it, say where it is with `crate`:
+///
+/// ```
+/// # extern crate idempotent_runtime as idem;
+/// use idem::{Error, idempotent};
+///
+/// #[idempotent(key = order_id, crate = "idem")]
+/// async fn charge(order_id: u64) -> Result<u64, Error> {
+///     Ok(order_id)
+/// }
+/// ```
+///
+/// The value is a path as Rust code spells it, with `_` where Cargo.toml has `-`: `"idem"`, `"::idem"` or
+/// `"my_platform::idempotent_runtime"`.
+///
+/// # Limitations
+///
+/// - **Not inside `#[async_trait]`.** `#[async_trait]` sits on the impl block, so it expands before the
+///   `#[idempotent]` on a method in that block, and it has already turned the method into a plain `fn`
+///   returning `Pin<Box<dyn Future>>` when `#[idempotent]` sees it; that is a compile error ("cannot be
+///   used inside `#[async_trait]`"). The other order cannot be written. Use a native `async fn` in the trait
+///   (Rust 1.75 and later), or put `#[idempotent]` on an inherent `async fn` and call it from the
+///   `#[async_trait]` method:
+///
+///   ```
+///   # use async_trait::async_trait;
+///   # use idempotent_runtime::{Error, Idempotency, idempotent};
+///   # #[async_trait]
+///   # trait Gateway {
+///   #     async fn charge(&self, order_id: u64) -> Result<u64, Error>;
+///   # }
+///   struct Card {
+///       idem: Idempotency,
+///   }
+///
+///   impl Card {
+///       #[idempotent(key = order_id, store = self.idem)]
+///       async fn charge_once(&self, order_id: u64) -> Result<u64, Error> {
+///           Ok(order_id)
+///       }
+///   }
+///
+///   #[async_trait]
+///   impl Gateway for Card {
+///       async fn charge(&self, order_id: u64) -> Result<u64, Error> {
+///           self.charge_once(order_id).await
+///       }
+///   }
+///   ```
+///
+/// - **One namespace per name and module.** The default namespace is `module_path!()` and the function's
+///   name, without the type: methods of the same name on two types in one module (`Card::charge`,
+///   `Invoice::charge`) share it, and so would share records whenever their keys are equal. Give each its
+///   own `name = ".."`. Likewise, every instantiation of a generic function shares one namespace: put the
+///   type into the key when the instantiations must not share results.
+/// - **Keys and payloads are borrowed one level deep.** The `key` and `payload` expressions are evaluated
+///   by reference: a place (`req.order_id`) is borrowed, and so is each element of a tuple or array
+///   (`(req.tenant, req.order_id)` borrows both fields), so the body can still move them. Any other
+///   expression is evaluated as written before the body: one that moves a non-`Copy` value, such as a
+///   struct literal `Key { id: req.id }`, a call `make_key(req)` or a nested tuple
+///   `(req.tenant, (req.a, req.b))`, moves it out of the body's reach; borrow explicitly
+///   (`&req.id`, `make_key(&req)`).
+/// - **Durations are literals.** `ttl`, `lease` and `wait` are checked at compile time, so they cannot
+///   come from variables or constants; set run-time defaults on the handle (`Builder::default_ttl`,
+///   `Builder::default_lease`) and leave the arguments out.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     entry(args.into(), item.into()).into()
 }
 
-fn entry(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+fn entry(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> proc_macro2::TokenStream {
     let mut diag = diag::Diagnostics::default();
-    let parsed_args = args::Args::parse(args, &mut diag);
+    let args = args::Args::parse(args, &mut diag)
+        .map_err(|e| diag.push(e))
+        .ok();
     let function = match syn::parse2::<syn::ItemFn>(item.clone()) {
         Ok(function) => function,
         Err(e) => {
-            let mut error = syn::Error::new(
+            diag.push(syn::Error::new(
                 e.span(),
                 "#[idempotent] goes on an `async fn` with a body",
-            );
-            if let Err(args_error) = parsed_args {
-                error.combine(args_error);
-            }
+            ));
+            let error = diag.finish().expect_err("an error was just recorded");
             return diag::with_original(item, &error);
         }
     };
     item::check(&function, &mut diag);
-    let args = match parsed_args {
-        Ok(args) => args,
-        Err(e) => {
-            diag.push(e);
-            return diag::with_original(item, &diag.finish().unwrap_err());
-        }
-    };
-    match diag.finish() {
-        Ok(()) => expand::expand(&args, function),
-        Err(error) => diag::with_original(item, &error),
+    match (diag.finish(), args) {
+        (Ok(()), Some(args)) => expand::expand(&args, function),
+        (Err(error), _) => expand::original(&function, &error),
+        (Ok(()), None) => unreachable!("a failed parse is recorded in `diag`"),
     }
 }

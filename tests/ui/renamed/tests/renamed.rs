@@ -1,0 +1,8 @@
+//! `crate = ".."` with a renamed dependency: the cases only compile if the generated code never names
+//! `idempotent_runtime`.
+
+#[test]
+fn renamed() {
+    let t = trybuild::TestCases::new();
+    t.pass("pass/*.rs");
+}
