@@ -3,6 +3,13 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+#[cfg(feature = "dynamodb")]
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
+
+#[cfg(feature = "dynamodb")]
+use super::TransactOutcome;
+#[cfg(feature = "dynamodb")]
+use super::memory_table::{Plan, Tables};
 use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
 use crate::record::{Record, Status};
 
@@ -11,9 +18,47 @@ use crate::record::{Record, Status};
 ///
 /// Records are never evicted by time: like a DynamoDB table whose TTL has not run yet, an expired record
 /// stays readable and simply counts as absent. Call [`MemoryStore::purge_expired`] to drop them.
+///
+/// With the `dynamodb` feature it also holds business tables, so that functions with `transact = tx` (and
+/// claims with business writes) can be unit-tested: create each table with
+/// [`create_table`](MemoryStore::create_table), seed it with [`put_item`](MemoryStore::put_item), and the
+/// staged `Put`, `Update`, `Delete` and `ConditionCheck` actions are applied to it atomically with the
+/// record, their conditions evaluated as DynamoDB does. Expressions beyond what the store models (nested
+/// paths, `size`, `contains`, `attribute_type`, `list_append`) are an error that names the part; test those
+/// against DynamoDB Local.
+///
+/// ```
+/// # #[cfg(feature = "dynamodb")] {
+/// use std::collections::HashMap;
+/// use idempotent_runtime::MemoryStore;
+/// use idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue;
+///
+/// let store = MemoryStore::new();
+/// store.create_table("inventory", "sku", None)?;
+/// store.put_item(
+///     "inventory",
+///     HashMap::from([
+///         ("sku".to_owned(), AttributeValue::S("apple".into())),
+///         ("available".to_owned(), AttributeValue::N("10".into())),
+///     ]),
+/// )?;
+/// let key = HashMap::from([("sku".to_owned(), AttributeValue::S("apple".into()))]);
+/// assert_eq!(store.get_item("inventory", &key).unwrap()["available"], AttributeValue::N("10".into()));
+/// # }
+/// # Ok::<(), idempotent_runtime::StoreError>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<String, Record>>,
+    state: Mutex<State>,
+}
+
+/// Everything behind the store's one lock, so that a transaction sees and changes records and business
+/// items as one.
+#[derive(Debug, Default)]
+struct State {
+    records: HashMap<String, Record>,
+    #[cfg(feature = "dynamodb")]
+    tables: Tables,
 }
 
 impl MemoryStore {
@@ -23,113 +68,220 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Record>> {
-        // A panic while holding the lock cannot leave a half-written record (every write is one insert),
-        // so a poisoned lock is still consistent.
-        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-written state (every change is planned first
+        // and then applied with inserts and removals that do not panic), so a poisoned lock is still
+        // consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A copy of every record, in no particular order.
     #[must_use]
     pub fn records(&self) -> Vec<Record> {
-        self.lock().values().cloned().collect()
+        self.lock().records.values().cloned().collect()
     }
 
     /// How many records are held (expired ones included).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().records.len()
     }
 
     /// Whether no record is held.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().records.is_empty()
     }
 
     /// Replaces (or inserts) a record as it is, bypassing every condition: for tests that need a record in
     /// a particular state.
     pub fn insert(&self, record: Record) {
-        self.lock().insert(record.key.clone(), record);
+        self.lock().records.insert(record.key.clone(), record);
     }
 
     /// Drops the records that expired before `now_ms` (what DynamoDB's TTL does, eventually).
     pub fn purge_expired(&self, now_ms: u64) {
-        self.lock().retain(|_, r| !r.is_expired(now_ms));
+        self.lock().records.retain(|_, r| !r.is_expired(now_ms));
     }
+}
+
+/// Business tables, for staged writes (`transact = tx`, claims with business writes).
+#[cfg(feature = "dynamodb")]
+impl MemoryStore {
+    /// Creates a business table with the given key schema (the partition key, and the sort key if any),
+    /// which tells the store which attributes of a `Put`'s item are its key. Creating a table again with
+    /// the same key schema keeps it and its items.
+    ///
+    /// # Errors
+    /// [`StoreError::Other`] if a table of that name exists with another key schema.
+    pub fn create_table(
+        &self,
+        name: &str,
+        partition_key: &str,
+        sort_key: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.lock().tables.create(name, partition_key, sort_key)
+    }
+
+    /// Inserts or replaces an item, without conditions: for seeding a table before a test.
+    ///
+    /// # Errors
+    /// [`StoreError::Other`] if the table was not created, the item lacks a key attribute, or a value is
+    /// one DynamoDB rejects (a number that is not one, an empty set).
+    pub fn put_item(
+        &self,
+        table: &str,
+        item: HashMap<String, AttributeValue>,
+    ) -> Result<(), StoreError> {
+        self.lock().tables.put_item(table, item)
+    }
+
+    /// The item whose key attributes are those of `key` (other attributes of `key` are ignored, so an
+    /// item can be looked up by itself); `None` if there is none or the table does not exist.
+    #[must_use]
+    pub fn get_item(
+        &self,
+        table: &str,
+        key: &HashMap<String, AttributeValue>,
+    ) -> Option<HashMap<String, AttributeValue>> {
+        self.lock().tables.get_item(table, key)
+    }
+
+    /// A copy of every item of `table` in key order (empty if the table does not exist).
+    #[must_use]
+    pub fn items(&self, table: &str) -> Vec<HashMap<String, AttributeValue>> {
+        self.lock().tables.items(table)
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+impl State {
+    /// Writes `record` and applies `plan` if every staged write holds; otherwise changes nothing.
+    fn commit(&mut self, record: Record, plan: Plan) -> TransactOutcome {
+        if !plan.holds() {
+            return TransactOutcome::Canceled(plan.cancellation_reasons());
+        }
+        self.records.insert(record.key.clone(), record);
+        self.tables.apply(plan);
+        TransactOutcome::Committed
+    }
+}
+
+/// The record a claim writes, or `Err(old)` when `old` blocks the claim: the one rule behind both
+/// [`Store::claim`] and `Store::claim_transaction`.
+fn claimed<'r>(old: Option<&'r Record>, request: &ClaimRequest<'_>) -> Result<Record, &'r Record> {
+    let attempt = match old {
+        Some(old) if !old.is_claimable(request.now_ms) => return Err(old),
+        Some(old) => old.attempt + 1,
+        None => 1,
+    };
+    Ok(Record {
+        key: request.key.to_owned(),
+        status: Status::Pending,
+        token: request.token.to_owned(),
+        attempt,
+        lease_until_ms: Some(request.lease_until_ms),
+        expires_at_s: request.expires_at_s,
+        fingerprint: request.fingerprint.map(str::to_owned),
+        response: None,
+        error: None,
+        replay_until_s: None,
+    })
+}
+
+/// The record after `transition`, or `None` when `old` is not PENDING under the transition's token: the
+/// one rule behind both [`Store::transition`] and `Store::complete_transaction`.
+fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
+    let mut record = old
+        .filter(|r| r.status == Status::Pending && r.token == transition.token)?
+        .clone();
+    match transition.change {
+        Change::Complete {
+            response,
+            expires_at_s,
+            replay_until_s,
+        } => {
+            record.status = Status::Completed;
+            record.response = response.map(<[u8]>::to_vec);
+            record.expires_at_s = expires_at_s;
+            record.replay_until_s = replay_until_s;
+            record.lease_until_ms = None;
+        }
+        Change::Fail {
+            error,
+            expires_at_s,
+        } => {
+            record.status = Status::Failed;
+            record.error = Some(error.to_owned());
+            record.expires_at_s = expires_at_s;
+            record.lease_until_ms = None;
+        }
+        Change::ExtendLease {
+            lease_until_ms,
+            expires_at_s,
+        } => {
+            record.lease_until_ms = Some(lease_until_ms);
+            record.expires_at_s = expires_at_s;
+        }
+    }
+    Some(record)
 }
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut records = self.lock();
-        let attempt = match records.get(request.key) {
-            Some(old) if !old.is_claimable(request.now_ms) => {
-                return Ok(ClaimOutcome::Existing(old.clone()));
-            }
-            Some(old) => old.attempt + 1,
-            None => 1,
+        let mut state = self.lock();
+        let record = match claimed(state.records.get(request.key), request) {
+            Ok(record) => record,
+            Err(blocking) => return Ok(ClaimOutcome::Existing(blocking.clone())),
         };
-        records.insert(
-            request.key.to_owned(),
-            Record {
-                key: request.key.to_owned(),
-                status: Status::Pending,
-                token: request.token.to_owned(),
-                attempt,
-                lease_until_ms: Some(request.lease_until_ms),
-                expires_at_s: request.expires_at_s,
-                fingerprint: request.fingerprint.map(str::to_owned),
-                response: None,
-                error: None,
-                replay_until_s: None,
-            },
-        );
+        state.records.insert(record.key.clone(), record);
         Ok(ClaimOutcome::Claimed)
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        let mut records = self.lock();
-        let Some(record) = records
-            .get_mut(transition.key)
-            .filter(|r| r.status == Status::Pending && r.token == transition.token)
-        else {
-            return Ok(WriteOutcome::Rejected(records.get(transition.key).cloned()));
+        let mut state = self.lock();
+        let old = state.records.get(transition.key);
+        let Some(record) = transitioned(old, transition) else {
+            return Ok(WriteOutcome::Rejected(old.cloned()));
         };
-        match transition.change {
-            Change::Complete {
-                response,
-                expires_at_s,
-                replay_until_s,
-            } => {
-                record.status = Status::Completed;
-                record.response = response.map(<[u8]>::to_vec);
-                record.expires_at_s = expires_at_s;
-                record.replay_until_s = replay_until_s;
-                record.lease_until_ms = None;
-            }
-            Change::Fail {
-                error,
-                expires_at_s,
-            } => {
-                record.status = Status::Failed;
-                record.error = Some(error.to_owned());
-                record.expires_at_s = expires_at_s;
-                record.lease_until_ms = None;
-            }
-            Change::ExtendLease {
-                lease_until_ms,
-                expires_at_s,
-            } => {
-                record.lease_until_ms = Some(lease_until_ms);
-                record.expires_at_s = expires_at_s;
-            }
-        }
+        state.records.insert(record.key.clone(), record);
         Ok(WriteOutcome::Applied)
     }
 
+    #[cfg(feature = "dynamodb")]
+    async fn complete_transaction(
+        &self,
+        transition: &Transition<'_>,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let mut state = self.lock();
+        // Like DynamoDB, a request that is invalid as a whole fails before any condition is evaluated.
+        let plan = state.tables.plan(&writes)?;
+        let old = state.records.get(transition.key);
+        let Some(record) = transitioned(old, transition) else {
+            return Ok(TransactOutcome::Rejected(old.cloned()));
+        };
+        Ok(state.commit(record, plan))
+    }
+
+    #[cfg(feature = "dynamodb")]
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<TransactOutcome, StoreError> {
+        let mut state = self.lock();
+        let plan = state.tables.plan(&writes)?;
+        let record = match claimed(state.records.get(request.key), request) {
+            Ok(record) => record,
+            Err(blocking) => return Ok(TransactOutcome::Rejected(Some(blocking.clone()))),
+        };
+        Ok(state.commit(record, plan))
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().get(key).cloned())
+        Ok(self.lock().records.get(key).cloned())
     }
 
     fn kind(&self) -> &'static str {
@@ -138,5 +290,269 @@ impl Store for MemoryStore {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(all(test, feature = "dynamodb"))]
+mod transaction_tests {
+    use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, Update};
+
+    use super::*;
+
+    const KEY: &str = "orders#1";
+    const NOW_MS: u64 = 1_000_000;
+
+    fn s(v: &str) -> AttributeValue {
+        AttributeValue::S(v.to_owned())
+    }
+
+    fn n(v: &str) -> AttributeValue {
+        AttributeValue::N(v.to_owned())
+    }
+
+    fn apple() -> HashMap<String, AttributeValue> {
+        HashMap::from([("sku".to_owned(), s("apple"))])
+    }
+
+    /// A store with 10 apples in `inventory` and an empty `reservations` table.
+    fn store() -> MemoryStore {
+        let store = MemoryStore::new();
+        store.create_table("inventory", "sku", None).unwrap();
+        store
+            .create_table("reservations", "order_id", None)
+            .unwrap();
+        let mut stock = apple();
+        stock.insert("available".to_owned(), n("10"));
+        store.put_item("inventory", stock).unwrap();
+        store
+    }
+
+    fn available(store: &MemoryStore) -> AttributeValue {
+        store.get_item("inventory", &apple()).unwrap()["available"].clone()
+    }
+
+    /// The example's reservation: take `quantity` apples if there are that many, and record it.
+    fn reserve(quantity: &str) -> Vec<TransactWriteItem> {
+        let take = Update::builder()
+            .table_name("inventory")
+            .set_key(Some(apple()))
+            .update_expression("SET available = available - :q")
+            .condition_expression("available >= :q")
+            .expression_attribute_values(":q", n(quantity))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .unwrap();
+        let record = Put::builder()
+            .table_name("reservations")
+            .item("order_id", s("order-1"))
+            .item("quantity", n(quantity))
+            .condition_expression("attribute_not_exists(order_id)")
+            .build()
+            .unwrap();
+        vec![
+            TransactWriteItem::builder().update(take).build(),
+            TransactWriteItem::builder().put(record).build(),
+        ]
+    }
+
+    fn claim_request(token: &str) -> ClaimRequest<'_> {
+        ClaimRequest {
+            key: KEY,
+            token,
+            now_ms: NOW_MS,
+            lease_until_ms: NOW_MS + 60_000,
+            expires_at_s: NOW_MS / 1000 + 3600,
+            fingerprint: None,
+        }
+    }
+
+    fn complete(token: &str) -> Transition<'_> {
+        Transition {
+            key: KEY,
+            token,
+            change: Change::Complete {
+                response: Some(b"{\"ok\":true}"),
+                expires_at_s: NOW_MS / 1000 + 86_400,
+                replay_until_s: None,
+            },
+        }
+    }
+
+    async fn claimed_store() -> MemoryStore {
+        let store = store();
+        assert_eq!(
+            store.claim(&claim_request("mine")).await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+        store
+    }
+
+    fn codes(outcome: &TransactOutcome) -> Vec<(usize, &str)> {
+        match outcome {
+            TransactOutcome::Canceled(reasons) => {
+                reasons.iter().map(|r| (r.index, r.code.as_str())).collect()
+            }
+            other => panic!("expected Canceled, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn staged_writes_commit_with_the_completion() {
+        let store = claimed_store().await;
+        let outcome = store
+            .complete_transaction(&complete("mine"), reserve("3"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, TransactOutcome::Committed);
+        let record = store.get(KEY).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(record.response.as_deref(), Some(&b"{\"ok\":true}"[..]));
+        assert_eq!(available(&store), n("7"));
+        assert_eq!(store.items("reservations").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failing_condition_cancels_everything() {
+        let store = claimed_store().await;
+        let before = store.get(KEY).await.unwrap();
+        let outcome = store
+            .complete_transaction(&complete("mine"), reserve("11"))
+            .await
+            .unwrap();
+        assert_eq!(
+            codes(&outcome),
+            [(0, "None"), (1, "ConditionalCheckFailed"), (2, "None")]
+        );
+        let TransactOutcome::Canceled(reasons) = outcome else {
+            unreachable!()
+        };
+        assert_eq!(
+            reasons[1].item.as_ref().map(|i| i["available"].clone()),
+            Some(n("10"))
+        );
+        assert_eq!(
+            store.get(KEY).await.unwrap(),
+            before,
+            "the record is untouched: still PENDING under our token"
+        );
+        assert_eq!(available(&store), n("10"));
+        assert!(
+            store.items("reservations").is_empty(),
+            "the Put that would have held was not applied"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_fence_rejects_with_the_record_and_writes_nothing() {
+        let store = claimed_store().await;
+        let before = store.get(KEY).await.unwrap();
+        // A staged write that would fail too: the record's reason wins, as in DynamoDB.
+        for writes in [reserve("3"), reserve("11")] {
+            let outcome = store
+                .complete_transaction(&complete("theirs"), writes)
+                .await
+                .unwrap();
+            assert_eq!(outcome, TransactOutcome::Rejected(before.clone()));
+        }
+        assert_eq!(store.get(KEY).await.unwrap(), before);
+        assert_eq!(available(&store), n("10"));
+        assert!(store.items("reservations").is_empty());
+
+        let empty = self::store();
+        let outcome = empty
+            .complete_transaction(&complete("mine"), reserve("3"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, TransactOutcome::Rejected(None), "no record at all");
+        assert_eq!(available(&empty), n("10"));
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_write_fails_before_anything_is_written() {
+        let store = claimed_store().await;
+        let before = store.get(KEY).await.unwrap();
+        let nested = Update::builder()
+            .table_name("inventory")
+            .set_key(Some(apple()))
+            .update_expression("SET bins[0] = :q")
+            .expression_attribute_values(":q", n("1"))
+            .build()
+            .unwrap();
+        let mut writes = vec![TransactWriteItem::builder().update(nested).build()];
+        writes.extend(reserve("3").into_iter().skip(1));
+        let err = store
+            .complete_transaction(&complete("mine"), writes)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Other(_)));
+        assert!(
+            err.to_string()
+                .contains("does not support a nested attribute path `bins[0]`"),
+            "{err}"
+        );
+        assert_eq!(store.get(KEY).await.unwrap(), before);
+        assert!(store.items("reservations").is_empty());
+    }
+
+    #[tokio::test]
+    async fn claim_transaction_claims_and_reserves_together() {
+        let store = store();
+        let outcome = store
+            .claim_transaction(&claim_request("mine"), reserve("4"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, TransactOutcome::Committed);
+        let record = store.get(KEY).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.token.as_str(), record.attempt),
+            (Status::Pending, "mine", 1)
+        );
+        assert_eq!(available(&store), n("6"));
+        assert_eq!(store.items("reservations")[0]["quantity"], n("4"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_reservation_leaves_no_record() {
+        let store = store();
+        let outcome = store
+            .claim_transaction(&claim_request("mine"), reserve("11"))
+            .await
+            .unwrap();
+        assert_eq!(
+            codes(&outcome),
+            [(0, "None"), (1, "ConditionalCheckFailed"), (2, "None")]
+        );
+        assert_eq!(store.get(KEY).await.unwrap(), None);
+        assert!(store.is_empty());
+        assert_eq!(available(&store), n("10"));
+        assert!(store.items("reservations").is_empty());
+    }
+
+    #[tokio::test]
+    async fn claim_transaction_on_a_held_key_returns_the_record_and_writes_nothing() {
+        let store = claimed_store().await;
+        let held = store.get(KEY).await.unwrap().unwrap();
+        let outcome = store
+            .claim_transaction(&claim_request("theirs"), reserve("4"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, TransactOutcome::Rejected(Some(held.clone())));
+        assert_eq!(store.get(KEY).await.unwrap(), Some(held));
+        assert_eq!(available(&store), n("10"));
+    }
+
+    #[tokio::test]
+    async fn claim_transaction_takes_over_a_claimable_record() {
+        let store = claimed_store().await;
+        let later = ClaimRequest {
+            now_ms: NOW_MS + 120_000,
+            lease_until_ms: NOW_MS + 180_000,
+            ..claim_request("next")
+        };
+        let outcome = store.claim_transaction(&later, reserve("4")).await.unwrap();
+        assert_eq!(outcome, TransactOutcome::Committed);
+        let record = store.get(KEY).await.unwrap().unwrap();
+        assert_eq!((record.token.as_str(), record.attempt), ("next", 2));
+        assert_eq!(available(&store), n("6"));
     }
 }

@@ -10,6 +10,7 @@ use crate::record::Record;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
+mod memory_table;
 
 /// A new claim on a key.
 #[derive(Debug, Clone, Copy)]
