@@ -54,7 +54,9 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
         StoreError::Throttled(source) => Error::Throttled { namespace, source },
         StoreError::TableNotFound(table) => Error::TableNotFound { namespace, table },
         StoreError::Corrupt(detail) => Error::CorruptRecord { namespace, detail },
-        StoreError::Other(source) => Error::Store { namespace, source },
+        StoreError::Invalid(source) | StoreError::Other(source) => {
+            Error::Store { namespace, source }
+        }
     }
 }
 
@@ -143,6 +145,7 @@ pub(crate) struct Plan<'a> {
     /// Writes the body stages, committed with the COMPLETED record.
     pub(crate) staging: Option<&'a Staging>,
     /// Writes committed with the claim.
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
     pub(crate) claim_writes: ClaimWrites,
 }
 
@@ -486,12 +489,23 @@ async fn complete_transaction(
             detail,
         });
     }
-    match idem
-        .store()
-        .complete_transaction(transition, writes)
-        .await
-        .map_err(|e| store_error(namespace, e))?
-    {
+    let outcome = match idem.store().complete_transaction(transition, writes).await {
+        Ok(outcome) => outcome,
+        // Refused before anything was written: the claim still holds, so release it for a retry.
+        Err(StoreError::Invalid(source)) => {
+            let detail = format!(
+                "the transaction was refused: {}",
+                crate::error::chain(source.as_ref())
+            );
+            fail(idem, call, transition.key, transition.token, &detail).await;
+            return Err(Error::Store {
+                namespace: namespace.to_owned(),
+                source,
+            });
+        }
+        Err(e) => return Err(store_error(namespace, e)),
+    };
+    match outcome {
         TransactOutcome::Committed => Ok(()),
         TransactOutcome::Rejected(record) => {
             settle(call, transition.token, WriteOutcome::Rejected(record))

@@ -343,3 +343,45 @@ async fn claim_with_reserves_at_claim_time_and_rolls_back_with_the_claim() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[idempotent(key = order, store = idem, name = "transact::invalid", transact = tx)]
+async fn invalid_write(idem: &Idempotency, table: &str, order: &str) -> Result<(), ShopError> {
+    tx.update(
+        Update::builder()
+            .table_name(table)
+            .key("pk", AttributeValue::S("x".into()))
+            .update_expression("SET available = :one")
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .map_err(|e| ShopError::Build(e.to_string()))?,
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_transaction_refused_as_invalid_releases_the_claim_for_a_retry() {
+    let (h, shop) = setup(1).await;
+    let err = invalid_write(&h.idem, "no-such-business-table", "o-1")
+        .await
+        .unwrap_err();
+    let ShopError::Idempotency(Error::Store { source, .. }) = &err else {
+        panic!("expected a store error, got {err:?}")
+    };
+    assert!(
+        source
+            .to_string()
+            .contains("a table in the transaction does not exist"),
+        "{source}"
+    );
+    let record = h.record("transact::invalid", "o-1").await.unwrap();
+    assert_eq!(
+        record.status,
+        Status::Failed,
+        "nothing was written, so the key is free for a retry"
+    );
+    invalid_write(&h.idem, &shop.table, "o-1").await.unwrap();
+    assert_eq!(
+        h.record("transact::invalid", "o-1").await.unwrap().status,
+        Status::Completed
+    );
+}

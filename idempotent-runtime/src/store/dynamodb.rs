@@ -248,6 +248,16 @@ impl DynamoDbStore {
         let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
             err.as_service_error()
         else {
+            // The missing table may be a business table: say so rather than blame the record's table.
+            if err.code() == Some("ResourceNotFoundException") {
+                return Err(StoreError::Invalid(
+                    format!(
+                        "a table in the transaction does not exist: {}",
+                        crate::error::chain(&err)
+                    )
+                    .into(),
+                ));
+            }
             return Err(classify(&inner.table, err));
         };
         let reasons: Vec<CancellationReason> = canceled
@@ -527,6 +537,7 @@ where
 {
     match err.code() {
         Some("ResourceNotFoundException") => StoreError::TableNotFound(table.to_owned()),
+        Some("ValidationException") => StoreError::Invalid(Box::new(err)),
         Some(code) if THROTTLING_CODES.contains(&code) => StoreError::Throttled(Box::new(err)),
         _ => StoreError::Other(Box::new(err)),
     }

@@ -113,7 +113,7 @@ impl MemoryStore {
     /// the same key schema keeps it and its items.
     ///
     /// # Errors
-    /// [`StoreError::Other`] if a table of that name exists with another key schema.
+    /// [`StoreError::Invalid`] if a table of that name exists with another key schema.
     pub fn create_table(
         &self,
         name: &str,
@@ -126,7 +126,7 @@ impl MemoryStore {
     /// Inserts or replaces an item, without conditions: for seeding a table before a test.
     ///
     /// # Errors
-    /// [`StoreError::Other`] if the table was not created, the item lacks a key attribute, or a value is
+    /// [`StoreError::Invalid`] if the table was not created, the item lacks a key attribute, or a value is
     /// one DynamoDB rejects (a number that is not one, an empty set).
     pub fn put_item(
         &self,
@@ -484,7 +484,7 @@ mod transaction_tests {
             .complete_transaction(&complete("mine"), writes)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Other(_)));
+        assert!(matches!(err, StoreError::Invalid(_)));
         assert!(
             err.to_string()
                 .contains("does not support a nested attribute path `bins[0]`"),

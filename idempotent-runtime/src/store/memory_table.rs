@@ -55,8 +55,9 @@ struct Key {
     sort: Option<KeyValue>,
 }
 
+/// Every error of the table model is a request DynamoDB would refuse before writing anything.
 fn other(message: String) -> StoreError {
-    StoreError::Other(message.into())
+    StoreError::Invalid(message.into())
 }
 
 fn no_table(name: &str) -> String {
@@ -694,7 +695,8 @@ mod tests {
 
     fn error_text(result: Result<Plan, StoreError>) -> String {
         match result {
-            Err(e) => e.to_string(),
+            Err(StoreError::Invalid(e)) => e.to_string(),
+            Err(e) => panic!("expected an invalid request, got {e:?}"),
             Ok(plan) => panic!("expected an error, got {plan:?}"),
         }
     }

@@ -109,6 +109,10 @@ pub enum StoreError {
     /// The table does not exist.
     #[error("table `{0}` does not exist")]
     TableNotFound(String),
+    /// The request was refused as invalid (a malformed expression, a table in a transaction that does
+    /// not exist, an expression the memory store does not model); nothing was written.
+    #[error("invalid request, nothing was written: {}", crate::error::chain(.0.as_ref()))]
+    Invalid(#[source] BoxError),
     /// An item that is not a record of this library.
     #[error("corrupt record: {0}")]
     Corrupt(String),
