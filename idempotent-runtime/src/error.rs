@@ -159,6 +159,25 @@ pub enum Error {
     },
 }
 
+/// For functions returning `std::io::Result<T>`: the error keeps this one as its inner error (kind
+/// `WouldBlock` for [`Error::InProgress`], `TimedOut` for [`Error::Throttled`], `InvalidData` for unreadable
+/// or mismatched data, `Other` otherwise).
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            Error::InProgress { .. } => ErrorKind::WouldBlock,
+            Error::Throttled { .. } => ErrorKind::TimedOut,
+            Error::PayloadMismatch { .. }
+            | Error::Deserialize { .. }
+            | Error::Serialize { .. }
+            | Error::CorruptRecord { .. } => ErrorKind::InvalidData,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
+
 /// A boxed error that keeps the original as `source()`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -165,8 +165,9 @@ where
         Err(e) => return R::from_result(Err(e.into())),
     };
     let body = async move { body.await.into_result() };
+    // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
     R::from_result(
-        crate::handler::run(
+        Box::pin(crate::handler::run(
             &handle,
             crate::handler::Plan {
                 call,
@@ -177,7 +178,7 @@ where
             },
             describe,
             body,
-        )
+        ))
         .await,
     )
 }
@@ -234,8 +235,9 @@ where
         Err(e) => return R::from_result(Err(e.into())),
     };
     let body = async move { body.await.into_result() };
+    // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
     R::from_result(
-        crate::handler::run(
+        Box::pin(crate::handler::run(
             &handle,
             crate::handler::Plan {
                 call,
@@ -246,7 +248,7 @@ where
             },
             describe,
             body,
-        )
+        ))
         .await,
     )
 }

@@ -54,6 +54,13 @@ async fn explicit(order_id: u64) -> Result<u64, Box<dyn StdError + Send + Sync>>
     Ok(order_id)
 }
 
+/// `std::io::Result`: `idempotent_runtime::Error` converts into `std::io::Error`.
+#[idempotent(key = order_id)]
+async fn read_back(order_id: u64) -> std::io::Result<String> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(order_id.to_string())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     Idempotency::in_memory().install();
@@ -61,6 +68,7 @@ async fn main() {
         assert_eq!(charge(1).await.unwrap(), 1);
         assert_eq!(refund(1).await.unwrap(), vec![1]);
         assert_eq!(explicit(1).await.unwrap(), 1);
+        assert_eq!(read_back(1).await.unwrap(), "1");
     }
-    assert_eq!(RUNS.load(Ordering::SeqCst), 3);
+    assert_eq!(RUNS.load(Ordering::SeqCst), 4);
 }
