@@ -64,7 +64,10 @@ async fn charge(req: ChargeRequest) -> Result<Receipt, PaymentError> {
         return Err(PaymentError::GatewayUnavailable);
     }
     let n = CHARGES.fetch_add(1, Ordering::SeqCst) + 1;
-    println!("  [body] charging {} cents for order {} (charge #{n})", req.amount_cents, req.order_id);
+    println!(
+        "  [body] charging {} cents for order {} (charge #{n})",
+        req.amount_cents, req.order_id
+    );
     Ok(Receipt {
         charge_id: format!("ch_{}_{}", req.tenant, req.order_id),
         amount_cents: req.amount_cents,
@@ -76,8 +79,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let idem = idempotent_examples::idempotency_from_env("idempotency-examples").await?;
     idem.install();
     // A fresh order id per run, so the example also shows a first call against a persistent table.
-    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
-    let request = ChargeRequest { tenant: 7, order_id: format!("order-{run}"), amount_cents: 4_200 };
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let request = ChargeRequest {
+        tenant: 7,
+        order_id: format!("order-{run}"),
+        amount_cents: 4_200,
+    };
 
     println!("1. first call");
     let first = charge(request.clone()).await?;
@@ -85,25 +94,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("2. the client timed out and sends the same request again");
     let replay = charge(request.clone()).await?;
-    println!("   -> {replay:?} (replayed: {}, card charged {} time(s))", replay == first, CHARGES.load(Ordering::SeqCst));
+    println!(
+        "   -> {replay:?} (replayed: {}, card charged {} time(s))",
+        replay == first,
+        CHARGES.load(Ordering::SeqCst)
+    );
 
     println!("3. the same key with a different amount");
-    let tampered = ChargeRequest { amount_cents: 1, ..request.clone() };
+    let tampered = ChargeRequest {
+        amount_cents: 1,
+        ..request.clone()
+    };
     match charge(tampered).await {
-        Err(PaymentError::Idempotency(e @ Error::PayloadMismatch { .. })) => println!("   -> rejected: {e}"),
+        Err(PaymentError::Idempotency(e @ Error::PayloadMismatch { .. })) => {
+            println!("   -> rejected: {e}")
+        }
         other => println!("   -> unexpected: {other:?}"),
     }
 
     println!("4. a new order whose first attempt fails, then a retry");
-    let second_order = ChargeRequest { order_id: format!("order-{run}-b"), ..request };
+    let second_order = ChargeRequest {
+        order_id: format!("order-{run}-b"),
+        ..request
+    };
     GATEWAY_FAILURES.store(1, Ordering::SeqCst);
     match charge(second_order.clone()).await {
-        Err(e) => println!("   -> first attempt failed: {e} (the record is FAILED, a retry may run)"),
+        Err(e) => {
+            println!("   -> first attempt failed: {e} (the record is FAILED, a retry may run)")
+        }
         Ok(r) => println!("   -> unexpected success {r:?}"),
     }
     let retried = charge(second_order).await?;
     println!("   -> retry succeeded: {retried:?}");
 
-    println!("card charged {} time(s) for 2 orders and 5 calls", CHARGES.load(Ordering::SeqCst));
+    println!(
+        "card charged {} time(s) for 2 orders and 5 calls",
+        CHARGES.load(Ordering::SeqCst)
+    );
     Ok(())
 }

@@ -57,7 +57,9 @@ pub async fn idempotency_from_env(
 ) -> Result<Idempotency, idempotent_runtime::StoreError> {
     Ok(match backend_from_env(default_table).await {
         Backend::Memory => {
-            println!("store: in memory (set IDEMPOTENT_DYNAMODB_ENDPOINT or IDEMPOTENCY_TABLE for DynamoDB)");
+            println!(
+                "store: in memory (set IDEMPOTENT_DYNAMODB_ENDPOINT or IDEMPOTENCY_TABLE for DynamoDB)"
+            );
             Idempotency::in_memory()
         }
         Backend::DynamoDb { client, table } => {
