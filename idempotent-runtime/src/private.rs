@@ -160,27 +160,38 @@ where
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
+    drive(handle, call, key, fingerprint, None, describe, body).await
+}
+
+/// [`execute`] and [`execute_transact`]: `staging` holds the writes that commit with the record.
+async fn drive<R, F, D>(
+    handle: Result<Idempotency, Error>,
+    call: &Call,
+    key: Result<String, Error>,
+    fingerprint: Option<Result<String, Error>>,
+    staging: Option<&crate::handler::Staging>,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output,
+    F: Future<Output = R>,
+    D: FnOnce(&R::Err) -> String,
+{
     let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
         Ok(p) => p,
         Err(e) => return R::from_result(Err(e.into())),
     };
     let body = async move { body.await.into_result() };
+    let plan = crate::handler::Plan {
+        call,
+        key: &key,
+        fingerprint: fingerprint.as_deref(),
+        staging,
+        claim_writes: crate::handler::ClaimWrites::default(),
+    };
     // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
-    R::from_result(
-        Box::pin(crate::handler::run(
-            &handle,
-            crate::handler::Plan {
-                call,
-                key: &key,
-                fingerprint: fingerprint.as_deref(),
-                staging: None,
-                claim_writes: crate::handler::ClaimWrites::default(),
-            },
-            describe,
-            body,
-        ))
-        .await,
-    )
+    R::from_result(Box::pin(crate::handler::run(&handle, plan, describe, body)).await)
 }
 
 /// Wraps the code generated for `transact = ..`: passes it through when this crate has the `dynamodb`
@@ -230,27 +241,16 @@ where
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
-    let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
-        Ok(p) => p,
-        Err(e) => return R::from_result(Err(e.into())),
-    };
-    let body = async move { body.await.into_result() };
-    // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
-    R::from_result(
-        Box::pin(crate::handler::run(
-            &handle,
-            crate::handler::Plan {
-                call,
-                key: &key,
-                fingerprint: fingerprint.as_deref(),
-                staging: Some(&transaction),
-                claim_writes: Vec::new(),
-            },
-            describe,
-            body,
-        ))
-        .await,
+    drive(
+        handle,
+        call,
+        key,
+        fingerprint,
+        Some(&transaction),
+        describe,
+        body,
     )
+    .await
 }
 
 /// Text stored for a FAILED record: the error's `Display` when it has one ([`DescribeDisplay`]), its type

@@ -221,6 +221,29 @@ impl DynamoDbStore {
         (update, names, values)
     }
 
+    /// The record's conditional update as a transaction action (index 0), failing with the old item.
+    fn record_update(
+        &self,
+        key: &str,
+        (update, names, values): (
+            String,
+            HashMap<String, String>,
+            HashMap<String, AttributeValue>,
+        ),
+        condition: &str,
+    ) -> Result<Update, StoreError> {
+        Update::builder()
+            .table_name(&self.inner.table)
+            .key(&self.inner.names.key, key_value(key))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Other(e.into()))
+    }
+
     /// Sends `record` (index 0) and `writes` in one `TransactWriteItems` with an idempotent request token,
     /// and sorts out a cancellation.
     async fn transact(
@@ -443,18 +466,8 @@ impl Store for DynamoDbStore {
         transition: &Transition<'_>,
         writes: Vec<TransactWriteItem>,
     ) -> Result<TransactOutcome, StoreError> {
-        let inner = &self.inner;
-        let (update, names, values) = self.transition_parts(transition);
-        let record = Update::builder()
-            .table_name(&inner.table)
-            .key(&inner.names.key, key_value(transition.key))
-            .update_expression(update)
-            .condition_expression(HELD_BY_TOKEN)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Other(e.into()))?;
+        let parts = self.transition_parts(transition);
+        let record = self.record_update(transition.key, parts, HELD_BY_TOKEN)?;
         let token = request_token("complete", transition.key, transition.token);
         self.transact(record, writes, token).await
     }
@@ -464,18 +477,9 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: Vec<TransactWriteItem>,
     ) -> Result<TransactOutcome, StoreError> {
-        let inner = &self.inner;
         let (update, names, values) = self.claim_parts(request);
-        let record = Update::builder()
-            .table_name(&inner.table)
-            .key(&inner.names.key, key_value(request.key))
-            .update_expression(update)
-            .condition_expression(CLAIMABLE)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| StoreError::Other(e.into()))?;
+        let record =
+            self.record_update(request.key, (update.to_owned(), names, values), CLAIMABLE)?;
         let token = request_token("claim", request.key, request.token);
         self.transact(record, writes, token).await
     }
