@@ -1,0 +1,226 @@
+//! Micro-benchmarks of the wrapper's own cost, on the memory store (no I/O): `cargo bench -p
+//! idempotent-examples --bench wrapper`.
+//!
+//! - `wrapper/*`: a whole `#[idempotent]` call: first execution (claim, body, complete) and replay of a
+//!   completed key, with the default heartbeat and without it.
+//! - `key/*`: key derivation and payload fingerprints for a small key and a 10 KB payload, beside the floor
+//!   (serialize straight into SHA-256, no canonicalization).
+//! - `response/*`: first execution and replay with 1 KB and 100 KB responses, beside the floor (`serde_json`
+//!   alone).
+//!
+//! `cargo test --all-targets` runs each benchmark once, as a smoke test; nothing here is timed by a test.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use idempotent_runtime::{Error, Idempotency, MemoryStore, idempotent};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+}
+
+#[idempotent(key = (tenant, order_id), store = idem, name = "bench::small")]
+async fn small(idem: &Idempotency, tenant: u32, order_id: &str) -> Result<Receipt, Error> {
+    Ok(Receipt {
+        charge_id: format!("ch_{tenant}_{order_id}"),
+        amount_cents: 4_200,
+    })
+}
+
+/// A response (or payload) of about `bytes` bytes of JSON: nested objects, strings and numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Document {
+    id: String,
+    customer: BTreeMap<String, String>,
+    lines: Vec<Line>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Line {
+    sku: String,
+    description: String,
+    quantity: u32,
+    unit_cents: u64,
+    tags: Vec<String>,
+}
+
+impl Document {
+    fn of_size(bytes: usize) -> Self {
+        let customer = [
+            ("name", "Ada Lovelace"),
+            ("email", "ada@example.com"),
+            ("country", "GB"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut doc = Document {
+            id: "doc-1".to_owned(),
+            customer,
+            lines: Vec::new(),
+        };
+        let mut i: u64 = 0;
+        while serde_json::to_vec(&doc).expect("serializes").len() < bytes {
+            let line = Line {
+                sku: format!("SKU-{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000),
+                description: format!("item {i} of the order, colour {}", i % 7),
+                quantity: u32::try_from(i % 5 + 1).expect("small"),
+                unit_cents: i * 37 % 10_000,
+                tags: vec![format!("t{}", i % 3), format!("batch-{}", i / 10)],
+            };
+            doc.lines.push(line);
+            i += 1;
+        }
+        doc
+    }
+}
+
+#[idempotent(key = id, store = idem, name = "bench::sized")]
+async fn sized(idem: &Idempotency, id: u64, response: &Document) -> Result<Document, Error> {
+    Ok(response.clone())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn handle(heartbeat: bool) -> Idempotency {
+    Idempotency::builder_arc(Arc::new(MemoryStore::new()))
+        .heartbeat(heartbeat)
+        .build()
+}
+
+fn wrapper(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("wrapper");
+    for (name, heartbeat) in [
+        ("first_execution", true),
+        ("first_execution_no_heartbeat", false),
+    ] {
+        // A fresh store per sample, so the map does not grow across the whole run; keys are built
+        // before the clock starts.
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| async move {
+                let idem = handle(heartbeat);
+                let ids: Vec<String> = (0..iters).map(|i| format!("order-{i}")).collect();
+                let start = Instant::now();
+                for id in &ids {
+                    black_box(small(&idem, 7, id).await.expect("first call"));
+                }
+                start.elapsed()
+            });
+        });
+    }
+    for (name, heartbeat) in [("replay", true), ("replay_no_heartbeat", false)] {
+        let idem = handle(heartbeat);
+        rt.block_on(small(&idem, 7, "order-1")).expect("first call");
+        group.bench_function(name, |b| {
+            b.to_async(&rt)
+                .iter(|| async { black_box(small(&idem, 7, "order-1").await.expect("replay")) });
+        });
+    }
+    group.finish();
+}
+
+/// SHA-256 of `value`'s JSON written straight into the hasher: what a key costs without sorting maps.
+fn floor_hash<T: Serialize>(value: &T) -> [u8; 32] {
+    struct Hasher(Sha256);
+    impl std::io::Write for Hasher {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.update(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut hasher = Hasher(Sha256::new());
+    serde_json::to_writer(&mut hasher, value).expect("serializes");
+    hasher.0.finalize().into()
+}
+
+fn key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key");
+    let small_key = (7_u32, "order-12345678");
+    let large = Document::of_size(10 * 1024);
+    group.bench_function("derive_small", |b| {
+        b.iter(|| idempotent_runtime::derive_key("bench::charge", black_box(&small_key)));
+    });
+    group.bench_function("floor_small", |b| {
+        b.iter(|| floor_hash(black_box(&small_key)));
+    });
+    group.throughput(Throughput::Bytes(
+        serde_json::to_vec(&large).expect("serializes").len() as u64,
+    ));
+    group.bench_function("derive_10kb", |b| {
+        b.iter(|| idempotent_runtime::derive_key("bench::charge", black_box(&large)));
+    });
+    group.bench_function("fingerprint_10kb", |b| {
+        b.iter(|| idempotent_runtime::fingerprint(black_box(&large)));
+    });
+    group.bench_function("floor_10kb", |b| {
+        b.iter(|| floor_hash(black_box(&large)));
+    });
+    group.finish();
+}
+
+fn response(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("response");
+    for (label, bytes) in [("1kb", 1024), ("100kb", 100 * 1024)] {
+        let doc = Document::of_size(bytes);
+        let json = serde_json::to_vec(&doc).expect("serializes");
+        group.throughput(Throughput::Bytes(json.len() as u64));
+        group.bench_function(format!("first_{label}"), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let doc = doc.clone();
+                async move {
+                    let idem = handle(true);
+                    let start = Instant::now();
+                    for id in 0..iters {
+                        black_box(sized(&idem, id, &doc).await.expect("first call"));
+                    }
+                    start.elapsed()
+                }
+            });
+        });
+        let idem = handle(true);
+        rt.block_on(sized(&idem, 0, &doc)).expect("first call");
+        group.bench_function(format!("replay_{label}"), |b| {
+            b.to_async(&rt)
+                .iter(|| async { black_box(sized(&idem, 0, &doc).await.expect("replay")) });
+        });
+        // The floors: what the body's clone plus serde_json alone cost for the same value.
+        group.bench_function(format!("floor_clone_serialize_{label}"), |b| {
+            b.iter(|| serde_json::to_vec(&black_box(&doc).clone()).expect("serializes"));
+        });
+        group.bench_function(format!("floor_deserialize_{label}"), |b| {
+            b.iter(|| serde_json::from_slice::<Document>(black_box(&json)).expect("parses"));
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(50)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = wrapper, key, response
+}
+criterion_main!(benches);

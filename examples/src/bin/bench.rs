@@ -1,0 +1,1126 @@
+//! End-to-end benchmark against DynamoDB Local: `#[idempotent]` on [`DynamoDbStore`] ("ours") beside a
+//! hand-written baseline that sends exactly the bare SDK requests the protocol needs and nothing else.
+//!
+//! ```text
+//! scripts/dynamodb-local start            # prints the endpoint
+//! IDEMPOTENT_DYNAMODB_ENDPOINT=http://127.0.0.1:PORT \
+//!     cargo run --release -p idempotent-examples --bin bench
+//! ```
+//!
+//! For every concurrency (1, 8, 64) and workload it prints calls/s, p50/p99 latency, DynamoDB requests per
+//! call (an SDK interceptor counts every HTTP attempt) and the process's CPU time per call
+//! (`getrusage(RUSAGE_SELF)`, user + system, every thread). Workloads:
+//!
+//! - `first`: every call has a new key (claim + complete).
+//! - `duplicate`: every call repeats a key completed before the timed run (one failed conditional claim).
+//! - `mix`: alternately a new key and a duplicate.
+//! - `fail-retry`: new keys; one call in ten fails in the body, and the caller retries it once at once
+//!   (claim + fail, then claim + complete). A retried call counts as one call; its latency includes both.
+//!
+//! The baseline makes the same requests with the same expressions and attribute sizes (key, token,
+//! fingerprint, response), but derives no key, hashes no payload, serializes nothing and parses no record:
+//! the floor any library on this protocol can reach. `scripts/bench` runs this binary one cell at a time,
+//! alternating with the Powertools bench, and writes BENCHMARKS.md's table and chart.
+//!
+//! `--null-dynamodb` runs `first` and `duplicate` against an in-process HTTP client that answers every
+//! request at once (success, or the failed condition with the completed record): the client's own CPU per
+//! call, with no server sharing the cores and no network. Baseline, ours, and the baseline sent through
+//! `customize().config_override(..)` as the store sends its requests.
+//!
+//! `--memory-keys N` instead measures memory: the process's peak RSS over N distinct first calls on
+//! DynamoDB, then the [`MemoryStore`](idempotent_runtime::MemoryStore)'s resident bytes per key.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_dynamodb::config::{
+    BehaviorVersion, ConfigBag, Credentials, Intercept, Region, RuntimeComponents,
+};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use clap::{Parser, ValueEnum};
+use idempotent_runtime::{DynamoDbStore, Error, Idempotency, idempotent};
+use serde::{Deserialize, Serialize};
+
+/// End-to-end benchmark of `#[idempotent]` on DynamoDB Local, beside a bare-SDK baseline.
+#[derive(Debug, Parser)]
+#[command(about, long_about = None)]
+struct Args {
+    /// DynamoDB Local's endpoint (default: `$IDEMPOTENT_DYNAMODB_ENDPOINT`; `scripts/dynamodb-local start`
+    /// prints one).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Concurrent callers (tokio tasks), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 64])]
+    concurrency: Vec<usize>,
+    /// Workloads, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::ALL)]
+    workload: Vec<Workload>,
+    /// Implementations, comma-separated, run in this order in the first cell and alternating after.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Impl::Ours, Impl::Baseline])]
+    implementation: Vec<Impl>,
+    /// Timed calls per cell.
+    #[arg(long, default_value_t = 2_000)]
+    calls: usize,
+    /// Untimed calls per implementation before the first cell (connections, DynamoDB Local's JIT).
+    #[arg(long, default_value_t = 300)]
+    warmup: usize,
+    /// Keys completed before a `duplicate` or `mix` cell (duplicates cycle over them).
+    #[arg(long, default_value_t = 500)]
+    seed_keys: usize,
+    /// Append one JSON line per cell to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Measure memory over this many distinct keys instead of running the cells.
+    #[arg(long)]
+    memory_keys: Option<usize>,
+    /// Instead of DynamoDB Local, answer every request in-process at once (a null DynamoDB): client CPU
+    /// per call with no server and no network, for `first` and `duplicate` at concurrency 1.
+    #[arg(long)]
+    null_dynamodb: bool,
+    /// An experiment, not part of `scripts/bench`: send the baseline's requests through
+    /// `customize().config_override(..)` with an empty override, as the store does, to measure its cost.
+    #[arg(long)]
+    baseline_config_override: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Workload {
+    First,
+    Duplicate,
+    Mix,
+    FailRetry,
+}
+
+impl Workload {
+    const ALL: [Workload; 4] = [
+        Workload::First,
+        Workload::Duplicate,
+        Workload::Mix,
+        Workload::FailRetry,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::First => "first",
+            Workload::Duplicate => "duplicate",
+            Workload::Mix => "mix",
+            Workload::FailRetry => "fail-retry",
+        }
+    }
+
+    fn needs_seed(self) -> bool {
+        matches!(self, Workload::Duplicate | Workload::Mix)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Impl {
+    Ours,
+    Baseline,
+}
+
+impl Impl {
+    fn name(self) -> &'static str {
+        match self {
+            Impl::Ours => "ours",
+            Impl::Baseline => "baseline",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The function under test, and what both implementations store.
+
+/// The same request may arrive several times.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChargeRequest {
+    tenant: u32,
+    order_id: String,
+    amount_cents: u64,
+    currency: String,
+}
+
+impl ChargeRequest {
+    fn new(order_id: String) -> Self {
+        Self {
+            tenant: 7,
+            order_id,
+            amount_cents: 4_200,
+            currency: "EUR".to_owned(),
+        }
+    }
+}
+
+/// What a caller gets back, the first time and on every replay (about 100 bytes of JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+    currency: String,
+    status: String,
+}
+
+impl Receipt {
+    fn for_request(req: &ChargeRequest) -> Self {
+        Self {
+            charge_id: format!("ch_{}_{}", req.tenant, req.order_id),
+            amount_cents: req.amount_cents,
+            currency: req.currency.clone(),
+            status: "succeeded".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum ChargeError {
+    Declined,
+    Idempotency(Error),
+}
+
+impl From<Error> for ChargeError {
+    fn from(e: Error) -> Self {
+        ChargeError::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for ChargeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChargeError::Declined => f.write_str("declined by the gateway"),
+            ChargeError::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Body executions of `charge`, to check that duplicates never ran it.
+static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = (req.tenant, &req.order_id), payload = &req, ttl = "24h", name = "bench::charge")]
+async fn charge(req: ChargeRequest, fail: bool) -> Result<Receipt, ChargeError> {
+    BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+    if fail {
+        return Err(ChargeError::Declined);
+    }
+    Ok(Receipt::for_request(&req))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Counting requests.
+
+/// Counts every HTTP request the client sends (each attempt, SDK retries included).
+#[derive(Debug, Clone, Default)]
+struct RequestCounter(Arc<AtomicU64>);
+
+impl RequestCounter {
+    fn take(&self) -> u64 {
+        self.0.swap(0, Ordering::Relaxed)
+    }
+}
+
+impl Intercept for RequestCounter {
+    fn name(&self) -> &'static str {
+        "RequestCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The baseline: the bare requests, with the same expressions and attribute sizes as the store's.
+
+const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
+const CLAIM: &str =
+    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er";
+const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
+const COMPLETE: &str = "SET #st = :completed, #rs = :rs, #ex = :ex REMOVE #lu";
+const FAIL: &str = "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu";
+
+#[derive(Debug)]
+struct Baseline {
+    client: Client,
+    table: String,
+    claim_names: HashMap<String, String>,
+    transition_names: HashMap<String, String>,
+    /// A response of the same size as ours, encoded once.
+    response: aws_sdk_dynamodb::primitives::Blob,
+    /// A stand-in for the payload's fingerprint (64 hex digits, like ours).
+    fingerprint: String,
+    tokens: AtomicU64,
+    config_override: bool,
+}
+
+fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Baseline {
+    fn new(client: Client, table: String, config_override: bool) -> Self {
+        let receipt = Receipt::for_request(&ChargeRequest::new("0".repeat(24)));
+        Self {
+            client,
+            table,
+            claim_names: names(&[
+                ("#pk", "pk"),
+                ("#st", "status"),
+                ("#tk", "token"),
+                ("#lu", "lease_until"),
+                ("#ex", "expires_at"),
+                ("#fp", "fingerprint"),
+                ("#at", "attempt"),
+                ("#rs", "response"),
+                ("#er", "error"),
+            ]),
+            transition_names: names(&[
+                ("#st", "status"),
+                ("#tk", "token"),
+                ("#lu", "lease_until"),
+                ("#ex", "expires_at"),
+                ("#rs", "response"),
+                ("#er", "error"),
+            ]),
+            response: serde_json::to_vec(&receipt)
+                .expect("a receipt serializes")
+                .into(),
+            fingerprint: "f".repeat(64),
+            tokens: AtomicU64::new(0),
+            config_override,
+        }
+    }
+
+    /// The record key: as long as ours (`namespace#` + 64 characters), without hashing.
+    fn key(id: &str) -> String {
+        format!("bench::charge#{id:0>64}")
+    }
+
+    /// A 36-character token, like a UUID, without a random source.
+    fn token(&self) -> String {
+        let n = self.tokens.fetch_add(1, Ordering::Relaxed);
+        format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id())
+    }
+
+    /// The conditional claim: `None` when claimed, the blocking item otherwise.
+    async fn claim(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> Result<Option<HashMap<String, AttributeValue>>, BoxError> {
+        let now = now_ms();
+        let values = HashMap::from([
+            (":pending".to_owned(), s("PENDING")),
+            (":failed".to_owned(), s("FAILED")),
+            (":tk".to_owned(), s(token)),
+            (":lu".to_owned(), n(now + 60_000)),
+            (":ex".to_owned(), n(now / 1000 + 60 + 86_400)),
+            (":one".to_owned(), n(1)),
+            (":now_s".to_owned(), n(now / 1000)),
+            (":now_ms".to_owned(), n(now)),
+            (":fp".to_owned(), s(&self.fingerprint)),
+        ]);
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(key))
+            .update_expression(CLAIM)
+            .condition_expression(CLAIMABLE)
+            .set_expression_attribute_names(Some(self.claim_names.clone()))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let result = if self.config_override {
+            request
+                .customize()
+                .config_override(aws_sdk_dynamodb::config::Builder::new())
+                .send()
+                .await
+        } else {
+            request.send().await
+        };
+        match result {
+            Ok(_) => Ok(None),
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(e)) => {
+                    Ok(Some(e.item().cloned().unwrap_or_default()))
+                }
+                _ => Err(err.into()),
+            },
+        }
+    }
+
+    /// The fenced update out of PENDING: COMPLETED with the response, or FAILED with an error.
+    async fn settle(&self, key: &str, token: &str, ok: bool) -> Result<(), BoxError> {
+        let expires = now_ms() / 1000 + if ok { 86_400 } else { 60 };
+        let mut values = HashMap::from([
+            (":pending".to_owned(), s("PENDING")),
+            (":tk".to_owned(), s(token)),
+            (":ex".to_owned(), n(expires)),
+        ]);
+        let update = if ok {
+            values.insert(":completed".to_owned(), s("COMPLETED"));
+            values.insert(":rs".to_owned(), AttributeValue::B(self.response.clone()));
+            COMPLETE
+        } else {
+            values.insert(":failed".to_owned(), s("FAILED"));
+            values.insert(":er".to_owned(), s("declined by the gateway"));
+            FAIL
+        };
+        let mut names = self.transition_names.clone();
+        names.retain(|k, _| update.contains(k.as_str()) || HELD_BY_TOKEN.contains(k.as_str()));
+        let request = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(key))
+            .update_expression(update)
+            .condition_expression(HELD_BY_TOKEN)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        if self.config_override {
+            request
+                .customize()
+                .config_override(aws_sdk_dynamodb::config::Builder::new())
+                .send()
+                .await?;
+        } else {
+            request.send().await?;
+        }
+        Ok(())
+    }
+
+    /// A first call: claim, then complete (or fail, claim again and complete).
+    async fn first(&self, id: &str, fail_first: bool) -> Result<(), BoxError> {
+        let key = Self::key(id);
+        let mut fail = fail_first;
+        loop {
+            let token = self.token();
+            if self.claim(&key, &token).await?.is_some() {
+                return Err(format!("baseline: key {key} was already claimed").into());
+            }
+            self.settle(&key, &token, !fail).await?;
+            if !fail {
+                return Ok(());
+            }
+            fail = false;
+        }
+    }
+
+    /// A duplicate: the one failed conditional claim that returns the stored response.
+    async fn duplicate(&self, id: &str) -> Result<usize, BoxError> {
+        let key = Self::key(id);
+        let token = self.token();
+        match self.claim(&key, &token).await? {
+            Some(item) => match item.get("response") {
+                Some(AttributeValue::B(bytes)) => Ok(bytes.as_ref().len()),
+                _ => Err(format!("baseline: {key} has no stored response").into()),
+            },
+            None => Err(format!("baseline: duplicate {key} was claimable").into()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// One call of a workload, for either implementation.
+
+#[derive(Debug)]
+enum Op {
+    Fresh { id: String, fail_first: bool },
+    Duplicate { id: String },
+}
+
+fn seed_id(prefix: &str, j: usize) -> String {
+    format!("{prefix}-seed-{j}")
+}
+
+fn op(workload: Workload, prefix: &str, i: usize, seed_keys: usize) -> Op {
+    let fresh = |fail_first| Op::Fresh {
+        id: format!("{prefix}-{i}"),
+        fail_first,
+    };
+    match workload {
+        Workload::Duplicate => Op::Duplicate {
+            id: seed_id(prefix, i % seed_keys),
+        },
+        Workload::Mix if i.is_multiple_of(2) => Op::Duplicate {
+            id: seed_id(prefix, (i / 2) % seed_keys),
+        },
+        Workload::First | Workload::Mix => fresh(false),
+        Workload::FailRetry => fresh(i.is_multiple_of(10)),
+    }
+}
+
+#[derive(Debug)]
+struct Ctx {
+    baseline: Baseline,
+}
+
+async fn run_op(ctx: &Ctx, imp: Impl, op: Op) -> Result<(), BoxError> {
+    match (imp, op) {
+        (Impl::Ours, Op::Fresh { id, fail_first }) => {
+            let req = ChargeRequest::new(id);
+            match charge(req.clone(), fail_first).await {
+                Ok(_) => Ok(()),
+                Err(ChargeError::Declined) if fail_first => charge(req, false)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string().into()),
+                Err(e) => Err(e.to_string().into()),
+            }
+        }
+        (Impl::Ours, Op::Duplicate { id }) => charge(ChargeRequest::new(id), false)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string().into()),
+        (Impl::Baseline, Op::Fresh { id, fail_first }) => ctx.baseline.first(&id, fail_first).await,
+        (Impl::Baseline, Op::Duplicate { id }) => ctx.baseline.duplicate(&id).await.map(drop),
+    }
+}
+
+/// Runs `ops` calls from `concurrency` tasks; returns each call's latency and the number of errors.
+async fn drive(
+    ctx: &Arc<Ctx>,
+    imp: Impl,
+    concurrency: usize,
+    calls: usize,
+    make: Arc<dyn Fn(usize) -> Op + Send + Sync>,
+    record: bool,
+) -> (Vec<Duration>, usize, Option<String>) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (ctx, next, make) = (Arc::clone(ctx), Arc::clone(&next), Arc::clone(&make));
+            tokio::spawn(async move {
+                let mut latencies =
+                    Vec::with_capacity(if record { calls / concurrency + 1 } else { 0 });
+                let (mut errors, mut first_error) = (0, None);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= calls {
+                        break;
+                    }
+                    let op = make(i);
+                    let start = Instant::now();
+                    let result = run_op(&ctx, imp, op).await;
+                    if record {
+                        latencies.push(start.elapsed());
+                    }
+                    if let Err(e) = result {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+                (latencies, errors, first_error)
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(if record { calls } else { 0 });
+    let (mut errors, mut first_error) = (0, None);
+    for task in tasks {
+        let (latencies, e, first) = task.await.expect("a bench task panicked");
+        all.extend(latencies);
+        errors += e;
+        first_error = first_error.or(first);
+    }
+    (all, errors, first_error)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A null DynamoDB: every request answered in-process, at once.
+
+mod null {
+    use std::sync::{Arc, RwLock};
+
+    use aws_smithy_runtime_api::client::http::{
+        HttpConnector, HttpConnectorFuture, SharedHttpClient, SharedHttpConnector, http_client_fn,
+    };
+    use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+
+    /// Answers `200 {}` (the write applied), or, while `rejecting` holds an item, a
+    /// `ConditionalCheckFailedException` carrying that item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+    #[derive(Debug, Clone, Default)]
+    pub(super) struct NullDynamoDb {
+        rejecting: Arc<RwLock<Option<Arc<str>>>>,
+    }
+
+    impl NullDynamoDb {
+        /// From now on, fail every condition and return `item` (DynamoDB JSON of the attribute map).
+        pub(super) fn reject_with(&self, item: Option<String>) {
+            let body = item.map(|item| {
+                format!(
+                    r#"{{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException","message":"The conditional request failed","Item":{item}}}"#
+                )
+                .into()
+            });
+            *self.rejecting.write().expect("not poisoned") = body;
+        }
+
+        pub(super) fn client(&self) -> SharedHttpClient {
+            let connector = SharedHttpConnector::new(self.clone());
+            http_client_fn(move |_, _| connector.clone())
+        }
+    }
+
+    impl HttpConnector for NullDynamoDb {
+        fn call(&self, _request: HttpRequest) -> HttpConnectorFuture {
+            let rejecting = self.rejecting.read().expect("not poisoned").clone();
+            let (status, body) = match rejecting {
+                Some(body) => (400, SdkBody::from(body.as_bytes())),
+                None => (200, SdkBody::from("{}")),
+            };
+            let mut response =
+                HttpResponse::new(StatusCode::try_from(status).expect("a status"), body);
+            response
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            HttpConnectorFuture::ready(Ok(response))
+        }
+    }
+}
+
+/// The completed record a duplicate finds, as DynamoDB JSON, for the null DynamoDB to return.
+fn completed_item(req: &ChargeRequest) -> Result<String, BoxError> {
+    let key = idempotent_runtime::derive_key("bench::charge", &(req.tenant, &req.order_id))?;
+    let fingerprint = idempotent_runtime::fingerprint(req)?;
+    let response = serde_json::to_vec(&Receipt::for_request(req))?;
+    let b64 = base64_encode(&response);
+    Ok(serde_json::json!({
+        "pk": {"S": key},
+        "status": {"S": "COMPLETED"},
+        "token": {"S": "00000000-0000-4000-8000-000000000000"},
+        "attempt": {"N": "1"},
+        "expires_at": {"N": (now_ms() / 1000 + 86_400).to_string()},
+        "fingerprint": {"S": fingerprint},
+        "response": {"B": b64},
+    })
+    .to_string())
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    aws_smithy_types::base64::encode(bytes)
+}
+
+/// Client CPU per call with no server: `first` and `duplicate`, one caller, `calls` calls each.
+async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Cell>, BoxError> {
+    let null = null::NullDynamoDb::default();
+    let counter = RequestCounter::default();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url("http://127.0.0.1:9")
+        .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
+        .http_client(null.client())
+        .interceptor(counter.clone())
+        .build();
+    let client = Client::from_conf(config);
+    Idempotency::builder(DynamoDbStore::new(client.clone(), "bench-ours"))
+        .build()
+        .install();
+    let variants: Vec<_> = [
+        (Impl::Baseline, false, "baseline"),
+        (Impl::Ours, false, "ours"),
+        (Impl::Baseline, true, "baseline+config_override"),
+    ]
+    .into_iter()
+    .filter(|(imp, _, _)| only.contains(imp))
+    .collect();
+    let dup = ChargeRequest::new("null-duplicate".to_owned());
+    let item = completed_item(&dup)?;
+    // Interleaved rounds, each variant's figure the median over rounds: other processes on the machine
+    // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
+    const ROUNDS: usize = 10;
+    let per_round = calls.div_ceil(ROUNDS).max(1);
+    let mut cells = Vec::new();
+    for workload in [Workload::First, Workload::Duplicate] {
+        null.reject_with((workload == Workload::Duplicate).then(|| item.clone()));
+        let make: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |i| match workload {
+            Workload::Duplicate => Op::Duplicate {
+                id: "null-duplicate".to_owned(),
+            },
+            _ => Op::Fresh {
+                id: format!("null-{i}"),
+                fail_first: false,
+            },
+        });
+        let contexts: Vec<_> = variants
+            .iter()
+            .map(|&(_, config_override, _)| {
+                Arc::new(Ctx {
+                    baseline: Baseline::new(
+                        client.clone(),
+                        "bench-baseline".to_owned(),
+                        config_override,
+                    ),
+                })
+            })
+            .collect();
+        for (ctx, &(imp, _, _)) in contexts.iter().zip(&variants) {
+            drive(ctx, imp, 1, warmup, Arc::clone(&make), false).await;
+        }
+        let mut rounds: Vec<Vec<(f64, f64)>> = vec![Vec::new(); variants.len()];
+        let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+        let mut requests = vec![0_u64; variants.len()];
+        for _ in 0..ROUNDS {
+            for (v, (ctx, &(imp, _, label))) in contexts.iter().zip(&variants).enumerate() {
+                counter.take();
+                let cpu0 = cpu_time();
+                let t0 = Instant::now();
+                let (lat, _, first_error) =
+                    drive(ctx, imp, 1, per_round, Arc::clone(&make), true).await;
+                let elapsed = t0.elapsed().as_secs_f64();
+                let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
+                if let Some(e) = first_error {
+                    return Err(format!("null DynamoDB, {label} {}: {e}", workload.name()).into());
+                }
+                requests[v] += counter.take();
+                #[allow(clippy::cast_precision_loss)]
+                let n = per_round as f64;
+                rounds[v].push((n / elapsed, cpu * 1e6 / n));
+                latencies[v].extend(lat);
+            }
+        }
+        for (v, &(_, _, label)) in variants.iter().enumerate() {
+            let median = |pick: fn(&(f64, f64)) -> f64| {
+                let mut xs: Vec<f64> = rounds[v].iter().map(pick).collect();
+                xs.sort_by(f64::total_cmp);
+                xs[xs.len() / 2]
+            };
+            latencies[v].sort_unstable();
+            cells.push(Cell {
+                kind: "null",
+                implementation: label,
+                workload: workload.name(),
+                concurrency: 1,
+                calls: per_round * ROUNDS,
+                errors: 0,
+                seconds: f64::NAN,
+                calls_per_s: median(|r| r.0),
+                p50_ms: percentile_ms(&latencies[v], 0.50),
+                p99_ms: percentile_ms(&latencies[v], 0.99),
+                requests_per_call: ratio(requests[v], per_round * ROUNDS),
+                cpu_us_per_call: median(|r| r.1),
+            });
+        }
+    }
+    Ok(cells)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Measuring.
+
+/// User + system CPU time of the whole process (every thread), from `getrusage(RUSAGE_SELF)`.
+fn cpu_time() -> Duration {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage(RUSAGE_SELF) cannot fail");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+    };
+    tv(usage.user_time()) + tv(usage.system_time())
+}
+
+/// Peak resident set size of the process so far, in bytes (`ru_maxrss`, KiB on Linux).
+fn peak_rss_bytes() -> u64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage(RUSAGE_SELF) cannot fail");
+    u64::try_from(usage.max_rss()).unwrap_or(0) * 1024
+}
+
+/// Current resident set size, in bytes (`VmRSS` in /proc/self/status).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+#[derive(Debug, Serialize)]
+struct Cell {
+    kind: &'static str,
+    implementation: &'static str,
+    workload: &'static str,
+    concurrency: usize,
+    calls: usize,
+    errors: usize,
+    seconds: f64,
+    calls_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    requests_per_call: f64,
+    cpu_us_per_call: f64,
+}
+
+#[allow(clippy::cast_precision_loss)] // counts far below 2^52
+fn ratio(a: u64, b: usize) -> f64 {
+    a as f64 / b as f64
+}
+
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[index].as_secs_f64() * 1000.0
+}
+
+struct Bench {
+    ctx: Arc<Ctx>,
+    counter: RequestCounter,
+    run: String,
+    seed_keys: usize,
+}
+
+impl Bench {
+    async fn cell(
+        &self,
+        imp: Impl,
+        workload: Workload,
+        concurrency: usize,
+        calls: usize,
+    ) -> Result<Cell, BoxError> {
+        let prefix = format!(
+            "{}-{}-{}-c{concurrency}",
+            self.run,
+            imp.name(),
+            workload.name()
+        );
+        let seed_keys = self.seed_keys.min(calls).max(1);
+        if workload.needs_seed() {
+            let seed_prefix = prefix.clone();
+            let seed: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |j| Op::Fresh {
+                id: seed_id(&seed_prefix, j),
+                fail_first: false,
+            });
+            let (_, errors, first) = drive(&self.ctx, imp, 16, seed_keys, seed, false).await;
+            if errors > 0 {
+                return Err(format!(
+                    "{errors} seed calls failed, first: {}",
+                    first.unwrap_or_default()
+                )
+                .into());
+            }
+        }
+        let make: Arc<dyn Fn(usize) -> Op + Send + Sync> = {
+            let prefix = prefix.clone();
+            Arc::new(move |i| op(workload, &prefix, i, seed_keys))
+        };
+        let runs_before = BODY_RUNS.load(Ordering::Relaxed);
+        self.counter.take();
+        let cpu0 = cpu_time();
+        let t0 = Instant::now();
+        let (mut latencies, errors, first_error) =
+            drive(&self.ctx, imp, concurrency, calls, make, true).await;
+        let elapsed = t0.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu0);
+        let requests = self.counter.take();
+        if let Some(e) = first_error {
+            eprintln!(
+                "bench: {} {} c={concurrency}: {errors} calls failed, first: {e}",
+                imp.name(),
+                workload.name()
+            );
+        }
+        if imp == Impl::Ours {
+            let runs = BODY_RUNS.load(Ordering::Relaxed) - runs_before;
+            let expected = (0..calls)
+                .map(|i| match op(workload, "", i, seed_keys) {
+                    Op::Fresh { fail_first, .. } => 1 + usize::from(fail_first),
+                    Op::Duplicate { .. } => 0,
+                })
+                .sum::<usize>();
+            if runs != expected && errors == 0 {
+                return Err(format!("the body ran {runs} times, expected {expected}").into());
+            }
+        }
+        latencies.sort_unstable();
+        #[allow(clippy::cast_precision_loss)]
+        let calls_f = calls as f64;
+        Ok(Cell {
+            kind: "cell",
+            implementation: imp.name(),
+            workload: workload.name(),
+            concurrency,
+            calls,
+            errors,
+            seconds: elapsed.as_secs_f64(),
+            calls_per_s: calls_f / elapsed.as_secs_f64(),
+            p50_ms: percentile_ms(&latencies, 0.50),
+            p99_ms: percentile_ms(&latencies, 0.99),
+            requests_per_call: ratio(requests, calls),
+            cpu_us_per_call: cpu.as_secs_f64() * 1e6 / calls_f,
+        })
+    }
+
+    async fn warm_up(&self, imp: Impl, calls: usize) -> Result<(), BoxError> {
+        if calls == 0 {
+            return Ok(());
+        }
+        let prefix = format!("{}-{}-warmup", self.run, imp.name());
+        let make: Arc<dyn Fn(usize) -> Op + Send + Sync> =
+            Arc::new(move |i| op(Workload::First, &prefix, i, 1));
+        let (_, errors, first) = drive(&self.ctx, imp, 8, calls, make, false).await;
+        match first {
+            Some(e) => Err(format!("{errors} warm-up calls failed, first: {e}").into()),
+            None => Ok(()),
+        }
+    }
+}
+
+fn print_table(cells: &[Cell]) {
+    let mut out = String::new();
+    out.push_str("| implementation | workload | concurrency | calls | calls/s | p50 ms | p99 ms | requests/call | CPU µs/call | errors |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for c in cells {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {} |",
+            c.implementation,
+            c.workload,
+            c.concurrency,
+            c.calls,
+            c.calls_per_s,
+            c.p50_ms,
+            c.p99_ms,
+            c.requests_per_call,
+            c.cpu_us_per_call,
+            c.errors
+        );
+    }
+    let find = |imp: &str, w: &str, conc: usize| {
+        cells
+            .iter()
+            .find(|c| c.implementation == imp && c.workload == w && c.concurrency == conc)
+    };
+    let mut ratios = String::new();
+    for c in cells.iter().filter(|c| c.implementation == "ours") {
+        if let Some(b) = find("baseline", c.workload, c.concurrency) {
+            let _ = writeln!(
+                ratios,
+                "| {} | {} | {:.2} | {:.2} |",
+                c.workload,
+                c.concurrency,
+                c.calls_per_s / b.calls_per_s,
+                c.cpu_us_per_call / b.cpu_us_per_call
+            );
+        }
+    }
+    if !ratios.is_empty() {
+        out.push_str("\n| workload | concurrency | throughput ours/baseline | CPU/call ours/baseline |\n|---|---:|---:|---:|\n");
+        out.push_str(&ratios);
+    }
+    print!("{out}");
+}
+
+fn append_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> std::io::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+    writeln!(file, "{line}")
+}
+
+fn client_at(endpoint: &str, counter: &RequestCounter) -> Client {
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
+        .interceptor(counter.clone())
+        .build();
+    Client::from_conf(config)
+}
+
+#[derive(Debug, Serialize)]
+struct Memory {
+    kind: &'static str,
+    keys: usize,
+    dynamodb_concurrency: usize,
+    dynamodb_seconds: f64,
+    dynamodb_errors: usize,
+    peak_rss_mib_before: f64,
+    peak_rss_mib_after: f64,
+    store_bytes_per_key: f64,
+    store_records: usize,
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Peak RSS over `keys` distinct first calls on DynamoDB, then the memory store's resident bytes per key.
+async fn memory(bench: &Bench, idem: &Idempotency, keys: usize) -> Result<Memory, BoxError> {
+    const CONCURRENCY: usize = 64;
+    idem.install();
+    bench.warm_up(Impl::Ours, 200).await?;
+    let peak_before = peak_rss_bytes();
+    let prefix = format!("{}-memory", bench.run);
+    let make: Arc<dyn Fn(usize) -> Op + Send + Sync> =
+        Arc::new(move |i| op(Workload::First, &prefix, i, 1));
+    let t0 = Instant::now();
+    let (_, errors, first) = drive(&bench.ctx, Impl::Ours, CONCURRENCY, keys, make, false).await;
+    let seconds = t0.elapsed().as_secs_f64();
+    if let Some(e) = first {
+        eprintln!("bench: memory run: {errors} calls failed, first: {e}");
+    }
+    let peak_after = peak_rss_bytes();
+
+    // The memory store, in the same process: resident bytes before and after `keys` records.
+    let store = Arc::new(idempotent_runtime::MemoryStore::new());
+    let local = Idempotency::builder_arc(store.clone()).build();
+    local.install();
+    let rss0 = rss_bytes();
+    for i in 0..keys {
+        charge(ChargeRequest::new(format!("{}-mem-{i}", bench.run)), false)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let rss1 = rss_bytes();
+    let records = store.len();
+    idem.install();
+    #[allow(clippy::cast_precision_loss)]
+    let per_key = rss1.saturating_sub(rss0) as f64 / records.max(1) as f64;
+    drop(local);
+    Ok(Memory {
+        kind: "memory",
+        keys,
+        dynamodb_concurrency: CONCURRENCY,
+        dynamodb_seconds: seconds,
+        dynamodb_errors: errors,
+        peak_rss_mib_before: mib(peak_before),
+        peak_rss_mib_after: mib(peak_after),
+        store_bytes_per_key: per_key,
+        store_records: records,
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    if args.null_dynamodb {
+        let cells = null_cells(args.calls.max(1), args.warmup, &args.implementation).await?;
+        for cell in &cells {
+            append_json(args.json.as_ref(), cell)?;
+        }
+        print_table(&cells);
+        return Ok(());
+    }
+    let endpoint = args
+        .endpoint
+        .clone()
+        .or_else(|| std::env::var("IDEMPOTENT_DYNAMODB_ENDPOINT").ok())
+        .ok_or(
+            "no DynamoDB endpoint: start DynamoDB Local with `scripts/dynamodb-local start` and pass \
+             --endpoint or set IDEMPOTENT_DYNAMODB_ENDPOINT to the URL it prints (or run `scripts/bench`)",
+        )?;
+    let counter = RequestCounter::default();
+    let client = client_at(&endpoint, &counter);
+    let store = DynamoDbStore::new(client.clone(), "bench-ours");
+    store.create_table().await?;
+    DynamoDbStore::new(client.clone(), "bench-baseline")
+        .create_table()
+        .await?;
+    let idem = Idempotency::builder(store).build();
+    idem.install();
+    let run = format!(
+        "{:x}-{:x}",
+        std::process::id(),
+        SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis()
+    );
+    let bench = Bench {
+        ctx: Arc::new(Ctx {
+            baseline: Baseline::new(
+                client,
+                "bench-baseline".to_owned(),
+                args.baseline_config_override,
+            ),
+        }),
+        counter,
+        run,
+        seed_keys: args.seed_keys.max(1),
+    };
+
+    if let Some(keys) = args.memory_keys {
+        let m = memory(&bench, &idem, keys).await?;
+        println!(
+            "memory: peak RSS {:.1} MiB after {} distinct keys on DynamoDB at concurrency {} ({:.1} MiB before; {:.1} s, {} errors); memory store: {:.0} resident bytes per key ({} records)",
+            m.peak_rss_mib_after,
+            m.keys,
+            m.dynamodb_concurrency,
+            m.peak_rss_mib_before,
+            m.dynamodb_seconds,
+            m.dynamodb_errors,
+            m.store_bytes_per_key,
+            m.store_records
+        );
+        append_json(args.json.as_ref(), &m)?;
+        return Ok(());
+    }
+
+    for &imp in &args.implementation {
+        bench.warm_up(imp, args.warmup).await?;
+    }
+    let mut cells = Vec::new();
+    let mut order = args.implementation.clone();
+    for &concurrency in &args.concurrency {
+        for &workload in &args.workload {
+            for &imp in &order {
+                let cell = bench
+                    .cell(imp, workload, concurrency.max(1), args.calls.max(1))
+                    .await?;
+                append_json(args.json.as_ref(), &cell)?;
+                cells.push(cell);
+            }
+            // Alternate who goes first, so neither always meets a fresher DynamoDB Local.
+            order.reverse();
+        }
+    }
+    print_table(&cells);
+    Ok(())
+}
