@@ -292,3 +292,63 @@ conformance!(dynamodb, async {
     let (store, counter) = idempotent_tests::dynamodb_store().await;
     (Arc::new(store) as Arc<dyn Store>, Some(counter))
 });
+
+#[tokio::test]
+async fn custom_attribute_names_are_used_for_every_attribute() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use idempotent_runtime::{AttributeNames, DynamoDbStore};
+    let names = AttributeNames {
+        key: "id".into(),
+        status: "state".into(),
+        token: "fence".into(),
+        attempt: "tries".into(),
+        lease_until: "lease_ms".into(),
+        expires_at: "ttl".into(),
+        fingerprint: "fp".into(),
+        response: "body".into(),
+        error: "why".into(),
+        replay_until: "replay_s".into(),
+    };
+    let (client, _) = idempotent_tests::client();
+    let store = DynamoDbStore::with_attribute_names(
+        client.clone(),
+        idempotent_tests::unique_table("names"),
+        names,
+    );
+    store.create_table().await.unwrap();
+    pending(&store, "k", "t1").await;
+    let expires = NOW / 1000 + 99;
+    assert_eq!(
+        store
+            .transition(&complete("k", "t1", b"{}", expires))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    let item = client
+        .get_item()
+        .table_name(store.table())
+        .key("id", AttributeValue::S("k".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    let mut keys: Vec<_> = item.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["body", "fence", "fp", "id", "state", "tries", "ttl"]);
+    assert_eq!(item["state"].as_s().unwrap(), "COMPLETED");
+    assert_eq!(store.get("k").await.unwrap().unwrap().expires_at_s, expires);
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(store.table())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ttl.time_to_live_description()
+            .and_then(|d| d.attribute_name()),
+        Some("ttl")
+    );
+}
