@@ -63,7 +63,7 @@ struct Args {
     /// Workloads, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::ALL)]
     workload: Vec<Workload>,
-    /// Implementations, comma-separated, run in this order in the first cell and alternating after.
+    /// Implementations, comma-separated; each cell runs them in interleaved rounds (A B B A ...).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Impl::Ours, Impl::Baseline])]
     implementation: Vec<Impl>,
     /// Timed calls per cell.
@@ -637,8 +637,8 @@ fn base64_encode(bytes: &[u8]) -> String {
     aws_smithy_types::base64::encode(bytes)
 }
 
-/// Client CPU per call with no server: `first` and `duplicate`, one caller, `calls` calls each.
-async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Cell>, BoxError> {
+/// A client whose requests the null DynamoDB answers, counting them.
+fn null_client() -> (null::NullDynamoDb, RequestCounter, Client) {
     let null = null::NullDynamoDb::default();
     let counter = RequestCounter::default();
     let config = aws_sdk_dynamodb::Config::builder()
@@ -649,7 +649,15 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
         .http_client(null.client())
         .interceptor(counter.clone())
         .build();
-    let client = Client::from_conf(config);
+    (null, counter, Client::from_conf(config))
+}
+
+/// Client CPU per call with no server: `first` and `duplicate`, one caller, `calls` calls each.
+async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Cell>, BoxError> {
+    // Interleaved rounds, each variant's figure the median over rounds: other processes on the machine
+    // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
+    const ROUNDS: usize = 10;
+    let (null, counter, client) = null_client();
     Idempotency::builder(DynamoDbStore::new(client.clone(), "bench-ours"))
         .build()
         .install();
@@ -663,11 +671,8 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
     .collect();
     let dup = ChargeRequest::new("null-duplicate".to_owned());
     let item = completed_item(&dup)?;
-    // Interleaved rounds, each variant's figure the median over rounds: other processes on the machine
-    // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
-    const ROUNDS: usize = 10;
     let per_round = calls.div_ceil(ROUNDS).max(1);
-    let mut cells = Vec::new();
+    let mut results = Vec::new();
     for workload in [Workload::First, Workload::Duplicate] {
         null.reject_with((workload == Workload::Duplicate).then(|| item.clone()));
         let make: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |i| match workload {
@@ -723,7 +728,7 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
                 xs[xs.len() / 2]
             };
             latencies[v].sort_unstable();
-            cells.push(Cell {
+            results.push(Cell {
                 kind: "null",
                 implementation: label,
                 workload: workload.name(),
@@ -739,7 +744,7 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
             });
         }
     }
-    Ok(cells)
+    Ok(results)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -807,6 +812,36 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted[index].as_secs_f64() * 1000.0
 }
 
+/// One implementation's share of a cell, summed over its rounds.
+#[derive(Debug)]
+struct Run {
+    imp: Impl,
+    prefix: String,
+    latencies: Vec<Duration>,
+    errors: usize,
+    first_error: Option<String>,
+    elapsed: Duration,
+    cpu: Duration,
+    requests: u64,
+    body_runs: usize,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self {
+            imp: Impl::Ours,
+            prefix: String::new(),
+            latencies: Vec::new(),
+            errors: 0,
+            first_error: None,
+            elapsed: Duration::ZERO,
+            cpu: Duration::ZERO,
+            requests: 0,
+            body_runs: 0,
+        }
+    }
+}
+
 struct Bench {
     ctx: Arc<Ctx>,
     counter: RequestCounter,
@@ -815,84 +850,120 @@ struct Bench {
 }
 
 impl Bench {
-    async fn cell(
+    /// One cell per implementation, measured in interleaved rounds (A B B A ...), so that a drift of
+    /// DynamoDB Local (its JIT, its table growing, other processes) does not favour whoever runs last.
+    async fn cells(
         &self,
-        imp: Impl,
+        impls: &[Impl],
         workload: Workload,
         concurrency: usize,
         calls: usize,
-    ) -> Result<Cell, BoxError> {
-        let prefix = format!(
-            "{}-{}-{}-c{concurrency}",
-            self.run,
-            imp.name(),
-            workload.name()
-        );
+    ) -> Result<Vec<Cell>, BoxError> {
+        const ROUNDS: usize = 4;
+        let per_round = calls.div_ceil(ROUNDS).max(1);
+        let calls = per_round * ROUNDS;
         let seed_keys = self.seed_keys.min(calls).max(1);
-        if workload.needs_seed() {
-            let seed_prefix = prefix.clone();
-            let seed: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |j| Op::Fresh {
-                id: seed_id(&seed_prefix, j),
-                fail_first: false,
-            });
-            let (_, errors, first) = drive(&self.ctx, imp, 16, seed_keys, seed, false).await;
-            if errors > 0 {
-                return Err(format!(
-                    "{errors} seed calls failed, first: {}",
-                    first.unwrap_or_default()
-                )
-                .into());
-            }
-        }
-        let make: Arc<dyn Fn(usize) -> Op + Send + Sync> = {
-            let prefix = prefix.clone();
-            Arc::new(move |i| op(workload, &prefix, i, seed_keys))
-        };
-        let runs_before = BODY_RUNS.load(Ordering::Relaxed);
-        self.counter.take();
-        let cpu0 = cpu_time();
-        let t0 = Instant::now();
-        let (mut latencies, errors, first_error) =
-            drive(&self.ctx, imp, concurrency, calls, make, true).await;
-        let elapsed = t0.elapsed();
-        let cpu = cpu_time().saturating_sub(cpu0);
-        let requests = self.counter.take();
-        if let Some(e) = first_error {
-            eprintln!(
-                "bench: {} {} c={concurrency}: {errors} calls failed, first: {e}",
+        let mut runs = Vec::new();
+        for &imp in impls {
+            let prefix = format!(
+                "{}-{}-{}-c{concurrency}",
+                self.run,
                 imp.name(),
                 workload.name()
             );
+            if workload.needs_seed() {
+                self.seed(imp, &prefix, seed_keys).await?;
+            }
+            runs.push(Run {
+                imp,
+                prefix,
+                ..Run::default()
+            });
         }
-        if imp == Impl::Ours {
-            let runs = BODY_RUNS.load(Ordering::Relaxed) - runs_before;
-            let expected = (0..calls)
-                .map(|i| match op(workload, "", i, seed_keys) {
-                    Op::Fresh { fail_first, .. } => 1 + usize::from(fail_first),
-                    Op::Duplicate { .. } => 0,
-                })
-                .sum::<usize>();
-            if runs != expected && errors == 0 {
-                return Err(format!("the body ran {runs} times, expected {expected}").into());
+        for round in 0..ROUNDS {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..runs.len()).collect()
+            } else {
+                (0..runs.len()).rev().collect()
+            };
+            for k in order {
+                let run = &mut runs[k];
+                let (prefix, offset) = (run.prefix.clone(), round * per_round);
+                let make: Arc<dyn Fn(usize) -> Op + Send + Sync> =
+                    Arc::new(move |i| op(workload, &prefix, offset + i, seed_keys));
+                let body_runs = BODY_RUNS.load(Ordering::Relaxed);
+                self.counter.take();
+                let cpu0 = cpu_time();
+                let t0 = Instant::now();
+                let (latencies, errors, first_error) =
+                    drive(&self.ctx, run.imp, concurrency, per_round, make, true).await;
+                run.elapsed += t0.elapsed();
+                run.cpu += cpu_time().saturating_sub(cpu0);
+                run.requests += self.counter.take();
+                run.body_runs += BODY_RUNS.load(Ordering::Relaxed) - body_runs;
+                run.latencies.extend(latencies);
+                run.errors += errors;
+                run.first_error = run.first_error.take().or(first_error);
             }
         }
-        latencies.sort_unstable();
-        #[allow(clippy::cast_precision_loss)]
-        let calls_f = calls as f64;
-        Ok(Cell {
-            kind: "cell",
-            implementation: imp.name(),
-            workload: workload.name(),
-            concurrency,
-            calls,
-            errors,
-            seconds: elapsed.as_secs_f64(),
-            calls_per_s: calls_f / elapsed.as_secs_f64(),
-            p50_ms: percentile_ms(&latencies, 0.50),
-            p99_ms: percentile_ms(&latencies, 0.99),
-            requests_per_call: ratio(requests, calls),
-            cpu_us_per_call: cpu.as_secs_f64() * 1e6 / calls_f,
-        })
+        let mut out = Vec::new();
+        for mut run in runs {
+            if let Some(e) = &run.first_error {
+                eprintln!(
+                    "bench: {} {} c={concurrency}: {} calls failed, first: {e}",
+                    run.imp.name(),
+                    workload.name(),
+                    run.errors
+                );
+            }
+            if run.imp == Impl::Ours {
+                let expected = (0..calls)
+                    .map(|i| match op(workload, "", i, seed_keys) {
+                        Op::Fresh { fail_first, .. } => 1 + usize::from(fail_first),
+                        Op::Duplicate { .. } => 0,
+                    })
+                    .sum::<usize>();
+                if run.body_runs != expected && run.errors == 0 {
+                    return Err(format!(
+                        "the body ran {} times, expected {expected}",
+                        run.body_runs
+                    )
+                    .into());
+                }
+            }
+            run.latencies.sort_unstable();
+            #[allow(clippy::cast_precision_loss)]
+            let calls_f = calls as f64;
+            out.push(Cell {
+                kind: "cell",
+                implementation: run.imp.name(),
+                workload: workload.name(),
+                concurrency,
+                calls,
+                errors: run.errors,
+                seconds: run.elapsed.as_secs_f64(),
+                calls_per_s: calls_f / run.elapsed.as_secs_f64(),
+                p50_ms: percentile_ms(&run.latencies, 0.50),
+                p99_ms: percentile_ms(&run.latencies, 0.99),
+                requests_per_call: ratio(run.requests, calls),
+                cpu_us_per_call: run.cpu.as_secs_f64() * 1e6 / calls_f,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Completes `keys` keys for a cell's duplicates, untimed.
+    async fn seed(&self, imp: Impl, prefix: &str, keys: usize) -> Result<(), BoxError> {
+        let prefix = prefix.to_owned();
+        let seed: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |j| Op::Fresh {
+            id: seed_id(&prefix, j),
+            fail_first: false,
+        });
+        let (_, errors, first) = drive(&self.ctx, imp, 16, keys, seed, false).await;
+        match first {
+            Some(e) => Err(format!("{errors} seed calls failed, first: {e}").into()),
+            None => Ok(()),
+        }
     }
 
     async fn warm_up(&self, imp: Impl, calls: usize) -> Result<(), BoxError> {
@@ -1107,18 +1178,20 @@ async fn main() -> Result<(), BoxError> {
         bench.warm_up(imp, args.warmup).await?;
     }
     let mut cells = Vec::new();
-    let mut order = args.implementation.clone();
     for &concurrency in &args.concurrency {
         for &workload in &args.workload {
-            for &imp in &order {
-                let cell = bench
-                    .cell(imp, workload, concurrency.max(1), args.calls.max(1))
-                    .await?;
+            for cell in bench
+                .cells(
+                    &args.implementation,
+                    workload,
+                    concurrency.max(1),
+                    args.calls.max(1),
+                )
+                .await?
+            {
                 append_json(args.json.as_ref(), &cell)?;
                 cells.push(cell);
             }
-            // Alternate who goes first, so neither always meets a fresher DynamoDB Local.
-            order.reverse();
         }
     }
     print_table(&cells);
