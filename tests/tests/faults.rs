@@ -470,3 +470,37 @@ async fn two_thousand_keys_under_drops_throttles_and_server_errors_never_run_twi
     );
     assert!(stats.total.dropped > 0 && stats.total.throttled > 0 && stats.total.server_errors > 0);
 }
+
+#[tokio::test]
+async fn the_builder_retry_policy_overrides_the_client_for_the_store_calls() {
+    let rig = Rig::new().await;
+    let store = rig
+        .store
+        .as_any()
+        .downcast_ref::<DynamoDbStore>()
+        .unwrap()
+        .clone();
+    let single_attempt = Idempotency::builder(store)
+        .retry_config(RetryConfig::standard().with_max_attempts(1))
+        .clock(rig.clock.clone())
+        .build();
+    rig.proxy
+        .set_rules([Rule::new(Fault::Throttle).operation("UpdateItem").first(1)]);
+    let runs = Runs::default();
+    let err = work(&single_attempt, &runs, 7, false).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Idempotency(Error::Throttled { .. })),
+        "{err:?}"
+    );
+    assert_eq!(
+        rig.proxy.stats().operation("UpdateItem").requests,
+        1,
+        "no retry with max_attempts = 1"
+    );
+    // The client's own policy (3 attempts) still applies to a handle without the override.
+    rig.proxy
+        .set_rules([Rule::new(Fault::Throttle).operation("UpdateItem").first(1)]);
+    rig.proxy.reset_stats();
+    assert_eq!(work(&rig.idem, &runs, 7, false).await.unwrap(), "result-7");
+    assert_eq!(rig.proxy.stats().operation("UpdateItem").throttled, 1);
+}

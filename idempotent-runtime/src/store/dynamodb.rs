@@ -256,15 +256,14 @@ impl DynamoDbStore {
         let mut items = Vec::with_capacity(writes.len() + 1);
         items.push(TransactWriteItem::builder().update(record).build());
         items.extend(writes);
-        let result = inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .client_request_token(request_token)
-            .customize()
-            .config_override(self.config_override())
-            .send()
-            .await;
+        let result = send!(
+            self,
+            inner
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items))
+                .client_request_token(request_token)
+        );
         let Err(err) = result else {
             return Ok(TransactOutcome::Committed);
         };
@@ -373,14 +372,6 @@ impl DynamoDbStore {
         (update, names, values)
     }
 
-    fn config_override(&self) -> aws_sdk_dynamodb::config::Builder {
-        let mut builder = aws_sdk_dynamodb::config::Builder::new();
-        if let Some(retry) = &self.inner.retry {
-            builder.set_retry_config(Some(retry.clone()));
-        }
-        builder
-    }
-
     /// Turns a stored item into a [`Record`], or says what is wrong with it.
     ///
     /// # Errors
@@ -389,6 +380,26 @@ impl DynamoDbStore {
         parse_item(&self.inner.names, item)
     }
 }
+
+/// Sends a fluent request, with the store's retry policy when it has one. Without one no override is
+/// attached: an override costs the SDK a configuration merge on every request.
+macro_rules! send {
+    ($store:expr, $request:expr) => {
+        match &$store.inner.retry {
+            Some(retry) => {
+                $request
+                    .customize()
+                    .config_override(
+                        aws_sdk_dynamodb::config::Builder::new().retry_config(retry.clone()),
+                    )
+                    .send()
+                    .await
+            }
+            None => $request.send().await,
+        }
+    };
+}
+use send;
 
 fn key_value(key: &str) -> AttributeValue {
     AttributeValue::S(key.to_owned())
@@ -407,20 +418,21 @@ impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let inner = &self.inner;
         let (update, names, values) = self.claim_parts(request);
-        let result = inner
-            .client
-            .update_item()
-            .table_name(&inner.table)
-            .key(&inner.names.key, key_value(request.key))
-            .update_expression(update)
-            .condition_expression(CLAIMABLE)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(self.config_override())
-            .send()
-            .await;
+        let result = send!(
+            self,
+            inner
+                .client
+                .update_item()
+                .table_name(&inner.table)
+                .key(&inner.names.key, key_value(request.key))
+                .update_expression(update)
+                .condition_expression(CLAIMABLE)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld
+                )
+        );
         match result {
             Ok(_) => Ok(ClaimOutcome::Claimed),
             Err(err) => match rejected(&err).map(|e| e.item()) {
@@ -436,20 +448,21 @@ impl Store for DynamoDbStore {
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let inner = &self.inner;
         let (update, names, values) = self.transition_parts(transition);
-        let result = inner
-            .client
-            .update_item()
-            .table_name(&inner.table)
-            .key(&inner.names.key, key_value(transition.key))
-            .update_expression(update)
-            .condition_expression(HELD_BY_TOKEN)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(self.config_override())
-            .send()
-            .await;
+        let result = send!(
+            self,
+            inner
+                .client
+                .update_item()
+                .table_name(&inner.table)
+                .key(&inner.names.key, key_value(transition.key))
+                .update_expression(update)
+                .condition_expression(HELD_BY_TOKEN)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld
+                )
+        );
         match result {
             Ok(_) => Ok(WriteOutcome::Applied),
             Err(err) => match rejected(&err).map(|e| e.item()) {
@@ -486,17 +499,16 @@ impl Store for DynamoDbStore {
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         let inner = &self.inner;
-        let output = inner
-            .client
-            .get_item()
-            .table_name(&inner.table)
-            .key(&inner.names.key, key_value(key))
-            .consistent_read(true)
-            .customize()
-            .config_override(self.config_override())
-            .send()
-            .await
-            .map_err(|e| classify(&inner.table, e))?;
+        let output = send!(
+            self,
+            inner
+                .client
+                .get_item()
+                .table_name(&inner.table)
+                .key(&inner.names.key, key_value(key))
+                .consistent_read(true)
+        )
+        .map_err(|e| classify(&inner.table, e))?;
         output
             .item()
             .map(|item| parse_item(&inner.names, item))
