@@ -2,10 +2,11 @@
 //!
 //! Canonical JSON is what `serde_json::to_vec(&serde_json::to_value(x)?)` gives: object keys sorted,
 //! no whitespace. [`Canonical`] writes those same bytes directly, without building the `Value` tree
-//! (a `String` per key and per string, a `BTreeMap` per object, a `Value` per leaf): 3 to 4 times
-//! faster (`cargo bench -p idempotent-examples --bench wrapper -- key/`). Whatever it does not handle
-//! itself, it leaves to the `Value` path, so the bytes are the same in every case (the tests compare
-//! both paths over every shape serde has).
+//! (a `String` per key and per string, a `BTreeMap` per object, a `Value` per leaf), with one output
+//! buffer and one scratch stack for the whole value: about 2.4 times faster for a small key and 1.9 times
+//! for a 10 KB payload (`cargo bench -p idempotent-examples --bench wrapper -- key/`). Whatever it does
+//! not handle itself, it leaves to the `Value` path, so the bytes are the same in every case (the tests
+//! compare both paths over every shape serde has).
 
 use std::ops::Range;
 
@@ -16,9 +17,12 @@ use sha2::{Digest, Sha256};
 /// Serializes `value` to canonical JSON: object keys sorted (maps of any order hash the same), no
 /// whitespace.
 fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    let mut out = Vec::with_capacity(128);
-    match value.serialize(Canonical { out: &mut out }) {
-        Ok(()) => Ok(out),
+    let mut buf = Buf {
+        bytes: Vec::with_capacity(128),
+        ..Buf::default()
+    };
+    match value.serialize(Canonical { out: &mut buf }) {
+        Ok(()) => Ok(buf.bytes),
         // Something the direct path leaves to serde_json (a float or 128-bit map key, serde_json's own
         // private types), or a value that does not serialize: the `Value` path gives the same bytes, or
         // the same error.
@@ -86,67 +90,91 @@ fn is_serde_json_private(name: &str) -> bool {
 
 /// Writes a leaf exactly as `to_vec(&to_value(leaf))` would (floats become `null` when not finite,
 /// 128-bit integers fail outside 64 bits).
-fn leaf_via_value<T: Serialize + ?Sized>(
-    out: &mut Vec<u8>,
-    leaf: &T,
-) -> Result<(), serde_json::Error> {
-    serde_json::to_writer(out, &serde_json::to_value(leaf)?)
+fn leaf_via_value<T: Serialize + ?Sized>(out: &mut Buf, leaf: &T) -> Result<(), serde_json::Error> {
+    serde_json::to_writer(&mut out.bytes, &serde_json::to_value(leaf)?)
 }
 
-fn write_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, leaf: &T) -> Result<(), serde_json::Error> {
-    serde_json::to_writer(out, leaf)
+fn write_json<T: Serialize + ?Sized>(out: &mut Buf, leaf: &T) -> Result<(), serde_json::Error> {
+    serde_json::to_writer(&mut out.bytes, leaf)
+}
+
+/// The output, and the scratch space objects share (one stack of entries and of owned keys for the whole
+/// value, so that nested objects allocate nothing of their own).
+#[derive(Default)]
+struct Buf {
+    bytes: Vec<u8>,
+    entries: Vec<Entry>,
+    keys: String,
+}
+
+/// One object entry: its key, and where its value's canonical bytes sit in the output for now.
+struct Entry {
+    key: Key,
+    value: Range<usize>,
+}
+
+/// A struct field's name, or a map key's text in [`Buf::keys`].
+enum Key {
+    Static(&'static str),
+    Owned(Range<usize>),
+}
+
+impl Key {
+    fn text<'k>(&'k self, keys: &'k str) -> &'k str {
+        match self {
+            Key::Static(name) => name,
+            Key::Owned(range) => &keys[range.clone()],
+        }
+    }
 }
 
 /// The canonical-JSON serializer: writes scalars and sequences as they come, and buffers each object's
 /// entries to write them sorted by key (later duplicates replacing earlier ones, as in a `BTreeMap`).
 struct Canonical<'a> {
-    out: &'a mut Vec<u8>,
+    out: &'a mut Buf,
 }
 
 /// A sequence (or tuple) being written; `close` ends it (`]`, or `]}` inside a tuple variant).
 struct Seq<'a> {
-    out: &'a mut Vec<u8>,
+    out: &'a mut Buf,
     first: bool,
     close: &'static [u8],
 }
 
-/// An object being collected: each value's canonical bytes go to `out` after `start` for now, its key to
-/// `keys`; `end` writes them back sorted.
+/// An object being collected: each value's canonical bytes go to the output after `start` for now, its
+/// entry onto the buffer's shared stack (from `base`); `finish` writes them sorted in their place.
 struct Object<'a> {
-    out: &'a mut Vec<u8>,
+    out: &'a mut Buf,
     start: usize,
-    keys: String,
-    entries: Vec<(Range<usize>, Range<usize>)>,
-    next_key: Option<Range<usize>>,
+    base: usize,
+    keys_base: usize,
+    next_key: Option<Key>,
     close: &'static [u8],
 }
 
 impl<'a> Object<'a> {
-    fn new(out: &'a mut Vec<u8>, len: usize, close: &'static [u8]) -> Self {
-        let start = out.len();
+    fn new(out: &'a mut Buf, close: &'static [u8]) -> Self {
         Object {
+            start: out.bytes.len(),
+            base: out.entries.len(),
+            keys_base: out.keys.len(),
             out,
-            start,
-            keys: String::new(),
-            entries: Vec::with_capacity(len),
             next_key: None,
             close,
         }
     }
 
     fn key<K: Serialize + ?Sized>(&mut self, key: &K) -> Result<(), serde_json::Error> {
-        let from = self.keys.len();
+        let from = self.out.keys.len();
         key.serialize(MapKey {
-            keys: &mut self.keys,
+            keys: &mut self.out.keys,
         })?;
-        self.next_key = Some(from..self.keys.len());
+        self.next_key = Some(Key::Owned(from..self.out.keys.len()));
         Ok(())
     }
 
-    fn field(&mut self, name: &str) {
-        let from = self.keys.len();
-        self.keys.push_str(name);
-        self.next_key = Some(from..self.keys.len());
+    fn field(&mut self, name: &'static str) {
+        self.next_key = Some(Key::Static(name));
     }
 
     fn value<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), serde_json::Error> {
@@ -154,10 +182,14 @@ impl<'a> Object<'a> {
             .next_key
             .take()
             .ok_or_else(|| serde_json::Error::custom("map value without a key"))?;
-        let from = self.out.len();
+        let from = self.out.bytes.len();
+        // A nested object pushes its entries above ours and pops them before it returns.
         value.serialize(Canonical { out: self.out })?;
-        self.entries
-            .push((key, from - self.start..self.out.len() - self.start));
+        let to = self.out.bytes.len();
+        self.out.entries.push(Entry {
+            key,
+            value: from..to,
+        });
         Ok(())
     }
 
@@ -165,39 +197,52 @@ impl<'a> Object<'a> {
         let Object {
             out,
             start,
-            keys,
-            mut entries,
+            base,
+            keys_base,
             close,
             ..
         } = self;
-        let values = out.split_off(start);
+        let Buf {
+            bytes,
+            entries,
+            keys,
+        } = out;
+        let entries_here = &mut entries[base..];
         // Stable, so that of equal keys the last one written comes last and wins.
-        entries.sort_by(|a, b| keys[a.0.clone()].cmp(&keys[b.0.clone()]));
-        out.push(b'{');
+        entries_here.sort_by(|a, b| a.key.text(keys).cmp(b.key.text(keys)));
+        // Write the object after the values, then move it over them.
+        let sorted = bytes.len();
+        bytes.push(b'{');
         let mut first = true;
-        for (i, (key, value)) in entries.iter().enumerate() {
-            if entries
+        for (i, entry) in entries_here.iter().enumerate() {
+            let key = entry.key.text(keys);
+            if entries_here
                 .get(i + 1)
-                .is_some_and(|next| keys[next.0.clone()] == keys[key.clone()])
+                .is_some_and(|next| next.key.text(keys) == key)
             {
                 continue;
             }
             if !first {
-                out.push(b',');
+                bytes.push(b',');
             }
             first = false;
-            write_json(out, &keys[key.clone()])?;
-            out.push(b':');
-            out.extend_from_slice(&values[value.clone()]);
+            serde_json::to_writer(&mut *bytes, key)?;
+            bytes.push(b':');
+            bytes.extend_from_within(entry.value.clone());
         }
-        out.extend_from_slice(close);
+        bytes.extend_from_slice(close);
+        let len = bytes.len() - sorted;
+        bytes.copy_within(sorted.., start);
+        bytes.truncate(start + len);
+        entries.truncate(base);
+        keys.truncate(keys_base);
         Ok(())
     }
 }
 
 impl<'a> Canonical<'a> {
     fn seq(self, close: &'static [u8]) -> Seq<'a> {
-        self.out.push(b'[');
+        self.out.bytes.push(b'[');
         Seq {
             out: self.out,
             first: true,
@@ -207,9 +252,9 @@ impl<'a> Canonical<'a> {
 
     /// `{"variant":` — the opening of an externally tagged enum variant with data.
     fn tag(&mut self, variant: &str) -> Result<(), serde_json::Error> {
-        self.out.push(b'{');
+        self.out.bytes.push(b'{');
         write_json(self.out, variant)?;
-        self.out.push(b':');
+        self.out.bytes.push(b':');
         Ok(())
     }
 }
@@ -220,14 +265,14 @@ impl ser::SerializeSeq for Seq<'_> {
 
     fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Self::Error> {
         if !self.first {
-            self.out.push(b',');
+            self.out.bytes.push(b',');
         }
         self.first = false;
         value.serialize(Canonical { out: self.out })
     }
 
     fn end(self) -> Result<(), Self::Error> {
-        self.out.extend_from_slice(self.close);
+        self.out.bytes.extend_from_slice(self.close);
         Ok(())
     }
 }
@@ -395,7 +440,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
         value.serialize(self)
     }
     fn serialize_unit(self) -> Result<(), Self::Error> {
-        self.out.extend_from_slice(b"null");
+        self.out.bytes.extend_from_slice(b"null");
         Ok(())
     }
     fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Self::Error> {
@@ -428,7 +473,7 @@ impl<'a> ser::Serializer for Canonical<'a> {
     ) -> Result<(), Self::Error> {
         self.tag(variant)?;
         value.serialize(Canonical { out: self.out })?;
-        self.out.push(b'}');
+        self.out.bytes.push(b'}');
         Ok(())
     }
     fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a>, Self::Error> {
@@ -454,24 +499,24 @@ impl<'a> ser::Serializer for Canonical<'a> {
         self.tag(variant)?;
         Ok(self.seq(b"]}"))
     }
-    fn serialize_map(self, len: Option<usize>) -> Result<Object<'a>, Self::Error> {
-        Ok(Object::new(self.out, len.unwrap_or(0), b"}"))
+    fn serialize_map(self, _len: Option<usize>) -> Result<Object<'a>, Self::Error> {
+        Ok(Object::new(self.out, b"}"))
     }
-    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Object<'a>, Self::Error> {
+    fn serialize_struct(self, name: &'static str, _len: usize) -> Result<Object<'a>, Self::Error> {
         if is_serde_json_private(name) {
             return Err(unsupported());
         }
-        Ok(Object::new(self.out, len, b"}"))
+        Ok(Object::new(self.out, b"}"))
     }
     fn serialize_struct_variant(
         mut self,
         _name: &'static str,
         _index: u32,
         variant: &'static str,
-        len: usize,
+        _len: usize,
     ) -> Result<Object<'a>, Self::Error> {
         self.tag(variant)?;
-        Ok(Object::new(self.out, len, b"}}"))
+        Ok(Object::new(self.out, b"}}"))
     }
 }
 
@@ -674,8 +719,8 @@ mod tests {
     /// [`same`], and the direct path handled the value itself (no fallback).
     #[track_caller]
     fn direct<T: Serialize + ?Sized>(value: &T) {
-        let mut out = Vec::new();
-        if let Err(e) = value.serialize(Canonical { out: &mut out }) {
+        let mut buf = Buf::default();
+        if let Err(e) = value.serialize(Canonical { out: &mut buf }) {
             panic!("left to the Value path: {e}");
         }
         same(value);
@@ -684,10 +729,10 @@ mod tests {
     /// The direct path must give exactly the `Value` path's bytes (and fail where it fails).
     #[track_caller]
     fn same<T: Serialize + ?Sized>(value: &T) {
-        let mut direct = Vec::new();
+        let mut buf = Buf::default();
         let direct = value
-            .serialize(Canonical { out: &mut direct })
-            .map(|()| direct);
+            .serialize(Canonical { out: &mut buf })
+            .map(|()| buf.bytes);
         let reference = canonical_json_via_value(value);
         match (&direct, &reference) {
             (Ok(d), Ok(r)) => assert_eq!(
@@ -864,6 +909,33 @@ mod tests {
     fn float_map_keys_take_the_value_path() {
         same(&FloatKeys);
         assert!(canonical_json(&FloatKeys).is_ok());
+    }
+
+    #[test]
+    fn nested_objects_share_the_scratch_space_correctly() {
+        let inner: BTreeMap<String, Vec<BTreeMap<String, u8>>> = [
+            (
+                "z".to_owned(),
+                vec![[("b".to_owned(), 1), ("a".to_owned(), 2)].into()],
+            ),
+            (
+                "m".to_owned(),
+                vec![BTreeMap::new(), [("k".to_owned(), 3)].into()],
+            ),
+        ]
+        .into();
+        direct(&HashMap::from([
+            ("outer-b", serde_json::to_value(&inner).unwrap()),
+            (
+                "outer-a",
+                serde_json::json!({"y": {"x": [{"d": 4, "c": 3}]}}),
+            ),
+        ]));
+        direct(&vec![
+            (Duplicates, Kind::Struct { y: 2, b: 1 }),
+            (Duplicates, Kind::Unit),
+        ]);
+        direct(&HashMap::from([(1_u8, vec![Duplicates]), (0_u8, vec![])]));
     }
 
     #[test]
