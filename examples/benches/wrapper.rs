@@ -66,8 +66,10 @@ impl Document {
             customer,
             lines: Vec::new(),
         };
+        // Grow by each line's own size (plus its comma) rather than re-serializing the whole document.
+        let mut size = serde_json::to_vec(&doc).expect("serializes").len();
         let mut i: u64 = 0;
-        while serde_json::to_vec(&doc).expect("serializes").len() < bytes {
+        while size < bytes {
             let line = Line {
                 sku: format!("SKU-{:08}", i.wrapping_mul(2_654_435_761) % 100_000_000),
                 description: format!("item {i} of the order, colour {}", i % 7),
@@ -75,6 +77,7 @@ impl Document {
                 unit_cents: i * 37 % 10_000,
                 tags: vec![format!("t{}", i % 3), format!("batch-{}", i / 10)],
             };
+            size += serde_json::to_vec(&line).expect("serializes").len() + 1;
             doc.lines.push(line);
             i += 1;
         }
