@@ -107,7 +107,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     match charge(tampered).await {
         Err(PaymentError::Idempotency(e @ Error::PayloadMismatch { .. })) => {
-            println!("   -> rejected: {e}")
+            println!("   -> rejected: {e}");
         }
         other => println!("   -> unexpected: {other:?}"),
     }
@@ -120,7 +120,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     GATEWAY_FAILURES.store(1, Ordering::SeqCst);
     match charge(second_order.clone()).await {
         Err(e) => {
-            println!("   -> first attempt failed: {e} (the record is FAILED, a retry may run)")
+            println!("   -> first attempt failed: {e} (the record is FAILED, a retry may run)");
         }
         Ok(r) => println!("   -> unexpected success {r:?}"),
     }
