@@ -221,6 +221,44 @@ impl DynamoDbStore {
         (update, names, values)
     }
 
+    /// One conditional `UpdateItem` of the record; a failed condition returns the item as it was.
+    async fn conditional_update(
+        &self,
+        key: &str,
+        (update, names, values): (
+            String,
+            HashMap<String, String>,
+            HashMap<String, AttributeValue>,
+        ),
+        condition: &str,
+    ) -> Result<WriteOutcome, StoreError> {
+        let inner = &self.inner;
+        let result = send!(
+            self,
+            inner
+                .client
+                .update_item()
+                .table_name(&inner.table)
+                .key(&inner.names.key, key_value(key))
+                .update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld
+                )
+        );
+        match result {
+            Ok(_) => Ok(WriteOutcome::Applied),
+            Err(err) => match rejected(&err).map(|e| e.item()) {
+                Some(item) => Ok(WriteOutcome::Rejected(
+                    item.map(|i| parse_item(&inner.names, i)).transpose()?,
+                )),
+                None => Err(classify(&inner.table, err)),
+            },
+        }
+    }
+
     /// The record's conditional update as a transaction action (index 0), failing with the old item.
     fn record_update(
         &self,
@@ -416,62 +454,23 @@ fn s(value: &str) -> AttributeValue {
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let inner = &self.inner;
         let (update, names, values) = self.claim_parts(request);
-        let result = send!(
-            self,
-            inner
-                .client
-                .update_item()
-                .table_name(&inner.table)
-                .key(&inner.names.key, key_value(request.key))
-                .update_expression(update)
-                .condition_expression(CLAIMABLE)
-                .set_expression_attribute_names(Some(names))
-                .set_expression_attribute_values(Some(values))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld
-                )
-        );
-        match result {
-            Ok(_) => Ok(ClaimOutcome::Claimed),
-            Err(err) => match rejected(&err).map(|e| e.item()) {
-                Some(Some(item)) => Ok(ClaimOutcome::Existing(parse_item(&inner.names, item)?)),
-                Some(None) => Err(StoreError::Corrupt(
-                    "the claim condition failed but no item was returned".to_owned(),
-                )),
-                None => Err(classify(&inner.table, err)),
-            },
+        let outcome = self
+            .conditional_update(request.key, (update.to_owned(), names, values), CLAIMABLE)
+            .await?;
+        match outcome {
+            WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
+            WriteOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
+            WriteOutcome::Rejected(None) => Err(StoreError::Corrupt(
+                "the claim condition failed but no item was returned".to_owned(),
+            )),
         }
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        let inner = &self.inner;
-        let (update, names, values) = self.transition_parts(transition);
-        let result = send!(
-            self,
-            inner
-                .client
-                .update_item()
-                .table_name(&inner.table)
-                .key(&inner.names.key, key_value(transition.key))
-                .update_expression(update)
-                .condition_expression(HELD_BY_TOKEN)
-                .set_expression_attribute_names(Some(names))
-                .set_expression_attribute_values(Some(values))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld
-                )
-        );
-        match result {
-            Ok(_) => Ok(WriteOutcome::Applied),
-            Err(err) => match rejected(&err).map(|e| e.item()) {
-                Some(item) => Ok(WriteOutcome::Rejected(
-                    item.map(|i| parse_item(&inner.names, i)).transpose()?,
-                )),
-                None => Err(classify(&inner.table, err)),
-            },
-        }
+        let parts = self.transition_parts(transition);
+        self.conditional_update(transition.key, parts, HELD_BY_TOKEN)
+            .await
     }
 
     async fn complete_transaction(
