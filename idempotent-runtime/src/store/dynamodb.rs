@@ -225,11 +225,7 @@ impl DynamoDbStore {
     async fn conditional_update(
         &self,
         key: &str,
-        (update, names, values): (
-            String,
-            HashMap<String, String>,
-            HashMap<String, AttributeValue>,
-        ),
+        (update, names, values): UpdateParts,
         condition: &str,
     ) -> Result<WriteOutcome, StoreError> {
         let inner = &self.inner;
@@ -263,11 +259,7 @@ impl DynamoDbStore {
     fn record_update(
         &self,
         key: &str,
-        (update, names, values): (
-            String,
-            HashMap<String, String>,
-            HashMap<String, AttributeValue>,
-        ),
+        (update, names, values): UpdateParts,
         condition: &str,
     ) -> Result<Update, StoreError> {
         Update::builder()
@@ -355,14 +347,7 @@ impl DynamoDbStore {
     }
 
     /// The update expression, names and values of a fenced transition.
-    fn transition_parts(
-        &self,
-        transition: &Transition<'_>,
-    ) -> (
-        String,
-        HashMap<String, String>,
-        HashMap<String, AttributeValue>,
-    ) {
+    fn transition_parts(&self, transition: &Transition<'_>) -> UpdateParts {
         let mut values = HashMap::with_capacity(6);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":tk".to_owned(), s(transition.token));
@@ -418,6 +403,13 @@ impl DynamoDbStore {
         parse_item(&self.inner.names, item)
     }
 }
+
+/// An update expression with its attribute names and values.
+type UpdateParts = (
+    String,
+    HashMap<String, String>,
+    HashMap<String, AttributeValue>,
+);
 
 /// Sends a fluent request, with the store's retry policy when it has one. Without one no override is
 /// attached: an override costs the SDK a configuration merge on every request.
