@@ -46,6 +46,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
                 ttl: #ttl,
                 lease: #lease,
                 wait: #wait,
+                missing_key: #private::MissingKey::Reject,
             };
             #assert_output
             let __idempotent_handle = #handle;

@@ -149,6 +149,16 @@ pub enum Error {
         namespace: String,
     },
 
+    /// The key serialized to `null`, or a top-level tuple or array key has a `null` element: the call has
+    /// no key. Nothing was sent and the body did not run (see [`MissingKey`](crate::MissingKey)).
+    #[error(
+        "`{namespace}`: the idempotency key is missing (it serialized to `null`, or a part of it did); pass a key, or declare `missing_key = \"allow\"` (null is a deliberate value) or `missing_key = \"skip\"` (run without idempotency)"
+    )]
+    MissingKey {
+        /// The key's namespace.
+        namespace: String,
+    },
+
     /// No `store = ..` was given and no default `Idempotency` was installed.
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
@@ -229,6 +239,7 @@ impl Error {
             | Error::CorruptRecord { namespace, .. }
             | Error::ResponseTooLarge { namespace }
             | Error::Expired { namespace }
+            | Error::MissingKey { namespace }
             | Error::NotInstalled { namespace } => namespace,
         }
     }

@@ -25,6 +25,26 @@ pub struct Call {
     pub lease: Option<Duration>,
     /// `wait = ".."`.
     pub wait: Option<Duration>,
+    /// `missing_key = ".."`: what a key that serializes to `null` (or a tuple key with a `null` part) means.
+    pub missing_key: MissingKey,
+}
+
+/// What to do with a *missing* key: one that serializes to `null` (an `Option` that is `None`), or a
+/// top-level tuple or array key with a `null` element (`key = (tenant, order_id)` with no `order_id`).
+///
+/// Keyless calls must never share a record: the second would get the first one's response. So a missing
+/// key is an error unless the function says otherwise. Empty strings, `0`, `false`, `[]` and `{}` are
+/// values, never missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// [`Error::MissingKey`] before any I/O: no record, the body does not run (the default).
+    #[default]
+    Reject,
+    /// `null` is a deliberate value: every call whose key is `null` shares one record.
+    Allow,
+    /// Run the body without idempotency (no record, no replay) and log a warning.
+    Skip,
 }
 
 impl Call {
@@ -36,6 +56,7 @@ impl Call {
             ttl: None,
             lease: None,
             wait: None,
+            missing_key: MissingKey::Reject,
         }
     }
 }

@@ -66,6 +66,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::COMPRESS_ABOVE;
 pub use config::{Builder, DEFAULT_LEASE, DEFAULT_TTL, Idempotency};
 pub use error::{BoxError, CancellationReason, Error};
+pub use handler::MissingKey;
 pub use key::{derive_key, fingerprint};
 pub use operation::Operation;
 pub use record::{AttributeNames, Record, Status};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use crate::handler::Call;
+pub use crate::handler::{Call, MissingKey};
 use crate::{Error, Idempotency};
 
 /// The return types `#[idempotent]` accepts: `Result<T, E>` (or an alias of it) with a storable `T` and an
