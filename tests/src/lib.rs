@@ -108,6 +108,35 @@ pub fn client_at(endpoint: &str) -> (Client, RequestCounter) {
     (Client::from_conf(config), counter)
 }
 
+/// A client through `endpoint` (a [`proxy::FaultProxy`]) whose retries are quick (so fault tests stay
+/// short: 3 attempts, 5 to 50 ms apart) and whose retry budget is its own and unlimited (the SDK's shared
+/// token bucket would otherwise stop retrying under a deliberate storm of faults, which is not what these
+/// tests measure).
+#[must_use]
+pub fn faulty_client(endpoint: &str) -> (Client, RequestCounter) {
+    use aws_sdk_dynamodb::config::retry::{RetryConfig, RetryPartition, TokenBucket};
+    let counter = RequestCounter::default();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
+        .retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(3)
+                .with_initial_backoff(std::time::Duration::from_millis(5))
+                .with_max_backoff(std::time::Duration::from_millis(50)),
+        )
+        .retry_partition(
+            RetryPartition::custom(unique_table("faults"))
+                .token_bucket(TokenBucket::unlimited())
+                .build(),
+        )
+        .interceptor(counter.clone())
+        .build();
+    (Client::from_conf(config), counter)
+}
+
 /// A client for the DynamoDB Local that `scripts/test` started.
 #[must_use]
 pub fn client() -> (Client, RequestCounter) {
@@ -190,6 +219,31 @@ impl Harness {
             clock,
             requests,
         }
+    }
+
+    /// A harness on a fresh DynamoDB Local table whose client goes through a new fault proxy (quick SDK
+    /// retries, see [`faulty_client`]); the proxy forwards everything until given rules.
+    pub async fn behind_proxy(
+        configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
+    ) -> (Self, proxy::FaultProxy) {
+        let (direct, _) = client();
+        let table = unique_table("idem");
+        DynamoDbStore::new(direct, &table)
+            .create_table()
+            .await
+            .expect("create the test table");
+        let proxy = proxy::FaultProxy::start(&endpoint()).await;
+        let (client, requests) = faulty_client(proxy.endpoint());
+        let store: Arc<dyn Store> = Arc::new(DynamoDbStore::new(client, table));
+        let clock = ManualClock::starting_now();
+        let idem = configure(Idempotency::builder_arc(store.clone()).clock(clock.clone())).build();
+        let harness = Self {
+            idem,
+            store,
+            clock,
+            requests,
+        };
+        (harness, proxy)
     }
 
     /// The stored record of `key` in `namespace`.

@@ -83,6 +83,10 @@ pub enum Fault {
     ThrottlingException,
     /// Answer HTTP 500 `InternalServerError` without forwarding.
     ServerError,
+    /// Answer HTTP 400 `TransactionCanceledException` without forwarding, with one cancellation reason
+    /// per code given (`"TransactionConflict"`, `"ThrottlingError"`, `"None"`, ...): what DynamoDB says
+    /// when a transaction collides with another write to one of its items.
+    CancelTransaction(&'static [&'static str]),
     /// Wait this long, then forward the request and return its response. A client that times out
     /// meanwhile may close the connection before the request is forwarded.
     Delay(Duration),
@@ -135,6 +139,8 @@ pub struct Counts {
     pub throttled: u64,
     /// Requests answered with HTTP 500 ([`Fault::ServerError`]) without forwarding.
     pub server_errors: u64,
+    /// Transactions answered with a cancellation ([`Fault::CancelTransaction`]) without forwarding.
+    pub canceled: u64,
     /// Requests delayed by [`Fault::Delay`] before forwarding.
     pub delayed: u64,
     /// Requests the proxy could not forward (upstream unreachable); answered with HTTP 502.
@@ -170,6 +176,8 @@ struct Upstream {
 struct State {
     rules: Vec<Rule>,
     stats: Stats,
+    /// `ClientRequestToken`s of the transactions received, in order (see [`FaultProxy::request_tokens`]).
+    request_tokens: Vec<String>,
 }
 
 /// The service's error that makes hyper close the connection without writing a response.
@@ -183,6 +191,7 @@ enum Event {
     Dropped,
     Throttled,
     ServerError,
+    Canceled,
     Delayed,
     UpstreamError,
 }
@@ -246,6 +255,13 @@ impl FaultProxy {
     #[must_use]
     pub fn stats(&self) -> Stats {
         self.shared.state().stats.clone()
+    }
+
+    /// The `ClientRequestToken` of every `TransactWriteItems` request received so far, in order, SDK
+    /// retries included: tells one attempt's retries (same token) from a new attempt (a new token).
+    #[must_use]
+    pub fn request_tokens(&self) -> Vec<String> {
+        self.shared.state().request_tokens.clone()
     }
 
     /// Sets every count to zero.
@@ -388,6 +404,7 @@ impl Counts {
             Event::Dropped => &mut self.dropped,
             Event::Throttled => &mut self.throttled,
             Event::ServerError => &mut self.server_errors,
+            Event::Canceled => &mut self.canceled,
             Event::Delayed => &mut self.delayed,
             Event::UpstreamError => &mut self.upstream_errors,
         };
@@ -454,6 +471,13 @@ impl Shared {
     fn decide(&self, operation: &str, body: &[u8]) -> Option<Fault> {
         let mut state = self.state();
         state.stats.record(operation, Event::Request);
+        if operation == "TransactWriteItems"
+            && let Some(token) = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v["ClientRequestToken"].as_str().map(str::to_owned))
+        {
+            state.request_tokens.push(token);
+        }
         let mut chosen = None;
         for rule in &mut state.rules {
             if rule.fires(operation, body) && chosen.is_none() {
@@ -501,6 +525,10 @@ impl Shared {
                     "com.amazon.coral.availability#ThrottlingException",
                     "Rate of requests exceeds the allowed throughput. (injected by FaultProxy)",
                 ))
+            }
+            Some(Fault::CancelTransaction(codes)) => {
+                self.record(&operation, Event::Canceled);
+                Ok(canceled_response(codes))
             }
             Some(Fault::ServerError) => {
                 self.record(&operation, Event::ServerError);
@@ -653,6 +681,34 @@ fn error_response(status: StatusCode, error_type: &str, message: &str) -> ProxyR
         "x-amzn-requestid",
         HeaderValue::from_static("FAULTPROXY0000000000000000000000000000000000000000000"),
     );
+    response
+}
+
+/// A `TransactionCanceledException` with one reason per code, as DynamoDB shapes it.
+fn canceled_response(codes: &[&str]) -> ProxyResponse {
+    let reasons: Vec<serde_json::Value> = codes
+        .iter()
+        .map(|code| match *code {
+            "None" => serde_json::json!({ "Code": "None" }),
+            code => serde_json::json!({ "Code": code, "Message": "injected by FaultProxy" }),
+        })
+        .collect();
+    let message = format!(
+        "Transaction cancelled, please refer cancellation reasons for specific reasons [{}]",
+        codes.join(", ")
+    );
+    let mut response = error_response(
+        StatusCode::BAD_REQUEST,
+        "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        &message,
+    );
+    let body = serde_json::json!({
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "message": message,
+        "CancellationReasons": reasons,
+    })
+    .to_string();
+    *response.body_mut() = Full::new(Bytes::from(body));
     response
 }
 

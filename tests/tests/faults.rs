@@ -5,15 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::retry::{RetryConfig, RetryPartition, TokenBucket};
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::types::{AttributeValue, Update};
 use idempotent_runtime::{
     DynamoDbStore, Error, Idempotency, ManualClock, MemoryStore, Status, Store, idempotent,
 };
 use idempotent_tests::proxy::{Fault, FaultProxy, Rule};
-use idempotent_tests::{RequestCounter, unique_table};
+use idempotent_tests::{RequestCounter, faulty_client, unique_table};
 
 #[derive(Debug)]
 enum AppError {
@@ -59,32 +57,6 @@ async fn work(idem: &Idempotency, runs: &Runs, id: u64, fail: bool) -> Result<St
         return Err(AppError::Body);
     }
     Ok(format!("result-{id}"))
-}
-
-/// A client through `endpoint` whose retries are quick (so fault tests stay short) and whose retry
-/// budget is its own and unlimited (the SDK's shared token bucket would otherwise stop retrying under a
-/// deliberate storm of faults, which is not what these tests measure).
-fn faulty_client(endpoint: &str) -> (Client, RequestCounter) {
-    let counter = RequestCounter::default();
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
-        .retry_config(
-            RetryConfig::standard()
-                .with_max_attempts(3)
-                .with_initial_backoff(Duration::from_millis(5))
-                .with_max_backoff(Duration::from_millis(50)),
-        )
-        .retry_partition(
-            RetryPartition::custom(unique_table("faults"))
-                .token_bucket(TokenBucket::unlimited())
-                .build(),
-        )
-        .interceptor(counter.clone())
-        .build();
-    (Client::from_conf(config), counter)
 }
 
 /// A fresh table, a proxy in front of DynamoDB Local, and a handle whose client goes through it.

@@ -1,0 +1,114 @@
+//! Regression tests of the exactly-once promise, one module per hole a review of the protocol found:
+//! each failed before its fix. They run on both stores wherever the store can show the hole, and fault
+//! cases go through the fault proxy in front of DynamoDB Local.
+
+#[path = "correctness/claim_writes.rs"]
+mod claim_writes;
+#[path = "correctness/completion.rs"]
+mod completion;
+#[path = "correctness/defects.rs"]
+mod defects;
+#[path = "correctness/shop.rs"]
+mod shop;
+#[path = "correctness/skew.rs"]
+mod skew;
+#[path = "correctness/tokens.rs"]
+mod tokens;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idempotent_runtime::Error;
+use tokio::sync::{Notify, Semaphore};
+
+/// What the bodies under test return as their error.
+#[derive(Debug)]
+pub enum AppError {
+    /// The body's own failure.
+    Declined,
+    /// The library's.
+    Idempotency(Error),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Declined => f.write_str("declined"),
+            AppError::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl AppError {
+    /// The library's error, or a panic naming what came instead.
+    #[track_caller]
+    pub fn idempotency(self) -> Error {
+        match self {
+            AppError::Idempotency(e) => e,
+            other => panic!("expected an idempotency error, got {other:?}"),
+        }
+    }
+}
+
+/// A body that can be held open: it signals `started`, then waits for a permit.
+#[derive(Debug)]
+pub struct Gate {
+    pub runs: AtomicUsize,
+    started: Notify,
+    release: Semaphore,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            runs: AtomicUsize::new(0),
+            started: Notify::new(),
+            release: Semaphore::new(0),
+        }
+    }
+}
+
+impl Gate {
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// Counts a run, says it started and waits until released.
+    pub async fn enter(&self) {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.started.notify_one();
+        self.release.acquire().await.unwrap().forget();
+    }
+
+    pub async fn started(&self) {
+        self.started.notified().await;
+    }
+
+    pub fn release(&self) {
+        self.release.add_permits(1);
+    }
+}
+
+/// `#[tokio::test]`s `memory` and `dynamodb` in a module named after `$test`, each calling
+/// `$test(Backend::..)`.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$test(idempotent_tests::Backend::Memory).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dynamodb() {
+                super::$test(idempotent_tests::Backend::DynamoDb).await;
+            }
+        }
+    )*};
+}

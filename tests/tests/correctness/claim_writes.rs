@@ -1,0 +1,110 @@
+//! Hole 3: claim-time writes (`claim_with`) are in effect at most once per key. A re-claim after the
+//! body failed, or after a lease takeover, must not apply them again; compensating writes that commit
+//! with FAILED release them, and only then does the next claim apply them again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idempotent_runtime::Status;
+use idempotent_tests::{Backend, Harness};
+
+use super::shop::Shop;
+use super::{AppError, Gate};
+use crate::on_both_stores;
+
+const NAMESPACE: &str = "correctness::reserve";
+
+/// Reserves 3 units at claim time; the body fails when told to.
+async fn reserve(h: &Harness, shop: &Shop, runs: &AtomicUsize, fail: bool) -> Result<u64, AppError> {
+    h.idem
+        .operation(NAMESPACE, "order-1")
+        .claim_with([shop.take(3)])
+        .run(|| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            if fail { Err(AppError::Declined) } else { Ok(3) }
+        })
+        .await
+}
+
+async fn a_retry_after_a_failure_does_not_reserve_again(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = AtomicUsize::new(0);
+
+    assert!(matches!(reserve(&h, &shop, &runs, true).await, Err(AppError::Declined)));
+    assert_eq!(shop.available().await, 7, "reserved at claim time");
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(
+        shop.available().await,
+        7,
+        "the re-claim of the FAILED record must not take the stock a second time"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!((record.status, record.attempt), (Status::Completed, 2));
+
+    // A duplicate replays and takes nothing.
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 7);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+async fn a_takeover_does_not_reserve_again(backend: Backend) {
+    let h = Harness::with(backend, |b| b.heartbeat(false)).await;
+    let shop = Arc::new(Shop::new(&h, 10).await);
+    let gate = Arc::new(Gate::default());
+    // The first caller claims, reserves, and dies while running the body.
+    let crashed = tokio::spawn({
+        let (idem, shop, gate) = (h.idem.clone(), shop.clone(), gate.clone());
+        async move {
+            idem.operation(NAMESPACE, "order-1")
+                .lease(Duration::from_secs(10))
+                .claim_with([shop.take(3)])
+                .run(|| async {
+                    gate.enter().await;
+                    Ok::<_, AppError>(3)
+                })
+                .await
+        }
+    });
+    gate.started().await;
+    crashed.abort();
+    assert!(crashed.await.unwrap_err().is_cancelled());
+    assert_eq!(shop.available().await, 7);
+
+    // After its lease (and the skew margin) another caller takes the key over.
+    h.clock.advance(Duration::from_secs(12));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        shop.available().await,
+        7,
+        "the takeover must not take the stock a second time"
+    );
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!((record.status, record.attempt), (Status::Completed, 2));
+}
+
+async fn expiry_starts_a_new_operation_that_reserves_again(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = AtomicUsize::new(0);
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 7);
+    // Past the 24 h ttl the record counts as absent: the key is new, and so is its reservation.
+    h.clock.advance(Duration::from_hours(25));
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 4);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+on_both_stores!(
+    a_retry_after_a_failure_does_not_reserve_again,
+    a_takeover_does_not_reserve_again,
+    expiry_starts_a_new_operation_that_reserves_again,
+);

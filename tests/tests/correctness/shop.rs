@@ -1,0 +1,149 @@
+//! A business table with one stock item, on either store: the memory store's own tables, or a table on
+//! DynamoDB Local next to the idempotency table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
+    ScalarAttributeType, TransactWriteItem, Update,
+};
+use idempotent_runtime::{DynamoDbStore, MemoryStore, Store};
+use idempotent_tests::{Harness, unique_table};
+
+pub struct Shop {
+    store: Arc<dyn Store>,
+    table: String,
+}
+
+fn key(pk: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([("pk".to_owned(), AttributeValue::S(pk.to_owned()))])
+}
+
+impl Shop {
+    /// A table `inventory-..` whose item `sku-1` has `available` units.
+    pub async fn new(h: &Harness, available: u64) -> Self {
+        let table = unique_table("inventory");
+        let shop = Self {
+            store: h.store.clone(),
+            table,
+        };
+        let mut item = key("sku-1");
+        item.insert(
+            "available".to_owned(),
+            AttributeValue::N(available.to_string()),
+        );
+        if let Some(memory) = shop.memory() {
+            memory.create_table(&shop.table, "pk", None).unwrap();
+            memory.put_item(&shop.table, item).unwrap();
+        } else {
+            let client = shop.client();
+            client
+                .create_table()
+                .table_name(&shop.table)
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name("pk")
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .unwrap(),
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name("pk")
+                        .key_type(KeyType::Hash)
+                        .build()
+                        .unwrap(),
+                )
+                .billing_mode(BillingMode::PayPerRequest)
+                .send()
+                .await
+                .unwrap();
+            client
+                .put_item()
+                .table_name(&shop.table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .unwrap();
+        }
+        shop
+    }
+
+    fn memory(&self) -> Option<&MemoryStore> {
+        self.store.as_any().downcast_ref::<MemoryStore>()
+    }
+
+    fn client(&self) -> Client {
+        self.store
+            .as_any()
+            .downcast_ref::<DynamoDbStore>()
+            .expect("a memory or DynamoDB store")
+            .client()
+            .clone()
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The item `pk`, read consistently.
+    pub async fn item(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
+        if let Some(memory) = self.memory() {
+            return memory.get_item(&self.table, &key(pk));
+        }
+        self.client()
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(pk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+    }
+
+    /// Units of `sku-1` left.
+    pub async fn available(&self) -> u64 {
+        let item = self.item("sku-1").await.expect("the stock item");
+        item["available"].as_n().unwrap().parse().unwrap()
+    }
+
+    /// `available -= qty`, if that many are left.
+    pub fn take(&self, qty: u64) -> TransactWriteItem {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key("sku-1")))
+            .update_expression("SET available = available - :q")
+            .condition_expression("available >= :q")
+            .expression_attribute_values(":q", AttributeValue::N(qty.to_string()))
+            .build()
+            .unwrap();
+        TransactWriteItem::builder().update(update).build()
+    }
+
+    /// `available += qty`: gives back what [`take`](Self::take) took.
+    pub fn give_back(&self, qty: u64) -> TransactWriteItem {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key("sku-1")))
+            .update_expression("SET available = available + :q")
+            .expression_attribute_values(":q", AttributeValue::N(qty.to_string()))
+            .build()
+            .unwrap();
+        TransactWriteItem::builder().update(update).build()
+    }
+
+    /// Writes the item `pk` with a `bytes`-long string attribute, once (`attribute_not_exists`).
+    pub fn put_blob(&self, pk: &str, bytes: usize) -> TransactWriteItem {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(key(pk)))
+            .item("blob", AttributeValue::S("x".repeat(bytes)))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .unwrap();
+        TransactWriteItem::builder().put(put).build()
+    }
+}
