@@ -11,6 +11,19 @@ use crate::store::memory::MemoryStore;
 pub const DEFAULT_TTL: Duration = Duration::from_hours(24);
 /// Default `lease`: how long a PENDING claim blocks other callers when its worker stops sending heartbeats.
 pub const DEFAULT_LEASE: Duration = Duration::from_mins(1);
+/// Default clock-skew margin: how far apart the clocks of two callers may be (see
+/// [`Builder::clock_skew_margin`]).
+pub const DEFAULT_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+/// Default retry hint of [`Error::InProgress`](crate::Error::InProgress) (see [`Builder::retry_hint`]).
+pub const DEFAULT_RETRY_HINT: Duration = Duration::from_secs(1);
+/// The longest duration a handle accepts for any of its settings (100 years): longer ones are a mistake,
+/// and sums of them must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A setting of [`Builder`] that cannot work, found by [`Builder::try_build`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid idempotency setting: {0}")]
+pub struct ConfigError(String);
 
 /// A store plus the defaults used by `#[idempotent]` functions: cheap to clone (one `Arc`).
 ///
@@ -41,6 +54,8 @@ struct Inner {
     failed_ttl: Duration,
     retain: Option<Duration>,
     heartbeat: bool,
+    clock_skew_margin: Duration,
+    retry_hint: Duration,
     cache: Option<crate::cache::ResponseCache>,
 }
 
@@ -75,6 +90,8 @@ impl Idempotency {
             failed_ttl: None,
             retain: None,
             heartbeat: true,
+            clock_skew_margin: DEFAULT_CLOCK_SKEW_MARGIN,
+            retry_hint: DEFAULT_RETRY_HINT,
             cache: None,
         }
     }
@@ -147,6 +164,19 @@ impl Idempotency {
         self.inner.heartbeat
     }
 
+    /// How far ahead of another caller's clock this caller's clock may be: every takeover and expiry
+    /// decision waits this much longer (see [`Builder::clock_skew_margin`]).
+    #[must_use]
+    pub fn clock_skew_margin(&self) -> Duration {
+        self.inner.clock_skew_margin
+    }
+
+    /// The longest [`Error::InProgress::retry_hint`](crate::Error::InProgress) this handle gives.
+    #[must_use]
+    pub fn retry_hint(&self) -> Duration {
+        self.inner.retry_hint
+    }
+
     pub(crate) fn cache(&self) -> Option<&crate::cache::ResponseCache> {
         self.inner.cache.as_ref()
     }
@@ -163,6 +193,8 @@ pub struct Builder {
     failed_ttl: Option<Duration>,
     retain: Option<Duration>,
     heartbeat: bool,
+    clock_skew_margin: Duration,
+    retry_hint: Duration,
     cache: Option<usize>,
 }
 
@@ -218,8 +250,11 @@ impl Builder {
 
     /// Overrides the SDK's retry policy for a [`DynamoDbStore`](crate::DynamoDbStore)'s calls
     /// (throttling and transient errors are retried with exponential backoff and jitter; a failed
-    /// condition never is). When retries run out, a throttled call fails with
-    /// [`Error::Throttled`](crate::Error::Throttled) and its key is claimable again after its lease.
+    /// condition never is). When retries run out, a call fails with
+    /// [`Error::Throttled`](crate::Error::Throttled) (throttling) or
+    /// [`Error::Unavailable`](crate::Error::Unavailable) (HTTP 5xx, timeouts, broken connections). A claim
+    /// that fails so wrote nothing, or (its response lost) holds the key until its lease runs out. Once
+    /// the body has run, its completion is retried on top of this policy for as long as the lease allows.
     /// Other stores ignore it.
     ///
     /// ```
@@ -240,10 +275,59 @@ impl Builder {
         self
     }
 
-    /// The handle.
-    #[must_use]
-    pub fn build(self) -> Idempotency {
-        Idempotency {
+    /// How far apart the clocks of the callers sharing a table may be (default 1 s).
+    ///
+    /// Takeover and expiry are decided with the caller's own clock: a lapsed lease or an expired record
+    /// is only treated as such once it has been so for longer than this margin. So as long as no two
+    /// callers' clocks differ by more than the margin, a caller never takes over a live claim, and never
+    /// treats a live record as expired. Keep machines on NTP (skew is then milliseconds) and raise the
+    /// margin if yours can drift further. The price of a larger margin: a crashed caller's key is
+    /// blocked that much longer.
+    ///
+    /// What happens when heartbeats fail for a whole lease (the store unreachable from the worker, or
+    /// the process stalled): the claim lapses, another caller may take the key over and run the body a
+    /// second time; the first one's completion is then fenced ([`LeaseLost`](crate::Error::LeaseLost)),
+    /// so only one result is ever stored.
+    pub fn clock_skew_margin(mut self, margin: Duration) -> Self {
+        self.clock_skew_margin = margin;
+        self
+    }
+
+    /// The longest [`retry_hint`](crate::Error::InProgress) to give a caller that found the key in
+    /// progress (default 1 s): how long it should wait before asking again, e.g. an HTTP
+    /// `Retry-After`. The hint is never longer than the time until the other call's lease runs out.
+    pub fn retry_hint(mut self, hint: Duration) -> Self {
+        self.retry_hint = hint;
+        self
+    }
+
+    /// The handle, or the first setting that cannot work: a zero `ttl` or `lease`, or any duration
+    /// longer than [`MAX_DURATION`].
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the setting.
+    pub fn try_build(self) -> Result<Idempotency, ConfigError> {
+        let durations = [
+            ("default_ttl", Some(self.ttl)),
+            ("default_lease", Some(self.lease)),
+            ("failed_ttl", self.failed_ttl),
+            ("retain", self.retain),
+            ("clock_skew_margin", Some(self.clock_skew_margin)),
+            ("retry_hint", Some(self.retry_hint)),
+        ];
+        for (name, value) in durations {
+            if let Some(value) = value.filter(|v| *v > MAX_DURATION) {
+                return Err(ConfigError(format!(
+                    "`{name}` is {value:?}; at most {MAX_DURATION:?} (100 years) is supported"
+                )));
+            }
+        }
+        for (name, value) in [("default_ttl", self.ttl), ("default_lease", self.lease)] {
+            if value.is_zero() {
+                return Err(ConfigError(format!("`{name}` must be longer than zero")));
+            }
+        }
+        Ok(Idempotency {
             inner: Arc::new(Inner {
                 store: self.store,
                 clock: self.clock,
@@ -252,8 +336,22 @@ impl Builder {
                 failed_ttl: self.failed_ttl.unwrap_or(self.lease),
                 retain: self.retain,
                 heartbeat: self.heartbeat,
+                clock_skew_margin: self.clock_skew_margin,
+                retry_hint: self.retry_hint,
                 cache: self.cache.map(crate::cache::ResponseCache::new),
             }),
+        })
+    }
+
+    /// The handle.
+    ///
+    /// # Panics
+    /// When a setting cannot work (see [`try_build`](Self::try_build), which returns the error instead).
+    #[must_use]
+    pub fn build(self) -> Idempotency {
+        match self.try_build() {
+            Ok(idem) => idem,
+            Err(e) => panic!("{e}"),
         }
     }
 }

@@ -12,13 +12,19 @@ use std::time::Duration;
 pub enum Error {
     /// Another call holds the key and has not finished yet (and `wait` ran out, or was zero).
     #[error(
-        "`{namespace}`: another call with this key is still in progress; retry after {retry_after:?}"
+        "`{namespace}`: another call with this key is still in progress; retry in {retry_hint:?}"
     )]
     InProgress {
         /// The key's namespace.
         namespace: String,
-        /// How long until the other call's lease runs out (at which point the key may be taken over).
+        /// How long until the other call's lease runs out: the earliest the key could be taken over if
+        /// that call died. While it lives, heartbeats keep extending its lease, so this is *not* when
+        /// its result will be ready (that is usually much sooner).
         retry_after: Duration,
+        /// How long a caller should wait before asking again: the handle's
+        /// [`retry_hint`](crate::Builder::retry_hint) (1 s by default), never more than `retry_after`.
+        /// What an HTTP service puts in `Retry-After`.
+        retry_hint: Duration,
     },
 
     /// The key was used before with a different `payload`.
@@ -32,16 +38,22 @@ pub enum Error {
 
     /// This call's claim was taken over by another caller (its lease ran out) before the result was stored;
     /// the result was not stored and the other caller's record was left untouched.
+    ///
+    /// With heartbeats on (the default) a live call's lease is extended every third of it, so this
+    /// means the heartbeats failed for a whole lease (the store was unreachable, or the process stalled);
+    /// with heartbeats off, that the body ran longer than `lease`.
     #[error(
-        "`{namespace}`: the claim on this key was lost (the lease ran out and another call took over); the result was not stored — raise `lease` above the body's running time"
+        "`{namespace}`: the claim on this key was lost (its lease ran out without a heartbeat getting through, and another call took over); the result was not stored and the other call's result stands — if heartbeats are off, raise `lease` above the body's running time"
     )]
     LeaseLost {
         /// The key's namespace.
         namespace: String,
     },
 
-    /// A business write staged on the transaction failed its condition; nothing was written and the record
-    /// moved to FAILED, so the call may be retried.
+    /// A business write's condition failed (or DynamoDB canceled the transaction for a reason that does
+    /// not pass with a retry); nothing of the transaction was written. At completion (`transact`), the
+    /// record moved to FAILED, so the call may be retried; at claim time (`claim_with`), nothing was
+    /// claimed and the body did not run.
     #[error(
         "`{namespace}`: the transaction was canceled: {}",
         display_reasons(reasons)
@@ -64,7 +76,7 @@ pub enum Error {
 
     /// DynamoDB kept throttling after the configured retries.
     #[error(
-        "`{namespace}`: the idempotency table is throttling requests and retries ran out; the key stays claimable after its lease — retry later or raise the table's capacity"
+        "`{namespace}`: the idempotency table is throttling requests and retries ran out; retry later or raise the table's capacity"
     )]
     Throttled {
         /// The key's namespace.
@@ -76,7 +88,7 @@ pub enum Error {
 
     /// The idempotency table does not exist.
     #[error(
-        "`{namespace}`: the idempotency table `{table}` does not exist; create it with `DynamoDbStore::create_table` (partition key `pk`, type S) or point the store at the right table"
+        "`{namespace}`: the idempotency table `{table}` does not exist; create it with `DynamoDbStore::create_table` (a string partition key named as the store's key attribute) or point the store at the right table"
     )]
     TableNotFound {
         /// The key's namespace.
@@ -85,7 +97,60 @@ pub enum Error {
         table: String,
     },
 
-    /// The store failed for another reason (network, permissions, ...).
+    /// The store did not answer, or failed with an error that may pass (HTTP 5xx, a timeout, a broken
+    /// connection, a transaction conflict), after the configured retries.
+    #[error("`{namespace}`: the idempotency store is unavailable: {}", chain(source.as_ref()))]
+    Unavailable {
+        /// The key's namespace.
+        namespace: String,
+        /// The last error (for DynamoDB, the SDK's error).
+        #[source]
+        source: BoxError,
+    },
+
+    /// The body ran and returned `Ok`, but storing its result kept failing with transient errors for as
+    /// long as the claim's lease allowed. The result was not stored: the record stays PENDING until its
+    /// lease runs out, and a retry after that runs the body again.
+    #[error(
+        "`{namespace}`: the call ran but its result could not be stored ({}); the key is claimable again once its lease runs out, and a retry will run the call again",
+        chain(source.as_ref())
+    )]
+    ResultNotStored {
+        /// The key's namespace.
+        namespace: String,
+        /// The last error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The key kept changing hands while this call tried to claim it: every time it read the record as
+    /// claimable, another caller claimed it first.
+    #[error(
+        "`{namespace}`: the key changed hands {attempts} times while this call tried to claim it; retry"
+    )]
+    Contended {
+        /// The key's namespace.
+        namespace: String,
+        /// Claims tried.
+        attempts: u32,
+    },
+
+    /// DynamoDB refused the transaction's business writes as a whole before evaluating any condition (a
+    /// table that does not exist, an invalid expression, a limit), so nothing was written. At completion,
+    /// the record moved to FAILED; at claim time, nothing was claimed.
+    #[error(
+        "`{namespace}`: the staged business writes were refused and nothing was written: {}",
+        chain(source.as_ref())
+    )]
+    WriteRejected {
+        /// The key's namespace.
+        namespace: String,
+        /// DynamoDB's (or the memory store's) error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The store failed for another reason (permissions, validation, ...).
     #[error("`{namespace}`: the idempotency store failed: {}", chain(source.as_ref()))]
     Store {
         /// The key's namespace.
@@ -176,8 +241,10 @@ impl From<Error> for std::io::Error {
     fn from(e: Error) -> Self {
         use std::io::ErrorKind;
         let kind = match &e {
-            Error::InProgress { .. } => ErrorKind::WouldBlock,
-            Error::Throttled { .. } => ErrorKind::TimedOut,
+            Error::InProgress { .. } | Error::Contended { .. } => ErrorKind::WouldBlock,
+            Error::Throttled { .. } | Error::Unavailable { .. } | Error::ResultNotStored { .. } => {
+                ErrorKind::TimedOut
+            }
             Error::PayloadMismatch { .. }
             | Error::Deserialize { .. }
             | Error::Serialize { .. }
@@ -203,6 +270,36 @@ pub struct CancellationReason {
     /// The item as it was, when the action asked for `ALL_OLD` on a failed condition.
     #[cfg(feature = "dynamodb")]
     pub item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+}
+
+impl CancellationReason {
+    /// Cancellation codes that pass with a retry: a conflict with another write to the same item, or
+    /// throttling.
+    pub const TRANSIENT_CODES: [&'static str; 3] = [
+        "TransactionConflict",
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+    ];
+
+    /// Whether this action canceled the transaction (DynamoDB reports `None` for the actions that were
+    /// fine).
+    #[must_use]
+    pub fn failed(&self) -> bool {
+        self.code != "None"
+    }
+
+    /// Whether this action's reason passes with a retry ([`TRANSIENT_CODES`](Self::TRANSIENT_CODES)).
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        Self::TRANSIENT_CODES.contains(&self.code.as_str())
+    }
+}
+
+/// Whether a cancellation may pass with a retry: at least one action failed and every one that failed
+/// did so for a transient reason.
+pub(crate) fn transient_cancellation(reasons: &[CancellationReason]) -> bool {
+    let mut failed = reasons.iter().filter(|r| r.failed()).peekable();
+    failed.peek().is_some() && failed.all(CancellationReason::is_transient)
 }
 
 fn display_reasons(reasons: &[CancellationReason]) -> String {
@@ -234,6 +331,10 @@ impl Error {
             | Error::Throttled { namespace, .. }
             | Error::TableNotFound { namespace, .. }
             | Error::Store { namespace, .. }
+            | Error::Unavailable { namespace, .. }
+            | Error::ResultNotStored { namespace, .. }
+            | Error::Contended { namespace, .. }
+            | Error::WriteRejected { namespace, .. }
             | Error::Serialize { namespace, .. }
             | Error::Deserialize { namespace, .. }
             | Error::CorruptRecord { namespace, .. }
@@ -244,17 +345,21 @@ impl Error {
         }
     }
 
-    /// Whether retrying the same call later may succeed (in progress, throttled, lease lost, canceled
-    /// transaction, store trouble).
+    /// Whether retrying the same call later, unchanged, may succeed: another call is in progress, the
+    /// key was contended, the store throttled or was unavailable, a result was not stored, the claim was
+    /// lost, or a business condition failed (it may hold later). Not for errors that need a change first:
+    /// permissions, validation, a missing table, refused writes, bad data, a missing key.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             Error::InProgress { .. }
+                | Error::Contended { .. }
                 | Error::LeaseLost { .. }
                 | Error::TransactionCanceled { .. }
                 | Error::Throttled { .. }
-                | Error::Store { .. }
+                | Error::Unavailable { .. }
+                | Error::ResultNotStored { .. }
         )
     }
 }

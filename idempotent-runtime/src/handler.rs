@@ -11,6 +11,7 @@ use crate::codec;
 use crate::config::Idempotency;
 use crate::error::Error;
 use crate::record::{Record, Status};
+use crate::error::CancellationReason;
 use crate::store::{Change, ClaimOutcome, ClaimRequest, StoreError, Transition, WriteOutcome};
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
@@ -68,11 +69,20 @@ pub(crate) use crate::transaction::Transaction as Staging;
 #[cfg(not(feature = "dynamodb"))]
 pub(crate) enum Staging {}
 
+/// Business writes that commit with a record's transition (claim-time writes, compensating writes,
+/// staged writes); never any without the DynamoDB feature.
+#[cfg(feature = "dynamodb")]
+pub(crate) type Writes = Vec<aws_sdk_dynamodb::types::TransactWriteItem>;
+/// Business writes that commit with a record's transition; never any without the DynamoDB feature.
+#[cfg(not(feature = "dynamodb"))]
+pub(crate) type Writes = Vec<std::convert::Infallible>;
+
 /// Maps a store failure to the crate's error, naming the namespace.
 pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
     let namespace = namespace.to_owned();
     match err {
         StoreError::Throttled(source) => Error::Throttled { namespace, source },
+        StoreError::Unavailable(source) => Error::Unavailable { namespace, source },
         StoreError::TableNotFound(table) => Error::TableNotFound { namespace, table },
         StoreError::Corrupt(detail) => Error::CorruptRecord { namespace, detail },
         StoreError::Invalid(source) | StoreError::Other(source) => {
@@ -85,7 +95,8 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Epoch seconds of `now_ms + extra`, rounded up so a record never expires early.
+/// Epoch seconds of `now_ms + extra`, rounded up so a record never expires early; saturating, so that
+/// no duration, however absurd, overflows.
 fn expiry_s(now_ms: u64, extra: Duration) -> u64 {
     now_ms.saturating_add(millis(extra)).div_ceil(1000)
 }
@@ -96,12 +107,14 @@ enum Found {
     Ours,
     /// A stored response to return.
     Replay(Record),
-    /// Another call is running; its lease ends in this long.
+    /// Another call is running; its lease (plus the skew margin) ends in this long.
     InProgress(Duration),
     /// The record became claimable after all; try to claim again.
     Claimable,
 }
 
+/// What `record` means for a call holding `token`, at `now_ms` (the caller's clock less the skew margin,
+/// as in the claim condition).
 fn examine(
     call: &Call,
     record: Record,
@@ -150,13 +163,17 @@ fn examine(
 /// First poll after this long, doubling up to [`MAX_POLL`], while waiting for an in-flight call.
 const FIRST_POLL: Duration = Duration::from_millis(25);
 const MAX_POLL: Duration = Duration::from_secs(1);
+/// How often a call re-claims a key it found claimable, before it reports [`Error::Contended`].
+const CLAIMABLE_RETRIES: u32 = 3;
+/// The most bytes of the body's error text stored on a FAILED record.
+pub(crate) const MAX_ERROR_BYTES: usize = 4096;
+/// What a record's update adds to a transaction besides its key, fingerprint and response, counted
+/// generously.
+#[cfg(feature = "dynamodb")]
+const RECORD_UPDATE_BYTES: usize = 512;
 
 /// Business writes that commit with the claim (`claim_with`); nothing without the DynamoDB feature.
-#[cfg(feature = "dynamodb")]
-pub(crate) type ClaimWrites = Vec<aws_sdk_dynamodb::types::TransactWriteItem>;
-/// Business writes that commit with the claim (`claim_with`); nothing without the DynamoDB feature.
-#[cfg(not(feature = "dynamodb"))]
-pub(crate) type ClaimWrites = ();
+pub(crate) type ClaimWrites = Writes;
 
 /// Everything about one call except the body.
 pub(crate) struct Plan<'a> {
@@ -165,9 +182,10 @@ pub(crate) struct Plan<'a> {
     pub(crate) fingerprint: Option<&'a str>,
     /// Writes the body stages, committed with the COMPLETED record.
     pub(crate) staging: Option<&'a Staging>,
-    /// Writes committed with the claim.
-    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    /// Writes committed with the claim, in effect at most once per key.
     pub(crate) claim_writes: ClaimWrites,
+    /// Writes that undo `claim_writes`, committed with a FAILED record.
+    pub(crate) compensation: Writes,
 }
 
 /// One claim attempt: a plain conditional write, or a transaction when business writes go with it.
@@ -180,29 +198,56 @@ async fn claim(
     #[cfg(feature = "dynamodb")]
     if !plan.claim_writes.is_empty() {
         use crate::store::TransactOutcome;
-        if let Err(detail) = crate::transaction::check_limits(plan.key, &plan.claim_writes) {
+        let record_bytes = RECORD_UPDATE_BYTES + plan.key.len() + plan.fingerprint.map_or(0, str::len);
+        if let Err(detail) =
+            crate::transaction::check_limits(plan.key, record_bytes, &plan.claim_writes)
+        {
             return Err(Error::TooManyWrites {
                 namespace: namespace.to_owned(),
                 detail,
             });
         }
-        return match idem
+        match idem
             .store()
             .claim_transaction(request, plan.claim_writes.clone())
             .await
-            .map_err(|e| store_error(namespace, e))?
         {
-            TransactOutcome::Committed => Ok(ClaimOutcome::Claimed),
-            TransactOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
-            TransactOutcome::Rejected(None) => Err(Error::CorruptRecord {
-                namespace: namespace.to_owned(),
-                detail: "the claim condition failed but no item was returned".into(),
-            }),
-            TransactOutcome::Canceled(reasons) => Err(Error::TransactionCanceled {
-                namespace: namespace.to_owned(),
-                reasons,
-            }),
-        };
+            Ok(TransactOutcome::Committed) => return Ok(ClaimOutcome::Claimed),
+            // Claimable, but its claim-time writes are still in effect (a failure without compensation,
+            // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
+            // twice.
+            Ok(TransactOutcome::Rejected(Some(record)))
+                if record.is_claimable(request.now_ms)
+                    && !record.is_claimable_with_writes(request.now_ms) =>
+            {
+                tracing::debug!(
+                    namespace,
+                    "claim-time writes still in effect; claiming without applying them again"
+                );
+            }
+            Ok(TransactOutcome::Rejected(Some(record))) => {
+                return Ok(ClaimOutcome::Existing(record));
+            }
+            Ok(TransactOutcome::Rejected(None)) => {
+                return Err(Error::CorruptRecord {
+                    namespace: namespace.to_owned(),
+                    detail: "the claim condition failed but no item was returned".into(),
+                });
+            }
+            Ok(TransactOutcome::Canceled(reasons)) => {
+                return Err(Error::TransactionCanceled {
+                    namespace: namespace.to_owned(),
+                    reasons,
+                });
+            }
+            Err(StoreError::Invalid(source)) => {
+                return Err(Error::WriteRejected {
+                    namespace: namespace.to_owned(),
+                    source,
+                });
+            }
+            Err(e) => return Err(store_error(namespace, e)),
+        }
     }
     idem.store()
         .claim(request)
@@ -212,8 +257,8 @@ async fn claim(
 
 /// How the claim phase ended.
 enum Acquired<T> {
-    /// We hold the claim: run the body.
-    Held,
+    /// We hold the claim until this instant (epoch milliseconds): run the body.
+    Held { lease_until_ms: u64 },
     /// The answer is known without running the body (a replay).
     Done(T),
 }
@@ -236,6 +281,7 @@ async fn acquire<T: DeserializeOwned>(
     let namespace = call.namespace;
     let store = idem.store();
     let clock = idem.clock();
+    let margin = millis(idem.clock_skew_margin());
     let wait_until = call
         .wait
         .filter(|w| !w.is_zero())
@@ -254,28 +300,39 @@ async fn acquire<T: DeserializeOwned>(
     }
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
-    // two reads.
+    // two reads; each pass is a new claim attempt, with its own times.
     let mut poll = FIRST_POLL;
-    let mut claimable_retries = 0;
+    let mut attempt = 0;
     'claim: loop {
+        attempt += 1;
         let now_ms = clock.now_ms();
         let request = ClaimRequest {
             key,
             token,
-            now_ms,
+            attempt,
+            now_ms: now_ms.saturating_sub(margin),
             lease_until_ms: now_ms.saturating_add(millis(lease)),
-            expires_at_s: expiry_s(now_ms, lease + ttl),
+            expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
             fingerprint,
         };
         let mut record = match claim(idem, plan, &request).await? {
-            ClaimOutcome::Claimed => return Ok(Acquired::Held),
+            ClaimOutcome::Claimed => {
+                return Ok(Acquired::Held {
+                    lease_until_ms: request.lease_until_ms,
+                });
+            }
             ClaimOutcome::Existing(record) => record,
         };
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
-            let now_ms = clock.now_ms();
+            let now_ms = clock.now_ms().saturating_sub(margin);
+            let lease_until_ms = record.lease_until_ms;
             match examine(call, record, token, fingerprint, now_ms)? {
-                Found::Ours => return Ok(Acquired::Held),
+                Found::Ours => {
+                    return Ok(Acquired::Held {
+                        lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
+                    });
+                }
                 Found::Replay(record) => {
                     tracing::debug!(namespace, "replaying stored response");
                     let response = record.response.unwrap_or_default();
@@ -294,22 +351,20 @@ async fn acquire<T: DeserializeOwned>(
                     }
                     return Ok(Acquired::Done(value));
                 }
-                Found::Claimable => {
-                    claimable_retries += 1;
-                    if claimable_retries > 3 {
-                        return Err(Error::CorruptRecord {
-                            namespace: namespace.to_owned(),
-                            detail: "the record stays claimable but every claim is refused".into(),
-                        });
-                    }
-                    continue 'claim;
+                Found::Claimable if attempt > CLAIMABLE_RETRIES => {
+                    return Err(Error::Contended {
+                        namespace: namespace.to_owned(),
+                        attempts: attempt,
+                    });
                 }
+                Found::Claimable => continue 'claim,
                 Found::InProgress(retry_after) => {
                     let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now())
                     else {
                         return Err(Error::InProgress {
                             namespace: namespace.to_owned(),
                             retry_after,
+                            retry_hint: retry_after.min(idem.retry_hint()),
                         });
                     };
                     tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll))
@@ -346,76 +401,40 @@ where
     let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
     let lease = call.lease.unwrap_or_else(|| idem.default_lease());
     let token = uuid::Uuid::new_v4().to_string();
-    if let Acquired::Done(value) = acquire(idem, &plan, &token, lease, ttl).await? {
-        return Ok(value);
-    }
-    let Plan {
-        key,
-        fingerprint,
-        staging,
-        ..
-    } = plan;
-    let namespace = call.namespace;
-    let store = idem.store();
-    let clock = idem.clock();
-
-    tracing::debug!(namespace, "claimed; running the body");
-    let outcome = if idem.heartbeat() {
-        with_heartbeat(idem, key, &token, lease, ttl, body).await
-    } else {
-        body.await
+    let lease_until_ms = match acquire(idem, &plan, &token, lease, ttl).await? {
+        Acquired::Done(value) => return Ok(value),
+        Acquired::Held { lease_until_ms } => lease_until_ms,
     };
-
-    match outcome {
-        Ok(value) => {
-            let json = match codec::to_json(&value) {
-                Ok(bytes) => bytes,
-                Err(source) => {
-                    fail(
-                        idem,
-                        call,
-                        key,
-                        &token,
-                        &format!("the response did not serialize: {source}"),
-                    )
-                    .await;
-                    return Err(Error::Serialize {
-                        namespace: namespace.to_owned(),
-                        what: "response",
-                        source,
-                    }
-                    .into());
-                }
-            };
-            let bytes = codec::pack(json);
-            let fits = bytes.len() <= store.response_budget(key, fingerprint);
-            if !fits {
-                tracing::warn!(
-                    namespace,
-                    bytes = bytes.len(),
-                    "response too large to store even compressed; duplicates will get ResponseTooLarge"
-                );
+    tracing::debug!(namespace = call.namespace, "claimed; running the body");
+    let claim = Held {
+        idem,
+        plan: &plan,
+        token: &token,
+        ttl,
+    };
+    // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
+    let work = async {
+        let outcome = body.await;
+        // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
+        // extend it, so a whole lease from now; without them, what is left of it).
+        let window = if idem.heartbeat() {
+            lease
+        } else {
+            Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
+        };
+        let mut persist = Persist::new(window);
+        match outcome {
+            Ok(value) => claim.complete(value, &mut persist).await,
+            Err(err) => {
+                claim.fail(&describe(&err), &mut persist).await;
+                Err(err)
             }
-            // Taken before the write, so the cached window never outlasts the stored one.
-            let replay_until_s = expiry_s(clock.now_ms(), ttl);
-            let stored = fits.then_some(&bytes[..]);
-            complete(idem, call, key, &token, ttl, stored, staging).await?;
-            if let Some(cache) = idem.cache().filter(|_| fits) {
-                cache.insert(
-                    key,
-                    Cached {
-                        response: bytes.into(),
-                        fingerprint: fingerprint.map(Into::into),
-                        replay_until_s,
-                    },
-                );
-            }
-            Ok(value)
         }
-        Err(err) => {
-            fail(idem, call, key, &token, &describe(&err)).await;
-            Err(err)
-        }
+    };
+    if idem.heartbeat() {
+        with_heartbeat(idem, plan.key, &token, lease, ttl, work).await
+    } else {
+        work.await
     }
 }
 
@@ -433,157 +452,344 @@ fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8]) -> Result<T, Er
     })
 }
 
-/// Moves our claim to COMPLETED with `bytes` (and the staged writes, in one transaction).
-#[cfg_attr(not(feature = "dynamodb"), allow(clippy::unused_async))]
-async fn complete(
-    idem: &Idempotency,
-    call: &Call,
-    key: &str,
-    token: &str,
+/// Retries of a write that must land once the body has run (its result is in memory and the claim is
+/// still ours): jittered exponential backoff until a deadline. On top of the SDK's own retries, which
+/// give up after a few attempts.
+struct Persist {
+    deadline: tokio::time::Instant,
+    delay: Duration,
+}
+
+/// First pause between two attempts of a write that must land, doubling up to [`MAX_RETRY_DELAY`].
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+impl Persist {
+    fn new(window: Duration) -> Self {
+        Self {
+            deadline: tokio::time::Instant::now() + window.min(crate::config::MAX_DURATION),
+            delay: FIRST_RETRY_DELAY,
+        }
+    }
+
+    /// Waits before the next attempt; `false` when the window is spent.
+    async fn again(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        // "Equal jitter": half the delay, plus a random part of the other half, so that callers that
+        // collided do not collide again.
+        let half = self.delay / 2;
+        let random = u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(millis(half) + 1))
+            .unwrap_or(0);
+        let pause = (half + Duration::from_millis(random)).min(self.deadline - now);
+        tokio::time::sleep(pause).await;
+        self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
+        true
+    }
+}
+
+/// One attempt at a fenced transition, as the store reported it.
+#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+enum Written {
+    Applied,
+    Rejected(Option<Record>),
+    Canceled(Vec<CancellationReason>),
+}
+
+/// What ended a run of attempts at a transition.
+enum Stored {
+    Applied,
+    Rejected(Option<Record>),
+    /// A business condition (or another reason that does not pass) canceled the transaction.
+    Canceled(Vec<CancellationReason>),
+    /// The transaction was refused as a whole, before any condition.
+    Refused(crate::BoxError),
+    /// Transient faults outlasted the window; the last one.
+    GaveUp(Error),
+    /// A fault that does not pass with a retry.
+    Failed(Error),
+}
+
+/// A claim we hold: the body has run, and its outcome must be stored.
+struct Held<'a> {
+    idem: &'a Idempotency,
+    plan: &'a Plan<'a>,
+    token: &'a str,
     ttl: Duration,
-    response: Option<&[u8]>,
-    staging: Option<&Staging>,
-) -> Result<(), Error> {
-    let namespace = call.namespace;
-    let now_ms = idem.clock().now_ms();
-    let retain = idem.retain();
-    let transition = Transition {
-        key,
-        token,
-        change: Change::Complete {
-            response,
-            expires_at_s: expiry_s(now_ms, ttl + retain.unwrap_or_default()),
-            replay_until_s: retain.map(|_| expiry_s(now_ms, ttl)),
-        },
-    };
-    #[cfg(feature = "dynamodb")]
-    if let Some(staging) = staging {
-        let writes = staging.take();
-        if !writes.is_empty() {
-            return complete_transaction(idem, call, &transition, writes).await;
-        }
-    }
-    #[cfg(not(feature = "dynamodb"))]
-    let _ = staging;
-    let outcome = idem
-        .store()
-        .transition(&transition)
-        .await
-        .map_err(|e| store_error(namespace, e))?;
-    settle(call, token, outcome)
 }
 
-/// Whether a completion landed: applied, or rejected because our own earlier attempt already landed.
-fn settle(call: &Call, token: &str, outcome: WriteOutcome) -> Result<(), Error> {
-    match outcome {
-        WriteOutcome::Applied => Ok(()),
-        // Our own completion landed, and the response to it was lost.
-        WriteOutcome::Rejected(Some(r)) if r.token == token && r.status == Status::Completed => {
-            Ok(())
-        }
-        WriteOutcome::Rejected(_) => {
-            tracing::warn!(
-                namespace = call.namespace,
-                "claim lost before completion; result not stored"
-            );
-            Err(Error::LeaseLost {
-                namespace: call.namespace.to_owned(),
-            })
-        }
+impl Held<'_> {
+    fn namespace(&self) -> &'static str {
+        self.plan.call.namespace
     }
-}
 
-#[cfg(feature = "dynamodb")]
-async fn complete_transaction(
-    idem: &Idempotency,
-    call: &Call,
-    transition: &Transition<'_>,
-    writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
-) -> Result<(), Error> {
-    use crate::store::TransactOutcome;
-    let namespace = call.namespace;
-    let check = crate::transaction::check_limits(transition.key, &writes);
-    if let Err(detail) = check {
-        fail(idem, call, transition.key, transition.token, &detail).await;
-        return Err(Error::TooManyWrites {
-            namespace: namespace.to_owned(),
-            detail,
-        });
-    }
-    let outcome = match idem.store().complete_transaction(transition, writes).await {
-        Ok(outcome) => outcome,
-        // Refused before anything was written: the claim still holds, so release it for a retry.
-        Err(StoreError::Invalid(source)) => {
-            let detail = format!(
-                "the transaction was refused: {}",
-                crate::error::chain(source.as_ref())
-            );
-            fail(idem, call, transition.key, transition.token, &detail).await;
-            return Err(Error::Store {
-                namespace: namespace.to_owned(),
-                source,
-            });
-        }
-        Err(e) => return Err(store_error(namespace, e)),
-    };
-    match outcome {
-        TransactOutcome::Committed => Ok(()),
-        TransactOutcome::Rejected(record) => {
-            settle(call, transition.token, WriteOutcome::Rejected(record))
-        }
-        TransactOutcome::Canceled(reasons) => {
-            let summary = format!(
-                "transaction canceled: {}",
-                Error::TransactionCanceled {
-                    namespace: namespace.to_owned(),
-                    reasons: reasons.clone(),
+    /// Sends `transition` (with `writes`, in one transaction, when there are any) until it lands, is
+    /// rejected or canceled for good, or transient faults outlast `persist`. Every attempt is the same
+    /// request, so a store that recognises repeated requests (DynamoDB's `ClientRequestToken`) applies
+    /// it once.
+    async fn store(&self, transition: &Transition<'_>, writes: &Writes, persist: &mut Persist) -> Stored {
+        let namespace = self.namespace();
+        loop {
+            let last = match self.write_once(transition, writes).await {
+                Ok(Written::Applied) => return Stored::Applied,
+                Ok(Written::Rejected(record)) => return Stored::Rejected(record),
+                Ok(Written::Canceled(reasons)) if crate::error::transient_cancellation(&reasons) => {
+                    Error::TransactionCanceled {
+                        namespace: namespace.to_owned(),
+                        reasons,
+                    }
                 }
-            );
-            fail(idem, call, transition.key, transition.token, &summary).await;
-            Err(Error::TransactionCanceled {
-                namespace: namespace.to_owned(),
-                reasons,
-            })
+                Ok(Written::Canceled(reasons)) => return Stored::Canceled(reasons),
+                Err(StoreError::Invalid(source)) if !writes.is_empty() => {
+                    return Stored::Refused(source);
+                }
+                Err(e @ (StoreError::Throttled(_) | StoreError::Unavailable(_))) => {
+                    store_error(namespace, e)
+                }
+                Err(e) => return Stored::Failed(store_error(namespace, e)),
+            };
+            tracing::debug!(namespace, error = %last, "transient fault while storing the outcome; retrying");
+            if !persist.again().await {
+                return Stored::GaveUp(last);
+            }
         }
     }
-}
 
-/// Moves our claim to FAILED. The caller gets the body's own error whatever happens here; a failed
-/// write only means the key stays PENDING until its lease runs out.
-async fn fail(idem: &Idempotency, call: &Call, key: &str, token: &str, error: &str) {
-    let now_ms = idem.clock().now_ms();
-    let transition = Transition {
-        key,
-        token,
-        change: Change::Fail {
-            error,
-            expires_at_s: expiry_s(now_ms, idem.failed_ttl()),
-        },
-    };
-    match idem.store().transition(&transition).await {
-        Ok(WriteOutcome::Applied) => {}
-        // Our own earlier attempt landed; its response was lost.
-        Ok(WriteOutcome::Rejected(Some(r))) if r.token == token && r.status == Status::Failed => {}
-        Ok(WriteOutcome::Rejected(_)) => {
+    async fn write_once(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<Written, StoreError> {
+        #[cfg(feature = "dynamodb")]
+        if !writes.is_empty() {
+            use crate::store::TransactOutcome;
+            return Ok(
+                match self
+                    .idem
+                    .store()
+                    .transact_transition(transition, writes.clone())
+                    .await?
+                {
+                    TransactOutcome::Committed => Written::Applied,
+                    TransactOutcome::Rejected(record) => Written::Rejected(record),
+                    TransactOutcome::Canceled(reasons) => Written::Canceled(reasons),
+                },
+            );
+        }
+        #[cfg(not(feature = "dynamodb"))]
+        let _ = writes;
+        Ok(match self.idem.store().transition(transition).await? {
+            WriteOutcome::Applied => Written::Applied,
+            WriteOutcome::Rejected(record) => Written::Rejected(record),
+        })
+    }
+
+    /// Stores `value` as the response: PENDING → COMPLETED (with the staged writes, in one
+    /// transaction), retried while the lease allows.
+    async fn complete<T: Serialize, E: From<Error>>(
+        &self,
+        value: T,
+        persist: &mut Persist,
+    ) -> Result<T, E> {
+        let Plan {
+            call,
+            key,
+            fingerprint,
+            staging,
+            ..
+        } = *self.plan;
+        let namespace = call.namespace;
+        let json = match codec::to_json(&value) {
+            Ok(bytes) => bytes,
+            Err(source) => {
+                self.fail(&format!("the response did not serialize: {source}"), persist)
+                    .await;
+                return Err(Error::Serialize {
+                    namespace: namespace.to_owned(),
+                    what: "response",
+                    source,
+                }
+                .into());
+            }
+        };
+        let bytes = codec::pack(json);
+        let fits = bytes.len() <= self.idem.store().response_budget(key, fingerprint);
+        if !fits {
             tracing::warn!(
-                namespace = call.namespace,
-                "claim lost before the failure was recorded"
+                namespace,
+                bytes = bytes.len(),
+                "response too large to store even compressed; duplicates will get ResponseTooLarge"
             );
         }
-        Err(e) => {
-            tracing::warn!(namespace = call.namespace, error = %e, "could not record the failure; the key is claimable after its lease");
+        let response = fits.then_some(&bytes[..]);
+        let now_ms = self.idem.clock().now_ms();
+        // Taken before the write, so the cached window never outlasts the stored one.
+        let replay_until_s = expiry_s(now_ms, self.ttl);
+        let retain = self.idem.retain();
+        // Built once: every retry sends the same request.
+        let transition = Transition {
+            key,
+            token: self.token,
+            change: Change::Complete {
+                response,
+                expires_at_s: expiry_s(now_ms, self.ttl.saturating_add(retain.unwrap_or_default())),
+                replay_until_s: retain.map(|_| replay_until_s),
+            },
+        };
+        #[cfg(feature = "dynamodb")]
+        let writes = staging.map(Staging::take).unwrap_or_default();
+        #[cfg(not(feature = "dynamodb"))]
+        let writes = {
+            let _ = staging;
+            Writes::new()
+        };
+        #[cfg(feature = "dynamodb")]
+        if !writes.is_empty() {
+            let record_bytes = RECORD_UPDATE_BYTES + key.len() + response.map_or(0, <[u8]>::len);
+            if let Err(detail) = crate::transaction::check_limits(key, record_bytes, &writes) {
+                self.fail(&detail, persist).await;
+                return Err(Error::TooManyWrites {
+                    namespace: namespace.to_owned(),
+                    detail,
+                }
+                .into());
+            }
+        }
+        match self.store(&transition, &writes, persist).await {
+            Stored::Applied => {}
+            Stored::Rejected(record) => self.settle(record)?,
+            Stored::Canceled(reasons) => {
+                let error = Error::TransactionCanceled {
+                    namespace: namespace.to_owned(),
+                    reasons,
+                };
+                self.fail(&format!("transaction canceled: {error}"), persist)
+                    .await;
+                return Err(error.into());
+            }
+            Stored::Refused(source) => {
+                let error = Error::WriteRejected {
+                    namespace: namespace.to_owned(),
+                    source,
+                };
+                self.fail(&error.to_string(), persist).await;
+                return Err(error.into());
+            }
+            Stored::GaveUp(last) => {
+                tracing::warn!(namespace, error = %last, "could not store the result while the lease allowed; the key is claimable after its lease");
+                return Err(Error::ResultNotStored {
+                    namespace: namespace.to_owned(),
+                    source: Box::new(last),
+                }
+                .into());
+            }
+            Stored::Failed(error) => return Err(error.into()),
+        }
+        if let Some(cache) = self.idem.cache().filter(|_| fits) {
+            cache.insert(
+                key,
+                Cached {
+                    response: bytes.into(),
+                    fingerprint: fingerprint.map(Into::into),
+                    replay_until_s,
+                },
+            );
+        }
+        Ok(value)
+    }
+
+    /// Whether a completion that was rejected had landed after all: our own earlier attempt, whose
+    /// response was lost.
+    fn settle(&self, record: Option<Record>) -> Result<(), Error> {
+        match record {
+            Some(r) if r.token == self.token && r.status == Status::Completed => Ok(()),
+            _ => {
+                tracing::warn!(
+                    namespace = self.namespace(),
+                    "claim lost before completion; result not stored"
+                );
+                Err(Error::LeaseLost {
+                    namespace: self.namespace().to_owned(),
+                })
+            }
+        }
+    }
+
+    /// Moves our claim to FAILED (with the compensating writes, which release the claim-time writes),
+    /// retried while the lease allows. The caller gets the body's own error whatever happens here; a
+    /// FAILED write that never lands only means the key stays PENDING until its lease runs out.
+    async fn fail(&self, error: &str, persist: &mut Persist) {
+        let namespace = self.namespace();
+        let error = truncate(error, MAX_ERROR_BYTES);
+        let now_ms = self.idem.clock().now_ms();
+        let compensate = !self.plan.claim_writes.is_empty() && !self.plan.compensation.is_empty();
+        let mut writes = if compensate {
+            self.plan.compensation.clone()
+        } else {
+            Writes::new()
+        };
+        loop {
+            let transition = Transition {
+                key: self.plan.key,
+                token: self.token,
+                change: Change::Fail {
+                    error: &error,
+                    expires_at_s: expiry_s(now_ms, self.idem.failed_ttl()),
+                    release_claim_writes: !writes.is_empty(),
+                },
+            };
+            let problem = match self.store(&transition, &writes, persist).await {
+                Stored::Applied => return,
+                // Our own earlier attempt landed; its response was lost.
+                Stored::Rejected(Some(r)) if r.token == self.token && r.status == Status::Failed => {
+                    return;
+                }
+                Stored::Rejected(_) => {
+                    tracing::warn!(namespace, "claim lost before the failure was recorded");
+                    return;
+                }
+                Stored::Canceled(reasons) => Error::TransactionCanceled {
+                    namespace: namespace.to_owned(),
+                    reasons,
+                },
+                Stored::Refused(source) => Error::WriteRejected {
+                    namespace: namespace.to_owned(),
+                    source,
+                },
+                Stored::GaveUp(e) | Stored::Failed(e) => {
+                    tracing::warn!(namespace, error = %e, "could not record the failure; the key is claimable after its lease");
+                    return;
+                }
+            };
+            // The compensating writes cannot commit: record the failure without them, so the key is
+            // free at once and its claim-time writes stay in effect (a retry does not apply them again).
+            tracing::warn!(namespace, error = %problem, "compensating writes refused; the claim-time writes stay in effect");
+            writes.clear();
         }
     }
 }
 
-/// Runs `body` while extending the lease every third of it, so a live worker is never taken over.
+/// `text`, cut on a character boundary to at most `max` bytes, saying how long it was.
+fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let suffix = format!("… ({} bytes in all)", text.len());
+    let cut = text.floor_char_boundary(max.saturating_sub(suffix.len()));
+    format!("{}{suffix}", &text[..cut]).into()
+}
+
+/// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
+/// of it, so a live worker is never taken over.
 async fn with_heartbeat<F: Future>(
     idem: &Idempotency,
     key: &str,
     token: &str,
     lease: Duration,
     ttl: Duration,
-    body: F,
+    work: F,
 ) -> F::Output {
     let beat = async {
         let every = (lease / 3).max(Duration::from_millis(1));
@@ -595,23 +801,23 @@ async fn with_heartbeat<F: Future>(
                 token,
                 change: Change::ExtendLease {
                     lease_until_ms: now_ms.saturating_add(millis(lease)),
-                    expires_at_s: expiry_s(now_ms, lease + ttl),
+                    expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
                 },
             };
             match idem.store().transition(&transition).await {
                 Ok(WriteOutcome::Applied) => {}
                 Ok(WriteOutcome::Rejected(_)) => {
-                    // Lost: completion will report it. Stop beating.
+                    // Lost, or already completed: the completion reports which. Stop beating.
                     std::future::pending::<()>().await;
                 }
                 Err(e) => tracing::warn!(error = %e, "lease heartbeat failed; will retry"),
             }
         }
     };
-    tokio::pin!(body);
+    tokio::pin!(work);
     tokio::select! {
         biased;
-        out = &mut body => out,
+        out = &mut work => out,
         _ = beat => unreachable!("the heartbeat never finishes"),
     }
 }

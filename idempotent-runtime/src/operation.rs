@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::handler::{Call, ClaimWrites, Plan, run};
+use crate::handler::{Call, Plan, Writes, run};
 use crate::{Error, Idempotency};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
@@ -34,7 +34,8 @@ pub struct Operation<'a> {
     call: Call,
     key: Result<String, Error>,
     fingerprint: Option<Result<String, Error>>,
-    claim_writes: ClaimWrites,
+    claim_writes: Writes,
+    compensation: Writes,
 }
 
 impl Idempotency {
@@ -51,7 +52,8 @@ impl Idempotency {
             key: crate::__private::key(&call, key),
             call,
             fingerprint: None,
-            claim_writes: ClaimWrites::default(),
+            claim_writes: Writes::new(),
+            compensation: Writes::new(),
         }
     }
 }
@@ -84,13 +86,38 @@ impl Operation<'_> {
     /// Business writes that commit in one transaction with the claim ("claim and reserve"): the claim
     /// and the writes land together or not at all. When a write's condition fails, nothing is written,
     /// no record is left behind, the body does not run, and `run` returns
-    /// [`Error::TransactionCanceled`]. Duplicates of a claimed key do not apply the writes again.
+    /// [`Error::TransactionCanceled`].
+    ///
+    /// The writes are in effect **at most once per key**: duplicates of a claimed key do not apply them
+    /// again, and neither does a retry after the body failed, nor a caller that takes over a lapsed
+    /// claim — they run the body with the writes already in effect. Only a failure that commits
+    /// [`compensate_with`](Self::compensate_with) writes releases them, and then the next claim applies
+    /// them again. Once the record expires (its `ttl` after completion), the key is a new operation and
+    /// its claim applies them again.
+    ///
+    /// A claim with writes is a `TransactWriteItems` (twice the write capacity of a plain claim); a
+    /// re-claim of a key whose writes are in effect costs one more round trip (the transaction is
+    /// refused, and a plain claim follows).
     #[cfg(feature = "dynamodb")]
     pub fn claim_with(
         mut self,
         writes: impl IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>,
     ) -> Self {
         self.claim_writes.extend(writes);
+        self
+    }
+
+    /// Writes that undo the [`claim_with`](Self::claim_with) writes, committed in one transaction with
+    /// the FAILED record when the body returns `Err` (an inventory decrement's increment, say). Once
+    /// they commit, the claim-time writes are no longer in effect, and the next call's claim applies
+    /// them again. If they cannot commit (a condition fails), the failure is recorded without them and
+    /// the claim-time writes stay in effect. Without `claim_with`, they are never sent.
+    #[cfg(feature = "dynamodb")]
+    pub fn compensate_with(
+        mut self,
+        writes: impl IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Self {
+        self.compensation.extend(writes);
         self
     }
 
@@ -119,6 +146,7 @@ impl Operation<'_> {
             fingerprint: fingerprint.as_deref(),
             staging: None,
             claim_writes: self.claim_writes,
+            compensation: self.compensation,
         };
         run(
             self.idem,
@@ -151,6 +179,7 @@ impl Operation<'_> {
             fingerprint: fingerprint.as_deref(),
             staging: Some(&staged),
             claim_writes: self.claim_writes,
+            compensation: self.compensation,
         };
         run(self.idem, plan, ToString::to_string, async move {
             body(transaction).await

@@ -188,7 +188,8 @@ where
         key: &key,
         fingerprint: fingerprint.as_deref(),
         staging,
-        claim_writes: crate::handler::ClaimWrites::default(),
+        claim_writes: crate::handler::Writes::new(),
+        compensation: crate::handler::Writes::new(),
     };
     // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
     R::from_result(Box::pin(crate::handler::run(&handle, plan, describe, body)).await)

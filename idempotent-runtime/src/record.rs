@@ -67,6 +67,10 @@ pub struct Record {
     /// With retention: the response is replayed until this instant (epoch seconds); after it, and until
     /// `expires_at`, duplicates get [`Error::Expired`](crate::Error::Expired).
     pub replay_until_s: Option<u64>,
+    /// Whether the business writes of a claim with writes (`claim_with`) are in effect: set by such a
+    /// claim, kept by every later claim, completion and failure of the same operation, and cleared only
+    /// by a failure that commits compensating writes. While set, a re-claim does not apply them again.
+    pub claim_writes_in_effect: bool,
 }
 
 impl Record {
@@ -79,6 +83,14 @@ impl Record {
             || (self.status == Status::Pending && self.lease_until_ms.is_some_and(|l| l < now_ms))
     }
 
+    /// Whether a claim that applies claim-time writes may take this key at `now_ms`: the record expired
+    /// (a new operation), or it is claimable and its earlier claim-time writes are not in effect. The
+    /// rule behind the stores' `claim_transaction` conditions.
+    #[must_use]
+    pub fn is_claimable_with_writes(&self, now_ms: u64) -> bool {
+        self.is_expired(now_ms) || (self.is_claimable(now_ms) && !self.claim_writes_in_effect)
+    }
+
     /// Whether the record counts as absent at `now_ms` (its `expires_at` is in the past).
     #[must_use]
     pub fn is_expired(&self, now_ms: u64) -> bool {
@@ -86,9 +98,9 @@ impl Record {
     }
 }
 
-/// The names of the record's attributes in the table. The defaults are DESIGN's: `pk`, `status`, `token`,
-/// `attempt`, `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, and `replay_until` (only
-/// written with retention).
+/// The names of the record's attributes in the table. The defaults: `pk`, `status`, `token`, `attempt`,
+/// `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, `replay_until` (only written with
+/// retention) and `claim_writes` (only written by claims with business writes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {
     /// Partition key (type S).
@@ -111,6 +123,8 @@ pub struct AttributeNames {
     pub error: String,
     /// With retention: end of the replay window, epoch seconds (N).
     pub replay_until: String,
+    /// Present (BOOL `true`) while a claim's business writes are in effect.
+    pub claim_writes: String,
 }
 
 impl Default for AttributeNames {
@@ -126,6 +140,7 @@ impl Default for AttributeNames {
             response: "response".into(),
             error: "error".into(),
             replay_until: "replay_until".into(),
+            claim_writes: "claim_writes".into(),
         }
     }
 }
@@ -145,6 +160,7 @@ impl AttributeNames {
             "#rs" => &self.response,
             "#er" => &self.error,
             "#ru" => &self.replay_until,
+            "#cw" => &self.claim_writes,
             other => unreachable!("unknown placeholder {other}"),
         }
     }

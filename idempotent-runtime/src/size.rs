@@ -29,6 +29,8 @@ pub(crate) fn response_budget(
         + names.attempt.len()
         + names.expires_at.len()
         + names.replay_until.len()
+        + names.claim_writes.len()
+        + 1
         + 2 * MAX_NUMBER_BYTES
         + MAX_NUMBER_BYTES
         + fingerprint.map_or(0, |f| names.fingerprint.len() + f.len())

@@ -84,18 +84,24 @@ impl Transaction {
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
 /// Checks DynamoDB's limits before anything is sent: at most [`MAX_STAGED_WRITES`] staged writes, at most
-/// [`MAX_TRANSACTION_BYTES`] in all, and no two actions on one item (the record's own included).
-pub(crate) fn check_limits(record_key: &str, writes: &[TransactWriteItem]) -> Result<(), String> {
+/// [`MAX_TRANSACTION_BYTES`] in all (the record's own update, `record_bytes`, included), and no two
+/// actions on one item (the record's own included).
+pub(crate) fn check_limits(
+    record_key: &str,
+    record_bytes: usize,
+    writes: &[TransactWriteItem],
+) -> Result<(), String> {
     if writes.len() > MAX_STAGED_WRITES {
         return Err(format!(
             "{} writes were staged on the transaction; at most {MAX_STAGED_WRITES} fit in one DynamoDB transaction with the idempotency record",
             writes.len()
         ));
     }
-    let bytes: usize = writes.iter().map(crate::size::transact_item_size).sum();
+    let staged: usize = writes.iter().map(crate::size::transact_item_size).sum();
+    let bytes = staged.saturating_add(record_bytes);
     if bytes > MAX_TRANSACTION_BYTES {
         return Err(format!(
-            "the staged writes carry about {bytes} bytes; a DynamoDB transaction carries at most {MAX_TRANSACTION_BYTES}"
+            "the staged writes carry about {staged} bytes and the idempotency record {record_bytes}; a DynamoDB transaction carries at most {MAX_TRANSACTION_BYTES}"
         ));
     }
     let mut seen = std::collections::HashSet::new();
@@ -140,10 +146,16 @@ fn target(
     write.condition_check().map(|c| (c.table_name(), c.key()))
 }
 
-/// The `ClientRequestToken` of one of a claim's transactions (`purpose`: `claim` or `complete`): 36
-/// characters derived from (purpose, key, token), so the SDK's retries of one transaction are recognised by
-/// DynamoDB (for ten minutes) and applied once, while the claim's two transactions never share a token.
-pub(crate) fn request_token(purpose: &str, key: &str, token: &str) -> String {
+/// The `ClientRequestToken` of one of a call's transactions: 36 characters derived from (purpose, key,
+/// fencing token, attempt). `purpose` is `claim`, `complete` or `fail`; `attempt` numbers the claim
+/// attempts of one call (0 for the other purposes).
+///
+/// DynamoDB applies a transaction once per token for ten minutes and refuses the same token with other
+/// parameters (`IdempotentParameterMismatch`). So the SDK's retries of one request, and this crate's own
+/// retries of one completion (built once, sent again unchanged), keep their token and are recognised;
+/// while two claim attempts (each with its own time, lease and expiry), or a call's claim and completion,
+/// never share one.
+pub(crate) fn request_token(purpose: &str, key: &str, token: &str, attempt: u32) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::new()
         .chain_update(purpose.as_bytes())
@@ -151,6 +163,8 @@ pub(crate) fn request_token(purpose: &str, key: &str, token: &str) -> String {
         .chain_update(key.as_bytes())
         .chain_update([0])
         .chain_update(token.as_bytes())
+        .chain_update([0])
+        .chain_update(attempt.to_be_bytes())
         .finalize();
     let hex = hex::encode(&digest[..16]);
     format!(
@@ -161,4 +175,24 @@ pub(crate) fn request_token(purpose: &str, key: &str, token: &str) -> String {
         &hex[16..20],
         &hex[20..32]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_token;
+
+    #[test]
+    fn each_claim_attempt_has_its_own_request_token() {
+        let first = request_token("claim", "ns#k", "token-1", 1);
+        assert_eq!(first.len(), 36);
+        assert_eq!(
+            first,
+            request_token("claim", "ns#k", "token-1", 1),
+            "a retry of one attempt keeps its token"
+        );
+        assert_ne!(first, request_token("claim", "ns#k", "token-1", 2));
+        assert_ne!(first, request_token("complete", "ns#k", "token-1", 1));
+        assert_ne!(first, request_token("claim", "ns#k", "token-2", 1));
+        assert_ne!(first, request_token("claim", "ns#j", "token-1", 1));
+    }
 }

@@ -150,11 +150,16 @@ macro_rules! behaviour {
                 ctl.started().await;
                 h.clock.advance(Duration::from_secs(10));
                 let err = charge(&h.idem, &ctl, "o-1", 500).await.unwrap_err();
-                let PaymentError::Idempotency(Error::InProgress { namespace, retry_after }) = err else {
+                let PaymentError::Idempotency(Error::InProgress { namespace, retry_after, retry_hint }) = err else {
                     panic!("expected InProgress, got {err:?}")
                 };
                 assert_eq!(namespace, NAMESPACE);
-                assert_eq!(retry_after, Duration::from_secs(20), "30s lease, 10s in");
+                assert_eq!(
+                    retry_after,
+                    Duration::from_secs(21),
+                    "30s lease, 10s in, and the 1s clock-skew margin before a takeover"
+                );
+                assert_eq!(retry_hint, Duration::from_secs(1), "the default hint");
                 ctl.release();
                 let value = first.await.unwrap().unwrap();
                 assert_eq!((ctl.runs(), value.run), (1, 1));

@@ -15,6 +15,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
     ClaimRequest {
         key,
         token,
+        attempt: 1,
         now_ms,
         lease_until_ms: now_ms + LEASE,
         expires_at_s: (now_ms + LEASE) / 1000 + 3600,
@@ -46,6 +47,7 @@ fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
         change: Change::Fail {
             error: "declined",
             expires_at_s: NOW / 1000 + 60,
+            release_claim_writes: false,
         },
     }
 }
@@ -308,6 +310,7 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         response: "body".into(),
         error: "why".into(),
         replay_until: "replay_s".into(),
+        claim_writes: "held".into(),
     };
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(
@@ -351,4 +354,34 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
             .and_then(|d| d.attribute_name()),
         Some("ttl")
     );
+    // A claim with business writes marks them as in effect under its own name.
+    let write = aws_sdk_dynamodb::types::TransactWriteItem::builder()
+        .put(
+            aws_sdk_dynamodb::types::Put::builder()
+                .table_name(store.table())
+                .item("id", AttributeValue::S("business-item".into()))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    assert_eq!(
+        store
+            .claim_transaction(&claim("k2", "t2", NOW), vec![write])
+            .await
+            .unwrap(),
+        idempotent_runtime::store::TransactOutcome::Committed
+    );
+    let record = store.get("k2").await.unwrap().unwrap();
+    assert!(record.claim_writes_in_effect);
+    let item = client
+        .get_item()
+        .table_name(store.table())
+        .key("id", AttributeValue::S("k2".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert_eq!(item["held"], AttributeValue::Bool(true));
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::client::Waiters as _;
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -30,11 +31,8 @@ use crate::transaction::request_token;
 pub use crate::record::AttributeNames;
 
 const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
-const CLAIM_WITH_FINGERPRINT: &str = "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er, #ru";
-const CLAIM_WITHOUT_FINGERPRINT: &str =
-    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #fp, #ru";
+const CLAIMABLE_WITH_WRITES: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = :failed OR (#st = :pending AND #lu < :now_ms)) AND attribute_not_exists(#cw))";
 const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
-const FAIL: &str = "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu";
 const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 
 /// The `#placeholders` used in `expressions`, mapped to their attribute names (DynamoDB rejects
@@ -192,16 +190,10 @@ impl DynamoDbStore {
         Ok(())
     }
 
-    /// The update expression, names and values of a claim.
-    fn claim_parts(
-        &self,
-        request: &ClaimRequest<'_>,
-    ) -> (
-        &'static str,
-        HashMap<String, String>,
-        HashMap<String, AttributeValue>,
-    ) {
-        let mut values = HashMap::with_capacity(9);
+    /// The update expression, names and values of a claim; `with_writes`: a claim with business writes,
+    /// which marks them as in effect.
+    fn claim_parts(&self, request: &ClaimRequest<'_>, with_writes: bool) -> UpdateParts {
+        let mut values = HashMap::with_capacity(10);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
         values.insert(":tk".to_owned(), s(request.token));
@@ -210,14 +202,26 @@ impl DynamoDbStore {
         values.insert(":one".to_owned(), n(1));
         values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
         values.insert(":now_ms".to_owned(), n(request.now_ms));
-        let update = match request.fingerprint {
+        let mut set = String::from("SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex");
+        let mut remove = String::from(" REMOVE #rs, #er, #ru");
+        match request.fingerprint {
             Some(fp) => {
                 values.insert(":fp".to_owned(), s(fp));
-                CLAIM_WITH_FINGERPRINT
+                set.push_str(", #fp = :fp");
             }
-            None => CLAIM_WITHOUT_FINGERPRINT,
+            None => remove.push_str(", #fp"),
+        }
+        if with_writes {
+            values.insert(":true".to_owned(), AttributeValue::Bool(true));
+            set.push_str(", #cw = :true");
+        }
+        let update = set + " ADD #at :one" + &remove;
+        let condition = if with_writes {
+            CLAIMABLE_WITH_WRITES
+        } else {
+            CLAIMABLE
         };
-        let names = names_for(&self.inner.names, &[update, CLAIMABLE]);
+        let names = names_for(&self.inner.names, &[&update, condition]);
         (update, names, values)
     }
 
@@ -331,17 +335,7 @@ impl DynamoDbStore {
                     .map(|item| parse_item(&inner.names, item))
                     .transpose()?,
             )),
-            _ if reasons.iter().any(|r| r.code == "ConditionalCheckFailed") => {
-                Ok(TransactOutcome::Canceled(reasons))
-            }
-            // Conflicts and throttling that outlasted the SDK's retries: nothing was written, the
-            // claim still holds, and the caller may retry.
-            _ if reasons.iter().any(|r| {
-                r.code == "ThrottlingError" || r.code == "ProvisionedThroughputExceeded"
-            }) =>
-            {
-                Err(StoreError::Throttled(Box::new(err)))
-            }
+            // A business condition, or a conflict or throttling that may pass: the caller decides.
             _ => Ok(TransactOutcome::Canceled(reasons)),
         }
     }
@@ -376,11 +370,16 @@ impl DynamoDbStore {
             Change::Fail {
                 error,
                 expires_at_s,
+                release_claim_writes,
             } => {
                 values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                FAIL.to_owned()
+                let mut update = String::from("SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu");
+                if release_claim_writes {
+                    update.push_str(", #cw");
+                }
+                update
             }
             Change::ExtendLease {
                 lease_until_ms,
@@ -446,9 +445,9 @@ fn s(value: &str) -> AttributeValue {
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let (update, names, values) = self.claim_parts(request);
+        let parts = self.claim_parts(request, false);
         let outcome = self
-            .conditional_update(request.key, (update.to_owned(), names, values), CLAIMABLE)
+            .conditional_update(request.key, parts, CLAIMABLE)
             .await?;
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
@@ -465,14 +464,19 @@ impl Store for DynamoDbStore {
             .await
     }
 
-    async fn complete_transaction(
+    async fn transact_transition(
         &self,
         transition: &Transition<'_>,
         writes: Vec<TransactWriteItem>,
     ) -> Result<TransactOutcome, StoreError> {
         let parts = self.transition_parts(transition);
         let record = self.record_update(transition.key, parts, HELD_BY_TOKEN)?;
-        let token = request_token("complete", transition.key, transition.token);
+        let purpose = match transition.change {
+            Change::Complete { .. } => "complete",
+            Change::Fail { .. } => "fail",
+            Change::ExtendLease { .. } => "extend",
+        };
+        let token = request_token(purpose, transition.key, transition.token, 0);
         self.transact(record, writes, token).await
     }
 
@@ -481,10 +485,9 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: Vec<TransactWriteItem>,
     ) -> Result<TransactOutcome, StoreError> {
-        let (update, names, values) = self.claim_parts(request);
-        let record =
-            self.record_update(request.key, (update.to_owned(), names, values), CLAIMABLE)?;
-        let token = request_token("claim", request.key, request.token);
+        let parts = self.claim_parts(request, true);
+        let record = self.record_update(request.key, parts, CLAIMABLE_WITH_WRITES)?;
+        let token = request_token("claim", request.key, request.token, request.attempt);
         self.transact(record, writes, token).await
     }
 
@@ -536,16 +539,35 @@ const THROTTLING_CODES: [&str; 4] = [
     "ThrottledException",
 ];
 
+/// Service errors that may pass with a retry: the service's own trouble, and a collision with a
+/// transaction on the same item (or with an earlier attempt of the same transaction, still running).
+const TRANSIENT_CODES: [&str; 4] = [
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionConflictException",
+    "TransactionInProgressException",
+];
+
 /// Sorts an SDK error into the store's error kinds.
-pub(crate) fn classify<E, R>(table: &str, err: SdkError<E, R>) -> StoreError
+pub(crate) fn classify<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
 {
+    let transient = match &err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(service) => {
+            service.raw().status().is_server_error()
+                || err.code().is_some_and(|c| TRANSIENT_CODES.contains(&c))
+        }
+        _ => false,
+    };
     match err.code() {
         Some("ResourceNotFoundException") => StoreError::TableNotFound(table.to_owned()),
         Some("ValidationException") => StoreError::Invalid(Box::new(err)),
         Some(code) if THROTTLING_CODES.contains(&code) => StoreError::Throttled(Box::new(err)),
+        _ if transient => StoreError::Unavailable(Box::new(err)),
         _ => StoreError::Other(Box::new(err)),
     }
 }
@@ -624,5 +646,15 @@ fn parse_item(
         response,
         error: string(item, &names.error)?,
         replay_until_s: number(item, &names.replay_until)?,
+        claim_writes_in_effect: match attr(item, &names.claim_writes) {
+            None => false,
+            Some(AttributeValue::Bool(b)) => *b,
+            Some(_) => {
+                return Err(StoreError::Corrupt(format!(
+                    "attribute `{}` is not a boolean",
+                    names.claim_writes
+                )));
+            }
+        },
     })
 }

@@ -168,9 +168,16 @@ impl State {
 }
 
 /// The record a claim writes, or `Err(old)` when `old` blocks the claim: the one rule behind both
-/// [`Store::claim`] and `Store::claim_transaction`.
-fn claimed<'r>(old: Option<&'r Record>, request: &ClaimRequest<'_>) -> Result<Record, &'r Record> {
+/// [`Store::claim`] and (`with_writes`) `Store::claim_transaction`.
+fn claimed<'r>(
+    old: Option<&'r Record>,
+    request: &ClaimRequest<'_>,
+    with_writes: bool,
+) -> Result<Record, &'r Record> {
     let attempt = match old {
+        Some(old) if with_writes && !old.is_claimable_with_writes(request.now_ms) => {
+            return Err(old);
+        }
         Some(old) if !old.is_claimable(request.now_ms) => return Err(old),
         Some(old) => old.attempt + 1,
         None => 1,
@@ -186,11 +193,13 @@ fn claimed<'r>(old: Option<&'r Record>, request: &ClaimRequest<'_>) -> Result<Re
         response: None,
         error: None,
         replay_until_s: None,
+        // Like DynamoDB's update, a plain claim leaves the attribute as it was.
+        claim_writes_in_effect: with_writes || old.is_some_and(|o| o.claim_writes_in_effect),
     })
 }
 
 /// The record after `transition`, or `None` when `old` is not PENDING under the transition's token: the
-/// one rule behind both [`Store::transition`] and `Store::complete_transaction`.
+/// one rule behind both [`Store::transition`] and `Store::transact_transition`.
 fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
     let mut record = old
         .filter(|r| r.status == Status::Pending && r.token == transition.token)?
@@ -210,11 +219,15 @@ fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Rec
         Change::Fail {
             error,
             expires_at_s,
+            release_claim_writes,
         } => {
             record.status = Status::Failed;
             record.error = Some(error.to_owned());
             record.expires_at_s = expires_at_s;
             record.lease_until_ms = None;
+            if release_claim_writes {
+                record.claim_writes_in_effect = false;
+            }
         }
         Change::ExtendLease {
             lease_until_ms,
@@ -231,7 +244,7 @@ fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Rec
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut state = self.lock();
-        let record = match claimed(state.records.get(request.key), request) {
+        let record = match claimed(state.records.get(request.key), request, false) {
             Ok(record) => record,
             Err(blocking) => return Ok(ClaimOutcome::Existing(blocking.clone())),
         };
@@ -250,7 +263,7 @@ impl Store for MemoryStore {
     }
 
     #[cfg(feature = "dynamodb")]
-    async fn complete_transaction(
+    async fn transact_transition(
         &self,
         transition: &Transition<'_>,
         writes: Vec<TransactWriteItem>,
@@ -273,7 +286,7 @@ impl Store for MemoryStore {
     ) -> Result<TransactOutcome, StoreError> {
         let mut state = self.lock();
         let plan = state.tables.plan(&writes)?;
-        let record = match claimed(state.records.get(request.key), request) {
+        let record = match claimed(state.records.get(request.key), request, true) {
             Ok(record) => record,
             Err(blocking) => return Ok(TransactOutcome::Rejected(Some(blocking.clone()))),
         };
@@ -359,6 +372,7 @@ mod transaction_tests {
         ClaimRequest {
             key: KEY,
             token,
+            attempt: 1,
             now_ms: NOW_MS,
             lease_until_ms: NOW_MS + 60_000,
             expires_at_s: NOW_MS / 1000 + 3600,
@@ -400,7 +414,7 @@ mod transaction_tests {
     async fn staged_writes_commit_with_the_completion() {
         let store = claimed_store().await;
         let outcome = store
-            .complete_transaction(&complete("mine"), reserve("3"))
+            .transact_transition(&complete("mine"), reserve("3"))
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Committed);
@@ -416,7 +430,7 @@ mod transaction_tests {
         let store = claimed_store().await;
         let before = store.get(KEY).await.unwrap();
         let outcome = store
-            .complete_transaction(&complete("mine"), reserve("11"))
+            .transact_transition(&complete("mine"), reserve("11"))
             .await
             .unwrap();
         assert_eq!(
@@ -449,7 +463,7 @@ mod transaction_tests {
         // A staged write that would fail too: the record's reason wins, as in DynamoDB.
         for writes in [reserve("3"), reserve("11")] {
             let outcome = store
-                .complete_transaction(&complete("theirs"), writes)
+                .transact_transition(&complete("theirs"), writes)
                 .await
                 .unwrap();
             assert_eq!(outcome, TransactOutcome::Rejected(before.clone()));
@@ -460,7 +474,7 @@ mod transaction_tests {
 
         let empty = self::store();
         let outcome = empty
-            .complete_transaction(&complete("mine"), reserve("3"))
+            .transact_transition(&complete("mine"), reserve("3"))
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Rejected(None), "no record at all");
@@ -481,7 +495,7 @@ mod transaction_tests {
         let mut writes = vec![TransactWriteItem::builder().update(nested).build()];
         writes.extend(reserve("3").into_iter().skip(1));
         let err = store
-            .complete_transaction(&complete("mine"), writes)
+            .transact_transition(&complete("mine"), writes)
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Invalid(_)));

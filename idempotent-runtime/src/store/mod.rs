@@ -17,9 +17,15 @@ mod memory_table;
 pub struct ClaimRequest<'a> {
     /// The derived key.
     pub key: &'a str,
-    /// This claim's fresh fencing token.
+    /// This call's fresh fencing token (the same for every claim attempt of one call).
     pub token: &'a str,
-    /// The current time (epoch milliseconds); the claim condition is evaluated against it.
+    /// Which claim attempt of the call this is (1, 2, ...): each attempt carries its own times, so a
+    /// store that sends idempotency tokens (DynamoDB's `ClientRequestToken`) derives a distinct one per
+    /// attempt, while the SDK's retries of one attempt keep it.
+    pub attempt: u32,
+    /// The time the claim condition is evaluated at (epoch milliseconds): the caller's clock *less its
+    /// clock-skew margin*, so that a caller whose clock runs ahead by less than the margin never sees a
+    /// live lease as lapsed, nor a live record as expired.
     pub now_ms: u64,
     /// Until when the claim blocks other callers (epoch milliseconds).
     pub lease_until_ms: u64,
@@ -68,6 +74,9 @@ pub enum Change<'a> {
         error: &'a str,
         /// New expiry (epoch seconds).
         expires_at_s: u64,
+        /// Whether the record's claim-time writes stop being in effect (compensating writes commit with
+        /// this transition), so that the next claim applies them again.
+        release_claim_writes: bool,
     },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {
@@ -116,7 +125,12 @@ pub enum StoreError {
     /// An item that is not a record of this library.
     #[error("corrupt record: {0}")]
     Corrupt(String),
-    /// Anything else (network, permissions, validation).
+    /// The backend did not answer or failed in a way that may pass (HTTP 5xx, a timeout, a broken
+    /// connection, a conflict with a transaction), after its own retries. The request may or may not
+    /// have been applied.
+    #[error("unavailable: {}", crate::error::chain(.0.as_ref()))]
+    Unavailable(#[source] BoxError),
+    /// Anything else (permissions, a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
 }
@@ -128,18 +142,29 @@ pub enum StoreError {
 /// request, never against the store's own clock, so the caller's injectable clock decides expiry.
 #[async_trait::async_trait]
 pub trait Store: std::fmt::Debug + Send + Sync + 'static {
-    /// Claims the key if it is absent or claimable ([`Record::is_claimable`]); otherwise returns the
-    /// record that blocked it.
+    /// Claims the key if it is absent or claimable ([`Record::is_claimable`] at the request's `now_ms`);
+    /// otherwise returns the record that blocked it. A claim keeps the record's
+    /// [`claim_writes_in_effect`](Record::claim_writes_in_effect) as it was.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
 
-    /// Applies `transition` (a completion) together with the staged `writes`, atomically: all or nothing.
+    /// Applies `transition` together with the staged `writes`, atomically: all or nothing. Used for a
+    /// completion with the body's business writes (`transact`), and for a failure with compensating
+    /// writes ([`Operation::compensate_with`](crate::Operation::compensate_with)).
+    /// [`TransactOutcome::Rejected`] means the record was not PENDING under the transition's token;
+    /// [`TransactOutcome::Canceled`] carries one reason per action (index 0 is the record), whether a
+    /// write's condition failed or the transaction collided with another write
+    /// ([`CancellationReason::is_transient`](crate::CancellationReason::is_transient)).
+    ///
+    /// Retrying the same `transition` with the same `writes` must be safe: a store that may apply a
+    /// request twice (a retry after a lost response) must recognise the second one (DynamoDB: the same
+    /// `ClientRequestToken`, derived from the key, the token and the change).
     ///
     /// The default says the store does not support transactions.
     #[cfg(feature = "dynamodb")]
-    async fn complete_transaction(
+    async fn transact_transition(
         &self,
         transition: &Transition<'_>,
         writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
@@ -150,9 +175,16 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         ))
     }
 
-    /// Claims the key (as [`claim`](Store::claim)) together with the staged `writes`, atomically: the
-    /// claim and every write land together or not at all. [`TransactOutcome::Rejected`] carries the
-    /// record that blocked the claim; [`TransactOutcome::Canceled`] says which write failed.
+    /// Claims the key together with the staged `writes`, atomically: the claim and every write land
+    /// together or not at all, and the record remembers that its claim-time writes are in effect
+    /// ([`Record::claim_writes_in_effect`]).
+    ///
+    /// Stricter than [`claim`](Store::claim): a record that is claimable but still has its claim-time
+    /// writes in effect (FAILED without compensation, or a lapsed PENDING claim) is refused, so that the
+    /// writes are never applied twice; the caller then claims it with a plain [`claim`](Store::claim),
+    /// which keeps them in effect. An absent or expired record is a new operation and is claimed.
+    /// [`TransactOutcome::Rejected`] carries the record that blocked the claim;
+    /// [`TransactOutcome::Canceled`] says which write failed.
     ///
     /// The default says the store does not support transactions.
     #[cfg(feature = "dynamodb")]
