@@ -9,9 +9,9 @@ use serde::de::DeserializeOwned;
 use crate::cache::Cached;
 use crate::codec;
 use crate::config::Idempotency;
+use crate::error::CancellationReason;
 use crate::error::Error;
 use crate::record::{Record, Status};
-use crate::error::CancellationReason;
 use crate::store::{Change, ClaimOutcome, ClaimRequest, StoreError, Transition, WriteOutcome};
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
@@ -198,7 +198,8 @@ async fn claim(
     #[cfg(feature = "dynamodb")]
     if !plan.claim_writes.is_empty() {
         use crate::store::TransactOutcome;
-        let record_bytes = RECORD_UPDATE_BYTES + plan.key.len() + plan.fingerprint.map_or(0, str::len);
+        let record_bytes =
+            RECORD_UPDATE_BYTES + plan.key.len() + plan.fingerprint.map_or(0, str::len);
         if let Err(detail) =
             crate::transaction::check_limits(plan.key, record_bytes, &plan.claim_writes)
         {
@@ -529,13 +530,20 @@ impl Held<'_> {
     /// rejected or canceled for good, or transient faults outlast `persist`. Every attempt is the same
     /// request, so a store that recognises repeated requests (DynamoDB's `ClientRequestToken`) applies
     /// it once.
-    async fn store(&self, transition: &Transition<'_>, writes: &Writes, persist: &mut Persist) -> Stored {
+    async fn store(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+        persist: &mut Persist,
+    ) -> Stored {
         let namespace = self.namespace();
         loop {
             let last = match self.write_once(transition, writes).await {
                 Ok(Written::Applied) => return Stored::Applied,
                 Ok(Written::Rejected(record)) => return Stored::Rejected(record),
-                Ok(Written::Canceled(reasons)) if crate::error::transient_cancellation(&reasons) => {
+                Ok(Written::Canceled(reasons))
+                    if crate::error::transient_cancellation(&reasons) =>
+                {
                     Error::TransactionCanceled {
                         namespace: namespace.to_owned(),
                         reasons,
@@ -604,8 +612,11 @@ impl Held<'_> {
         let json = match codec::to_json(&value) {
             Ok(bytes) => bytes,
             Err(source) => {
-                self.fail(&format!("the response did not serialize: {source}"), persist)
-                    .await;
+                self.fail(
+                    &format!("the response did not serialize: {source}"),
+                    persist,
+                )
+                .await;
                 return Err(Error::Serialize {
                     namespace: namespace.to_owned(),
                     what: "response",
@@ -743,7 +754,9 @@ impl Held<'_> {
             let problem = match self.store(&transition, &writes, persist).await {
                 Stored::Applied => return,
                 // Our own earlier attempt landed; its response was lost.
-                Stored::Rejected(Some(r)) if r.token == self.token && r.status == Status::Failed => {
+                Stored::Rejected(Some(r))
+                    if r.token == self.token && r.status == Status::Failed =>
+                {
                     return;
                 }
                 Stored::Rejected(_) => {

@@ -65,8 +65,8 @@ pub mod __private;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::COMPRESS_ABOVE;
 pub use config::{
-    Builder, ConfigError, DEFAULT_CLOCK_SKEW_MARGIN, DEFAULT_LEASE, DEFAULT_RETRY_HINT, DEFAULT_TTL,
-    Idempotency, MAX_DURATION,
+    Builder, ConfigError, DEFAULT_CLOCK_SKEW_MARGIN, DEFAULT_LEASE, DEFAULT_RETRY_HINT,
+    DEFAULT_TTL, Idempotency, MAX_DURATION,
 };
 pub use error::{BoxError, CancellationReason, Error};
 pub use handler::MissingKey;

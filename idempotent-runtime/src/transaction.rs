@@ -146,6 +146,14 @@ fn target(
     write.condition_check().map(|c| (c.table_name(), c.key()))
 }
 
+/// The table a staged write targets.
+pub(crate) fn table_of(write: &TransactWriteItem) -> Option<&str> {
+    write
+        .put()
+        .map(Put::table_name)
+        .or_else(|| target(write).map(|(table, _)| table))
+}
+
 /// The `ClientRequestToken` of one of a call's transactions: 36 characters derived from (purpose, key,
 /// fencing token, attempt). `purpose` is `claim`, `complete` or `fail`; `attempt` numbers the claim
 /// attempts of one call (0 for the other purposes).

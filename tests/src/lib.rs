@@ -211,6 +211,15 @@ impl Harness {
                 (Arc::new(store), counter)
             }
         };
+        Self::over(store, requests, configure)
+    }
+
+    /// A harness over a store of the test's own (one with injected faults, say).
+    pub fn over(
+        store: Arc<dyn Store>,
+        requests: RequestCounter,
+        configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
+    ) -> Self {
         let clock = ManualClock::starting_now();
         let idem = configure(Idempotency::builder_arc(store.clone()).clock(clock.clone())).build();
         Self {

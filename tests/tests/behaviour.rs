@@ -175,7 +175,8 @@ macro_rules! behaviour {
                 assert_eq!(charge(&h.idem, &ctl, "o-1", 500).await.unwrap().run, 1, "still within ttl");
                 // Expiry has one-second granularity (`expires_at` is in epoch seconds, rounded up so a
                 // record never expires early): two seconds past the ttl it is gone.
-                h.clock.advance(Duration::from_secs(3));
+                // Past the ttl by more than the 1 s clock-skew margin.
+                h.clock.advance(Duration::from_secs(4));
                 let again = charge(&h.idem, &ctl, "o-1", 500).await.unwrap();
                 assert_eq!((ctl.runs(), again.run), (2, 2));
                 assert_eq!(h.record(NAMESPACE, "o-1").await.unwrap().attempt, 2);
@@ -191,7 +192,8 @@ macro_rules! behaviour {
                 });
                 slow.started().await;
                 // The first worker looks dead: its lease runs out and a second caller takes over.
-                h.clock.advance(Duration::from_secs(31));
+                // Past the 30 s lease by more than the 1 s clock-skew margin.
+                h.clock.advance(Duration::from_secs(32));
                 let fast = Control::default();
                 let second = charge(&h.idem, &fast, "o-1", 500).await.unwrap();
                 assert_eq!(second.run, 1);

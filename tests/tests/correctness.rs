@@ -8,6 +8,8 @@ mod claim_writes;
 mod completion;
 #[path = "correctness/defects.rs"]
 mod defects;
+#[path = "correctness/flaky.rs"]
+mod flaky;
 #[path = "correctness/shop.rs"]
 mod shop;
 #[path = "correctness/skew.rs"]

@@ -122,8 +122,9 @@ async fn with_the_local_cache_a_duplicate_takes_no_round_trip() {
         "{err:?}"
     );
     assert_eq!(h.requests.total(), 0);
-    // Past the ttl the cache does not answer, and the store says the key is new.
-    h.clock.advance(std::time::Duration::from_secs(3_602));
+    // Past the ttl (and the 1 s clock-skew margin) the cache does not answer, and the store says the key
+    // is new.
+    h.clock.advance(std::time::Duration::from_secs(3_603));
     assert_eq!(cached(&h.idem, &runs, 1, 10).await.unwrap(), 11);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(h.requests.total(), 2);

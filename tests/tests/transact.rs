@@ -267,7 +267,8 @@ async fn a_claim_taken_over_before_commit_applies_nothing() {
         async move { reserve(&idem, &shop, &slow, "o-1", 4).await }
     });
     slow.hold.as_ref().unwrap().0.notified().await;
-    h.clock.advance(Duration::from_secs(31));
+    // Past the 30 s lease by more than the 1 s clock-skew margin.
+    h.clock.advance(Duration::from_secs(32));
     let fast = Control::default();
     assert_eq!(reserve(&h.idem, &shop, &fast, "o-1", 4).await.unwrap(), 1);
     slow.hold.as_ref().unwrap().1.add_permits(1);
@@ -364,14 +365,18 @@ async fn a_transaction_refused_as_invalid_releases_the_claim_for_a_retry() {
     let err = invalid_write(&h.idem, "no-such-business-table", "o-1")
         .await
         .unwrap_err();
-    let ShopError::Idempotency(Error::Store { source, .. }) = &err else {
-        panic!("expected a store error, got {err:?}")
+    let ShopError::Idempotency(Error::WriteRejected { source, .. }) = &err else {
+        panic!("expected the business write's own error, got {err:?}")
     };
     assert!(
         source
             .to_string()
             .contains("a table in the transaction does not exist"),
         "{source}"
+    );
+    assert!(
+        source.to_string().contains("`no-such-business-table`"),
+        "the candidate tables are named: {source}"
     );
     let record = h.record("transact::invalid", "o-1").await.unwrap();
     assert_eq!(

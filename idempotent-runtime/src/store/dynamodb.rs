@@ -287,6 +287,13 @@ impl DynamoDbStore {
         request_token: String,
     ) -> Result<TransactOutcome, StoreError> {
         let inner = &self.inner;
+        // Named in the error if one of them does not exist (DynamoDB does not say which).
+        let mut tables: Vec<String> = writes
+            .iter()
+            .filter_map(|w| crate::transaction::table_of(w).map(str::to_owned))
+            .collect();
+        tables.sort_unstable();
+        tables.dedup();
         let mut items = Vec::with_capacity(writes.len() + 1);
         items.push(TransactWriteItem::builder().update(record).build());
         items.extend(writes);
@@ -308,7 +315,9 @@ impl DynamoDbStore {
             if err.code() == Some("ResourceNotFoundException") {
                 return Err(StoreError::Invalid(
                     format!(
-                        "a table in the transaction does not exist: {}",
+                        "a table in the transaction does not exist (the idempotency table `{}`, or one of `{}`): {}",
+                        inner.table,
+                        tables.join("`, `"),
                         crate::error::chain(&err)
                     )
                     .into(),

@@ -16,7 +16,12 @@ use crate::on_both_stores;
 const NAMESPACE: &str = "correctness::reserve";
 
 /// Reserves 3 units at claim time; the body fails when told to.
-async fn reserve(h: &Harness, shop: &Shop, runs: &AtomicUsize, fail: bool) -> Result<u64, AppError> {
+async fn reserve(
+    h: &Harness,
+    shop: &Shop,
+    runs: &AtomicUsize,
+    fail: bool,
+) -> Result<u64, AppError> {
     h.idem
         .operation(NAMESPACE, "order-1")
         .claim_with([shop.take(3)])
@@ -32,7 +37,10 @@ async fn a_retry_after_a_failure_does_not_reserve_again(backend: Backend) {
     let shop = Shop::new(&h, 10).await;
     let runs = AtomicUsize::new(0);
 
-    assert!(matches!(reserve(&h, &shop, &runs, true).await, Err(AppError::Declined)));
+    assert!(matches!(
+        reserve(&h, &shop, &runs, true).await,
+        Err(AppError::Declined)
+    ));
     assert_eq!(shop.available().await, 7, "reserved at claim time");
     let record = h.record(NAMESPACE, "order-1").await.unwrap();
     assert_eq!(record.status, Status::Failed);
@@ -107,4 +115,68 @@ on_both_stores!(
     a_retry_after_a_failure_does_not_reserve_again,
     a_takeover_does_not_reserve_again,
     expiry_starts_a_new_operation_that_reserves_again,
+);
+
+async fn compensating_writes_release_the_claim_writes_with_the_failure(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = &AtomicUsize::new(0);
+    let call = |fail: bool| {
+        h.idem
+            .operation(NAMESPACE, "order-1")
+            .claim_with([shop.take(3)])
+            .compensate_with([shop.give_back(3)])
+            .run(move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if fail { Err(AppError::Declined) } else { Ok(3) }
+            })
+    };
+    assert!(matches!(call(true).await, Err(AppError::Declined)));
+    assert_eq!(
+        shop.available().await,
+        10,
+        "the compensation committed with FAILED"
+    );
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert!(!record.claim_writes_in_effect);
+
+    // Released: the next claim reserves again, once.
+    assert_eq!(call(false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 7);
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert!(record.claim_writes_in_effect);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Compensation whose own condition fails: the failure is recorded without it, and the claim-time
+/// writes stay in effect, so the retry does not reserve again.
+async fn a_refused_compensation_keeps_the_claim_writes_in_effect(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = &AtomicUsize::new(0);
+    let call = |fail: bool| {
+        h.idem
+            .operation(NAMESPACE, "order-2")
+            .claim_with([shop.take(3)])
+            // Gives back more than could have been taken: its condition (available >= 20) fails.
+            .compensate_with([shop.take(20)])
+            .run(move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if fail { Err(AppError::Declined) } else { Ok(3) }
+            })
+    };
+    assert!(matches!(call(true).await, Err(AppError::Declined)));
+    let record = h.record(NAMESPACE, "order-2").await.unwrap();
+    assert_eq!(record.status, Status::Failed, "the key is free at once");
+    assert!(record.claim_writes_in_effect);
+    assert_eq!(shop.available().await, 7);
+    assert_eq!(call(false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 7, "not reserved twice");
+}
+
+on_both_stores!(
+    compensating_writes_release_the_claim_writes_with_the_failure,
+    a_refused_compensation_keeps_the_claim_writes_in_effect,
 );

@@ -106,8 +106,15 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
     assert_eq!(waiter.await.unwrap().unwrap(), 3);
 
     let tokens = proxy.request_tokens();
-    assert_eq!(tokens.len(), 3, "attempt 1, its SDK retry, attempt 2: {tokens:?}");
-    assert_eq!(tokens[0], tokens[1], "an SDK retry keeps its attempt's token");
+    assert_eq!(
+        tokens.len(),
+        3,
+        "attempt 1, its SDK retry, attempt 2: {tokens:?}"
+    );
+    assert_eq!(
+        tokens[0], tokens[1],
+        "an SDK retry keeps its attempt's token"
+    );
     assert_ne!(
         tokens[1], tokens[2],
         "a new claim attempt (new time, lease and expiry) needs a new token"
