@@ -10,11 +10,20 @@ use crate::diag::Diagnostics;
 
 /// Every argument, in the order the documentation lists them.
 const ARGUMENTS: &str =
-    "`key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `crate`";
+    "`key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`";
+
+/// The accepted values of `missing_key`, as the diagnostics list them.
+const MISSING_KEY_VALUES: &str = r#""reject", "allow" or "skip""#;
 
 /// A duration given as a string literal, checked.
 pub(crate) struct DurationArg {
     pub(crate) value: Duration,
+    pub(crate) literal: LitStr,
+}
+
+/// `missing_key = ".."`: the runtime's `MissingKey` variant to emit, spanned on its literal.
+pub(crate) struct MissingKeyArg {
+    pub(crate) variant: Ident,
     pub(crate) literal: LitStr,
 }
 
@@ -29,6 +38,7 @@ pub(crate) struct Args {
     pub(crate) name: Option<LitStr>,
     pub(crate) store: Option<Expr>,
     pub(crate) transact: Option<Ident>,
+    pub(crate) missing_key: Option<MissingKeyArg>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -78,6 +88,7 @@ impl Args {
                 "wait" => out.wait = duration(&name, &value, true, diag),
                 "name" => out.name = name_literal(&value, diag),
                 "transact" => out.transact = transact_ident(&value, diag),
+                "missing_key" => out.missing_key = missing_key(&value, diag),
                 "crate" => out.krate = crate_path(&value, diag),
                 _ => unreachable!("listed in ARGUMENTS"),
             }
@@ -89,6 +100,16 @@ impl Args {
                 Span::call_site(),
                 "missing `key` argument; expected `#[idempotent(key = <expr>, ttl = \"<duration>\")]`",
             ));
+        }
+        // Staged writes commit only with a record, so skipping it would drop them without a word.
+        if let (Some(MissingKeyArg { variant, literal }), Some(_)) =
+            (&out.missing_key, &out.transact)
+            && variant == "Skip"
+        {
+            diag.error(
+                literal,
+                "`missing_key = \"skip\"` cannot be combined with `transact`: without a record, the staged writes would never commit; expected \"reject\" or \"allow\"",
+            );
         }
         Ok(out)
     }
@@ -104,6 +125,7 @@ fn example(name: &str) -> &'static str {
         "wait" => "\"5s\"",
         "name" => "\"charge-v1\"",
         "transact" => "tx",
+        "missing_key" => "\"allow\"",
         _ => "\"idempotent_runtime\"",
     }
 }
@@ -210,6 +232,32 @@ fn name_literal(value: &Expr, diag: &mut Diagnostics) -> Option<LitStr> {
             None
         }
     }
+}
+
+fn missing_key(value: &Expr, diag: &mut Diagnostics) -> Option<MissingKeyArg> {
+    let Some(literal) = string_literal(value) else {
+        diag.error(
+            value,
+            format!("`missing_key` must be a string literal: {MISSING_KEY_VALUES}"),
+        );
+        return None;
+    };
+    let variant = match literal.value().as_str() {
+        "reject" => "Reject",
+        "allow" => "Allow",
+        "skip" => "Skip",
+        text => {
+            diag.error(
+                literal,
+                format!("invalid `missing_key` {text:?}: expected {MISSING_KEY_VALUES}"),
+            );
+            return None;
+        }
+    };
+    Some(MissingKeyArg {
+        variant: Ident::new(variant, literal.span()),
+        literal: literal.clone(),
+    })
 }
 
 fn transact_ident(value: &Expr, diag: &mut Diagnostics) -> Option<Ident> {

@@ -5,7 +5,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Expr, Ident, ItemFn, ReturnType, Stmt, Type};
 
-use crate::args::{Args, DurationArg};
+use crate::args::{Args, DurationArg, MissingKeyArg};
 
 /// Rewrites `item` into claim → execute → complete/fail around its body.
 ///
@@ -31,6 +31,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let ttl = optional_duration(args.ttl.as_ref());
     let lease = optional_duration(args.lease.as_ref());
     let wait = optional_duration(args.wait.as_ref());
+    let missing_key = emit.missing_key();
     let assert_output = emit.assert_output();
     let handle = emit.handle();
     let key = emit.key();
@@ -46,7 +47,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
                 ttl: #ttl,
                 lease: #lease,
                 wait: #wait,
-                missing_key: #private::MissingKey::Reject,
+                missing_key: #missing_key,
             };
             #assert_output
             let __idempotent_handle = #handle;
@@ -104,6 +105,16 @@ impl Emit<'_> {
         let output = self.output;
         let private = self.private(output.span());
         quote_spanned!(output.span()=> #private::assert_output::<#output>();)
+    }
+
+    /// The `MissingKey` variant; a given one is spanned on its literal.
+    fn missing_key(&self) -> TokenStream {
+        let Some(MissingKeyArg { variant, literal }) = &self.args.missing_key else {
+            let private = self.private(Span::call_site());
+            return quote!(#private::MissingKey::Reject);
+        };
+        let private = self.private(literal.span());
+        quote_spanned!(literal.span()=> #private::MissingKey::#variant)
     }
 
     fn handle(&self) -> TokenStream {
@@ -312,7 +323,8 @@ mod tests {
     #[test]
     fn renamed_crate_is_the_only_path_to_the_runtime() {
         let out = expanded(quote! {
-            key = order_id, payload = order_id, store = idem, transact = tx, crate = "idem"
+            key = order_id, payload = order_id, store = idem, transact = tx, missing_key = "allow",
+            crate = "idem"
         });
         assert!(!out.contains("idempotent_runtime"), "{out}");
         assert!(
@@ -329,5 +341,20 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("execute_transact"), "{out}");
+    }
+
+    #[test]
+    fn missing_key_is_rejected_unless_the_attribute_says_otherwise() {
+        let policy = |out: String| {
+            ["Reject", "Allow", "Skip"]
+                .into_iter()
+                .filter(|v| out.contains(&format!("MissingKey :: {v}")))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(policy(expanded(quote!(key = order_id))), ["Reject"]);
+        for (given, emitted) in [("reject", "Reject"), ("allow", "Allow"), ("skip", "Skip")] {
+            let out = expanded(quote!(key = order_id, missing_key = #given));
+            assert_eq!(policy(out), [emitted], "{given}");
+        }
     }
 }

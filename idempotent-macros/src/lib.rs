@@ -50,7 +50,8 @@ use proc_macro::TokenStream;
 /// What makes two calls the same call: any `serde::Serialize` expression over the parameters, `self` and
 /// parameters bound by patterns included; a tuple for a composite key. It is evaluated on every call,
 /// before the body, by reference (see [Limitations](#limitations)), and hashed together with the namespace
-/// (`name`) into the record's key, so the store never sees the key's values.
+/// (`name`) into the record's key, so the store never sees the key's values. A key that is `None`, or a
+/// tuple key with a `None` part, is missing, and the call is rejected unless `missing_key` says otherwise.
 ///
 /// ```
 /// # use idempotent_runtime::{Error, idempotent};
@@ -204,6 +205,30 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// ## `missing_key = "reject" | "allow" | "skip"`
+///
+/// What a call without a key means. A key is missing when it serializes to `null` (an `Option` that is
+/// `None`), or when it is a tuple or array with a `null` element at its top level (`key = (tenant,
+/// order_id)` with no `order_id`); a `null` deeper inside the key is a value, and so are `""`, `0`,
+/// `false`, `[]` and `{}`. Keyless calls must not share one record, where the second would get the first
+/// one's result:
+///
+/// - `"reject"` (the default): the call returns `Error::MissingKey` before anything is sent; the body does
+///   not run and no record is written.
+/// - `"allow"`: `null` is a deliberate value, hashed like any other, so every call with that key shares
+///   one record.
+/// - `"skip"`: the body runs without idempotency (no store call, no record, no replay), and a warning
+///   naming the namespace is logged with `tracing`. Not with `transact`, whose staged writes only commit
+///   with a record.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// #[idempotent(key = request_id, missing_key = "skip")]
+/// async fn notify(request_id: Option<String>, message: String) -> Result<usize, Error> {
+///     Ok(message.len()) // sent once per request id; without one, on every call
+/// }
+/// ```
+///
 /// ## `crate = "<path>"`
 ///
 /// Where the runtime is, when it is not `::idempotent_runtime`; see
@@ -252,8 +277,8 @@ use proc_macro::TokenStream;
 ///
 /// The differences are in the details: the generated code checks the return type where it is written, so
 /// a type error points at `-> ...`; it computes the handle, key and fingerprint before the claim and
-/// reports a failure among them (no handle installed, a key that does not serialize) through `E` without
-/// running the body; it needs no `E: Display` (a FAILED record stores the error's `Display` text when it
+/// reports a failure among them (no handle installed, a key that does not serialize or is missing) through
+/// `E` without running the body; it needs no `E: Display` (a FAILED record stores the error's `Display` text when it
 /// has one, and its type name otherwise); and its locals are prefixed `__idempotent_`, so they never
 /// collide with the body's.
 ///

@@ -217,7 +217,7 @@ pub enum Error {
     /// The key serialized to `null`, or a top-level tuple or array key has a `null` element: the call has
     /// no key. Nothing was sent and the body did not run (see [`MissingKey`](crate::MissingKey)).
     #[error(
-        "`{namespace}`: the idempotency key is missing (it serialized to `null`, or a part of it did); pass a key, or declare `missing_key = \"allow\"` (null is a deliberate value) or `missing_key = \"skip\"` (run without idempotency)"
+        "`{namespace}`: the idempotency key is missing (it serialized to `null`, or a part of it did); pass a key, or declare that null is a deliberate value (`missing_key = \"allow\"`, `MissingKey::Allow`) or that such calls run without idempotency (`\"skip\"`, `MissingKey::Skip`; not with business writes)"
     )]
     MissingKey {
         /// The key's namespace.

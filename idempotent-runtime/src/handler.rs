@@ -44,7 +44,9 @@ pub enum MissingKey {
     Reject,
     /// `null` is a deliberate value: every call whose key is `null` shares one record.
     Allow,
-    /// Run the body without idempotency (no record, no replay) and log a warning.
+    /// Run the body without idempotency (no record, no replay) and log a warning. Not with business
+    /// writes (`transact`, `claim_with`): they commit only with a record, so such a call is rejected as
+    /// with [`Reject`](Self::Reject) (the attribute refuses the combination at compile time).
     Skip,
 }
 

@@ -1,4 +1,5 @@
-//! Key derivation: `"{namespace}#{hex(sha256(canonical_json(key)))}"`, and payload fingerprints.
+//! Key derivation: `"{namespace}#{hex(sha256(canonical_json(key)))}"`, payload fingerprints, and the
+//! missing-key rule (`DerivedKey::resolve`).
 //!
 //! Canonical JSON is what `serde_json::to_vec(&serde_json::to_value(x)?)` gives: object keys sorted,
 //! no whitespace. [`Canonical`] writes those same bytes directly, without building the `Value` tree
@@ -13,6 +14,9 @@ use std::ops::Range;
 use serde::Serialize;
 use serde::ser::{self, Error as _};
 use sha2::{Digest, Sha256};
+
+use crate::Error;
+use crate::handler::{Call, MissingKey};
 
 /// Serializes `value` to canonical JSON: object keys sorted (maps of any order hash the same), no
 /// whitespace.
@@ -38,18 +42,31 @@ fn canonical_json_via_value<T: Serialize + ?Sized>(
     serde_json::to_vec(&value)
 }
 
-fn sha256_hex<T: Serialize + ?Sized>(value: &T, prefix: &str) -> Result<String, serde_json::Error> {
-    let digest = Sha256::digest(canonical_json(value)?);
+/// `prefix` followed by the hex SHA-256 of `json`.
+fn sha256_hex(json: &[u8], prefix: &str) -> String {
+    let digest = Sha256::digest(json);
     let mut hex = [0_u8; 64];
     hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
     let mut out = String::with_capacity(prefix.len() + hex.len());
     out.push_str(prefix);
     out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
-    Ok(out)
+    out
+}
+
+/// `"{namespace}#{hex(sha256(json))}"`.
+fn record_key(namespace: &str, json: &[u8]) -> String {
+    let mut prefix = String::with_capacity(namespace.len() + 1);
+    prefix.push_str(namespace);
+    prefix.push('#');
+    sha256_hex(json, &prefix)
 }
 
 /// The record key for `key` in `namespace`: fixed length past the namespace, no personal data, and two
 /// namespaces never collide.
+///
+/// Every key is hashed, a missing one (see [`MissingKey`]) included: this is the key a call with
+/// [`MissingKey::Allow`] uses. `#[idempotent]` and [`Idempotency::operation`](crate::Idempotency::operation)
+/// apply their [`MissingKey`] policy before they get this far.
 ///
 /// # Errors
 /// `serde_json`'s error when `key` does not serialize (a map with non-string keys, a failing `Serialize`).
@@ -63,10 +80,7 @@ pub fn derive_key<T: Serialize + ?Sized>(
     namespace: &str,
     key: &T,
 ) -> Result<String, serde_json::Error> {
-    let mut prefix = String::with_capacity(namespace.len() + 1);
-    prefix.push_str(namespace);
-    prefix.push('#');
-    sha256_hex(key, &prefix)
+    Ok(record_key(namespace, &canonical_json(key)?))
 }
 
 /// The fingerprint stored for a `payload`: hex SHA-256 of its canonical JSON.
@@ -74,7 +88,95 @@ pub fn derive_key<T: Serialize + ?Sized>(
 /// # Errors
 /// `serde_json`'s error when `payload` does not serialize.
 pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_json::Error> {
-    sha256_hex(payload, "")
+    Ok(sha256_hex(&canonical_json(payload)?, ""))
+}
+
+/// A record key, and whether the key it was derived from is missing. Both front doors (the attribute's
+/// generated code and [`Operation`](crate::Operation)) derive one first and decide what it means later,
+/// with `resolve`, once the call's [`MissingKey`] policy is known.
+#[derive(Debug, Clone)]
+pub struct DerivedKey {
+    key: String,
+    missing: bool,
+}
+
+impl DerivedKey {
+    /// Derives the record key for `key` in `namespace` (as [`derive_key`]) and tells whether `key` is
+    /// missing, from the one canonical serialization both need.
+    pub(crate) fn new<T: Serialize + ?Sized>(
+        namespace: &str,
+        key: &T,
+    ) -> Result<Self, serde_json::Error> {
+        let json = canonical_json(key)?;
+        Ok(DerivedKey {
+            missing: is_missing(&json),
+            key: record_key(namespace, &json),
+        })
+    }
+
+    /// Applies `call`'s [`MissingKey`] policy: the record key to run with, or `None` to run the body
+    /// without idempotency ([`MissingKey::Skip`]). `stages_writes` says the call has business writes
+    /// that can only commit together with a record (`transact`, `claim_with`): skipping would drop them
+    /// silently, so a missing key is rejected there whatever the policy says, unless it is `Allow`.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`] when the key is missing and the policy does not allow it.
+    pub(crate) fn resolve(self, call: &Call, stages_writes: bool) -> Result<Option<String>, Error> {
+        if !self.missing {
+            return Ok(Some(self.key));
+        }
+        match call.missing_key {
+            MissingKey::Allow => Ok(Some(self.key)),
+            MissingKey::Skip if !stages_writes => {
+                tracing::warn!(
+                    namespace = call.namespace,
+                    "the idempotency key is missing; running the body without idempotency (missing_key = \"skip\")"
+                );
+                Ok(None)
+            }
+            MissingKey::Reject | MissingKey::Skip => Err(Error::MissingKey {
+                namespace: call.namespace.to_owned(),
+            }),
+        }
+    }
+}
+
+/// Whether the canonical JSON `json` is a missing key: `null`, or a top-level array (tuples serialize as
+/// arrays) with a `null` element. Deeper nulls are values: `(1, (None, 2))` and `{"a": null}` are keys.
+fn is_missing(json: &[u8]) -> bool {
+    match json {
+        b"null" => true,
+        [b'[', ..] => has_null_element(json),
+        _ => false,
+    }
+}
+
+/// Whether the canonical JSON array `array` has a `null` element at its top level.
+fn has_null_element(array: &[u8]) -> bool {
+    let mut depth = 0_usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in array {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth -= 1,
+            // Canonical JSON has no whitespace, and no number or boolean contains an `n`: outside
+            // strings, it can only begin a `null`.
+            b'n' if depth == 1 => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Tells [`canonical_json`] to take the `Value` path; never seen by callers.
@@ -936,6 +1038,159 @@ mod tests {
             (Duplicates, Kind::Unit),
         ]);
         direct(&HashMap::from([(1_u8, vec![Duplicates]), (0_u8, vec![])]));
+    }
+
+    /// Whether `key` is missing.
+    fn missing<T: Serialize + ?Sized>(key: &T) -> bool {
+        DerivedKey::new("n", key).unwrap().missing
+    }
+
+    #[derive(Serialize)]
+    struct Order {
+        tenant: u32,
+        id: Option<String>,
+    }
+
+    #[test]
+    fn null_and_null_parts_of_a_tuple_or_array_are_missing() {
+        assert!(missing(&None::<String>));
+        // serde writes `Some(None)` as a plain `null`: nothing tells it from `None`.
+        assert!(missing(&Some(None::<u8>)));
+        assert!(missing(&(1, None::<u8>)));
+        assert!(missing(&(None::<u8>,)));
+        assert!(missing(&[Some(1), None]));
+        assert!(missing(&vec![None::<u8>, Some(2)]));
+        assert!(missing(&serde_json::Value::Null));
+        // A null after nested containers and strings that look like JSON is still at the top level.
+        assert!(missing(&(
+            vec![vec![1]],
+            BTreeMap::from([("a", [None::<u8>])]),
+            "]}\"null\\",
+            None::<u8>
+        )));
+        // What counts is the JSON: `()` and a NaN have no other value than `null` either.
+        assert!(missing(&()));
+        assert!(missing(&(1, f64::NAN)));
+    }
+
+    #[test]
+    fn empty_and_false_values_and_deeper_nulls_are_keys() {
+        assert!(!missing(""));
+        assert!(!missing(&0));
+        assert!(!missing(&false));
+        assert!(!missing(&Vec::<u8>::new()));
+        assert!(!missing(&BTreeMap::<String, u8>::new()));
+        assert!(!missing(&Some(0)));
+        assert!(!missing(&("", 0, false)));
+        assert!(!missing("null"));
+        assert!(!missing(&("null", "n")));
+        // An escaped quote or backslash does not end the string early.
+        assert!(!missing(&("a\"n", 1)));
+        assert!(!missing(&("back\\", "n")));
+        // Only the top level counts.
+        assert!(!missing(&(1, (None::<u8>, 2))));
+        assert!(!missing(&[[None::<u8>]]));
+        assert!(!missing(&Order {
+            tenant: 1,
+            id: None
+        }));
+        assert!(!missing(&(serde_json::json!({"a": null}),)));
+        assert!(!missing(&Kind::Newtype(0)));
+        assert!(!missing(&Some(Kind::Unit)));
+    }
+
+    /// JSON values over a few leaves chosen to trip a scanner (strings holding `null`, brackets, quotes,
+    /// backslashes), nested `depth` levels deep: arrays of up to two elements, objects of one entry.
+    fn values(depth: usize) -> Vec<serde_json::Value> {
+        use serde_json::{Value, json};
+        let mut all = vec![
+            Value::Null,
+            json!(true),
+            json!(false),
+            json!(0),
+            json!(-1.5e3),
+            json!(""),
+            json!("n"),
+            json!("null"),
+            json!("\\"),
+            json!("\""),
+            json!("\\\",null,\""),
+            json!("]n["),
+            json!("{"),
+        ];
+        if depth > 0 {
+            let inner = values(depth - 1);
+            all.push(json!([]));
+            for a in &inner {
+                all.push(json!([a]));
+                all.push(json!({ "n": a }));
+                for b in &inner {
+                    all.push(json!([a, b]));
+                }
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_scan_agrees_with_the_json_tree_on_every_small_value() {
+        use serde_json::Value;
+        let values = values(2);
+        assert!(values.len() > 40_000, "{}", values.len());
+        for value in values {
+            let expected = value.is_null()
+                || value
+                    .as_array()
+                    .is_some_and(|elements| elements.iter().any(Value::is_null));
+            let json = canonical_json(&value).unwrap();
+            assert_eq!(
+                is_missing(&json),
+                expected,
+                "{}",
+                String::from_utf8_lossy(&json)
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_key_hashes_as_derive_key_does() {
+        // `MissingKey::Allow` keeps the record key that keyless calls have always had.
+        let derived = DerivedKey::new("n", &None::<String>).unwrap();
+        assert_eq!(derived.key, derive_key("n", &None::<String>).unwrap());
+        let derived = DerivedKey::new("n", &("a", 1)).unwrap();
+        assert_eq!(derived.key, derive_key("n", &("a", 1)).unwrap());
+    }
+
+    #[test]
+    fn the_policy_decides_what_a_missing_key_means() {
+        let call = |missing_key| Call {
+            missing_key,
+            ..Call::new("n")
+        };
+        let resolve = |key: Option<&str>, policy, stages_writes| {
+            DerivedKey::new("n", &key)
+                .unwrap()
+                .resolve(&call(policy), stages_writes)
+        };
+        let is_rejected = |result: Result<Option<String>, Error>| matches!(result, Err(Error::MissingKey { namespace }) if namespace == "n");
+        let present = derive_key("n", &Some("k")).unwrap();
+        let null = derive_key("n", &None::<&str>).unwrap();
+        for policy in [MissingKey::Reject, MissingKey::Allow, MissingKey::Skip] {
+            for stages_writes in [false, true] {
+                let key = resolve(Some("k"), policy, stages_writes).unwrap();
+                assert_eq!(key.as_ref(), Some(&present), "{policy:?}");
+            }
+        }
+        assert!(is_rejected(resolve(None, MissingKey::Reject, false)));
+        assert!(is_rejected(resolve(None, MissingKey::Reject, true)));
+        assert_eq!(
+            resolve(None, MissingKey::Allow, false).unwrap(),
+            Some(null.clone())
+        );
+        assert_eq!(resolve(None, MissingKey::Allow, true).unwrap(), Some(null));
+        assert_eq!(resolve(None, MissingKey::Skip, false).unwrap(), None);
+        // Skipping would drop the writes that only commit with a record.
+        assert!(is_rejected(resolve(None, MissingKey::Skip, true)));
     }
 
     #[test]

@@ -40,6 +40,7 @@
 //! | first call, success or failure | 2 (claim, complete/fail) |
 //! | duplicate of a COMPLETED key | 1 (the claim's failed condition returns the record) |
 //! | duplicate while PENDING | 1 |
+//! | missing key, rejected or skipped ([`MissingKey`]) | 0 |
 //!
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).

@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::handler::{Call, Plan, Writes, run};
-use crate::{Error, Idempotency};
+use crate::key::DerivedKey;
+use crate::{Error, Idempotency, MissingKey};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
 ///
@@ -32,7 +33,7 @@ use crate::{Error, Idempotency};
 pub struct Operation<'a> {
     idem: &'a Idempotency,
     call: Call,
-    key: Result<String, Error>,
+    key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     claim_writes: Writes,
     compensation: Writes,
@@ -40,7 +41,8 @@ pub struct Operation<'a> {
 
 impl Idempotency {
     /// An idempotent call of `namespace` with `key` (any `Serialize` value; hashed as the attribute's
-    /// `key = ..`). A key that does not serialize is reported by `run`, before anything is sent.
+    /// `key = ..`). A key that does not serialize, or a missing one (see
+    /// [`Operation::missing_key`]), is reported by `run`, before anything is sent.
     pub fn operation<K: Serialize + ?Sized>(
         &self,
         namespace: &'static str,
@@ -74,6 +76,37 @@ impl Operation<'_> {
     /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.call.wait = Some(wait);
+        self
+    }
+
+    /// What a missing key means: one that serializes to `null`, or a tuple or array key with a `null`
+    /// element (default: [`MissingKey::Reject`], `run` returns [`Error::MissingKey`]).
+    ///
+    /// With [`MissingKey::Skip`], `run` calls the body alone, without the store. Business writes only
+    /// commit together with a record, so an operation that has them ([`run_transact`](Self::run_transact),
+    /// [`claim_with`](Self::claim_with)) rejects a missing key under `Skip` rather than drop them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use idempotent_runtime::{Error, Idempotency, MissingKey};
+    /// let idem = Idempotency::in_memory();
+    /// let order_id: Option<&str> = None;
+    /// let rejected = idem
+    ///     .operation("shop::checkout", &order_id)
+    ///     .run(|| async { Ok::<_, Error>(1) })
+    ///     .await;
+    /// assert!(matches!(rejected, Err(Error::MissingKey { .. })));
+    /// let unprotected = idem
+    ///     .operation("shop::checkout", &order_id)
+    ///     .missing_key(MissingKey::Skip)
+    ///     .run(|| async { Ok::<_, Error>(2) })
+    ///     .await?;
+    /// assert_eq!(unprotected, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.call.missing_key = missing_key;
         self
     }
 
@@ -121,25 +154,28 @@ impl Operation<'_> {
         self
     }
 
-    fn prepare(&mut self) -> Result<(String, Option<String>), Error> {
-        let key = std::mem::replace(&mut self.key, Ok(String::new()))?;
-        let fingerprint = self.fingerprint.take().transpose()?;
-        Ok((key, fingerprint))
-    }
-
     /// Runs `body` at most once per key while its record lives, and returns its (possibly replayed)
     /// result. The error's `Display` text is stored on FAILED records.
     ///
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`.
-    pub async fn run<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error> + Display,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (key, fingerprint) = self.prepare()?;
+        // Writes that commit with the claim exist only with the `dynamodb` feature.
+        #[cfg(feature = "dynamodb")]
+        let stages_writes = !self.claim_writes.is_empty();
+        #[cfg(not(feature = "dynamodb"))]
+        let stages_writes = false;
+        let Some((key, fingerprint)) =
+            prepare(&self.call, self.key, self.fingerprint, stages_writes)?
+        else {
+            return body().await;
+        };
         let plan = Plan {
             call: &self.call,
             key: &key,
@@ -163,14 +199,17 @@ impl Operation<'_> {
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`.
     #[cfg(feature = "dynamodb")]
-    pub async fn run_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error> + Display,
         F: FnOnce(crate::Transaction) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (key, fingerprint) = self.prepare()?;
+        let Some((key, fingerprint)) = prepare(&self.call, self.key, self.fingerprint, true)?
+        else {
+            unreachable!("a call that stages writes never skips the store")
+        };
         let transaction = crate::Transaction::new();
         let staged = transaction.clone();
         let plan = Plan {
@@ -186,4 +225,19 @@ impl Operation<'_> {
         })
         .await
     }
+}
+
+/// The record key and fingerprint to run with, or `None` to run the body without idempotency (a missing
+/// key under [`MissingKey::Skip`]); the first error among them otherwise.
+fn prepare(
+    call: &Call,
+    key: Result<DerivedKey, Error>,
+    fingerprint: Option<Result<String, Error>>,
+    stages_writes: bool,
+) -> Result<Option<(String, Option<String>)>, Error> {
+    let key = key?;
+    let fingerprint = fingerprint.transpose()?;
+    Ok(key
+        .resolve(call, stages_writes)?
+        .map(|key| (key, fingerprint)))
 }

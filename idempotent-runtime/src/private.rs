@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use crate::handler::{Call, MissingKey};
+pub use crate::key::DerivedKey;
 use crate::{Error, Idempotency};
 
 /// The return types `#[idempotent]` accepts: `Result<T, E>` (or an alias of it) with a storable `T` and an
@@ -118,9 +119,10 @@ pub fn installed(call: &Call) -> Result<Idempotency, Error> {
     })
 }
 
-/// The record key for the attribute's `key` expression.
-pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Result<String, Error> {
-    crate::key::derive_key(call.namespace, key).map_err(|source| Error::Serialize {
+/// The record key for the attribute's `key` expression; whether it may be used is decided by
+/// [`execute`], with the call's [`MissingKey`] policy.
+pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Result<DerivedKey, Error> {
+    DerivedKey::new(call.namespace, key).map_err(|source| Error::Serialize {
         namespace: call.namespace.to_owned(),
         what: "key",
         source,
@@ -139,18 +141,19 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<St
 /// Everything evaluated before the body, or the first error among them.
 fn prepare(
     handle: Result<Idempotency, Error>,
-    key: Result<String, Error>,
+    key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
-) -> Result<(Idempotency, String, Option<String>), Error> {
+) -> Result<(Idempotency, DerivedKey, Option<String>), Error> {
     Ok((handle?, key?, fingerprint.transpose()?))
 }
 
 /// Runs the state machine around `body`. Errors found before the body (no store, a key that does not
-/// serialize) come back through `E: From<Error>`, and the body does not run.
+/// serialize, a missing key the call rejects) come back through `E: From<Error>`, and the body does not
+/// run. A missing key with [`MissingKey::Skip`] runs the body alone, without the store.
 pub async fn execute<R, F, D>(
     handle: Result<Idempotency, Error>,
     call: &Call,
-    key: Result<String, Error>,
+    key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     describe: D,
     body: F,
@@ -167,7 +170,7 @@ where
 async fn drive<R, F, D>(
     handle: Result<Idempotency, Error>,
     call: &Call,
-    key: Result<String, Error>,
+    key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     staging: Option<&crate::handler::Staging>,
     describe: D,
@@ -180,6 +183,11 @@ where
 {
     let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
         Ok(p) => p,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
+    let key = match key.resolve(call, staging.is_some()) {
+        Ok(Some(key)) => key,
+        Ok(None) => return body.await,
         Err(e) => return R::from_result(Err(e.into())),
     };
     let body = async move { body.await.into_result() };
@@ -227,11 +235,13 @@ pub fn transaction() -> crate::Transaction {
 }
 
 /// [`execute`] for `transact = ..`: the writes staged on `transaction` commit with the COMPLETED record.
+/// A missing key is rejected under [`MissingKey::Skip`] too: without a record, they could not commit
+/// (the attribute refuses that combination at compile time).
 #[cfg(feature = "dynamodb")]
 pub async fn execute_transact<R, F, D>(
     handle: Result<Idempotency, Error>,
     call: &Call,
-    key: Result<String, Error>,
+    key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     transaction: crate::Transaction,
     describe: D,

@@ -2,6 +2,8 @@
 //! each failed before its fix. They run on both stores wherever the store can show the hole, and fault
 //! cases go through the fault proxy in front of DynamoDB Local.
 
+// A test target's root resolves `mod` next to itself (in `tests/`), where cargo would take each file for
+// a test target of its own; the modules live in `correctness/` instead.
 #[path = "correctness/claim_writes.rs"]
 mod claim_writes;
 #[path = "correctness/completion.rs"]
@@ -10,6 +12,8 @@ mod completion;
 mod defects;
 #[path = "correctness/flaky.rs"]
 mod flaky;
+#[path = "correctness/missing_key.rs"]
+mod missing_key;
 #[path = "correctness/shop.rs"]
 mod shop;
 #[path = "correctness/skew.rs"]

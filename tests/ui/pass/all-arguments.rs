@@ -28,6 +28,7 @@ struct Receipt {
     wait = "250ms",
     name = "charge-v1",
     store = idem,
+    missing_key = "reject",
 )]
 async fn charge(idem: &Idempotency, req: Charge) -> Result<Receipt, Error> {
     RUNS.fetch_add(1, Ordering::SeqCst);
