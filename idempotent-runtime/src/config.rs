@@ -18,7 +18,7 @@ pub const DEFAULT_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
 pub const DEFAULT_RETRY_HINT: Duration = Duration::from_secs(1);
 /// The longest duration a handle accepts for any of its settings (100 years): longer ones are a mistake,
 /// and sums of them must not overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub const MAX_DURATION: Duration = Duration::from_hours(100 * 365 * 24);
 
 /// A setting of [`Builder`] that cannot work, found by [`Builder::try_build`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -290,16 +290,8 @@ async fn acquire<T: DeserializeOwned>(
         .filter(|w| !w.is_zero())
         .map(|w| tokio::time::Instant::now() + w);
 
-    if let Some(hit) = idem.cache().and_then(|c| c.get(key, clock.now_ms())) {
-        if let (Some(stored), Some(ours)) = (hit.fingerprint.as_deref(), fingerprint)
-            && stored != ours
-        {
-            return Err(Error::PayloadMismatch {
-                namespace: namespace.to_owned(),
-            });
-        }
-        tracing::debug!(namespace, "replaying cached response");
-        return replay(namespace, &hit.response).map(Acquired::Done);
+    if let Some(value) = cached(idem, plan)? {
+        return Ok(Acquired::Done(value));
     }
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
@@ -337,22 +329,7 @@ async fn acquire<T: DeserializeOwned>(
                     });
                 }
                 Found::Replay(record) => {
-                    tracing::debug!(namespace, "replaying stored response");
-                    let response = record.response.unwrap_or_default();
-                    let value = replay(namespace, &response)?;
-                    if let Some(cache) = idem.cache() {
-                        cache.insert(
-                            key,
-                            Cached {
-                                response: response.into(),
-                                fingerprint: record.fingerprint.map(Into::into),
-                                replay_until_s: record
-                                    .replay_until_s
-                                    .unwrap_or(record.expires_at_s),
-                            },
-                        );
-                    }
-                    return Ok(Acquired::Done(value));
+                    return replay_record(idem, plan, record).map(Acquired::Done);
                 }
                 Found::Claimable if attempt > CLAIMABLE_RETRIES => {
                     return Err(Error::Contended {
@@ -386,6 +363,48 @@ async fn acquire<T: DeserializeOwned>(
             }
         }
     }
+}
+
+/// The local cache's answer, if it has one for the key.
+fn cached<T: DeserializeOwned>(idem: &Idempotency, plan: &Plan<'_>) -> Result<Option<T>, Error> {
+    let namespace = plan.call.namespace;
+    let Some(hit) = idem
+        .cache()
+        .and_then(|c| c.get(plan.key, idem.clock().now_ms()))
+    else {
+        return Ok(None);
+    };
+    if let (Some(stored), Some(ours)) = (hit.fingerprint.as_deref(), plan.fingerprint)
+        && stored != ours
+    {
+        return Err(Error::PayloadMismatch {
+            namespace: namespace.to_owned(),
+        });
+    }
+    tracing::debug!(namespace, "replaying cached response");
+    replay(namespace, &hit.response).map(Some)
+}
+
+/// The stored response of a COMPLETED record, which the local cache then keeps too.
+fn replay_record<T: DeserializeOwned>(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    record: Record,
+) -> Result<T, Error> {
+    tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
+    let response = record.response.unwrap_or_default();
+    let value = replay(plan.call.namespace, &response)?;
+    if let Some(cache) = idem.cache() {
+        cache.insert(
+            plan.key,
+            Cached {
+                response: response.into(),
+                fingerprint: record.fingerprint.map(Into::into),
+                replay_until_s: record.replay_until_s.unwrap_or(record.expires_at_s),
+            },
+        );
+    }
+    Ok(value)
 }
 
 /// Runs `body` at most once per key while its record lives; see DESIGN §5.
@@ -611,8 +630,8 @@ impl Held<'_> {
             ..
         } = *self.plan;
         let namespace = call.namespace;
-        let json = match codec::to_json(&value) {
-            Ok(bytes) => bytes,
+        let (bytes, fits) = match self.encode(&value) {
+            Ok(encoded) => encoded,
             Err(source) => {
                 self.fail(
                     &format!("the response did not serialize: {source}"),
@@ -627,15 +646,6 @@ impl Held<'_> {
                 .into());
             }
         };
-        let bytes = codec::pack(json);
-        let fits = bytes.len() <= self.idem.store().response_budget(key, fingerprint);
-        if !fits {
-            tracing::warn!(
-                namespace,
-                bytes = bytes.len(),
-                "response too large to store even compressed; duplicates will get ResponseTooLarge"
-            );
-        }
         let response = fits.then_some(&bytes[..]);
         let now_ms = self.idem.clock().now_ms();
         // Taken before the write, so the cached window never outlasts the stored one.
@@ -711,6 +721,24 @@ impl Held<'_> {
             );
         }
         Ok(value)
+    }
+
+    /// The response as stored (JSON, compressed when large), and whether it fits in the record.
+    fn encode<T: Serialize>(&self, value: &T) -> Result<(Vec<u8>, bool), serde_json::Error> {
+        let bytes = codec::pack(codec::to_json(value)?);
+        let budget = self
+            .idem
+            .store()
+            .response_budget(self.plan.key, self.plan.fingerprint);
+        let fits = bytes.len() <= budget;
+        if !fits {
+            tracing::warn!(
+                namespace = self.namespace(),
+                bytes = bytes.len(),
+                "response too large to store even compressed; duplicates will get ResponseTooLarge"
+            );
+        }
+        Ok((bytes, fits))
     }
 
     /// Whether a completion that was rejected had landed after all: our own earlier attempt, whose

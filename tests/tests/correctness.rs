@@ -28,7 +28,7 @@ use tokio::sync::{Notify, Semaphore};
 
 /// What the bodies under test return as their error.
 #[derive(Debug)]
-pub enum AppError {
+pub(crate) enum AppError {
     /// The body's own failure.
     Declined,
     /// The library's.
@@ -53,18 +53,19 @@ impl std::fmt::Display for AppError {
 impl AppError {
     /// The library's error, or a panic naming what came instead.
     #[track_caller]
-    pub fn idempotency(self) -> Error {
+    pub(crate) fn idempotency(self) -> Error {
         match self {
             AppError::Idempotency(e) => e,
-            other => panic!("expected an idempotency error, got {other:?}"),
+            other @ AppError::Declined => panic!("expected an idempotency error, got {other:?}"),
         }
     }
 }
 
 /// A body that can be held open: it signals `started`, then waits for a permit.
 #[derive(Debug)]
-pub struct Gate {
-    pub runs: AtomicUsize,
+pub(crate) struct Gate {
+    /// How often the body ran.
+    pub(crate) runs: AtomicUsize,
     started: Notify,
     release: Semaphore,
 }
@@ -80,22 +81,25 @@ impl Default for Gate {
 }
 
 impl Gate {
-    pub fn runs(&self) -> usize {
+    /// How often the body ran.
+    pub(crate) fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
     }
 
     /// Counts a run, says it started and waits until released.
-    pub async fn enter(&self) {
+    pub(crate) async fn enter(&self) {
         self.runs.fetch_add(1, Ordering::SeqCst);
         self.started.notify_one();
         self.release.acquire().await.unwrap().forget();
     }
 
-    pub async fn started(&self) {
+    /// Waits until a body has entered.
+    pub(crate) async fn started(&self) {
         self.started.notified().await;
     }
 
-    pub fn release(&self) {
+    /// Lets one body through.
+    pub(crate) fn release(&self) {
         self.release.add_permits(1);
     }
 }

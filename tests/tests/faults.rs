@@ -349,6 +349,19 @@ async fn a_thousand_rounds_of_32_concurrent_callers_run_each_body_once_in_memory
     assert_eq!(ok + in_progress, 32_000);
 }
 
+fn print_traffic(stats: &idempotent_tests::proxy::Stats) {
+    println!(
+        "  requests {} | dropped responses {} | throttles {} | HTTP 500 {}",
+        stats.total.requests, stats.total.dropped, stats.total.throttled, stats.total.server_errors
+    );
+    for (op, c) in &stats.by_operation {
+        println!(
+            "  {op}: {} requests, {} dropped, {} throttled, {} HTTP 500",
+            c.requests, c.dropped, c.throttled, c.server_errors
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_thousand_keys_under_drops_throttles_and_server_errors_run_exactly_once() {
     const KEYS: u64 = 2_000;
@@ -436,16 +449,7 @@ async fn two_thousand_keys_under_drops_throttles_and_server_errors_run_exactly_o
     let mut histogram: Vec<_> = histogram.into_iter().collect();
     histogram.sort_unstable();
     println!("{KEYS} keys x 3 calls, seed {seed}, faults on every operation:");
-    println!(
-        "  requests {} | dropped responses {} | throttles {} | HTTP 500 {}",
-        stats.total.requests, stats.total.dropped, stats.total.throttled, stats.total.server_errors
-    );
-    for (op, c) in &stats.by_operation {
-        println!(
-            "  {op}: {} requests, {} dropped, {} throttled, {} HTTP 500",
-            c.requests, c.dropped, c.throttled, c.server_errors
-        );
-    }
+    print_traffic(&stats);
     println!("  errors seen by callers: {errors:?}");
     println!(
         "  after the calls: {completed} COMPLETED, {} PENDING ({lost_completions} of them lost completions, the rest claims whose response was lost before the body ran), {} never claimed; bodies run during the calls: {ran_once}",

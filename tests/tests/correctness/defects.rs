@@ -210,7 +210,7 @@ async fn a_write_to_a_missing_business_table_is_the_writes_own_error(backend: Ba
             async move {
                 let mut write = shop.take(1);
                 if let Some(update) = write.update.as_mut() {
-                    update.table_name = "no-such-business-table".to_owned();
+                    "no-such-business-table".clone_into(&mut update.table_name);
                 }
                 tx.push(write);
                 Ok::<_, AppError>(1)

@@ -12,7 +12,8 @@ use aws_sdk_dynamodb::types::{
 use idempotent_runtime::{DynamoDbStore, MemoryStore, Store};
 use idempotent_tests::{Harness, unique_table};
 
-pub struct Shop {
+/// The business table and the store it lives in.
+pub(crate) struct Shop {
     store: Arc<dyn Store>,
     table: String,
 }
@@ -23,7 +24,7 @@ fn key(pk: &str) -> HashMap<String, AttributeValue> {
 
 impl Shop {
     /// A table `inventory-..` whose item `sku-1` has `available` units.
-    pub async fn new(h: &Harness, available: u64) -> Self {
+    pub(crate) async fn new(h: &Harness, available: u64) -> Self {
         let table = unique_table("inventory");
         let shop = Self {
             store: h.store.clone(),
@@ -84,12 +85,8 @@ impl Shop {
             .clone()
     }
 
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
     /// The item `pk`, read consistently.
-    pub async fn item(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
+    pub(crate) async fn item(&self, pk: &str) -> Option<HashMap<String, AttributeValue>> {
         if let Some(memory) = self.memory() {
             return memory.get_item(&self.table, &key(pk));
         }
@@ -105,13 +102,13 @@ impl Shop {
     }
 
     /// Units of `sku-1` left.
-    pub async fn available(&self) -> u64 {
+    pub(crate) async fn available(&self) -> u64 {
         let item = self.item("sku-1").await.expect("the stock item");
         item["available"].as_n().unwrap().parse().unwrap()
     }
 
     /// `available -= qty`, if that many are left.
-    pub fn take(&self, qty: u64) -> TransactWriteItem {
+    pub(crate) fn take(&self, qty: u64) -> TransactWriteItem {
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key("sku-1")))
@@ -124,7 +121,7 @@ impl Shop {
     }
 
     /// `available += qty`: gives back what [`take`](Self::take) took.
-    pub fn give_back(&self, qty: u64) -> TransactWriteItem {
+    pub(crate) fn give_back(&self, qty: u64) -> TransactWriteItem {
         let update = Update::builder()
             .table_name(&self.table)
             .set_key(Some(key("sku-1")))
@@ -136,7 +133,7 @@ impl Shop {
     }
 
     /// Writes the item `pk` with a `bytes`-long string attribute, once (`attribute_not_exists`).
-    pub fn put_blob(&self, pk: &str, bytes: usize) -> TransactWriteItem {
+    pub(crate) fn put_blob(&self, pk: &str, bytes: usize) -> TransactWriteItem {
         let put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(key(pk)))
