@@ -154,8 +154,8 @@ pub(crate) fn table_of(write: &TransactWriteItem) -> Option<&str> {
         .or_else(|| target(write).map(|(table, _)| table))
 }
 
-/// The `ClientRequestToken` of one of a call's transactions: 36 characters derived from (purpose, key,
-/// fencing token, attempt). `purpose` is `claim`, `complete` or `fail`; `attempt` numbers the claim
+/// The `ClientRequestToken` of one of a call's transactions: 36 characters derived from (purpose, table,
+/// key, fencing token, attempt). DynamoDB keeps tokens per account and region, not per table. `purpose` is `claim`, `complete` or `fail`; `attempt` numbers the claim
 /// attempts of one call (0 for the other purposes).
 ///
 /// DynamoDB applies a transaction once per token for ten minutes and refuses the same token with other
@@ -163,10 +163,18 @@ pub(crate) fn table_of(write: &TransactWriteItem) -> Option<&str> {
 /// retries of one completion (built once, sent again unchanged), keep their token and are recognised;
 /// while two claim attempts (each with its own time, lease and expiry), or a call's claim and completion,
 /// never share one.
-pub(crate) fn request_token(purpose: &str, key: &str, token: &str, attempt: u32) -> String {
+pub(crate) fn request_token(
+    purpose: &str,
+    table: &str,
+    key: &str,
+    token: &str,
+    attempt: u32,
+) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::new()
         .chain_update(purpose.as_bytes())
+        .chain_update([0])
+        .chain_update(table.as_bytes())
         .chain_update([0])
         .chain_update(key.as_bytes())
         .chain_update([0])
@@ -191,16 +199,17 @@ mod tests {
 
     #[test]
     fn each_claim_attempt_has_its_own_request_token() {
-        let first = request_token("claim", "ns#k", "token-1", 1);
+        let first = request_token("claim", "t", "ns#k", "token-1", 1);
         assert_eq!(first.len(), 36);
         assert_eq!(
             first,
-            request_token("claim", "ns#k", "token-1", 1),
+            request_token("claim", "t", "ns#k", "token-1", 1),
             "a retry of one attempt keeps its token"
         );
-        assert_ne!(first, request_token("claim", "ns#k", "token-1", 2));
-        assert_ne!(first, request_token("complete", "ns#k", "token-1", 1));
-        assert_ne!(first, request_token("claim", "ns#k", "token-2", 1));
-        assert_ne!(first, request_token("claim", "ns#j", "token-1", 1));
+        assert_ne!(first, request_token("claim", "t", "ns#k", "token-1", 2));
+        assert_ne!(first, request_token("complete", "t", "ns#k", "token-1", 1));
+        assert_ne!(first, request_token("claim", "t", "ns#k", "token-2", 1));
+        assert_ne!(first, request_token("claim", "t", "ns#j", "token-1", 1));
+        assert_ne!(first, request_token("claim", "u", "ns#k", "token-1", 1));
     }
 }

@@ -485,7 +485,13 @@ impl Store for DynamoDbStore {
             Change::Fail { .. } => "fail",
             Change::ExtendLease { .. } => "extend",
         };
-        let token = request_token(purpose, transition.key, transition.token, 0);
+        let token = request_token(
+            purpose,
+            &self.inner.table,
+            transition.key,
+            transition.token,
+            0,
+        );
         self.transact(record, writes, token).await
     }
 
@@ -496,7 +502,13 @@ impl Store for DynamoDbStore {
     ) -> Result<TransactOutcome, StoreError> {
         let parts = self.claim_parts(request, true);
         let record = self.record_update(request.key, parts, CLAIMABLE_WITH_WRITES)?;
-        let token = request_token("claim", request.key, request.token, request.attempt);
+        let token = request_token(
+            "claim",
+            &self.inner.table,
+            request.key,
+            request.token,
+            request.attempt,
+        );
         self.transact(record, writes, token).await
     }
 
