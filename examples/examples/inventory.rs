@@ -1,5 +1,9 @@
 //! Inventory reservation, exactly once per order: the stock decrement and the reservation record commit in
-//! one DynamoDB transaction with the idempotency record (`transact = tx`).
+//! one DynamoDB transaction with the idempotency record (`transact = tx`); and a hold taken at claim time
+//! (`claim_with`) that a retry after a failed payment does not take again.
+//!
+//! On DynamoDB, the business items (`sku#apple`, `reservation#..`) are written into the same table as the
+//! idempotency records (created if missing): point it at a scratch table, never a production one.
 //!
 //! ```text
 //! cargo run -p idempotent-examples --example inventory
@@ -8,11 +12,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use idempotent_examples::Backend;
 use idempotent_runtime::aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, Update,
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use idempotent_runtime::{DynamoDbStore, Error, Idempotency, MemoryStore, idempotent};
 use serde::{Deserialize, Serialize};
@@ -34,6 +38,7 @@ struct Reservation {
 #[derive(Debug)]
 enum ShopError {
     InvalidWrite(String),
+    PaymentDeclined,
     Idempotency(Error),
 }
 
@@ -47,6 +52,7 @@ impl std::fmt::Display for ShopError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ShopError::InvalidWrite(e) => write!(f, "invalid write: {e}"),
+            ShopError::PaymentDeclined => f.write_str("payment declined"),
             ShopError::Idempotency(e) => write!(f, "{e}"),
         }
     }
@@ -219,5 +225,49 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tables.apples(&inventory.table).await,
         RUNS.load(Ordering::SeqCst)
     );
+
+    // Claim and reserve: the hold commits with the claim, before the body runs. It is in effect at most
+    // once per key: the retry after a failed payment does not take the stock again.
+    let held = format!("order-{run}-held");
+    let declined = AtomicBool::new(true);
+    println!("4. hold 2 apples at claim time for {held}; the payment step then fails");
+    let attempt = hold(&idem, &inventory, &held, &declined).await;
+    println!(
+        "   -> {attempt:?}; stock now {} (held)",
+        tables.apples(&inventory.table).await
+    );
+    declined.store(false, Ordering::SeqCst);
+    println!("5. retry {held}: the payment goes through");
+    let retried = hold(&idem, &inventory, &held, &declined).await?;
+    println!(
+        "   -> {retried}; stock still {} (the hold was not taken twice)",
+        tables.apples(&inventory.table).await
+    );
     Ok(())
+}
+
+/// Takes 2 apples at claim time (`claim_with`), then charges, which fails while `declined` is set.
+async fn hold(
+    idem: &Idempotency,
+    inventory: &Inventory,
+    order: &str,
+    declined: &AtomicBool,
+) -> Result<String, ShopError> {
+    let take = Update::builder()
+        .table_name(&inventory.table)
+        .key("pk", s("sku#apple"))
+        .update_expression("SET available = available - :qty")
+        .condition_expression("available >= :qty")
+        .expression_attribute_values(":qty", n(2))
+        .build()
+        .map_err(|e| ShopError::InvalidWrite(e.to_string()))?;
+    idem.operation("inventory::hold", order)
+        .claim_with([TransactWriteItem::builder().update(take).build()])
+        .run(|| async {
+            if declined.load(Ordering::SeqCst) {
+                return Err(ShopError::PaymentDeclined);
+            }
+            Ok(format!("{order}: 2 apples held and paid"))
+        })
+        .await
 }

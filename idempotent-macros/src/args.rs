@@ -198,7 +198,7 @@ fn duration(
         diag.error(
             literal,
             format!(
-                "invalid `{name}` {text:?}: expected a number followed by `s`, `m`, `h` or `d`, like {}",
+                "invalid `{name}` {text:?}: expected a number followed by `ms`, `s`, `m`, `h` or `d` (or several, like \"1h30m\"), like {}",
                 example(name)
             ),
         );

@@ -1,4 +1,5 @@
-//! The state machine: claim → execute → complete or fail (DESIGN §5).
+//! The state machine: claim → execute → complete or fail. Every request it makes, with its exact
+//! condition, is listed in the docs of [`DynamoDbStore`](crate::store::dynamodb::DynamoDbStore)'s module.
 
 use std::future::Future;
 use std::time::Duration;
@@ -407,7 +408,7 @@ fn replay_record<T: DeserializeOwned>(
     Ok(value)
 }
 
-/// Runs `body` at most once per key while its record lives; see DESIGN §5.
+/// Runs `body` at most once per key while its record lives.
 pub(crate) async fn run<T, E, F>(
     idem: &Idempotency,
     plan: Plan<'_>,

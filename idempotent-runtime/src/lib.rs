@@ -33,14 +33,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The protocol, per call (see the repository's DESIGN notes for every request):
+//! The protocol, per call (every request, with its exact condition, is listed in the docs of the
+//! [`store::dynamodb`] module):
 //!
 //! | path | DynamoDB round trips |
 //! |---|---|
 //! | first call, success or failure | 2 (claim, complete/fail) |
 //! | duplicate of a COMPLETED key | 1 (the claim's failed condition returns the record) |
-//! | duplicate while PENDING | 1 |
-//! | missing key, rejected or skipped ([`MissingKey`]) | 0 |
+//! | duplicate while PENDING | 1 (with `wait`, plus one `GetItem` per poll) |
+//! | a body that runs longer than a third of its lease | + 1 `UpdateItem` (heartbeat) per third of the lease |
+//! | missing key, rejected or skipped | 0 |
 //!
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).

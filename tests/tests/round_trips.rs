@@ -1,4 +1,4 @@
-//! Exact DynamoDB round trips per path, counted by an SDK interceptor on DynamoDB Local (DESIGN §10).
+//! Exact DynamoDB round trips per path, counted by an SDK interceptor on DynamoDB Local.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,8 +1,47 @@
 //! [`DynamoDbStore`]: records in a DynamoDB table, one item per key.
 //!
-//! Every call is a single conditional `UpdateItem` (claim, complete, fail, heartbeat) or a consistent
-//! `GetItem` (waiting for an in-flight call), always with `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a
-//! failed condition hands back the blocking record in the same round trip.
+//! Every call is one request: a conditional `UpdateItem` (claim, complete, fail, heartbeat), a
+//! `TransactWriteItems` (a claim, completion or failure that carries business writes), or a consistent
+//! `GetItem` (waiting for an in-flight call). Conditional writes ask for
+//! `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a failed condition hands back the blocking record in
+//! the same round trip. [`DynamoDbStore::create_table`] creates the table (`CreateTable`, then
+//! `DescribeTable` until it is active, then `UpdateTimeToLive`).
+//!
+//! # The protocol, request by request
+//!
+//! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
+//! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
+//! end, `#cw` claim-time writes in effect). `:now_ms` is the caller's clock *less the clock-skew margin*
+//! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
+//! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
+//! treats a live record as expired.
+//!
+//! | request | update | condition |
+//! |---|---|---|
+//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
+//! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl] REMOVE #lu[, #rs]` | `#st = PENDING AND #tk = :tk` |
+//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it) | `#st = PENDING AND #tk = :tk` |
+//! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
+//! | wait | consistent `GetItem` | — |
+//!
+//! A claim never touches `#cw` otherwise: claim-time writes stay in effect across a failure without
+//! compensation and across a takeover, so a claim with writes that finds such a record is refused, and the
+//! caller claims it with the plain claim above instead — the writes are in effect at most once per key.
+//!
+//! A completion, or a failure, that carries business writes is one `TransactWriteItems`: the record's
+//! update (index 0) and the writes. Its `ClientRequestToken` is derived from (purpose, table, key, the
+//! call's fencing token, and for claims the attempt number): DynamoDB applies one token once within **ten
+//! minutes**, and refuses the same token with other parameters (`IdempotentParameterMismatch`). So the
+//! SDK's retries of a request, and this crate's retries of a completion (built once, sent unchanged),
+//! keep their token, while every claim attempt (each with its own time, lease and expiry) has its own.
+//! `UpdateItem` takes no such token: a claim, completion or failure whose response was lost is recognised
+//! by the fencing token in the record that its retry's failed condition returns.
+//!
+//! Error mapping: throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts,
+//! broken connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
+//! [`StoreError::Invalid`]; a missing table is [`StoreError::TableNotFound`] (in a transaction, a missing
+//! business table is [`StoreError::Invalid`] naming the candidates, since DynamoDB does not say which).
 
 use std::collections::HashMap;
 use std::sync::Arc;
