@@ -94,17 +94,22 @@ impl Intercept for RequestCounter {
     }
 }
 
-/// A client for DynamoDB Local at `endpoint` with dummy credentials, counting its requests.
-#[must_use]
-pub fn client_at(endpoint: &str) -> (Client, RequestCounter) {
-    let counter = RequestCounter::default();
-    let config = aws_sdk_dynamodb::Config::builder()
+/// The configuration of a client for DynamoDB Local at `endpoint`: dummy credentials, region
+/// `us-east-1`, and `counter` counting its requests.
+fn local_config(endpoint: &str, counter: &RequestCounter) -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
         .interceptor(counter.clone())
-        .build();
+}
+
+/// A client for DynamoDB Local at `endpoint` with dummy credentials, counting its requests.
+#[must_use]
+pub fn client_at(endpoint: &str) -> (Client, RequestCounter) {
+    let counter = RequestCounter::default();
+    let config = local_config(endpoint, &counter).build();
     (Client::from_conf(config), counter)
 }
 
@@ -116,11 +121,7 @@ pub fn client_at(endpoint: &str) -> (Client, RequestCounter) {
 pub fn faulty_client(endpoint: &str) -> (Client, RequestCounter) {
     use aws_sdk_dynamodb::config::retry::{RetryConfig, RetryPartition, TokenBucket};
     let counter = RequestCounter::default();
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
+    let config = local_config(endpoint, &counter)
         .retry_config(
             RetryConfig::standard()
                 .with_max_attempts(3)
@@ -132,7 +133,6 @@ pub fn faulty_client(endpoint: &str) -> (Client, RequestCounter) {
                 .token_bucket(TokenBucket::unlimited())
                 .build(),
         )
-        .interceptor(counter.clone())
         .build();
     (Client::from_conf(config), counter)
 }

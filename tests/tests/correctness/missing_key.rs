@@ -9,22 +9,11 @@ use idempotent_runtime::{Error, Idempotency, MissingKey, Status, derive_key, ide
 use idempotent_tests::{Backend, Harness};
 use serde_json::{Value, json};
 
-#[derive(Debug)]
-enum AppError {
-    Idempotency(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idempotency(e)
-    }
-}
+use super::AppError;
+use crate::on_both_stores;
 
 fn idem_error<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
-    match result {
-        Err(AppError::Idempotency(e)) => e,
-        other => panic!("expected an idempotency error, got {other:?}"),
-    }
+    result.unwrap_err().idempotency()
 }
 
 /// The caller's own data, so that a response handed to the wrong caller shows.
@@ -62,16 +51,6 @@ async fn a_none_key_is_rejected_before_any_io(backend: Backend) {
     assert_eq!(h.requests.total(), 0, "nothing is sent for a missing key");
     let null_key = derive_key(REJECT, &None::<String>).unwrap();
     assert_eq!(h.store.get(&null_key).await.unwrap(), None, "no record");
-}
-
-#[tokio::test]
-async fn a_none_key_is_rejected_before_any_io_on_memory() {
-    a_none_key_is_rejected_before_any_io(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn a_none_key_is_rejected_before_any_io_on_dynamodb() {
-    a_none_key_is_rejected_before_any_io(Backend::DynamoDb).await;
 }
 
 const TUPLE: &str = "missing-key::tuple";
@@ -159,16 +138,6 @@ async fn a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys(backe
     );
 }
 
-#[tokio::test]
-async fn a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys_on_memory() {
-    a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys_on_dynamodb() {
-    a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys(Backend::DynamoDb).await;
-}
-
 const ALLOW: &str = "missing-key::allow";
 
 #[idempotent(key = order_id, store = idem, name = "missing-key::allow", missing_key = "allow")]
@@ -191,16 +160,6 @@ async fn allow_makes_null_a_key_like_any_other(backend: Backend) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let record = h.record(ALLOW, &None::<String>).await.unwrap();
     assert_eq!(record.status, Status::Completed);
-}
-
-#[tokio::test]
-async fn allow_makes_null_a_key_like_any_other_on_memory() {
-    allow_makes_null_a_key_like_any_other(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn allow_makes_null_a_key_like_any_other_on_dynamodb() {
-    allow_makes_null_a_key_like_any_other(Backend::DynamoDb).await;
 }
 
 const SKIP: &str = "missing-key::skip";
@@ -240,16 +199,6 @@ async fn skip_runs_the_body_without_the_store(backend: Backend) {
         ("receipt of carol (run 3)", "receipt of carol (run 3)")
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
-}
-
-#[tokio::test]
-async fn skip_runs_the_body_without_the_store_on_memory() {
-    skip_runs_the_body_without_the_store(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn skip_runs_the_body_without_the_store_on_dynamodb() {
-    skip_runs_the_body_without_the_store(Backend::DynamoDb).await;
 }
 
 const OPERATION: &str = "missing-key::operation";
@@ -307,16 +256,6 @@ async fn the_operation_builder_applies_the_same_policies(backend: Backend) {
     assert_eq!(record.status, Status::Completed);
 }
 
-#[tokio::test]
-async fn the_operation_builder_applies_the_same_policies_on_memory() {
-    the_operation_builder_applies_the_same_policies(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn the_operation_builder_applies_the_same_policies_on_dynamodb() {
-    the_operation_builder_applies_the_same_policies(Backend::DynamoDb).await;
-}
-
 /// A write to a business table that the test never creates: nothing may reach it.
 fn business_write() -> TransactWriteItem {
     let put = Put::builder()
@@ -355,12 +294,11 @@ async fn skip_never_drops_business_writes(backend: Backend) {
     assert_eq!(h.requests.total(), 0, "nothing is sent");
 }
 
-#[tokio::test]
-async fn skip_never_drops_business_writes_on_memory() {
-    skip_never_drops_business_writes(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn skip_never_drops_business_writes_on_dynamodb() {
-    skip_never_drops_business_writes(Backend::DynamoDb).await;
-}
+on_both_stores!(
+    a_none_key_is_rejected_before_any_io,
+    a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys,
+    allow_makes_null_a_key_like_any_other,
+    skip_runs_the_body_without_the_store,
+    the_operation_builder_applies_the_same_policies,
+    skip_never_drops_business_writes,
+);

@@ -5,10 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ScalarAttributeType, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 use idempotent_runtime::{DynamoDbStore, MemoryStore, Store};
 use idempotent_tests::{Harness, unique_table};
 
@@ -40,25 +37,9 @@ impl Shop {
             memory.put_item(&shop.table, item).unwrap();
         } else {
             let client = shop.client();
-            client
+            // A table of the idempotency table's shape (partition key `pk`, type S) serves as well.
+            DynamoDbStore::new(client.clone(), &shop.table)
                 .create_table()
-                .table_name(&shop.table)
-                .attribute_definitions(
-                    AttributeDefinition::builder()
-                        .attribute_name("pk")
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .unwrap(),
-                )
-                .key_schema(
-                    KeySchemaElement::builder()
-                        .attribute_name("pk")
-                        .key_type(KeyType::Hash)
-                        .build()
-                        .unwrap(),
-                )
-                .billing_mode(BillingMode::PayPerRequest)
-                .send()
                 .await
                 .unwrap();
             client
