@@ -88,6 +88,10 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
         StoreError::Unavailable(source) => Error::Unavailable { namespace, source },
         StoreError::TableNotFound(table) => Error::TableNotFound { namespace, table },
         StoreError::Corrupt(detail) => Error::CorruptRecord { namespace, detail },
+        StoreError::Schema(detail) => Error::Store {
+            namespace,
+            source: detail.into(),
+        },
         StoreError::Invalid(source) | StoreError::Other(source) => {
             Error::Store { namespace, source }
         }

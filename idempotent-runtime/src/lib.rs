@@ -81,7 +81,7 @@ pub use store::memory::MemoryStore;
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
-pub use store::dynamodb::DynamoDbStore;
+pub use store::dynamodb::{DynamoDbStore, TableReport};
 #[cfg(feature = "dynamodb")]
 pub use transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction};
 

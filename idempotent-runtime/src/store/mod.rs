@@ -122,6 +122,10 @@ pub enum StoreError {
     /// not exist, an expression the memory store does not model); nothing was written.
     #[error("invalid request, nothing was written: {}", crate::error::chain(.0.as_ref()))]
     Invalid(#[source] BoxError),
+    /// The table exists but does not fit the store (another key schema, TTL on another attribute, not
+    /// `ACTIVE`); nothing was changed.
+    #[error("table does not fit the store: {0}")]
+    Schema(String),
     /// An item that is not a record of this library.
     #[error("corrupt record: {0}")]
     Corrupt(String),
