@@ -1,0 +1,376 @@
+//! `idempotent`: provision and verify the table, inspect and release keys, size capacity.
+//!
+//! ```text
+//! idempotent table create --table idempotency
+//! idempotent table check --table idempotency
+//! idempotent key show --table idempotency billing::charge '[7, "order-1"]'
+//! idempotent key release --table idempotency billing::charge '[7, "order-1"]'
+//! idempotent capacity --peak-rps 2000 --duplicate-ratio 0.15 --response-bytes 200
+//! ```
+//!
+//! The AWS configuration is the usual one (environment, profile, role); `--endpoint` (or
+//! `IDEMPOTENT_DYNAMODB_ENDPOINT`) points it at DynamoDB Local. `--json` prints one JSON document for
+//! scripts.
+
+use std::io::{BufRead as _, Write as _};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use idempotent_runtime::admin::{self, KeyReport, Released, Traffic};
+use idempotent_runtime::aws_sdk_dynamodb::Client;
+use idempotent_runtime::{Clock as _, DynamoDbStore, Store as _, SystemClock, TableReport};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotent",
+    version,
+    about = "Operate the idempotency table of idempotent-runtime"
+)]
+struct Cli {
+    /// DynamoDB endpoint, e.g. DynamoDB Local's `http://127.0.0.1:8000` (default: AWS's).
+    #[arg(long, global = true, env = "IDEMPOTENT_DYNAMODB_ENDPOINT")]
+    endpoint: Option<String>,
+    /// AWS region (default: the AWS configuration's; `us-east-1` with `--endpoint`).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or verify the idempotency table.
+    #[command(subcommand)]
+    Table(TableCommand),
+    /// Inspect or release one key's record.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Write capacity per second for a traffic profile, from first principles.
+    Capacity(CapacityArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum TableCommand {
+    /// Create the table if missing, wait until it is ACTIVE, enable TTL; verify it.
+    Create(TableArg),
+    /// Verify the table without changing it.
+    Check(TableArg),
+}
+
+#[derive(Debug, Args)]
+struct TableArg {
+    /// The idempotency table.
+    #[arg(long)]
+    table: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Print a key's record, decoded.
+    Show(KeyArgs),
+    /// Move a stuck PENDING record to FAILED (fenced by the token just read), so the key may run again.
+    Release {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct KeyArgs {
+    /// The idempotency table.
+    #[arg(long)]
+    table: String,
+    /// The function's namespace: its `name = ".."`, or `module::path::fn_name`.
+    namespace: String,
+    /// The key as JSON, as the function's `key = ..` serializes it: a tuple key is an array, e.g.
+    /// '[7, "order-1"]'.
+    key: String,
+}
+
+#[derive(Debug, Args)]
+struct CapacityArgs {
+    /// First calls (new keys) per second at peak.
+    #[arg(long)]
+    peak_rps: f64,
+    /// Duplicates per first call (0.15: 15% more calls, all duplicates).
+    #[arg(long, default_value_t = 0.0)]
+    duplicate_ratio: f64,
+    /// The stored response's size in bytes.
+    #[arg(long, default_value_t = 0)]
+    response_bytes: u64,
+    /// Completions are transactions with business writes (`transact = tx`).
+    #[arg(long)]
+    transactional: bool,
+    /// Business items written per transactional completion.
+    #[arg(long, default_value_t = 1)]
+    business_items: u64,
+    /// Each business item's size in bytes.
+    #[arg(long, default_value_t = 512)]
+    business_item_bytes: u64,
+    /// The body's running time in seconds (adds a heartbeat per third of the lease).
+    #[arg(long)]
+    body_seconds: Option<f64>,
+    /// The lease in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    lease_seconds: f64,
+}
+
+/// An error for the user: what went wrong and what to do.
+type Failure = Box<dyn std::error::Error>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idempotent: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Capacity(args) => capacity(cli, args),
+        Command::Table(TableCommand::Create(t)) => {
+            let report = store(cli, &t.table).await.ensure_table().await?;
+            print_table(cli, &report, "ready");
+            Ok(())
+        }
+        Command::Table(TableCommand::Check(t)) => {
+            let report = store(cli, &t.table).await.check().await?;
+            print_table(cli, &report, "fits the store");
+            Ok(())
+        }
+        Command::Key(KeyCommand::Show(k)) => {
+            let (store, record) = record(cli, k).await?;
+            let _ = store;
+            let report = KeyReport::new(&record, SystemClock.now_ms());
+            print_key(cli, &report)
+        }
+        Command::Key(KeyCommand::Release { key, yes }) => release(cli, key, *yes).await,
+    }
+}
+
+async fn client(cli: &Cli) -> Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(endpoint) = &cli.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let region = cli
+        .region
+        .clone()
+        .or_else(|| cli.endpoint.as_ref().map(|_| "us-east-1".to_owned()));
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    Client::new(&loader.load().await)
+}
+
+async fn store(cli: &Cli, table: &str) -> DynamoDbStore {
+    DynamoDbStore::new(client(cli).await, table)
+}
+
+async fn record(
+    cli: &Cli,
+    k: &KeyArgs,
+) -> Result<(DynamoDbStore, idempotent_runtime::Record), Failure> {
+    let key: serde_json::Value = serde_json::from_str(&k.key).map_err(|e| {
+        format!(
+            "the key {:?} is not JSON ({e}); write it as the function's key serializes, e.g. '[7, \"order-1\"]' for a tuple",
+            k.key
+        )
+    })?;
+    let pk = idempotent_runtime::derive_key(&k.namespace, &key)?;
+    let store = store(cli, &k.table).await;
+    let record = store.get(&pk).await?.ok_or_else(|| {
+        format!(
+            "no record for `{pk}` in table `{}`: the key never ran, its record expired and was deleted, or the namespace or key differs from the function's",
+            k.table
+        )
+    })?;
+    Ok((store, record))
+}
+
+async fn release(cli: &Cli, k: &KeyArgs, yes: bool) -> Result<(), Failure> {
+    let (store, record) = record(cli, k).await?;
+    let now = SystemClock.now_ms();
+    let report = KeyReport::new(&record, now);
+    if !cli.json {
+        print_key(cli, &report)?;
+    }
+    if !yes {
+        eprint!(
+            "release this claim? If its worker is still running, its result will not be stored and the next call runs the body again. [y/N] "
+        );
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            return Err("not released (answer `y` to release, or pass --yes)".into());
+        }
+    }
+    let outcome = admin::release(&store, &record, now).await?;
+    let released = outcome == Released::Released;
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::json!({ "key": report.key, "released": released })
+        );
+    } else if released {
+        println!(
+            "released: `{}` is FAILED and may be claimed again",
+            report.key
+        );
+    }
+    match outcome {
+        Released::Released => Ok(()),
+        Released::Changed(now) => Err(format!(
+            "the record changed since it was read (now {}); nothing was written",
+            now.map_or_else(|| "absent".to_owned(), |r| r.status.to_string())
+        )
+        .into()),
+        Released::NotPending(status) => Err(format!(
+            "the record is {status}, not PENDING: there is no claim to release; nothing was written"
+        )
+        .into()),
+        _ => Err("unexpected outcome; nothing was written".into()),
+    }
+}
+
+fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
+    let seconds = |s: f64, what: &str| {
+        Duration::try_from_secs_f64(s)
+            .map_err(|_| format!("`--{what}` must be a number of seconds ≥ 0"))
+    };
+    if !(args.peak_rps >= 0.0 && args.duplicate_ratio >= 0.0) {
+        return Err("`--peak-rps` and `--duplicate-ratio` must be ≥ 0".into());
+    }
+    let traffic = Traffic {
+        peak_rps: args.peak_rps,
+        duplicate_ratio: args.duplicate_ratio,
+        response_bytes: args.response_bytes,
+        transactional: args.transactional,
+        business_items: if args.transactional {
+            args.business_items
+        } else {
+            0
+        },
+        business_item_bytes: args.business_item_bytes,
+        body: args
+            .body_seconds
+            .map(|s| seconds(s, "body-seconds"))
+            .transpose()?,
+        lease: seconds(args.lease_seconds, "lease-seconds")?,
+    };
+    let c = admin::capacity(&traffic);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+        return Ok(());
+    }
+    let duplicates = args.peak_rps * args.duplicate_ratio;
+    println!(
+        "write capacity at peak ({} first calls/s, {duplicates} duplicates/s):",
+        args.peak_rps
+    );
+    println!(
+        "  claims        {:>10} WCU/s  (one conditional write per first call)",
+        c.claims_wcu
+    );
+    println!(
+        "  completions   {:>10} WCU/s  ({}record of about {} bytes)",
+        c.completions_wcu,
+        if args.transactional {
+            "a transaction, twice per item: the "
+        } else {
+            "the "
+        },
+        c.record_bytes
+    );
+    println!(
+        "  duplicates    {:>10} WCU/s  (a failed condition still consumes the existing item's size)",
+        c.duplicates_wcu
+    );
+    println!("  heartbeats    {:>10} WCU/s", c.heartbeats_wcu);
+    println!("  total         {:>10} WCU/s", c.total_wcu);
+    println!(
+        "the simpler peak × (1 + duplicate ratio) = {} undercounts: a first call makes two writes (claim and completion), not one, and transactions cost double",
+        c.reference_wcu
+    );
+    Ok(())
+}
+
+fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
+    if cli.json {
+        let json = serde_json::json!({
+            "table": report.table,
+            "status": report.status,
+            "key_attribute": report.key_attribute,
+            "ttl_attribute": report.ttl_attribute,
+            "billing_mode": report.billing_mode,
+            "item_count": report.item_count,
+        });
+        println!("{json}");
+        return;
+    }
+    println!("table `{}`: {verdict}", report.table);
+    println!("  status        {}", report.status);
+    println!("  partition key {} (S)", report.key_attribute);
+    match &report.ttl_attribute {
+        Some(a) => println!("  TTL           on `{a}`"),
+        None => println!(
+            "  TTL           off (expiry is enforced by the conditions; enable it with `table create` to reclaim space)"
+        ),
+    }
+    println!("  billing       {}", report.billing_mode);
+    if let Some(n) = report.item_count {
+        println!("  items         about {n} (updated every few hours)");
+    }
+}
+
+fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    println!("key        {}", r.key);
+    println!("status     {} (attempt {})", r.status, r.attempt);
+    if let Some(ms) = r.lease_left_ms {
+        let seconds = |ms: i64| format!("{}.{}", ms.abs() / 1000, ms.abs() % 1000 / 100);
+        if ms >= 0 {
+            println!("lease      {} s left", seconds(ms));
+        } else {
+            println!(
+                "lease      ran out {} s ago: the key may be taken over",
+                seconds(ms)
+            );
+        }
+    }
+    let when = if r.expires_in_s >= 0 { "in" } else { "expired" };
+    println!(
+        "expires    {} ({when} {} s)",
+        r.expires_at_utc,
+        r.expires_in_s.abs()
+    );
+    if let Some(bytes) = r.response_bytes {
+        println!("response   {bytes} bytes stored");
+        if let Some(preview) = &r.response_preview {
+            println!("           {preview}");
+        }
+    }
+    if let Some(error) = &r.error {
+        println!("error      {error}");
+    }
+    if r.claim_writes_in_effect {
+        println!("claim-time writes are in effect");
+    }
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! The `idempotent` command line against DynamoDB Local (`table create|check`, `key show|release`) and
+//! by value (`capacity`).
+
+use std::process::{Command, Output};
+
+use idempotent_runtime::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use idempotent_runtime::aws_sdk_dynamodb::{Client, Config};
+use idempotent_runtime::{Idempotency, Status, Store as _};
+
+const ENDPOINT_VAR: &str = "IDEMPOTENT_DYNAMODB_ENDPOINT";
+
+fn endpoint() -> String {
+    std::env::var(ENDPOINT_VAR).unwrap_or_else(|_| {
+        panic!(
+            "this test needs DynamoDB Local, and {ENDPOINT_VAR} is not set: run the tests with `scripts/test` \
+             (it installs and starts DynamoDB Local), or start one with `scripts/dynamodb-local start` and \
+             export {ENDPOINT_VAR}=<the printed endpoint>"
+        )
+    })
+}
+
+fn client() -> Client {
+    Client::from_conf(
+        Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(endpoint())
+            .credentials_provider(Credentials::new("dummy", "dummy", None, None, "tests"))
+            .build(),
+    )
+}
+
+fn table_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// `idempotent args..`, pointed at DynamoDB Local.
+fn command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idempotent"));
+    command
+        .args(args)
+        .env(ENDPOINT_VAR, endpoint())
+        .env("AWS_ACCESS_KEY_ID", "dummy")
+        .env("AWS_SECRET_ACCESS_KEY", "dummy")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    command
+}
+
+/// Runs `idempotent args..` against DynamoDB Local.
+fn idempotent(args: &[&str]) -> Output {
+    command(args).output().expect("run the idempotent binary")
+}
+
+/// A fresh table, created by the command line, with a handle on it.
+fn setup(prefix: &str) -> (String, idempotent_runtime::DynamoDbStore, Idempotency) {
+    let table = table_name(prefix);
+    stdout(&idempotent(&["table", "create", "--table", &table]));
+    let store = idempotent_runtime::DynamoDbStore::new(client(), &table);
+    let idem = Idempotency::builder(store.clone()).build();
+    (table, store, idem)
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_str(&stdout(output)).unwrap()
+}
+
+#[tokio::test]
+async fn table_create_and_check() {
+    let table = table_name("cli-table");
+    let created = json(&idempotent(&[
+        "table", "create", "--table", &table, "--json",
+    ]));
+    assert_eq!(created["status"], "ACTIVE");
+    assert_eq!(created["key_attribute"], "pk");
+    assert_eq!(created["ttl_attribute"], "expires_at");
+    let text = stdout(&idempotent(&["table", "check", "--table", &table]));
+    assert!(text.contains("fits the store"), "{text}");
+    assert!(text.contains("TTL           on `expires_at`"), "{text}");
+
+    let missing = idempotent(&["table", "check", "--table", &table_name("cli-none")]);
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[tokio::test]
+async fn key_show_decodes_a_completed_record() {
+    let (table, _, idem) = setup("cli-show");
+    let value: String = idem
+        .operation("billing::charge", &(7, "order-1"))
+        .run(|| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-1".to_owned()) })
+        .await
+        .unwrap();
+    assert_eq!(value, "ch_7_order-1");
+    let shown = json(&idempotent(&[
+        "key",
+        "show",
+        "--table",
+        &table,
+        "billing::charge",
+        r#"[7, "order-1"]"#,
+        "--json",
+    ]));
+    assert_eq!(shown["status"], "COMPLETED");
+    assert_eq!(shown["attempt"], 1);
+    assert_eq!(shown["response_preview"], "\"ch_7_order-1\"");
+    assert_eq!(
+        shown["key"],
+        idempotent_runtime::derive_key("billing::charge", &(7, "order-1")).unwrap()
+    );
+    let text = stdout(&idempotent(&[
+        "key",
+        "show",
+        "--table",
+        &table,
+        "billing::charge",
+        r#"[7, "order-1"]"#,
+    ]));
+    assert!(text.contains("status     COMPLETED (attempt 1)"), "{text}");
+    let missing = idempotent(&["key", "show", "--table", &table, "billing::charge", "[7]"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no record for"));
+}
+
+#[tokio::test]
+async fn key_release_frees_a_stuck_claim_after_confirmation() {
+    let (table, store, idem) = setup("cli-release");
+    // A stuck claim: its worker died mid-body.
+    let stuck = tokio::spawn({
+        let idem = idem.clone();
+        async move {
+            idem.operation("billing::charge", &(7, "order-2"))
+                .run(std::future::pending::<Result<String, idempotent_runtime::Error>>)
+                .await
+        }
+    });
+    let key = idempotent_runtime::derive_key("billing::charge", &(7, "order-2")).unwrap();
+    while store.get(&key).await.unwrap().is_none() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    stuck.abort();
+    let args = [
+        "key",
+        "release",
+        "--table",
+        &table,
+        "billing::charge",
+        r#"[7, "order-2"]"#,
+    ];
+    let shown = json(&idempotent(&[
+        "key",
+        "show",
+        "--table",
+        &table,
+        "billing::charge",
+        r#"[7, "order-2"]"#,
+        "--json",
+    ]));
+    assert_eq!(shown["status"], "PENDING");
+    assert!(shown["lease_left_ms"].as_i64().unwrap() > 50_000, "{shown}");
+
+    // Without --yes, a "no" releases nothing.
+    let mut child = command(&args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"n\n").unwrap();
+    let refused = child.wait_with_output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not released"));
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().status,
+        Status::Pending
+    );
+
+    let released = json(&idempotent(&[&args[..], &["--yes", "--json"]].concat()));
+    assert_eq!(released["released"], true);
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert!(record.error.unwrap().contains("released by an operator"));
+    // The key runs again at once.
+    let value: String = idem
+        .operation("billing::charge", &(7, "order-2"))
+        .run(|| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-2".to_owned()) })
+        .await
+        .unwrap();
+    assert_eq!(value, "ch_7_order-2");
+
+    // Releasing a completed key is refused, and says why.
+    let again = idempotent(&[&args[..], &["--yes"]].concat());
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("COMPLETED, not PENDING"), "{err}");
+}
+
+#[test]
+fn capacity_from_first_principles() {
+    let plain = json(&idempotent(&[
+        "capacity",
+        "--peak-rps",
+        "2000",
+        "--duplicate-ratio",
+        "0.15",
+        "--response-bytes",
+        "200",
+        "--json",
+    ]));
+    assert_eq!(plain["total_wcu"], 4300);
+    assert_eq!(plain["claims_wcu"], 2000);
+    assert_eq!(plain["completions_wcu"], 2000);
+    assert_eq!(plain["duplicates_wcu"], 300);
+    let transactional = json(&idempotent(&[
+        "capacity",
+        "--peak-rps",
+        "2000",
+        "--duplicate-ratio",
+        "0.15",
+        "--response-bytes",
+        "200",
+        "--transactional",
+        "--business-items",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(transactional["total_wcu"], 10300);
+    let text = stdout(&idempotent(&[
+        "capacity",
+        "--peak-rps",
+        "2000",
+        "--duplicate-ratio",
+        "0.15",
+        "--response-bytes",
+        "200",
+    ]));
+    assert!(text.contains("total               4300 WCU/s"), "{text}");
+    assert!(
+        text.contains("peak × (1 + duplicate ratio) = 2300 undercounts"),
+        "{text}"
+    );
+}
