@@ -20,6 +20,27 @@ pub const DEFAULT_RETRY_HINT: Duration = Duration::from_secs(1);
 /// and sums of them must not overflow.
 pub const MAX_DURATION: Duration = Duration::from_hours(100 * 365 * 24);
 
+/// The kill switch: set to `1` or `true`, every idempotent call without business writes runs its body
+/// directly — no store call, no record, no replay — for local runs and tests. Calls whose writes commit
+/// with the record (`transact = ..`, `claim_with`) still go through the store: without it, their writes
+/// would be lost. Read once per process; a warning is logged when a handle is built, or at the first call.
+pub const DISABLED_VAR: &str = "IDEMPOTENT_DISABLED";
+
+/// Whether the kill switch ([`DISABLED_VAR`]) is on; logs a warning the first time it is found on.
+pub(crate) fn disabled() -> bool {
+    static DISABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DISABLED.get_or_init(|| {
+        let on = std::env::var(DISABLED_VAR)
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "True"));
+        if on {
+            tracing::warn!(
+                "{DISABLED_VAR} is set: idempotency is OFF in this process; calls run their bodies directly (except those with business writes), and duplicates run again"
+            );
+        }
+        on
+    })
+}
+
 /// A setting of [`Builder`] that cannot work, found by [`Builder::try_build`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid idempotency setting: {0}")]
@@ -307,6 +328,8 @@ impl Builder {
     /// # Errors
     /// [`ConfigError`] naming the setting.
     pub fn try_build(self) -> Result<Idempotency, ConfigError> {
+        // Says so at start-up when the kill switch is on.
+        disabled();
         let durations = [
             ("default_ttl", Some(self.ttl)),
             ("default_lease", Some(self.lease)),

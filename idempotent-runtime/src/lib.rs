@@ -71,7 +71,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::COMPRESS_ABOVE;
 pub use config::{
     Builder, ConfigError, DEFAULT_CLOCK_SKEW_MARGIN, DEFAULT_LEASE, DEFAULT_RETRY_HINT,
-    DEFAULT_TTL, Idempotency, MAX_DURATION,
+    DEFAULT_TTL, DISABLED_VAR, Idempotency, MAX_DURATION,
 };
 pub use error::{BoxError, CancellationReason, Error};
 pub use handler::MissingKey;
