@@ -10,10 +10,13 @@ use serde::de::DeserializeOwned;
 use crate::cache::Cached;
 use crate::codec;
 use crate::config::Idempotency;
+use tracing::Instrument as _;
+
 use crate::error::CancellationReason;
 use crate::error::Error;
 use crate::record::{Record, Status};
 use crate::store::{Change, ClaimOutcome, ClaimRequest, StoreError, Transition, WriteOutcome};
+use crate::telemetry::{self, Outcome};
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
 /// default). Generated code keeps one in a `static`.
@@ -215,11 +218,10 @@ async fn claim(
                 detail,
             });
         }
-        match idem
+        let claimed = idem
             .store()
-            .claim_transaction(request, plan.claim_writes.clone())
-            .await
-        {
+            .claim_transaction(request, plan.claim_writes.clone());
+        match telemetry::observe("claim_transaction", claimed).await {
             Ok(TransactOutcome::Committed) => return Ok(ClaimOutcome::Claimed),
             // Claimable, but its claim-time writes are still in effect (a failure without compensation,
             // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
@@ -257,18 +259,21 @@ async fn claim(
             Err(e) => return Err(store_error(namespace, e)),
         }
     }
-    idem.store()
-        .claim(request)
+    telemetry::observe("claim", idem.store().claim(request))
         .await
         .map_err(|e| store_error(namespace, e))
 }
 
 /// How the claim phase ended.
 enum Acquired<T> {
-    /// We hold the claim until this instant (epoch milliseconds): run the body.
-    Held { lease_until_ms: u64 },
-    /// The answer is known without running the body (a replay).
-    Done(T),
+    /// We hold the claim until this instant (epoch milliseconds): run the body. `took_over`: the key was
+    /// held by a lapsed claim when this call found it.
+    Held {
+        lease_until_ms: u64,
+        took_over: bool,
+    },
+    /// The answer is known without running the body: a replay from the store or from the local cache.
+    Done(T, Outcome),
 }
 
 /// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
@@ -296,15 +301,17 @@ async fn acquire<T: DeserializeOwned>(
         .map(|w| tokio::time::Instant::now() + w);
 
     if let Some(value) = cached(idem, plan)? {
-        return Ok(Acquired::Done(value));
+        return Ok(Acquired::Done(value, Outcome::Cached));
     }
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
     // two reads; each pass is a new claim attempt, with its own times.
     let mut poll = FIRST_POLL;
     let mut attempt = 0;
+    let mut took_over = false;
     'claim: loop {
         attempt += 1;
+        tracing::Span::current().record("attempt", attempt);
         let now_ms = clock.now_ms();
         let request = ClaimRequest {
             key,
@@ -319,6 +326,7 @@ async fn acquire<T: DeserializeOwned>(
             ClaimOutcome::Claimed => {
                 return Ok(Acquired::Held {
                     lease_until_ms: request.lease_until_ms,
+                    took_over,
                 });
             }
             ClaimOutcome::Existing(record) => record,
@@ -327,14 +335,17 @@ async fn acquire<T: DeserializeOwned>(
         loop {
             let now_ms = clock.now_ms().saturating_sub(margin);
             let lease_until_ms = record.lease_until_ms;
+            let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
             match examine(call, record, token, fingerprint, now_ms)? {
                 Found::Ours => {
                     return Ok(Acquired::Held {
                         lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
+                        took_over,
                     });
                 }
                 Found::Replay(record) => {
-                    return replay_record(idem, plan, record).map(Acquired::Done);
+                    return replay_record(idem, plan, record)
+                        .map(|value| Acquired::Done(value, Outcome::Replayed));
                 }
                 Found::Claimable if attempt > CLAIMABLE_RETRIES => {
                     return Err(Error::Contended {
@@ -342,7 +353,13 @@ async fn acquire<T: DeserializeOwned>(
                         attempts: attempt,
                     });
                 }
-                Found::Claimable => continue 'claim,
+                Found::Claimable => {
+                    if expired {
+                        telemetry::expired_record_reclaimed();
+                    }
+                    took_over = lapsed && !expired;
+                    continue 'claim;
+                }
                 Found::InProgress(retry_after) => {
                     let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now())
                     else {
@@ -355,8 +372,7 @@ async fn acquire<T: DeserializeOwned>(
                     tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll))
                         .await;
                     poll = (poll * 2).min(MAX_POLL);
-                    match store
-                        .get(key)
+                    match telemetry::observe("get", store.get(key))
                         .await
                         .map_err(|e| store_error(namespace, e))?
                     {
@@ -412,7 +428,8 @@ fn replay_record<T: DeserializeOwned>(
     Ok(value)
 }
 
-/// Runs `body` at most once per key while its record lives.
+/// Runs `body` at most once per key while its record lives, inside the call's `idempotent` span, which
+/// closes with the call's [`Outcome`].
 pub(crate) async fn run<T, E, F>(
     idem: &Idempotency,
     plan: Plan<'_>,
@@ -424,13 +441,40 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
+    let namespace = plan.call.namespace;
+    let span = telemetry::call_span(namespace, plan.key);
+    let (result, outcome) = observed_run(idem, plan, describe, body)
+        .instrument(span.clone())
+        .await;
+    telemetry::finish(&span, namespace, outcome);
+    result
+}
+
+async fn observed_run<T, E, F>(
+    idem: &Idempotency,
+    plan: Plan<'_>,
+    describe: impl FnOnce(&E) -> String,
+    body: F,
+) -> (Result<T, E>, Outcome)
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
     let call = plan.call;
     let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
     let lease = call.lease.unwrap_or_else(|| idem.default_lease());
     let token = uuid::Uuid::new_v4().to_string();
-    let lease_until_ms = match acquire(idem, &plan, &token, lease, ttl).await? {
-        Acquired::Done(value) => return Ok(value),
-        Acquired::Held { lease_until_ms } => lease_until_ms,
+    let (lease_until_ms, took_over) = match acquire(idem, &plan, &token, lease, ttl).await {
+        Ok(Acquired::Done(value, outcome)) => return (Ok(value), outcome),
+        Ok(Acquired::Held {
+            lease_until_ms,
+            took_over,
+        }) => (lease_until_ms, took_over),
+        Err(e) => {
+            let outcome = Outcome::of(&e);
+            return (Err(e.into()), outcome);
+        }
     };
     tracing::debug!(namespace = call.namespace, "claimed; running the body");
     let claim = Held {
@@ -451,10 +495,17 @@ where
         };
         let mut persist = Persist::new(window);
         match outcome {
-            Ok(value) => claim.complete(value, &mut persist).await,
+            Ok(value) => match claim.complete(value, &mut persist).await {
+                Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
+                Ok(value) => (Ok(value), Outcome::Executed),
+                Err(e) => {
+                    let outcome = Outcome::of(&e);
+                    (Err(e.into()), outcome)
+                }
+            },
             Err(err) => {
                 claim.fail(&describe(&err), &mut persist).await;
-                Err(err)
+                (Err(err), Outcome::Failed)
             }
         }
     };
@@ -462,6 +513,17 @@ where
         with_heartbeat(idem, plan.key, &token, lease, ttl, work).await
     } else {
         work.await
+    }
+}
+
+/// The name of a transition's request, for telemetry.
+fn op_name(transition: &Transition<'_>, transactional: bool) -> &'static str {
+    match (transition.change, transactional) {
+        (Change::Complete { .. }, false) => "complete",
+        (Change::Complete { .. }, true) => "complete_transaction",
+        (Change::Fail { .. }, false) => "fail",
+        (Change::Fail { .. }, true) => "fail_transaction",
+        (Change::ExtendLease { .. }, _) => "heartbeat",
     }
 }
 
@@ -599,13 +661,12 @@ impl Held<'_> {
         #[cfg(feature = "dynamodb")]
         if !writes.is_empty() {
             use crate::store::TransactOutcome;
+            let request = self
+                .idem
+                .store()
+                .transact_transition(transition, writes.clone());
             return Ok(
-                match self
-                    .idem
-                    .store()
-                    .transact_transition(transition, writes.clone())
-                    .await?
-                {
+                match telemetry::observe(op_name(transition, true), request).await? {
                     TransactOutcome::Committed => Written::Applied,
                     TransactOutcome::Rejected(record) => Written::Rejected(record),
                     TransactOutcome::Canceled(reasons) => Written::Canceled(reasons),
@@ -614,19 +675,18 @@ impl Held<'_> {
         }
         #[cfg(not(feature = "dynamodb"))]
         let _ = writes;
-        Ok(match self.idem.store().transition(transition).await? {
-            WriteOutcome::Applied => Written::Applied,
-            WriteOutcome::Rejected(record) => Written::Rejected(record),
-        })
+        let request = self.idem.store().transition(transition);
+        Ok(
+            match telemetry::observe(op_name(transition, false), request).await? {
+                WriteOutcome::Applied => Written::Applied,
+                WriteOutcome::Rejected(record) => Written::Rejected(record),
+            },
+        )
     }
 
     /// Stores `value` as the response: PENDING → COMPLETED (with the staged writes, in one
     /// transaction), retried while the lease allows.
-    async fn complete<T: Serialize, E: From<Error>>(
-        &self,
-        value: T,
-        persist: &mut Persist,
-    ) -> Result<T, E> {
+    async fn complete<T: Serialize>(&self, value: T, persist: &mut Persist) -> Result<T, Error> {
         let Plan {
             call,
             key,
@@ -647,8 +707,7 @@ impl Held<'_> {
                     namespace: namespace.to_owned(),
                     what: "response",
                     source,
-                }
-                .into());
+                });
             }
         };
         let response = fits.then_some(&bytes[..]);
@@ -681,8 +740,7 @@ impl Held<'_> {
                 return Err(Error::TooManyWrites {
                     namespace: namespace.to_owned(),
                     detail,
-                }
-                .into());
+                });
             }
         }
         match self.store(&transition, &writes, persist).await {
@@ -695,7 +753,7 @@ impl Held<'_> {
                 };
                 self.fail(&format!("transaction canceled: {error}"), persist)
                     .await;
-                return Err(error.into());
+                return Err(error);
             }
             Stored::Refused(source) => {
                 let error = Error::WriteRejected {
@@ -703,17 +761,16 @@ impl Held<'_> {
                     source,
                 };
                 self.fail(&error.to_string(), persist).await;
-                return Err(error.into());
+                return Err(error);
             }
             Stored::GaveUp(last) => {
                 tracing::warn!(namespace, error = %last, "could not store the result while the lease allowed; the key is claimable after its lease");
                 return Err(Error::ResultNotStored {
                     namespace: namespace.to_owned(),
                     source: Box::new(last),
-                }
-                .into());
+                });
             }
-            Stored::Failed(error) => return Err(error.into()),
+            Stored::Failed(error) => return Err(error),
         }
         if let Some(cache) = self.idem.cache().filter(|_| fits) {
             cache.insert(
@@ -852,7 +909,7 @@ async fn with_heartbeat<F: Future>(
                     expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
                 },
             };
-            match idem.store().transition(&transition).await {
+            match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
                 Ok(WriteOutcome::Applied) => {}
                 Ok(WriteOutcome::Rejected(_)) => {
                     // Lost, or already completed: the completion reports which. Stop beating.

@@ -132,11 +132,18 @@ impl DerivedKey {
                     namespace = call.namespace,
                     "the idempotency key is missing; running the body without idempotency (missing_key = \"skip\")"
                 );
+                crate::telemetry::finish_early(call.namespace, crate::telemetry::Outcome::Skipped);
                 Ok(None)
             }
-            MissingKey::Reject | MissingKey::Skip => Err(Error::MissingKey {
-                namespace: call.namespace.to_owned(),
-            }),
+            MissingKey::Reject | MissingKey::Skip => {
+                crate::telemetry::finish_early(
+                    call.namespace,
+                    crate::telemetry::Outcome::MissingKey,
+                );
+                Err(Error::MissingKey {
+                    namespace: call.namespace.to_owned(),
+                })
+            }
         }
     }
 }

@@ -60,6 +60,7 @@ mod operation;
 mod record;
 mod size;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "dynamodb")]
 mod transaction;
 

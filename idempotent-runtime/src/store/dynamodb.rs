@@ -370,31 +370,44 @@ impl DynamoDbStore {
         (update, names, values)
     }
 
-    /// One conditional `UpdateItem` of the record; a failed condition returns the item as it was.
+    /// One conditional `UpdateItem` of the record (`op`: its name for metrics); a failed condition returns
+    /// the item as it was.
     async fn conditional_update(
         &self,
+        op: &'static str,
         key: &str,
         (update, names, values): UpdateParts,
         condition: &str,
     ) -> Result<WriteOutcome, StoreError> {
         let inner = &self.inner;
-        let result = send!(
-            self,
-            inner
-                .client
-                .update_item()
-                .table_name(&inner.table)
-                .key(&inner.names.key, key_value(key))
-                .update_expression(update)
-                .condition_expression(condition)
-                .set_expression_attribute_names(Some(names))
-                .set_expression_attribute_values(Some(values))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld
-                )
-        );
+        let request = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .key(&inner.names.key, key_value(key))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        // Asked for only with the feature: it costs response bytes.
+        #[cfg(feature = "metrics")]
+        let request = request
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total);
+        let result = send!(self, request);
         match result {
-            Ok(_) => Ok(WriteOutcome::Applied),
+            Ok(output) => {
+                #[cfg(feature = "metrics")]
+                if let Some(units) = output
+                    .consumed_capacity()
+                    .and_then(aws_sdk_dynamodb::types::ConsumedCapacity::capacity_units)
+                {
+                    crate::telemetry::consumed_wcu(op, units);
+                }
+                #[cfg(not(feature = "metrics"))]
+                let _ = (op, output);
+                Ok(WriteOutcome::Applied)
+            }
             Err(err) => match rejected(&err).map(|e| e.item()) {
                 Some(item) => Ok(WriteOutcome::Rejected(
                     item.map(|i| parse_item(&inner.names, i)).transpose()?,
@@ -427,6 +440,7 @@ impl DynamoDbStore {
     /// and sorts out a cancellation.
     async fn transact(
         &self,
+        op: &'static str,
         record: Update,
         writes: Vec<TransactWriteItem>,
         request_token: String,
@@ -442,16 +456,28 @@ impl DynamoDbStore {
         let mut items = Vec::with_capacity(writes.len() + 1);
         items.push(TransactWriteItem::builder().update(record).build());
         items.extend(writes);
-        let result = send!(
-            self,
-            inner
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(items))
-                .client_request_token(request_token)
-        );
-        let Err(err) = result else {
-            return Ok(TransactOutcome::Committed);
+        let request = inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(request_token);
+        #[cfg(feature = "metrics")]
+        let request = request
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total);
+        let result = send!(self, request);
+        let err = match result {
+            Ok(output) => {
+                #[cfg(feature = "metrics")]
+                for consumed in output.consumed_capacity() {
+                    if let Some(units) = consumed.capacity_units() {
+                        crate::telemetry::consumed_wcu(op, units);
+                    }
+                }
+                #[cfg(not(feature = "metrics"))]
+                let _ = (op, output);
+                return Ok(TransactOutcome::Committed);
+            }
+            Err(err) => err,
         };
         let Some(TransactWriteItemsError::TransactionCanceledException(canceled)) =
             err.as_service_error()
@@ -620,7 +646,7 @@ impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let parts = self.claim_parts(request, false);
         let outcome = self
-            .conditional_update(request.key, parts, CLAIMABLE)
+            .conditional_update("claim", request.key, parts, CLAIMABLE)
             .await?;
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
@@ -633,7 +659,12 @@ impl Store for DynamoDbStore {
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let parts = self.transition_parts(transition);
-        self.conditional_update(transition.key, parts, HELD_BY_TOKEN)
+        let op = match transition.change {
+            Change::Complete { .. } => "complete",
+            Change::Fail { .. } => "fail",
+            Change::ExtendLease { .. } => "heartbeat",
+        };
+        self.conditional_update(op, transition.key, parts, HELD_BY_TOKEN)
             .await
     }
 
@@ -656,7 +687,12 @@ impl Store for DynamoDbStore {
             transition.token,
             0,
         );
-        self.transact(record, writes, token).await
+        let op = match transition.change {
+            Change::Complete { .. } => "complete_transaction",
+            Change::Fail { .. } => "fail_transaction",
+            Change::ExtendLease { .. } => "heartbeat",
+        };
+        self.transact(op, record, writes, token).await
     }
 
     async fn claim_transaction(
@@ -673,7 +709,8 @@ impl Store for DynamoDbStore {
             request.token,
             request.attempt,
         );
-        self.transact(record, writes, token).await
+        self.transact("claim_transaction", record, writes, token)
+            .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
@@ -732,6 +769,20 @@ const TRANSIENT_CODES: [&str; 4] = [
     "TransactionConflictException",
     "TransactionInProgressException",
 ];
+
+/// The service error code of an SDK error of one of the operations this store sends.
+pub(crate) fn error_code<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e str> {
+    use aws_sdk_dynamodb::operation::get_item::GetItemError;
+    macro_rules! code_of {
+        ($($error:ty),*) => {$(
+            if let Some(e) = err.downcast_ref::<SdkError<$error, HttpResponse>>() {
+                return e.code();
+            }
+        )*};
+    }
+    code_of!(UpdateItemError, GetItemError, TransactWriteItemsError);
+    None
+}
 
 /// Sorts an SDK error into the store's error kinds.
 pub(crate) fn classify<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreError

@@ -139,6 +139,30 @@ pub enum StoreError {
     Other(#[source] BoxError),
 }
 
+impl StoreError {
+    /// DynamoDB's error code behind this error (`ThrottlingException`, `ValidationException`, ...), when
+    /// there is one: what separates throttling from other failures in logs.
+    #[must_use]
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            StoreError::Throttled(e)
+            | StoreError::Unavailable(e)
+            | StoreError::Invalid(e)
+            | StoreError::Other(e) => {
+                #[cfg(feature = "dynamodb")]
+                return dynamodb::error_code(e.as_ref());
+                #[cfg(not(feature = "dynamodb"))]
+                {
+                    let _ = e;
+                    None
+                }
+            }
+            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            StoreError::Corrupt(_) | StoreError::Schema(_) => None,
+        }
+    }
+}
+
 /// A backend for idempotency records.
 ///
 /// Implementations must make `claim` and `transition` linearizable per key: of concurrent claims on one

@@ -1,0 +1,247 @@
+//! What the runtime reports about itself: one `idempotent` span per call, closed with its outcome; one
+//! event per store request, with the DynamoDB error code when there is one; and, with the `metrics`
+//! feature, counters and a histogram through the `metrics` facade.
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `idempotency_calls_total` | `namespace`, `outcome` | calls, by how they ended ([`Outcome`]) |
+//! | `idempotency_store_requests_total` | `op`, `result` | store requests, by operation and result |
+//! | `idempotency_store_seconds` | `op` | store request latency (histogram) |
+//! | `transact_write_cancellation_reason_total` | `reason` | canceled transactions, per failed action's code |
+//! | `idempotency_consumed_wcu_total` | `op` | write capacity DynamoDB reports (`ReturnConsumedCapacity`) |
+//! | `dynamo_ttl_delete_before_retry_total` | — | a duplicate found its key's record expired and claimed it anew |
+
+use std::future::Future;
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::store::StoreError;
+
+/// How a call ended: the `outcome` field of its span and the label of `idempotency_calls_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The body ran and its result was stored.
+    Executed,
+    /// The body ran after this call took over a lapsed claim, and its result was stored.
+    TakenOver,
+    /// The stored response was returned; the body did not run.
+    Replayed,
+    /// The response came from the local cache, without a round trip.
+    Cached,
+    /// Another call holds the key.
+    InProgress,
+    /// The key was used with another payload.
+    PayloadMismatch,
+    /// The claim was taken over before the result was stored.
+    LeaseLost,
+    /// The body returned `Err`; the record is FAILED.
+    Failed,
+    /// The key was missing and the call was rejected.
+    MissingKey,
+    /// The key was missing and the body ran without idempotency.
+    Skipped,
+    /// Any other error (the store, serialization, a refused transaction, ...).
+    Error,
+}
+
+impl Outcome {
+    /// The label: `executed`, `taken_over`, `replayed`, `cached`, `in_progress`, `payload_mismatch`,
+    /// `lease_lost`, `failed`, `missing_key`, `skipped` or `error`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::TakenOver => "taken_over",
+            Outcome::Replayed => "replayed",
+            Outcome::Cached => "cached",
+            Outcome::InProgress => "in_progress",
+            Outcome::PayloadMismatch => "payload_mismatch",
+            Outcome::LeaseLost => "lease_lost",
+            Outcome::Failed => "failed",
+            Outcome::MissingKey => "missing_key",
+            Outcome::Skipped => "skipped",
+            Outcome::Error => "error",
+        }
+    }
+
+    /// The outcome of a call that ended with `error`.
+    pub(crate) fn of(error: &Error) -> Self {
+        match error {
+            Error::InProgress { .. } => Outcome::InProgress,
+            Error::PayloadMismatch { .. } => Outcome::PayloadMismatch,
+            Error::LeaseLost { .. } => Outcome::LeaseLost,
+            Error::MissingKey { .. } => Outcome::MissingKey,
+            _ => Outcome::Error,
+        }
+    }
+}
+
+/// The span of one call. Its key field is a short prefix of the key's hash, never the key itself.
+pub(crate) fn call_span(namespace: &'static str, key: &str) -> tracing::Span {
+    let hash = key.rsplit('#').next().unwrap_or(key);
+    tracing::info_span!(
+        "idempotent",
+        namespace,
+        key = &hash[..hash.len().min(12)],
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// Closes a call: its span's `outcome`, and the call counter.
+pub(crate) fn finish(span: &tracing::Span, namespace: &'static str, outcome: Outcome) {
+    span.record("outcome", outcome.as_str());
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_calls_total",
+        "namespace" => namespace,
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = namespace;
+}
+
+/// A call that ended before it reached the store (a missing key): a span of its own, closed at once.
+pub(crate) fn finish_early(namespace: &'static str, outcome: Outcome) {
+    let span = tracing::info_span!("idempotent", namespace, outcome = tracing::field::Empty);
+    finish(&span, namespace, outcome);
+}
+
+/// How a store request went, for its event and counter: `ok`, `condition_failed`, `canceled`, or the
+/// error's kind; and DynamoDB's error code, when there is one.
+pub(crate) trait Observed {
+    fn result(&self) -> (&'static str, Option<&str>);
+}
+
+impl<T: Observed> Observed for Result<T, StoreError> {
+    fn result(&self) -> (&'static str, Option<&str>) {
+        match self {
+            Ok(outcome) => outcome.result(),
+            Err(e) => (
+                match e {
+                    StoreError::Throttled(_) => "throttled",
+                    StoreError::Unavailable(_) => "unavailable",
+                    StoreError::TableNotFound(_) => "table_not_found",
+                    StoreError::Invalid(_) => "invalid",
+                    StoreError::Corrupt(_) => "corrupt",
+                    StoreError::Schema(_) => "schema",
+                    StoreError::Other(_) => "error",
+                },
+                e.code(),
+            ),
+        }
+    }
+}
+
+/// Runs one store request `op`: logs its result and latency, and counts it.
+pub(crate) async fn observe<T: Observed>(op: &'static str, request: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let outcome = request.await;
+    let elapsed = started.elapsed();
+    let (result, code) = outcome.result();
+    if let Some(code) = code {
+        tracing::debug!(
+            op,
+            result,
+            dynamo_error_code = code,
+            elapsed_us = elapsed.as_micros(),
+            "store request"
+        );
+    } else {
+        tracing::debug!(
+            op,
+            result,
+            elapsed_us = elapsed.as_micros(),
+            "store request"
+        );
+    }
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("idempotency_store_requests_total", "op" => op, "result" => result)
+            .increment(1);
+        metrics::histogram!("idempotency_store_seconds", "op" => op).record(elapsed.as_secs_f64());
+    }
+    outcome
+}
+
+/// Counts the failed actions of a canceled transaction by their code.
+pub(crate) fn canceled(reasons: &[crate::CancellationReason]) {
+    #[cfg(feature = "metrics")]
+    for reason in reasons.iter().filter(|r| r.failed()) {
+        metrics::counter!(
+            "transact_write_cancellation_reason_total",
+            "reason" => reason.code.clone()
+        )
+        .increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = reasons;
+}
+
+/// Counts a duplicate that found its key's record expired (TTL had not deleted it yet) and claimed it.
+pub(crate) fn expired_record_reclaimed() {
+    tracing::debug!("the key's record had expired; claimed anew");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("dynamo_ttl_delete_before_retry_total").increment(1);
+}
+
+/// Counts the write capacity DynamoDB reported for a request.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+#[cfg_attr(
+    feature = "metrics",
+    allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)
+)]
+pub(crate) fn consumed_wcu(op: &'static str, units: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idempotency_consumed_wcu_total", "op" => op)
+        // Writes consume whole units.
+        .increment(units.max(0.0).ceil() as u64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (op, units);
+}
+
+impl Observed for crate::store::ClaimOutcome {
+    fn result(&self) -> (&'static str, Option<&str>) {
+        match self {
+            crate::store::ClaimOutcome::Claimed => ("ok", None),
+            crate::store::ClaimOutcome::Existing(_) => {
+                ("condition_failed", Some("ConditionalCheckFailedException"))
+            }
+        }
+    }
+}
+
+impl Observed for crate::store::WriteOutcome {
+    fn result(&self) -> (&'static str, Option<&str>) {
+        match self {
+            crate::store::WriteOutcome::Applied => ("ok", None),
+            crate::store::WriteOutcome::Rejected(_) => {
+                ("condition_failed", Some("ConditionalCheckFailedException"))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+impl Observed for crate::store::TransactOutcome {
+    fn result(&self) -> (&'static str, Option<&str>) {
+        match self {
+            crate::store::TransactOutcome::Committed => ("ok", None),
+            crate::store::TransactOutcome::Rejected(_) => {
+                ("condition_failed", Some("TransactionCanceledException"))
+            }
+            crate::store::TransactOutcome::Canceled(reasons) => {
+                canceled(reasons);
+                ("canceled", Some("TransactionCanceledException"))
+            }
+        }
+    }
+}
+
+impl Observed for Option<crate::Record> {
+    fn result(&self) -> (&'static str, Option<&str>) {
+        ("ok", None)
+    }
+}

@@ -1,0 +1,360 @@
+//! What the runtime reports: the `idempotent` span of each call closes with its outcome (captured by a
+//! `tracing-subscriber` layer), and the `metrics` counters count calls, store requests, cancellation
+//! reasons and consumed capacity exactly (a debugging recorder, on DynamoDB Local).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
+use idempotent_runtime::{Error, Idempotency, MemoryStore};
+use idempotent_tests::{Backend, Harness};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt as _};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The fields of every closed `idempotent` span, in order.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<HashMap<String, String>>>>);
+
+#[derive(Default)]
+struct Fields(HashMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Spans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        ctx.span(id).unwrap().extensions_mut().insert(fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).unwrap();
+        let mut extensions = span.extensions_mut();
+        values.record(extensions.get_mut::<Fields>().unwrap());
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let span = ctx.span(&id).unwrap();
+        if span.name() == "idempotent" {
+            let fields = span.extensions().get::<Fields>().unwrap().0.clone();
+            self.0.lock().unwrap().push(fields);
+        }
+    }
+}
+
+impl Spans {
+    fn outcomes(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.get("outcome").cloned().unwrap_or_default())
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+enum AppError {
+    Declined,
+    Idempotency(Error),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Declined => f.write_str("declined"),
+            AppError::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+async fn charge(idem: &Idempotency, order: &str, amount: u64, fail: bool) -> Result<u64, AppError> {
+    idem.operation("telemetry::charge", order)
+        .payload(&amount)
+        .run(|| async move {
+            if fail {
+                Err(AppError::Declined)
+            } else {
+                Ok(amount)
+            }
+        })
+        .await
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_call_has_a_span_that_closes_with_its_outcome() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let idem = Idempotency::builder(MemoryStore::new())
+        .local_cache(8)
+        .build();
+    let plain = Idempotency::in_memory();
+
+    assert_eq!(charge(&plain, "o-1", 100, false).await.unwrap(), 100);
+    assert_eq!(charge(&plain, "o-1", 100, false).await.unwrap(), 100);
+    assert!(matches!(
+        charge(&plain, "o-1", 999, false).await,
+        Err(AppError::Idempotency(Error::PayloadMismatch { .. }))
+    ));
+    assert!(matches!(
+        charge(&plain, "o-2", 100, true).await,
+        Err(AppError::Declined)
+    ));
+    assert!(matches!(
+        plain
+            .operation("telemetry::charge", &None::<String>)
+            .run(|| async { Ok::<_, AppError>(1) })
+            .await,
+        Err(AppError::Idempotency(Error::MissingKey { .. }))
+    ));
+    charge(&idem, "o-3", 1, false).await.unwrap();
+    charge(&idem, "o-3", 1, false).await.unwrap();
+    assert_eq!(
+        spans.outcomes(),
+        [
+            "executed",
+            "replayed",
+            "payload_mismatch",
+            "failed",
+            "missing_key",
+            "executed",
+            "cached"
+        ]
+    );
+    let first = spans.0.lock().unwrap()[0].clone();
+    assert_eq!(first["namespace"], "telemetry::charge");
+    assert_eq!(first["attempt"], "1");
+    let key = idempotent_runtime::derive_key("telemetry::charge", "o-1").unwrap();
+    assert_eq!(first["key"].len(), 12, "a short hash of the key");
+    assert!(key.ends_with(&first["key"][..]) || key.contains(&first["key"][..]));
+    assert!(
+        !first.values().any(|v| v.contains("o-1")),
+        "never the raw key"
+    );
+}
+
+fn recorder() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// Counter values by `name{label=value,..}` (labels sorted).
+fn counters() -> HashMap<String, u64> {
+    recorder()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let DebugValue::Counter(n) = value else {
+                return None;
+            };
+            let mut labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            Some((format!("{}{{{}}}", key.key().name(), labels.join(",")), n))
+        })
+        .collect()
+}
+
+/// The two tests share the process's recorder: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The counters counted since the last snapshot (a snapshot of the debugging recorder drains them),
+/// without the zeros.
+fn since_last() -> HashMap<String, u64> {
+    counters().into_iter().filter(|(_, v)| *v > 0).collect()
+}
+
+fn count(delta: &HashMap<String, u64>, key: &str) -> u64 {
+    delta.get(key).copied().unwrap_or(0)
+}
+
+/// A `Put` of an item that already exists, with a condition that it does not.
+async fn taken_item(h: &Harness) -> Put {
+    let table = idempotent_tests::unique_table("telemetry");
+    let client = h
+        .store
+        .as_any()
+        .downcast_ref::<idempotent_runtime::DynamoDbStore>()
+        .unwrap()
+        .client()
+        .clone();
+    idempotent_runtime::DynamoDbStore::new(client.clone(), &table)
+        .create_table()
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S("taken".into()))
+        .send()
+        .await
+        .unwrap();
+    Put::builder()
+        .table_name(&table)
+        .item("pk", AttributeValue::S("taken".into()))
+        .condition_expression("attribute_not_exists(pk)")
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn metrics_count_calls_store_requests_and_capacity() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    recorder();
+    let h = Harness::with(Backend::DynamoDb, |b| b.heartbeat(false)).await;
+
+    since_last();
+    assert_eq!(charge(&h.idem, "m-1", 5, false).await.unwrap(), 5);
+    let first = since_last();
+    assert_eq!(
+        count(
+            &first,
+            "idempotency_calls_total{namespace=telemetry::charge,outcome=executed}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &first,
+            "idempotency_store_requests_total{op=claim,result=ok}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &first,
+            "idempotency_store_requests_total{op=complete,result=ok}"
+        ),
+        1
+    );
+    assert_eq!(count(&first, "idempotency_consumed_wcu_total{op=claim}"), 1);
+    assert_eq!(
+        count(&first, "idempotency_consumed_wcu_total{op=complete}"),
+        1
+    );
+
+    since_last();
+    assert_eq!(charge(&h.idem, "m-1", 5, false).await.unwrap(), 5);
+    let replay = since_last();
+    assert_eq!(
+        count(
+            &replay,
+            "idempotency_calls_total{namespace=telemetry::charge,outcome=replayed}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &replay,
+            "idempotency_store_requests_total{op=claim,result=condition_failed}"
+        ),
+        1
+    );
+    assert_eq!(
+        replay
+            .keys()
+            .filter(|k| k.starts_with("idempotency_store_requests_total"))
+            .count(),
+        1
+    );
+
+    since_last();
+    assert!(charge(&h.idem, "m-2", 5, true).await.is_err());
+    let failure = since_last();
+    assert_eq!(
+        count(
+            &failure,
+            "idempotency_calls_total{namespace=telemetry::charge,outcome=failed}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &failure,
+            "idempotency_store_requests_total{op=fail,result=ok}"
+        ),
+        1
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn metrics_count_a_canceled_transaction() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    recorder();
+    let h = Harness::with(Backend::DynamoDb, |b| b.heartbeat(false)).await;
+    // A transaction canceled by a business condition (the item already exists).
+    let put = taken_item(&h).await;
+    since_last();
+    let err = h
+        .idem
+        .operation("telemetry::reserve", "m-3")
+        .run_transact(|tx| async move {
+            tx.put(put);
+            Ok::<_, AppError>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AppError::Idempotency(Error::TransactionCanceled { .. })
+        ),
+        "{err:?}"
+    );
+    let canceled = since_last();
+    assert_eq!(
+        count(
+            &canceled,
+            "transact_write_cancellation_reason_total{reason=ConditionalCheckFailed}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &canceled,
+            "idempotency_store_requests_total{op=complete_transaction,result=canceled}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &canceled,
+            "idempotency_calls_total{namespace=telemetry::reserve,outcome=error}"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &canceled,
+            "idempotency_store_requests_total{op=fail,result=ok}"
+        ),
+        1
+    );
+}
