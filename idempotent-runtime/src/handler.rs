@@ -424,7 +424,10 @@ where
     let lease = call.lease.unwrap_or_else(|| idem.default_lease());
     let token = uuid::Uuid::new_v4().to_string();
     let lease_until_ms = match acquire(idem, &plan, &token, lease, ttl).await? {
-        Acquired::Done(value) => return Ok(value),
+        Acquired::Done(value) => {
+            crate::execution::record(crate::Execution::Replayed);
+            return Ok(value);
+        }
         Acquired::Held { lease_until_ms } => lease_until_ms,
     };
     tracing::debug!(namespace = call.namespace, "claimed; running the body");
@@ -453,11 +456,15 @@ where
             }
         }
     };
-    if idem.heartbeat() {
+    let outcome = if idem.heartbeat() {
         with_heartbeat(idem, plan.key, &token, lease, ttl, work).await
     } else {
         work.await
-    }
+    };
+    // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
+    // (which records first) does not mask the outer one.
+    crate::execution::record(crate::Execution::Executed);
+    outcome
 }
 
 /// Decodes a stored response.

@@ -50,6 +50,7 @@ mod clock;
 mod codec;
 mod config;
 mod error;
+mod execution;
 mod handler;
 mod key;
 mod operation;
@@ -70,9 +71,10 @@ pub use config::{
     DEFAULT_TTL, Idempotency, MAX_DURATION,
 };
 pub use error::{BoxError, CancellationReason, Error};
+pub use execution::{Execution, observe};
 pub use handler::MissingKey;
 pub use key::{derive_key, fingerprint};
-pub use operation::Operation;
+pub use operation::{OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
