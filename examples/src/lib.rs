@@ -5,6 +5,8 @@
 //! - `IDEMPOTENCY_TABLE=name` — a real table, with the usual AWS configuration (environment, profile, role).
 //! - neither — the in-memory store.
 
+pub mod payments;
+
 use aws_config::BehaviorVersion;
 use idempotent_runtime::aws_sdk_dynamodb::{self, Client};
 use idempotent_runtime::{DynamoDbStore, Idempotency};

@@ -52,6 +52,8 @@ mod config;
 mod error;
 mod execution;
 mod handler;
+#[cfg(feature = "axum")]
+pub mod http;
 mod key;
 mod operation;
 mod record;
