@@ -45,6 +45,8 @@
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
 
+#[cfg(feature = "batch")]
+pub mod batch;
 mod cache;
 mod clock;
 mod codec;
