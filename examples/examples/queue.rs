@@ -87,6 +87,8 @@ async fn ship(refused_once: &Mutex<HashSet<String>>, m: SqsMessage) -> Result<St
         return Err(Failure(format!("carrier refused {}", shipment.order_id)));
     }
     println!("  [handler] shipping {}", shipment.order_id);
+    // The carrier's API call.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     Ok(format!("tracking-{}", shipment.order_id))
 }
 

@@ -474,28 +474,23 @@ fn respond(
         );
     };
     let mut response = Response::new(Body::from(body));
-    match first.filter(|_| execution != Some(Execution::Replayed)) {
-        Some((status, headers)) => {
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            // The body was buffered: its length is known again, whatever the handler streamed.
-            response.headers_mut().remove(header::CONTENT_LENGTH);
-            response.headers_mut().remove(header::TRANSFER_ENCODING);
-        }
-        None => {
-            *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-            for (name, value) in stored.headers {
-                if let (Ok(name), Ok(value)) =
-                    (HeaderName::try_from(name), HeaderValue::try_from(value))
-                {
-                    response.headers_mut().append(name, value);
-                }
-            }
-            response
-                .headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if let Some((status, headers)) = first.filter(|_| execution != Some(Execution::Replayed)) {
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        // The body was buffered: its length is known again, whatever the handler streamed.
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        response.headers_mut().remove(header::TRANSFER_ENCODING);
+        return response;
+    }
+    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            response.headers_mut().append(name, value);
         }
     }
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
 }
 

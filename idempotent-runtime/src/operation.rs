@@ -330,7 +330,9 @@ async fn replayed_through<T, E>(
     hook: impl OnReplay<T>,
     run: impl Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
-    let (result, execution) = crate::execution::observe(run).await;
+    // Boxed, as in the macro's glue: the state machine's future is tens of kilobytes, and callers'
+    // futures should not carry it.
+    let (result, execution) = crate::execution::observe(Box::pin(run)).await;
     let Some(execution) = execution else {
         return result;
     };

@@ -191,7 +191,7 @@ async fn same_key_with_another_body_is_422_and_the_record_stands() {
 async fn in_flight_duplicate_is_409_with_retry_after_from_the_hint() {
     // A 60 s lease and a 3 s hint: Retry-After is the hint, not what is left of the lease.
     let api = Api::start_with(Duration::from_millis(1500), |b| {
-        b.default_lease(Duration::from_secs(60))
+        b.default_lease(Duration::from_mins(1))
             .retry_hint(Duration::from_secs(3))
     })
     .await;

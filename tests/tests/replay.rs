@@ -130,7 +130,7 @@ async fn on_replay_adjusts_replayed_values_only() {
     let call = || {
         h.idem
             .operation("replay::hook", "order-9")
-            .ttl(Duration::from_secs(60))
+            .ttl(Duration::from_mins(1))
             .on_replay(|r: Receipt| Receipt {
                 replayed: true,
                 ..r
