@@ -5,9 +5,12 @@
 //! - `IDEMPOTENCY_TABLE=name` — a real table, with the usual AWS configuration (environment, profile, role).
 //! - neither — the in-memory store.
 
+pub mod lambda;
+pub mod payments;
+
 use aws_config::BehaviorVersion;
 use idempotent_runtime::aws_sdk_dynamodb::{self, Client};
-use idempotent_runtime::{DynamoDbStore, Idempotency};
+use idempotent_runtime::{Builder, DynamoDbStore, Idempotency};
 
 /// Where the example keeps its records.
 #[derive(Debug, Clone)]
@@ -55,18 +58,28 @@ pub async fn backend_from_env(default_table: &str) -> Backend {
 pub async fn idempotency_from_env(
     default_table: &str,
 ) -> Result<Idempotency, idempotent_runtime::StoreError> {
+    Ok(builder_from_env(default_table).await?.build())
+}
+
+/// [`idempotency_from_env`], as a builder to adjust first.
+///
+/// # Errors
+/// The store's error when the table cannot be created.
+pub async fn builder_from_env(
+    default_table: &str,
+) -> Result<Builder, idempotent_runtime::StoreError> {
     Ok(match backend_from_env(default_table).await {
         Backend::Memory => {
             println!(
                 "store: in memory (set IDEMPOTENT_DYNAMODB_ENDPOINT or IDEMPOTENCY_TABLE for DynamoDB)"
             );
-            Idempotency::in_memory()
+            Idempotency::builder_in_memory()
         }
         Backend::DynamoDb { client, table } => {
             let store = DynamoDbStore::new(client, &table);
             store.create_table().await?;
             println!("store: DynamoDB table `{table}`");
-            Idempotency::builder(store).build()
+            Idempotency::builder(store)
         }
     })
 }

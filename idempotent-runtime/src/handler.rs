@@ -466,7 +466,10 @@ where
     let lease = call.lease.unwrap_or_else(|| idem.default_lease());
     let token = uuid::Uuid::new_v4().to_string();
     let (lease_until_ms, took_over) = match acquire(idem, &plan, &token, lease, ttl).await {
-        Ok(Acquired::Done(value, outcome)) => return (Ok(value), outcome),
+        Ok(Acquired::Done(value, outcome)) => {
+            crate::execution::record(crate::Execution::Replayed);
+            return (Ok(value), outcome);
+        }
         Ok(Acquired::Held {
             lease_until_ms,
             took_over,
@@ -509,11 +512,15 @@ where
             }
         }
     };
-    if idem.heartbeat() {
+    let outcome = if idem.heartbeat() {
         with_heartbeat(idem, plan.key, &token, lease, ttl, work).await
     } else {
         work.await
-    }
+    };
+    // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
+    // (which records first) does not mask the outer one.
+    crate::execution::record(crate::Execution::Executed);
+    outcome
 }
 
 /// The name of a transition's request, for telemetry.

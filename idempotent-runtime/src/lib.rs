@@ -49,12 +49,17 @@
 
 #[cfg(feature = "cli")]
 pub mod admin;
+#[cfg(feature = "batch")]
+pub mod batch;
 mod cache;
 mod clock;
 mod codec;
 mod config;
 mod error;
+mod execution;
 mod handler;
+#[cfg(feature = "axum")]
+pub mod http;
 mod key;
 mod operation;
 mod record;
@@ -75,9 +80,10 @@ pub use config::{
     DEFAULT_TTL, DISABLED_VAR, Idempotency, MAX_DURATION,
 };
 pub use error::{BoxError, CancellationReason, Error};
+pub use execution::{Execution, observe};
 pub use handler::MissingKey;
 pub use key::{derive_key, fingerprint};
-pub use operation::Operation;
+pub use operation::{OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;

@@ -28,15 +28,42 @@ use crate::{Error, Idempotency, MissingKey};
 /// assert_eq!(total, 1_250);
 /// # Ok(()) }
 /// ```
+///
+/// `H` is what a replayed value goes through before `run` returns it: [`Unchanged`] unless
+/// [`on_replay`](Self::on_replay) gave a hook.
 #[derive(Debug)]
 #[must_use = "an operation does nothing until `run` is awaited"]
-pub struct Operation<'a> {
+pub struct Operation<'a, H = Unchanged> {
     idem: &'a Idempotency,
     call: Call,
     key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     claim_writes: Writes,
     compensation: Writes,
+    on_replay: H,
+}
+
+/// What an [`Operation`] does to a value it replays, before returning it: any `FnOnce(T) -> T`, or
+/// [`Unchanged`].
+pub trait OnReplay<T> {
+    /// The value to return instead of `replayed`.
+    fn on_replay(self, replayed: T) -> T;
+}
+
+/// Returns replayed values as they were stored (the default [`OnReplay`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unchanged;
+
+impl<T> OnReplay<T> for Unchanged {
+    fn on_replay(self, replayed: T) -> T {
+        replayed
+    }
+}
+
+impl<T, F: FnOnce(T) -> T> OnReplay<T> for F {
+    fn on_replay(self, replayed: T) -> T {
+        self(replayed)
+    }
 }
 
 impl Idempotency {
@@ -56,11 +83,12 @@ impl Idempotency {
             fingerprint: None,
             claim_writes: Writes::new(),
             compensation: Writes::new(),
+            on_replay: Unchanged,
         }
     }
 }
 
-impl Operation<'_> {
+impl<'a, H> Operation<'a, H> {
     /// How long the response is replayed (default: the handle's).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.call.ttl = Some(ttl);
@@ -71,6 +99,40 @@ impl Operation<'_> {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.call.lease = Some(lease);
         self
+    }
+
+    /// Bounds the claim by a deadline after which this process will not be running the body any more,
+    /// such as an AWS Lambda invocation's (`lambda_runtime::Context::deadline()`): the lease is the time
+    /// left until `deadline` (at least 1 ms), so a claim whose worker was killed at the deadline is free
+    /// again right after it (plus the handle's clock-skew margin), instead of a whole default lease
+    /// later. A deadline already past leaves a 1 ms lease: the claim still fences the completion.
+    ///
+    /// Heartbeats extend a live claim by the same lease, so with them a claim can outlive the deadline by
+    /// up to one lease; a handle for deadline-bound work is best built with
+    /// [`Builder::heartbeat(false)`](crate::Builder::heartbeat): the lease already covers all the time the
+    /// invocation has, and a frozen or killed invocation sends no heartbeats anyway.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use std::time::{Duration, SystemTime};
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// let idem = Idempotency::builder_in_memory().heartbeat(false).build();
+    /// let deadline = SystemTime::now() + Duration::from_secs(3); // `context.deadline()` in a Lambda
+    /// let receipt = idem
+    ///     .operation("billing::charge", "order-1")
+    ///     .deadline(deadline)
+    ///     .run(|| async { Ok::<_, Error>(String::from("ch_1")) })
+    ///     .await?;
+    /// # assert_eq!(receipt, "ch_1");
+    /// # Ok(()) }
+    /// ```
+    pub fn deadline(self, deadline: std::time::SystemTime) -> Self {
+        let left = deadline
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default()
+            .max(Duration::from_millis(1));
+        self.lease(left)
     }
 
     /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).
@@ -108,6 +170,39 @@ impl Operation<'_> {
     pub fn missing_key(mut self, missing_key: MissingKey) -> Self {
         self.call.missing_key = missing_key;
         self
+    }
+
+    /// Passes a replayed value through `hook` before `run` returns it (values produced by the body are
+    /// returned as they are): to mark it, or to refresh what must not be served stale. The stored value
+    /// stays as it was. To only *tell* a replay from an execution, see [`observe`](crate::observe).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Receipt { id: u32, replayed: bool }
+    ///
+    /// let idem = Idempotency::in_memory();
+    /// let charge = || {
+    ///     idem.operation("billing::charge", "order-1")
+    ///         .on_replay(|r: Receipt| Receipt { replayed: true, ..r })
+    ///         .run(|| async { Ok::<_, Error>(Receipt { id: 7, replayed: false }) })
+    /// };
+    /// assert!(!charge().await?.replayed);
+    /// assert!(charge().await?.replayed);
+    /// # Ok(()) }
+    /// ```
+    pub fn on_replay<G>(self, hook: G) -> Operation<'a, G> {
+        Operation {
+            idem: self.idem,
+            call: self.call,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            claim_writes: self.claim_writes,
+            compensation: self.compensation,
+            on_replay: hook,
+        }
     }
 
     /// Rejects the key with another payload ([`Error::PayloadMismatch`]).
@@ -165,6 +260,7 @@ impl Operation<'_> {
         E: From<Error> + Display,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
     {
         // Writes that commit with the claim exist only with the `dynamodb` feature.
         #[cfg(feature = "dynamodb")]
@@ -188,13 +284,13 @@ impl Operation<'_> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
         };
-        run(
+        let run = run(
             self.idem,
             plan,
             ToString::to_string,
             async move { body().await },
-        )
-        .await
+        );
+        replayed_through(self.on_replay, run).await
     }
 
     /// [`run`](Self::run), with a [`Transaction`](crate::Transaction) whose staged writes commit with
@@ -209,6 +305,7 @@ impl Operation<'_> {
         E: From<Error> + Display,
         F: FnOnce(crate::Transaction) -> Fut,
         Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
     {
         let Some((key, fingerprint)) = prepare(&self.call, self.key, self.fingerprint, true)?
         else {
@@ -224,10 +321,29 @@ impl Operation<'_> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
         };
-        run(self.idem, plan, ToString::to_string, async move {
+        let run = run(self.idem, plan, ToString::to_string, async move {
             body(transaction).await
-        })
-        .await
+        });
+        replayed_through(self.on_replay, run).await
+    }
+}
+
+/// Runs the state machine, passing a replayed value through `hook`; what happened is recorded again for
+/// the caller's own [`observe`](crate::observe), which the one here hides.
+async fn replayed_through<T, E>(
+    hook: impl OnReplay<T>,
+    run: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    // Boxed, as in the macro's glue: the state machine's future is tens of kilobytes, and callers'
+    // futures should not carry it.
+    let (result, execution) = crate::execution::observe(Box::pin(run)).await;
+    let Some(execution) = execution else {
+        return result;
+    };
+    crate::execution::record(execution);
+    match result {
+        Ok(value) if execution.is_replay() => Ok(hook.on_replay(value)),
+        other => other,
     }
 }
 
