@@ -46,6 +46,11 @@
 //!
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
+//!
+//! Features: `macros` and `dynamodb` (on by default); `metrics` (counters through the `metrics` facade,
+//! see [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
+//! `Idempotency-Key` HTTP layer); `batch` (queue batches). `IDEMPOTENT_DISABLED=1` switches idempotency
+//! off in a process ([`DISABLED_VAR`]).
 
 #[cfg(feature = "cli")]
 pub mod admin;
