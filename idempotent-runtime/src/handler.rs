@@ -354,9 +354,6 @@ async fn acquire<T: DeserializeOwned>(
                     });
                 }
                 Found::Claimable => {
-                    if expired {
-                        telemetry::expired_record_reclaimed();
-                    }
                     took_over = lapsed && !expired;
                     continue 'claim;
                 }

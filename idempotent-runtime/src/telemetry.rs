@@ -9,7 +9,7 @@
 //! | `idempotency_store_seconds` | `op` | store request latency (histogram) |
 //! | `transact_write_cancellation_reason_total` | `reason` | canceled transactions, per failed action's code |
 //! | `idempotency_consumed_wcu_total` | `op` | write capacity DynamoDB reports (`ReturnConsumedCapacity`) |
-//! | `dynamo_ttl_delete_before_retry_total` | — | a duplicate found its key's record expired and claimed it anew |
+//! | `dynamo_ttl_delete_before_retry_total` | — | a claim replaced its key's expired record (a duplicate after the `ttl`) |
 
 use std::future::Future;
 use std::time::Instant;
@@ -180,7 +180,9 @@ pub(crate) fn canceled(reasons: &[crate::CancellationReason]) {
     let _ = reasons;
 }
 
-/// Counts a duplicate that found its key's record expired (TTL had not deleted it yet) and claimed it.
+/// Counts a claim that replaced its key's expired record (TTL had not deleted it yet): a duplicate that came
+/// after the `ttl`. The memory store always sees it; the DynamoDB store, with the `metrics` feature, from
+/// the claim's old values (`ReturnValues=UPDATED_OLD`), for plain claims (a transaction returns none).
 pub(crate) fn expired_record_reclaimed() {
     tracing::debug!("the key's record had expired; claimed anew");
     #[cfg(feature = "metrics")]

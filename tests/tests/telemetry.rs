@@ -302,6 +302,20 @@ async fn metrics_count_calls_store_requests_and_capacity() {
         ),
         1
     );
+
+    // Past the ttl, a duplicate finds the record expired but not yet deleted, and claims it anew.
+    h.clock.advance(std::time::Duration::from_hours(25));
+    since_last();
+    assert_eq!(charge(&h.idem, "m-1", 5, false).await.unwrap(), 5);
+    let late = since_last();
+    assert_eq!(count(&late, "dynamo_ttl_delete_before_retry_total{}"), 1);
+    assert_eq!(
+        count(
+            &late,
+            "idempotency_calls_total{namespace=telemetry::charge,outcome=executed}"
+        ),
+        1
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]

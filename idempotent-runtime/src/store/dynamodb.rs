@@ -371,10 +371,12 @@ impl DynamoDbStore {
     }
 
     /// One conditional `UpdateItem` of the record (`op`: its name for metrics); a failed condition returns
-    /// the item as it was.
+    /// the item as it was. `claimed_at_s`: for a claim, the time its condition is evaluated at, so that
+    /// (with the `metrics` feature) a claim that replaced an expired record is counted.
     async fn conditional_update(
         &self,
         op: &'static str,
+        claimed_at_s: Option<u64>,
         key: &str,
         (update, names, values): UpdateParts,
         condition: &str,
@@ -390,22 +392,38 @@ impl DynamoDbStore {
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        // Asked for only with the feature: it costs response bytes.
+        // Asked for only with the feature: they cost response bytes (the old values of a claim include
+        // the old response, which only an expired COMPLETED record still has).
         #[cfg(feature = "metrics")]
         let request = request
-            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total);
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
+            .set_return_values(
+                claimed_at_s.map(|_| aws_sdk_dynamodb::types::ReturnValue::UpdatedOld),
+            );
         let result = send!(self, request);
         match result {
             Ok(output) => {
                 #[cfg(feature = "metrics")]
-                if let Some(units) = output
-                    .consumed_capacity()
-                    .and_then(aws_sdk_dynamodb::types::ConsumedCapacity::capacity_units)
                 {
-                    crate::telemetry::consumed_wcu(op, units);
+                    if let Some(units) = output
+                        .consumed_capacity()
+                        .and_then(aws_sdk_dynamodb::types::ConsumedCapacity::capacity_units)
+                    {
+                        crate::telemetry::consumed_wcu(op, units);
+                    }
+                    let old_expiry = output
+                        .attributes()
+                        .and_then(|old| old.get(&inner.names.expires_at))
+                        .and_then(|v| v.as_n().ok())
+                        .and_then(|n| n.parse::<u64>().ok());
+                    if let (Some(expired), Some(now_s)) = (old_expiry, claimed_at_s)
+                        && expired < now_s
+                    {
+                        crate::telemetry::expired_record_reclaimed();
+                    }
                 }
                 #[cfg(not(feature = "metrics"))]
-                let _ = (op, output);
+                let _ = (op, claimed_at_s, output);
                 Ok(WriteOutcome::Applied)
             }
             Err(err) => match rejected(&err).map(|e| e.item()) {
@@ -646,7 +664,13 @@ impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let parts = self.claim_parts(request, false);
         let outcome = self
-            .conditional_update("claim", request.key, parts, CLAIMABLE)
+            .conditional_update(
+                "claim",
+                Some(request.now_ms / 1000),
+                request.key,
+                parts,
+                CLAIMABLE,
+            )
             .await?;
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
@@ -664,7 +688,7 @@ impl Store for DynamoDbStore {
             Change::Fail { .. } => "fail",
             Change::ExtendLease { .. } => "heartbeat",
         };
-        self.conditional_update(op, transition.key, parts, HELD_BY_TOKEN)
+        self.conditional_update(op, None, transition.key, parts, HELD_BY_TOKEN)
             .await
     }
 

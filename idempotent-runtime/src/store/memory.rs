@@ -244,10 +244,14 @@ fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Rec
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut state = self.lock();
-        let record = match claimed(state.records.get(request.key), request, false) {
+        let old = state.records.get(request.key);
+        let record = match claimed(old, request, false) {
             Ok(record) => record,
             Err(blocking) => return Ok(ClaimOutcome::Existing(blocking.clone())),
         };
+        if old.is_some_and(|o| o.is_expired(request.now_ms)) {
+            crate::telemetry::expired_record_reclaimed();
+        }
         state.records.insert(record.key.clone(), record);
         Ok(ClaimOutcome::Claimed)
     }
