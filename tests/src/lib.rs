@@ -265,3 +265,39 @@ impl Harness {
         self.store.get(&key).await.unwrap()
     }
 }
+
+/// What the bodies under test return as their error: the body's own failure, or the library's.
+#[derive(Debug)]
+pub enum AppError {
+    /// The body's own failure.
+    Declined,
+    /// The library's.
+    Idempotency(idempotent_runtime::Error),
+}
+
+impl From<idempotent_runtime::Error> for AppError {
+    fn from(e: idempotent_runtime::Error) -> Self {
+        AppError::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Declined => f.write_str("declined"),
+            AppError::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl AppError {
+    /// The library's error, or a panic naming what came instead.
+    #[track_caller]
+    #[must_use]
+    pub fn idempotency(self) -> idempotent_runtime::Error {
+        match self {
+            AppError::Idempotency(e) => e,
+            other @ AppError::Declined => panic!("expected an idempotency error, got {other:?}"),
+        }
+    }
+}

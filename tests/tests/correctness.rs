@@ -23,43 +23,8 @@ mod tokens;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idempotent_runtime::Error;
+pub(crate) use idempotent_tests::AppError;
 use tokio::sync::{Notify, Semaphore};
-
-/// What the bodies under test return as their error.
-#[derive(Debug)]
-pub(crate) enum AppError {
-    /// The body's own failure.
-    Declined,
-    /// The library's.
-    Idempotency(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idempotency(e)
-    }
-}
-
-impl std::fmt::Display for AppError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AppError::Declined => f.write_str("declined"),
-            AppError::Idempotency(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl AppError {
-    /// The library's error, or a panic naming what came instead.
-    #[track_caller]
-    pub(crate) fn idempotency(self) -> Error {
-        match self {
-            AppError::Idempotency(e) => e,
-            other @ AppError::Declined => panic!("expected an idempotency error, got {other:?}"),
-        }
-    }
-}
 
 /// A body that can be held open: it signals `started`, then waits for a permit.
 #[derive(Debug)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use idempotent_runtime::{Error, Idempotency, MemoryStore};
-use idempotent_tests::{Backend, Harness};
+use idempotent_tests::{AppError, Backend, Harness};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -60,27 +60,6 @@ impl Spans {
             .iter()
             .map(|f| f.get("outcome").cloned().unwrap_or_default())
             .collect()
-    }
-}
-
-#[derive(Debug)]
-enum AppError {
-    Declined,
-    Idempotency(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idempotency(e)
-    }
-}
-
-impl std::fmt::Display for AppError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AppError::Declined => f.write_str("declined"),
-            AppError::Idempotency(e) => write!(f, "{e}"),
-        }
     }
 }
 
