@@ -52,6 +52,8 @@ mod config;
 mod error;
 mod handler;
 mod key;
+#[cfg(test)]
+mod model;
 mod operation;
 mod record;
 mod size;
