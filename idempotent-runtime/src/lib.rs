@@ -50,6 +50,8 @@ mod clock;
 mod codec;
 mod config;
 mod error;
+#[cfg(all(test, feature = "dynamodb"))]
+mod fuzz;
 mod handler;
 mod key;
 #[cfg(test)]

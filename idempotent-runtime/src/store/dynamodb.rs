@@ -628,7 +628,7 @@ fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
     value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
 }
 
-fn parse_item(
+pub(crate) fn parse_item(
     names: &AttributeNames,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {
