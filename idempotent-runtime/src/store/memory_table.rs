@@ -55,6 +55,26 @@ struct Key {
     sort: Option<KeyValue>,
 }
 
+/// `item` as DynamoDB stores it: top-level numbers and number sets in canonical text (`"1e2"` reads back
+/// as `"100"`, `"0.10"` as `"0.1"`); numbers inside lists and maps are kept as written, as DynamoDB Local
+/// keeps them. Found by the differential tests.
+fn canonical_item(item: Item) -> Item {
+    // Values were validated before they get here; an unparsable number is kept as it is.
+    let number = |n: String| Number::parse(&n).map_or(n, |v| v.to_string());
+    item.into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                AttributeValue::N(n) => AttributeValue::N(number(n)),
+                AttributeValue::Ns(set) => {
+                    AttributeValue::Ns(set.into_iter().map(number).collect())
+                }
+                other => other,
+            };
+            (k, v)
+        })
+        .collect()
+}
+
 /// Every error of the table model is a request DynamoDB would refuse before writing anything.
 fn other(message: String) -> StoreError {
     StoreError::Invalid(message.into())
@@ -156,7 +176,7 @@ impl Tables {
                 ))
             })?;
         }
-        target.items.insert(key, item);
+        target.items.insert(key, canonical_item(item));
         Ok(())
     }
 
@@ -500,7 +520,7 @@ impl Action<'_> {
         Step::Write {
             table: self.table_name.to_owned(),
             key: self.key,
-            item,
+            item: item.map(canonical_item),
         }
     }
 }

@@ -620,6 +620,7 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
         };
         self.next += 1;
         let right = self.operand()?;
+        check_distinct(comparator.symbol(), &left, &[&right])?;
         if comparator != Comparator::Eq && comparator != Comparator::Ne {
             check_ordered_operand(comparator.symbol(), &left)?;
             check_ordered_operand(comparator.symbol(), &right)?;
@@ -636,6 +637,16 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
         let high = self.operand()?;
         for side in [&operand, &low, &high] {
             check_ordered_operand("BETWEEN", side)?;
+        }
+        check_distinct("BETWEEN", &operand, &[&low, &high])?;
+        if let (Operand::Value(l), Operand::Value(h)) = (&low, &high)
+            && type_name(l) != type_name(h)
+        {
+            return Err(invalid(format!(
+                "The BETWEEN operator requires same data type for lower and upper bounds; lower bound operand type: {}, upper bound operand type: {}",
+                type_name(l),
+                type_name(h)
+            )));
         }
         if let (Operand::Value(l), Operand::Value(h)) = (&low, &high)
             && order(l, h) == Some(Ordering::Greater)
@@ -828,6 +839,21 @@ const FUNCTIONS: [&str; 8] = [
     "if_not_exists",
     "list_append",
 ];
+
+/// DynamoDB refuses a comparison of an attribute with itself (`a <= a`, `a BETWEEN a AND :x`): "the first
+/// operand must be distinct from the remaining operands".
+fn check_distinct(
+    operator: &str,
+    first: &Operand,
+    rest: &[&Operand],
+) -> Result<(), ExpressionError> {
+    match first {
+        Operand::Path(path) if rest.iter().any(|r| *r == first) => Err(invalid(format!(
+            "The first operand must be distinct from the remaining operands for this operator or function; operator: {operator}, first operand: [{path}]"
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// `<`, `<=`, `>`, `>=` and BETWEEN take numbers, strings and binaries; DynamoDB rejects other literals.
 fn check_ordered_operand(operator: &str, operand: &Operand) -> Result<(), ExpressionError> {
