@@ -485,8 +485,11 @@ fn normal_value(v: &AttributeValue) -> String {
         v
     };
     match v {
+        AttributeValue::N(n) => format!("N({})", number_key(n)),
         AttributeValue::Ss(s) => format!("SS{:?}", sorted(s.clone())),
-        AttributeValue::Ns(n) => format!("NS{:?}", sorted(n.clone())),
+        AttributeValue::Ns(n) => {
+            format!("NS{:?}", sorted(n.iter().map(|n| number_key(n)).collect()))
+        }
         AttributeValue::Bs(b) => format!(
             "BS{:?}",
             sorted(b.iter().map(|b| format!("{:?}", b.as_ref())).collect())
@@ -498,6 +501,33 @@ fn normal_value(v: &AttributeValue) -> String {
         AttributeValue::M(m) => format!("M{:?}", normal(m)),
         other => format!("{other:?}"),
     }
+}
+
+/// A number's value as text (`"1e2"`, `"100"` and `"100.0"` give one key). DynamoDB Local keeps some
+/// numbers as written (added with ADD, inside lists and maps) and rewrites others in canonical text; the
+/// value is what both must agree on.
+fn number_key(text: &str) -> String {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (decimal, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (
+            &unsigned[..at],
+            unsigned[at + 1..].parse::<i64>().unwrap_or(0),
+        ),
+        None => (unsigned, 0),
+    };
+    let (whole, fraction) = decimal.split_once('.').unwrap_or((decimal, ""));
+    let digits = format!("{whole}{fraction}");
+    let significant = digits.trim_start_matches('0');
+    if significant.is_empty() {
+        return "0".to_owned();
+    }
+    let trimmed = significant.trim_end_matches('0');
+    let exponent = exponent - i64::try_from(fraction.len()).unwrap()
+        + i64::try_from(significant.len() - trimmed.len()).unwrap();
+    format!("{}{trimmed}e{exponent}", if negative { "-" } else { "" })
 }
 
 async fn on_dynamodb(client: &Client, case: &Case) -> (Outcome, String) {

@@ -815,6 +815,7 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
             self.expect(Kind::Comma, "`,`")?;
             let fallback = self.operand()?;
             self.expect(Kind::RParen, "`)`")?;
+            check_distinct("if_not_exists", &Operand::Path(path.clone()), &[&fallback])?;
             return Ok(Term::IfNotExists(path, fallback));
         }
         Err(self.misplaced_function(Place::Update))
@@ -848,7 +849,7 @@ fn check_distinct(
     rest: &[&Operand],
 ) -> Result<(), ExpressionError> {
     match first {
-        Operand::Path(path) if rest.iter().any(|r| *r == first) => Err(invalid(format!(
+        Operand::Path(path) if rest.contains(&first) => Err(invalid(format!(
             "The first operand must be distinct from the remaining operands for this operator or function; operator: {operator}, first operand: [{path}]"
         ))),
         _ => Ok(()),
@@ -1059,15 +1060,15 @@ impl Update {
 
 fn evaluate_term(term: &Term, item: &Item) -> Result<AttributeValue, String> {
     let operand = match term {
-        Term::IfNotExists(path, fallback) => match item.get(path) {
-            Some(present) => return Ok(present.clone()),
-            None => fallback,
-        },
-        Term::Operand(operand) => operand,
+        Term::IfNotExists(_, fallback) | Term::Operand(fallback) => fallback,
     };
-    resolve(operand, Some(item))
-        .cloned()
-        .ok_or_else(|| MISSING_ATTRIBUTE.to_owned())
+    // DynamoDB resolves the fallback of `if_not_exists` even when the attribute exists: a fallback
+    // naming an attribute the item lacks fails the update either way (found by the differential tests).
+    let value = resolve(operand, Some(item)).ok_or_else(|| MISSING_ATTRIBUTE.to_owned())?;
+    match term {
+        Term::IfNotExists(path, _) => Ok(item.get(path).unwrap_or(value).clone()),
+        Term::Operand(_) => Ok(value.clone()),
+    }
 }
 
 fn evaluate_set(value: &SetValue, item: &Item) -> Result<AttributeValue, String> {
@@ -1724,5 +1725,32 @@ mod tests {
             invalid_message(update("SET a = :one REMOVE a")).contains("Two document paths overlap")
         );
         assert!(invalid_message(update("ADD a :one, a :q")).contains("path one: [a]"));
+    }
+
+    /// Divergences from DynamoDB Local found by the differential tests (`tests/tests/differential.rs`).
+    #[test]
+    fn refuses_what_dynamodb_local_refuses() {
+        assert!(
+            invalid_message(condition("a BETWEEN :one AND :a"))
+                .contains("same data type for lower and upper bounds")
+        );
+        for source in ["a <= a", "#av = available", "a BETWEEN :one AND a"] {
+            assert!(
+                invalid_message(condition(source)).contains("must be distinct"),
+                "{source}"
+            );
+        }
+        assert!(
+            invalid_message(update("SET a = if_not_exists(b, b)")).contains("must be distinct")
+        );
+    }
+
+    #[test]
+    fn if_not_exists_needs_its_fallback_even_when_the_attribute_exists() {
+        let u = update("SET a = if_not_exists(b, gone)").unwrap();
+        let present = item(&[("b", n("1"))]);
+        assert!(u.apply(&present).unwrap_err().contains("does not exist"));
+        let u = update("SET a = if_not_exists(b, :one)").unwrap();
+        assert_eq!(u.apply(&present).unwrap()["a"], n("1"));
     }
 }
