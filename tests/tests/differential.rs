@@ -81,6 +81,8 @@ const NUMBERS: [&str; 12] = [
 ];
 /// Numbers no two of which are equal, for sets that must be valid.
 const SET_NUMBERS: [&str; 6] = ["1", "-1", "2.5", "10", "1e2", "0.10"];
+/// Numbers in ascending order, as many as [`STRINGS`], for BETWEEN bounds.
+const SORTED_NUMBERS: [&str; 6] = ["-1", "0", "1", "2.5", "10", "1e2"];
 const BINARIES: [&[u8]; 4] = [b"", b"\x00", b"ab", b"b"];
 /// Attribute names used without placeholders.
 const PLAIN: [&str; 5] = ["a", "b", "c", "n", "s"];
@@ -199,6 +201,58 @@ impl Expr {
         self.value(v)
     }
 
+    /// A value `<`, `BETWEEN` and `begins_with` accept (S, N or B), but anything now and then where invalid
+    /// requests are allowed: DynamoDB refuses the others before evaluating anything.
+    fn ordered_value(&mut self, g: &mut Gen) -> String {
+        if self.allow_invalid && g.chance(20) {
+            return self.any_value(g);
+        }
+        let v = match g.below(3) {
+            0 => AttributeValue::S((*g.pick(&STRINGS)).to_owned()),
+            1 => AttributeValue::N((*g.pick(&NUMBERS)).to_owned()),
+            _ => AttributeValue::B(Blob::new(*g.pick(&BINARIES))),
+        };
+        self.value(v)
+    }
+
+    /// Bounds of one type in order (DynamoDB refuses others), or anything where invalid requests are
+    /// allowed.
+    fn bounds(&mut self, g: &mut Gen) -> (String, String) {
+        if self.allow_invalid && g.chance(30) {
+            return (self.ordered_value(g), self.ordered_value(g));
+        }
+        let (mut i, mut j) = (g.below(SORTED_NUMBERS.len()), g.below(SORTED_NUMBERS.len()));
+        if i > j {
+            std::mem::swap(&mut i, &mut j);
+        }
+        let (low, high) = match g.below(3) {
+            0 => (
+                AttributeValue::N(SORTED_NUMBERS[i].to_owned()),
+                AttributeValue::N(SORTED_NUMBERS[j].to_owned()),
+            ),
+            1 => (
+                AttributeValue::S(STRINGS[i].to_owned()),
+                AttributeValue::S(STRINGS[j].to_owned()),
+            ),
+            _ => (
+                AttributeValue::B(Blob::new(BINARIES[i.min(3)])),
+                AttributeValue::B(Blob::new(BINARIES[j.min(3)])),
+            ),
+        };
+        (self.value(low), self.value(high))
+    }
+
+    /// A path, or a number: what `+` and `-` accept.
+    fn arithmetic_operand(&mut self, g: &mut Gen) -> String {
+        if g.chance(50) {
+            self.path(g)
+        } else if self.allow_invalid && g.chance(20) {
+            self.any_value(g)
+        } else {
+            self.value(AttributeValue::N((*g.pick(&NUMBERS)).to_owned()))
+        }
+    }
+
     fn operand(&mut self, g: &mut Gen) -> String {
         if g.chance(50) {
             self.path(g)
@@ -214,13 +268,18 @@ impl Expr {
                 0 | 1 => {
                     let op = *g.pick(&["=", "<>", "<", "<=", ">", ">="]);
                     let left = self.path(g);
-                    let right = self.operand(g);
+                    let right = if g.chance(50) {
+                        self.path(g)
+                    } else if op == "=" || op == "<>" {
+                        self.any_value(g)
+                    } else {
+                        self.ordered_value(g)
+                    };
                     format!("{left} {op} {right}")
                 }
                 2 => {
                     let path = self.path(g);
-                    let lo = self.any_value(g);
-                    let hi = self.any_value(g);
+                    let (lo, hi) = self.bounds(g);
                     format!("{path} BETWEEN {lo} AND {hi}")
                 }
                 3 => {
@@ -232,12 +291,16 @@ impl Expr {
                 5 => format!("attribute_not_exists({})", self.path(g)),
                 6 => {
                     let path = self.path(g);
-                    let prefix = self.any_value(g);
+                    let prefix = self.ordered_value(g);
                     format!("begins_with({path}, {prefix})")
                 }
                 _ => {
-                    let left = self.any_value(g);
                     let op = *g.pick(&["=", "<>", "<", ">="]);
+                    let left = if op == "=" || op == "<>" {
+                        self.any_value(g)
+                    } else {
+                        self.ordered_value(g)
+                    };
                     let right = self.path(g);
                     format!("{left} {op} {right}")
                 }
@@ -274,8 +337,8 @@ impl Expr {
                     let path = self.path(g);
                     let value = match g.below(4) {
                         0 => {
-                            let a = self.operand(g);
-                            let b = self.operand(g);
+                            let a = self.arithmetic_operand(g);
+                            let b = self.arithmetic_operand(g);
                             format!("{a} {} {b}", g.pick(&["+", "-"]))
                         }
                         1 => {
@@ -747,7 +810,8 @@ fn known_difference(
         (Outcome::Invalid, _)
             if reasons_include(mem, "ValidationError")
                 && (ddb_message.contains("refers to an attribute that does not exist")
-                    || ddb_message.contains("incorrect data type")) =>
+                    || ddb_message.contains("incorrect data type")
+                    || ddb_message.contains("precision up to 38 digits")) =>
         {
             Some("known difference: an update that fails on the item's values")
         }

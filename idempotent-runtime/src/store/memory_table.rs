@@ -22,9 +22,9 @@
 //!   DynamoDB Local evaluates the conditions first and may cancel instead;
 //! - an update of a key attribute is refused up front; DynamoDB Local cancels the transaction with a
 //!   `ValidationError` reason (or `ConditionalCheckFailed`, if a condition fails first);
-//! - an update that fails on the item's values (arithmetic on a missing attribute or a string) is a
-//!   `ValidationError` cancellation reason, as DynamoDB documents; DynamoDB Local refuses the whole
-//!   request with a `ValidationException`;
+//! - an update that fails on the item's values (arithmetic on a missing attribute or a string, a sum
+//!   beyond 38 digits) is a `ValidationError` cancellation reason, as DynamoDB documents; DynamoDB Local
+//!   refuses the whole request with a `ValidationException`;
 //! - a top-level number written by ADD to a missing attribute is read back in canonical text (`"1e2"` as
 //!   `"100"`), like every other top-level number; DynamoDB Local keeps that one as written. Numbers inside
 //!   lists and maps are kept as written by both.

@@ -132,15 +132,34 @@ impl<'a> Placeholders<'a> {
 }
 
 /// Checks what DynamoDB checks on every value it receives: numbers are numbers, sets are not empty.
+fn no_duplicates<T: Eq + std::hash::Hash>(set: &[T]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::with_capacity(set.len());
+    if set.iter().all(|v| seen.insert(v)) {
+        Ok(())
+    } else {
+        Err("Input collection contains duplicates".into())
+    }
+}
+
 pub(crate) fn validate_value(value: &AttributeValue) -> Result<(), String> {
     match value {
         AttributeValue::N(n) => Number::parse(n).map(drop),
         AttributeValue::Ns(set) if !set.is_empty() => {
-            set.iter().try_for_each(|n| Number::parse(n).map(drop))
+            let numbers = set
+                .iter()
+                .map(|n| Number::parse(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            // `"1e2"` and `"100"` are one number: DynamoDB refuses the set (found by the differential
+            // tests).
+            no_duplicates(&numbers)
         }
         AttributeValue::Ss(set) if set.is_empty() => Err("a string set may not be empty".into()),
         AttributeValue::Ns(_) => Err("a number set may not be empty".into()),
         AttributeValue::Bs(set) if set.is_empty() => Err("a binary set may not be empty".into()),
+        AttributeValue::Ss(set) => no_duplicates(set),
+        AttributeValue::Bs(set) => {
+            no_duplicates(&set.iter().map(AsRef::as_ref).collect::<Vec<&[u8]>>())
+        }
         AttributeValue::L(list) => list.iter().try_for_each(validate_value),
         AttributeValue::M(map) => map.values().try_for_each(validate_value),
         _ => Ok(()),
@@ -1752,5 +1771,15 @@ mod tests {
         assert!(u.apply(&present).unwrap_err().contains("does not exist"));
         let u = update("SET a = if_not_exists(b, :one)").unwrap();
         assert_eq!(u.apply(&present).unwrap()["a"], n("1"));
+    }
+
+    /// Found by the differential tests: a set whose elements are equal is refused, numbers by value.
+    #[test]
+    fn sets_with_duplicates_are_refused() {
+        let ns = AttributeValue::Ns(vec!["1e2".into(), "100".into()]);
+        assert!(validate_value(&ns).unwrap_err().contains("duplicates"));
+        let ss = AttributeValue::Ss(vec!["a".into(), "a".into()]);
+        assert!(validate_value(&ss).unwrap_err().contains("duplicates"));
+        assert!(validate_value(&AttributeValue::Ns(vec!["1".into(), "2".into()])).is_ok());
     }
 }
