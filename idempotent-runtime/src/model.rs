@@ -67,7 +67,8 @@ impl Protocol {
             margin: crate::DEFAULT_CLOCK_SKEW_MARGIN,
             skew: 1,
             lease: Duration::from_secs(2),
-            ttl: Duration::from_secs(3),
+            // Short enough that the bounded run sees COMPLETED records expire and be claimed again.
+            ttl: Duration::from_secs(1),
             failed_ttl: Duration::from_secs(1),
             wait: true,
             claim_writes: true,
@@ -162,6 +163,8 @@ struct Ghost {
     zombie_landed: bool,
     /// A replay returned something other than the response of the body that completed the record.
     bad_replay: bool,
+    /// A COMPLETED record expired and the key was claimed again (a witness, not a fault).
+    completed_expired: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -259,6 +262,8 @@ impl Protocol {
         // Ground truth about the claim that just landed.
         let new_operation = old.as_ref().is_none_or(|o| state.truly_expired(o));
         if new_operation {
+            state.ghost.completed_expired |=
+                old.as_ref().is_some_and(|o| o.status == Status::Completed);
             state.ghost.claim_writes = 0;
             state.ghost.completions = 0;
         } else if let Some(o) = &old
@@ -591,6 +596,10 @@ impl Model for Protocol {
                     .iter()
                     .any(|w| w.phase == Phase::Done(Outcome::LeaseLost))
             }),
+            Property::sometimes(
+                "a COMPLETED record expires and its key is claimed again",
+                |_, s: &State| s.ghost.completed_expired,
+            ),
             Property::sometimes("a crashed claim is taken over", |_, s: &State| {
                 s.ghost.ran.iter().filter(|r| **r).count() >= 2
                     && s.workers.iter().any(|w| w.phase == Phase::Crashed)
