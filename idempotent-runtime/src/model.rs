@@ -17,7 +17,13 @@
 //! What the model adds is bookkeeping the runtime does not have (who really holds the key, true time,
 //! how often business writes were applied), against which the properties are stated.
 //!
-//! `IDEMPOTENT_MODEL=deep` (or `scripts/model --deep`) explores a longer time horizon.
+//! Time moves in whole seconds (lease 2 s, ttl 1 s, FAILED records kept 1 s, margin 1 s, clocks off by
+//! -1, 0 or +1 s). The bounded run that `cargo test` makes explores 2 s of true time: enough for leases to
+//! lapse, records to expire and be claimed again, and every fault above. `IDEMPOTENT_MODEL=deep` (or
+//! `scripts/model --deep`) explores 5 s; `IDEMPOTENT_MODEL_HORIZON=<seconds>` any other horizon.
+//!
+//! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
+//! them to the memory store's rules), payload fingerprints, the local cache, and retention.
 
 use std::fmt;
 use std::time::{Duration, Instant};
