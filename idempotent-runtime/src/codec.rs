@@ -90,6 +90,24 @@ mod tests {
         assert_eq!(decode::<Vec<String>>(&packed).unwrap(), value);
     }
 
+    /// Found by the decoder fuzzing: without `serde_json`'s `float_roundtrip`, these parse back one
+    /// unit in the last place off, so a replay returned a different number than the body did.
+    #[test]
+    fn floats_replay_exactly() {
+        for value in [
+            1.346_949_762_001_332_3e281,
+            -8.026_799_205_635_14e-268,
+            0.1,
+            1e-300,
+        ] {
+            let stored = pack(to_json(&value).unwrap());
+            assert_eq!(
+                decode::<f64>(&stored).unwrap().to_bits(),
+                f64::to_bits(value)
+            );
+        }
+    }
+
     #[test]
     fn corrupt_compressed_bytes_are_an_error() {
         assert!(matches!(

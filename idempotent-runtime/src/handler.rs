@@ -107,12 +107,13 @@ fn millis(d: Duration) -> u64 {
 
 /// Epoch seconds of `now_ms + extra`, rounded up so a record never expires early; saturating, so that
 /// no duration, however absurd, overflows.
-fn expiry_s(now_ms: u64, extra: Duration) -> u64 {
+pub(crate) fn expiry_s(now_ms: u64, extra: Duration) -> u64 {
     now_ms.saturating_add(millis(extra)).div_ceil(1000)
 }
 
 /// What a blocking record means for this call.
-enum Found {
+#[derive(Debug)]
+pub(crate) enum Found {
     /// Our own claim (a retried write whose first response was lost).
     Ours,
     /// A stored response to return.
@@ -125,7 +126,7 @@ enum Found {
 
 /// What `record` means for a call holding `token`, at `now_ms` (the caller's clock less the skew margin,
 /// as in the claim condition).
-fn examine(
+pub(crate) fn examine(
     call: &Call,
     record: Record,
     token: &str,
@@ -170,11 +171,58 @@ fn examine(
     }
 }
 
+/// The time a caller whose clock reads `now_ms` judges leases and expiry at: its clock less the skew
+/// margin, so that a clock running ahead by less than the margin never sees a live lease as lapsed, nor a
+/// live record as expired. Both the claim condition and [`examine`] use it.
+pub(crate) fn judged_ms(now_ms: u64, margin: Duration) -> u64 {
+    now_ms.saturating_sub(millis(margin))
+}
+
+/// The times of a claim attempt made when the caller's clock reads `now_ms`: the condition's time
+/// ([`judged_ms`]), the lease's end and the record's expiry (counted from the unmargined clock, so a
+/// lease is never shortened by the margin).
+pub(crate) fn claim_times(
+    now_ms: u64,
+    margin: Duration,
+    lease: Duration,
+    ttl: Duration,
+) -> ClaimTimes {
+    ClaimTimes {
+        now_ms: judged_ms(now_ms, margin),
+        lease_until_ms: now_ms.saturating_add(millis(lease)),
+        expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
+    }
+}
+
+/// The times of one claim attempt (see [`claim_times`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimTimes {
+    /// What the claim condition is evaluated at ([`ClaimRequest::now_ms`]).
+    pub(crate) now_ms: u64,
+    /// Until when the claim blocks others.
+    pub(crate) lease_until_ms: u64,
+    /// When the PENDING record counts as absent.
+    pub(crate) expires_at_s: u64,
+}
+
+/// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
+/// the record is claimable, but its claim-time writes are still in effect (a failure without
+/// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
+pub(crate) fn claim_keeping_writes(record: &Record, now_ms: u64) -> bool {
+    record.is_claimable(now_ms) && !record.is_claimable_with_writes(now_ms)
+}
+
+/// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier
+/// attempt (its response lost) already moved the record to `status` under our `token`.
+pub(crate) fn landed(record: Option<&Record>, token: &str, status: Status) -> bool {
+    record.is_some_and(|r| r.token == token && r.status == status)
+}
+
 /// First poll after this long, doubling up to [`MAX_POLL`], while waiting for an in-flight call.
 const FIRST_POLL: Duration = Duration::from_millis(25);
 const MAX_POLL: Duration = Duration::from_secs(1);
 /// How often a call re-claims a key it found claimable, before it reports [`Error::Contended`].
-const CLAIMABLE_RETRIES: u32 = 3;
+pub(crate) const CLAIMABLE_RETRIES: u32 = 3;
 /// The most bytes of the body's error text stored on a FAILED record.
 pub(crate) const MAX_ERROR_BYTES: usize = 4096;
 /// What a record's update adds to a transaction besides its key, fingerprint and response, counted
@@ -227,8 +275,7 @@ async fn claim(
             // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
             // twice.
             Ok(TransactOutcome::Rejected(Some(record)))
-                if record.is_claimable(request.now_ms)
-                    && !record.is_claimable_with_writes(request.now_ms) =>
+                if claim_keeping_writes(&record, request.now_ms) =>
             {
                 tracing::debug!(
                     namespace,
@@ -294,7 +341,7 @@ async fn acquire<T: DeserializeOwned>(
     let namespace = call.namespace;
     let store = idem.store();
     let clock = idem.clock();
-    let margin = millis(idem.clock_skew_margin());
+    let margin = idem.clock_skew_margin();
     let wait_until = call
         .wait
         .filter(|w| !w.is_zero())
@@ -312,14 +359,14 @@ async fn acquire<T: DeserializeOwned>(
     'claim: loop {
         attempt += 1;
         tracing::Span::current().record("attempt", attempt);
-        let now_ms = clock.now_ms();
+        let times = claim_times(clock.now_ms(), margin, lease, ttl);
         let request = ClaimRequest {
             key,
             token,
             attempt,
-            now_ms: now_ms.saturating_sub(margin),
-            lease_until_ms: now_ms.saturating_add(millis(lease)),
-            expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
             fingerprint,
         };
         let mut record = match claim(idem, plan, &request).await? {
@@ -333,7 +380,7 @@ async fn acquire<T: DeserializeOwned>(
         };
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
-            let now_ms = clock.now_ms().saturating_sub(margin);
+            let now_ms = judged_ms(clock.now_ms(), margin);
             let lease_until_ms = record.lease_until_ms;
             let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
             match examine(call, record, token, fingerprint, now_ms)? {
@@ -749,7 +796,7 @@ impl Held<'_> {
         }
         match self.store(&transition, &writes, persist).await {
             Stored::Applied => {}
-            Stored::Rejected(record) => self.settle(record)?,
+            Stored::Rejected(record) => self.settle(record.as_ref())?,
             Stored::Canceled(reasons) => {
                 let error = Error::TransactionCanceled {
                     namespace: namespace.to_owned(),
@@ -809,19 +856,17 @@ impl Held<'_> {
 
     /// Whether a completion that was rejected had landed after all: our own earlier attempt, whose
     /// response was lost.
-    fn settle(&self, record: Option<Record>) -> Result<(), Error> {
-        match record {
-            Some(r) if r.token == self.token && r.status == Status::Completed => Ok(()),
-            _ => {
-                tracing::warn!(
-                    namespace = self.namespace(),
-                    "claim lost before completion; result not stored"
-                );
-                Err(Error::LeaseLost {
-                    namespace: self.namespace().to_owned(),
-                })
-            }
+    fn settle(&self, record: Option<&Record>) -> Result<(), Error> {
+        if landed(record, self.token, Status::Completed) {
+            return Ok(());
         }
+        tracing::warn!(
+            namespace = self.namespace(),
+            "claim lost before completion; result not stored"
+        );
+        Err(Error::LeaseLost {
+            namespace: self.namespace().to_owned(),
+        })
     }
 
     /// Moves our claim to FAILED (with the compensating writes, which release the claim-time writes),
@@ -850,9 +895,7 @@ impl Held<'_> {
             let problem = match self.store(&transition, &writes, persist).await {
                 Stored::Applied => return,
                 // Our own earlier attempt landed; its response was lost.
-                Stored::Rejected(Some(r))
-                    if r.token == self.token && r.status == Status::Failed =>
-                {
+                Stored::Rejected(record) if landed(record.as_ref(), self.token, Status::Failed) => {
                     return;
                 }
                 Stored::Rejected(_) => {

@@ -43,7 +43,7 @@ impl fmt::Display for Status {
 }
 
 /// One idempotency record, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Record {
     /// The derived key: `"{namespace}#{hex(sha256(canonical_json(key)))}"`.
     pub key: String,

@@ -73,18 +73,22 @@ async fn ensure_table_enables_ttl_on_a_table_created_without_it() {
     );
 }
 
-#[tokio::test]
+/// Several processes starting at once: all of them race to create the table and to enable its TTL (a
+/// loser of the TTL race used to fail with "TimeToLive is already enabled").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_ensure_table_calls_all_succeed() {
     let (client, _) = idempotent_tests::client();
-    let table = unique_table("raced");
-    let calls = (0..4).map(|_| {
-        let store = DynamoDbStore::new(client.clone(), &table);
-        async move { store.ensure_table().await }
-    });
-    for report in spawn_all(calls).await {
-        let report = report.unwrap();
-        assert_eq!(report.status, "ACTIVE");
-        assert_eq!(report.ttl_attribute.as_deref(), Some("expires_at"));
+    for _ in 0..3 {
+        let table = unique_table("raced");
+        let calls = (0..8).map(|_| {
+            let store = DynamoDbStore::new(client.clone(), &table);
+            async move { store.ensure_table().await }
+        });
+        for report in spawn_all(calls).await {
+            let report = report.unwrap();
+            assert_eq!(report.status, "ACTIVE");
+            assert_eq!(report.ttl_attribute.as_deref(), Some("expires_at"));
+        }
     }
 }
 

@@ -229,7 +229,7 @@ impl DynamoDbStore {
         if report.ttl_attribute.is_some() {
             return Ok(report);
         }
-        inner
+        let enabled = inner
             .client
             .update_time_to_live()
             .table_name(&inner.table)
@@ -241,8 +241,16 @@ impl DynamoDbStore {
                     .map_err(|e| StoreError::Other(e.into()))?,
             )
             .send()
-            .await
-            .map_err(|e| classify(&inner.table, e))?;
+            .await;
+        if let Err(e) = enabled {
+            // Another process may have enabled it since we looked ("TimeToLive is already enabled"):
+            // what counts is that it is on, on our attribute.
+            let now = self.check().await?;
+            return match now.ttl_attribute {
+                Some(_) => Ok(now),
+                None => Err(classify(&inner.table, e)),
+            };
+        }
         Ok(TableReport {
             ttl_attribute: Some(inner.names.expires_at.clone()),
             ..report
@@ -867,7 +875,7 @@ fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
     value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
 }
 
-fn parse_item(
+pub(crate) fn parse_item(
     names: &AttributeNames,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {

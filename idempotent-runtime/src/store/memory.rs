@@ -169,7 +169,7 @@ impl State {
 
 /// The record a claim writes, or `Err(old)` when `old` blocks the claim: the one rule behind both
 /// [`Store::claim`] and (`with_writes`) `Store::claim_transaction`.
-fn claimed<'r>(
+pub(crate) fn claimed<'r>(
     old: Option<&'r Record>,
     request: &ClaimRequest<'_>,
     with_writes: bool,
@@ -200,7 +200,7 @@ fn claimed<'r>(
 
 /// The record after `transition`, or `None` when `old` is not PENDING under the transition's token: the
 /// one rule behind both [`Store::transition`] and `Store::transact_transition`.
-fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
+pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
     let mut record = old
         .filter(|r| r.status == Status::Pending && r.token == transition.token)?
         .clone();

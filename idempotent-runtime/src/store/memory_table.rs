@@ -4,6 +4,34 @@
 //! A transaction is planned first — every action parsed, checked and its condition evaluated against the
 //! current items — and applied only if every action holds, so it is all or nothing. The caller holds the
 //! store's one lock across planning and applying, which makes transactions linearizable with the records.
+//!
+//! # Checked against DynamoDB Local
+//!
+//! `tests/tests/differential.rs` sends thousands of generated transactions (every action, condition and
+//! update form listed in [`SUPPORTED`](expression::SUPPORTED), placeholders, reserved words, all attribute
+//! types, two-table batches, `ALL_OLD`) to both and compares the outcome, the cancellation reasons and
+//! every item afterwards; numbers are compared by value.
+//!
+//! # What it deliberately does not do
+//!
+//! Refused with [`StoreError::Invalid`] naming the part, never approximated:
+//! - nested paths (`a.b`, `a[0]`) and the functions `size`, `contains`, `attribute_type`, `list_append`.
+//!
+//! Differs from DynamoDB Local, on purpose (nothing is written either way):
+//! - two actions on one item are refused before any condition is evaluated, as DynamoDB documents;
+//!   DynamoDB Local evaluates the conditions first and may cancel instead;
+//! - an update of a key attribute is refused up front; DynamoDB Local cancels the transaction with a
+//!   `ValidationError` reason (or `ConditionalCheckFailed`, if a condition fails first);
+//! - an update that fails on the item's values (arithmetic on a missing attribute or a string, a sum
+//!   beyond 38 digits) is a `ValidationError` cancellation reason, as DynamoDB documents; DynamoDB Local
+//!   refuses the whole request with a `ValidationException`;
+//! - a top-level number written by ADD to a missing attribute is read back in canonical text (`"1e2"` as
+//!   `"100"`), like every other top-level number; DynamoDB Local keeps that one as written. Numbers inside
+//!   lists and maps are kept as written by both.
+//!
+//! Not modelled, and not refused: DynamoDB rejects redundant parentheses (`((a = :v))`); the emulator
+//! accepts them. Item size limits (400 KB) are not checked per item here; the record's size is checked by
+//! the handler for every store.
 
 #![cfg(feature = "dynamodb")]
 
@@ -53,6 +81,26 @@ enum KeyValue {
 struct Key {
     partition: KeyValue,
     sort: Option<KeyValue>,
+}
+
+/// `item` as DynamoDB stores it: top-level numbers and number sets in canonical text (`"1e2"` reads back
+/// as `"100"`, `"0.10"` as `"0.1"`); numbers inside lists and maps are kept as written, as DynamoDB Local
+/// keeps them. Found by the differential tests.
+fn canonical_item(item: Item) -> Item {
+    // Values were validated before they get here; an unparsable number is kept as it is.
+    let number = |n: String| Number::parse(&n).map_or(n, |v| v.to_string());
+    item.into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                AttributeValue::N(n) => AttributeValue::N(number(n)),
+                AttributeValue::Ns(set) => {
+                    AttributeValue::Ns(set.into_iter().map(number).collect())
+                }
+                other => other,
+            };
+            (k, v)
+        })
+        .collect()
 }
 
 /// Every error of the table model is a request DynamoDB would refuse before writing anything.
@@ -156,7 +204,7 @@ impl Tables {
                 ))
             })?;
         }
-        target.items.insert(key, item);
+        target.items.insert(key, canonical_item(item));
         Ok(())
     }
 
@@ -500,7 +548,7 @@ impl Action<'_> {
         Step::Write {
             table: self.table_name.to_owned(),
             key: self.key,
-            item,
+            item: item.map(canonical_item),
         }
     }
 }
@@ -1039,6 +1087,25 @@ mod tests {
         assert!(
             message.contains("exactly one of Put, Update, Delete or ConditionCheck"),
             "{message}"
+        );
+    }
+
+    /// Found by the differential tests: DynamoDB reads back top-level numbers in canonical text.
+    #[test]
+    fn numbers_are_stored_in_canonical_text() {
+        let mut tables = tables();
+        let mut apple = sku("apple");
+        apple.insert("available".to_owned(), n("1e2"));
+        apple.insert(
+            "sizes".to_owned(),
+            AttributeValue::Ns(vec!["0.10".into(), "2E1".into()]),
+        );
+        tables.put_item("inventory", apple).unwrap();
+        let stored = tables.get_item("inventory", &sku("apple")).unwrap();
+        assert_eq!(stored["available"], n("100"));
+        assert_eq!(
+            stored["sizes"],
+            AttributeValue::Ns(vec!["0.1".into(), "20".into()])
         );
     }
 }

@@ -132,15 +132,34 @@ impl<'a> Placeholders<'a> {
 }
 
 /// Checks what DynamoDB checks on every value it receives: numbers are numbers, sets are not empty.
+fn no_duplicates<T: Eq + std::hash::Hash>(set: &[T]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::with_capacity(set.len());
+    if set.iter().all(|v| seen.insert(v)) {
+        Ok(())
+    } else {
+        Err("Input collection contains duplicates".into())
+    }
+}
+
 pub(crate) fn validate_value(value: &AttributeValue) -> Result<(), String> {
     match value {
         AttributeValue::N(n) => Number::parse(n).map(drop),
         AttributeValue::Ns(set) if !set.is_empty() => {
-            set.iter().try_for_each(|n| Number::parse(n).map(drop))
+            let numbers = set
+                .iter()
+                .map(|n| Number::parse(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            // `"1e2"` and `"100"` are one number: DynamoDB refuses the set (found by the differential
+            // tests).
+            no_duplicates(&numbers)
         }
         AttributeValue::Ss(set) if set.is_empty() => Err("a string set may not be empty".into()),
         AttributeValue::Ns(_) => Err("a number set may not be empty".into()),
         AttributeValue::Bs(set) if set.is_empty() => Err("a binary set may not be empty".into()),
+        AttributeValue::Ss(set) => no_duplicates(set),
+        AttributeValue::Bs(set) => {
+            no_duplicates(&set.iter().map(AsRef::as_ref).collect::<Vec<&[u8]>>())
+        }
         AttributeValue::L(list) => list.iter().try_for_each(validate_value),
         AttributeValue::M(map) => map.values().try_for_each(validate_value),
         _ => Ok(()),
@@ -620,6 +639,7 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
         };
         self.next += 1;
         let right = self.operand()?;
+        check_distinct(comparator.symbol(), &left, &[&right])?;
         if comparator != Comparator::Eq && comparator != Comparator::Ne {
             check_ordered_operand(comparator.symbol(), &left)?;
             check_ordered_operand(comparator.symbol(), &right)?;
@@ -636,6 +656,16 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
         let high = self.operand()?;
         for side in [&operand, &low, &high] {
             check_ordered_operand("BETWEEN", side)?;
+        }
+        check_distinct("BETWEEN", &operand, &[&low, &high])?;
+        if let (Operand::Value(l), Operand::Value(h)) = (&low, &high)
+            && type_name(l) != type_name(h)
+        {
+            return Err(invalid(format!(
+                "The BETWEEN operator requires same data type for lower and upper bounds; lower bound operand type: {}, upper bound operand type: {}",
+                type_name(l),
+                type_name(h)
+            )));
         }
         if let (Operand::Value(l), Operand::Value(h)) = (&low, &high)
             && order(l, h) == Some(Ordering::Greater)
@@ -804,6 +834,7 @@ impl<'s, 'p, 'a> Parser<'s, 'p, 'a> {
             self.expect(Kind::Comma, "`,`")?;
             let fallback = self.operand()?;
             self.expect(Kind::RParen, "`)`")?;
+            check_distinct("if_not_exists", &Operand::Path(path.clone()), &[&fallback])?;
             return Ok(Term::IfNotExists(path, fallback));
         }
         Err(self.misplaced_function(Place::Update))
@@ -828,6 +859,21 @@ const FUNCTIONS: [&str; 8] = [
     "if_not_exists",
     "list_append",
 ];
+
+/// DynamoDB refuses a comparison of an attribute with itself (`a <= a`, `a BETWEEN a AND :x`): "the first
+/// operand must be distinct from the remaining operands".
+fn check_distinct(
+    operator: &str,
+    first: &Operand,
+    rest: &[&Operand],
+) -> Result<(), ExpressionError> {
+    match first {
+        Operand::Path(path) if rest.contains(&first) => Err(invalid(format!(
+            "The first operand must be distinct from the remaining operands for this operator or function; operator: {operator}, first operand: [{path}]"
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// `<`, `<=`, `>`, `>=` and BETWEEN take numbers, strings and binaries; DynamoDB rejects other literals.
 fn check_ordered_operand(operator: &str, operand: &Operand) -> Result<(), ExpressionError> {
@@ -1033,15 +1079,15 @@ impl Update {
 
 fn evaluate_term(term: &Term, item: &Item) -> Result<AttributeValue, String> {
     let operand = match term {
-        Term::IfNotExists(path, fallback) => match item.get(path) {
-            Some(present) => return Ok(present.clone()),
-            None => fallback,
-        },
-        Term::Operand(operand) => operand,
+        Term::IfNotExists(_, fallback) | Term::Operand(fallback) => fallback,
     };
-    resolve(operand, Some(item))
-        .cloned()
-        .ok_or_else(|| MISSING_ATTRIBUTE.to_owned())
+    // DynamoDB resolves the fallback of `if_not_exists` even when the attribute exists: a fallback
+    // naming an attribute the item lacks fails the update either way (found by the differential tests).
+    let value = resolve(operand, Some(item)).ok_or_else(|| MISSING_ATTRIBUTE.to_owned())?;
+    match term {
+        Term::IfNotExists(path, _) => Ok(item.get(path).unwrap_or(value).clone()),
+        Term::Operand(_) => Ok(value.clone()),
+    }
 }
 
 fn evaluate_set(value: &SetValue, item: &Item) -> Result<AttributeValue, String> {
@@ -1698,5 +1744,42 @@ mod tests {
             invalid_message(update("SET a = :one REMOVE a")).contains("Two document paths overlap")
         );
         assert!(invalid_message(update("ADD a :one, a :q")).contains("path one: [a]"));
+    }
+
+    /// Divergences from DynamoDB Local found by the differential tests (`tests/tests/differential.rs`).
+    #[test]
+    fn refuses_what_dynamodb_local_refuses() {
+        assert!(
+            invalid_message(condition("a BETWEEN :one AND :a"))
+                .contains("same data type for lower and upper bounds")
+        );
+        for source in ["a <= a", "#av = available", "a BETWEEN :one AND a"] {
+            assert!(
+                invalid_message(condition(source)).contains("must be distinct"),
+                "{source}"
+            );
+        }
+        assert!(
+            invalid_message(update("SET a = if_not_exists(b, b)")).contains("must be distinct")
+        );
+    }
+
+    #[test]
+    fn if_not_exists_needs_its_fallback_even_when_the_attribute_exists() {
+        let u = update("SET a = if_not_exists(b, gone)").unwrap();
+        let present = item(&[("b", n("1"))]);
+        assert!(u.apply(&present).unwrap_err().contains("does not exist"));
+        let u = update("SET a = if_not_exists(b, :one)").unwrap();
+        assert_eq!(u.apply(&present).unwrap()["a"], n("1"));
+    }
+
+    /// Found by the differential tests: a set whose elements are equal is refused, numbers by value.
+    #[test]
+    fn sets_with_duplicates_are_refused() {
+        let ns = AttributeValue::Ns(vec!["1e2".into(), "100".into()]);
+        assert!(validate_value(&ns).unwrap_err().contains("duplicates"));
+        let ss = AttributeValue::Ss(vec!["a".into(), "a".into()]);
+        assert!(validate_value(&ss).unwrap_err().contains("duplicates"));
+        assert!(validate_value(&AttributeValue::Ns(vec!["1".into(), "2".into()])).is_ok());
     }
 }

@@ -1,0 +1,766 @@
+//! An exhaustive model of the protocol, checked with `stateright`.
+//!
+//! Three workers call one operation on one key, held by one linearizable store (the memory store's
+//! rules). Every interleaving of their steps is explored, together with the faults the protocol must
+//! survive: a worker crashes at any step, a request is applied but its response is lost (and the SDK
+//! sends it again), heartbeats stop, time passes (leases lapse, records expire and are purged), the
+//! wait loop polls or gives up, a completion's writes keep failing until the worker gives up, and each
+//! worker's clock is off by up to the configured skew margin.
+//!
+//! The model does not restate the protocol's rules: every decision goes through the runtime's own code.
+//! The claim's times and the skew margin come from [`handler::claim_times`], what a returned record
+//! means from [`handler::examine`], whether a rejected transition landed after all from
+//! [`handler::landed`], the claim-with-writes fallback from [`handler::claim_keeping_writes`], and what
+//! the store admits from the memory store's [`claimed`] and [`transitioned`] (which rest on
+//! [`Record::is_claimable`]). Change one of them and the model checks the change.
+//!
+//! What the model adds is bookkeeping the runtime does not have (who really holds the key, true time,
+//! how often business writes were applied), against which the properties are stated.
+//!
+//! Time moves in whole seconds (lease 2 s, ttl 1 s, FAILED records kept 1 s, margin 1 s, clocks off by
+//! -1, 0 or +1 s). The bounded run that `cargo test` makes explores 2 s of true time: enough for leases to
+//! lapse, records to expire and be claimed again, and every fault above. `IDEMPOTENT_MODEL=deep` (or
+//! `scripts/model --deep`) explores 5 s; `IDEMPOTENT_MODEL_HORIZON=<seconds>` any other horizon.
+//!
+//! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
+//! them to the memory store's rules), payload fingerprints, the local cache, and retention.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, HasDiscoveries, Model, Property};
+
+use crate::handler::{self, CLAIMABLE_RETRIES, Call, Found};
+use crate::record::{Record, Status};
+use crate::store::memory::{claimed, transitioned};
+use crate::store::{Change, ClaimRequest, Transition};
+
+/// One tick of true time; clocks and skews move in whole ticks.
+const TICK_MS: u64 = 1000;
+/// True time at the start (in ticks), far enough from zero that a slow clock never goes negative.
+const START: u64 = 100;
+const KEY: &str = "model#key";
+const WORKERS: usize = 3;
+
+/// What every worker's call is configured with, and the faults explored.
+// Each switch is an independent feature of the call, as in the runtime's own configuration.
+#[allow(clippy::struct_excessive_bools)]
+#[derive(Debug, Clone)]
+struct Protocol {
+    /// The skew margin the runtime applies (`Idempotency::clock_skew_margin`).
+    margin: Duration,
+    /// How far (in ticks) each worker's clock may be off true time, either way.
+    skew: u64,
+    lease: Duration,
+    ttl: Duration,
+    failed_ttl: Duration,
+    /// Duplicates that find the key PENDING wait for the result (`wait = ..`).
+    wait: bool,
+    /// Claims apply business writes (`claim_with`).
+    claim_writes: bool,
+    /// Failures commit compensating writes (`compensate_with`), which release the claim-time writes.
+    compensate: bool,
+    /// Completions commit the body's staged business writes (`transact`).
+    transact: bool,
+    /// The last tick of true time explored.
+    horizon: u64,
+}
+
+impl Protocol {
+    /// The configuration with the runtime's default margin of one second, and clocks off by as much.
+    fn new(horizon: u64) -> Self {
+        Self {
+            margin: crate::DEFAULT_CLOCK_SKEW_MARGIN,
+            skew: 1,
+            lease: Duration::from_secs(2),
+            // Short enough that the bounded run sees COMPLETED records expire and be claimed again.
+            ttl: Duration::from_secs(1),
+            failed_ttl: Duration::from_secs(1),
+            wait: true,
+            claim_writes: true,
+            compensate: true,
+            transact: true,
+            horizon: START + horizon,
+        }
+    }
+}
+
+/// Where one worker's call is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Phase {
+    /// Not called yet.
+    Idle,
+    /// About to send claim attempt `attempt + 1`.
+    Claiming,
+    /// A claim was applied but its response was lost; the SDK sends the same request again.
+    ClaimResent(Times),
+    /// The key is PENDING under another claim; polling it (`wait`).
+    Waiting,
+    /// Holding the claim and running the body; `beating` while heartbeats extend the lease.
+    Running { beating: bool },
+    /// The body returned `Ok`; the completion (built once, resent as it is) is being stored.
+    Completing { expires_at_s: u64 },
+    /// The body returned `Err`; the failure is being stored.
+    Failing { expires_at_s: u64 },
+    /// The call returned.
+    Done(Outcome),
+    /// The process died.
+    Crashed,
+}
+
+/// The times of one claim request (what the SDK resends unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Times {
+    now_ms: u64,
+    lease_until_ms: u64,
+    expires_at_s: u64,
+}
+
+/// How a call returned.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Outcome {
+    /// The body ran and its response is stored.
+    Ran,
+    /// The body ran and returned `Err`.
+    Failed,
+    /// A stored response was returned without running the body.
+    Replayed(Vec<u8>),
+    /// `Error::InProgress`.
+    InProgress,
+    /// `Error::Contended`.
+    Contended,
+    /// `Error::LeaseLost`: the body ran, its result was not stored.
+    LeaseLost,
+    /// `Error::ResultNotStored`: the store stayed unavailable for the whole window.
+    NotStored,
+    /// Any other error of `examine`.
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Worker {
+    /// How far this worker's clock is off true time, in ticks (may be negative).
+    skew: i64,
+    phase: Phase,
+    /// Claim attempts made so far (the handler's `attempt`).
+    attempt: u32,
+}
+
+/// What the model knows that no participant does: the ground truth the properties are stated against.
+// Each flag is one property's independent witness.
+#[allow(clippy::struct_excessive_bools)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+struct Ghost {
+    /// The worker whose claim was applied last, whatever the record's tokens say.
+    owner: Option<usize>,
+    /// Which workers' bodies started.
+    ran: [bool; WORKERS],
+    /// Claim-time writes in effect for the current operation (reset when a claim finds the record
+    /// absent or truly expired).
+    claim_writes: u8,
+    /// Completions (and their business writes) that landed for the current operation.
+    completions: u8,
+    /// A claim took the key while the previous claim's lease had not truly expired and its holder was
+    /// running the body (or storing its outcome): two bodies at once.
+    took_live_claim: bool,
+    /// A COMPLETED record changed before it expired.
+    completed_changed: bool,
+    /// A transition of a worker that did not hold the key landed.
+    zombie_landed: bool,
+    /// A replay returned something other than the response of the body that completed the record.
+    bad_replay: bool,
+    /// A COMPLETED record expired and the key was claimed again (a witness, not a fault).
+    completed_expired: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct State {
+    /// True time, in ticks.
+    now: u64,
+    record: Option<Record>,
+    workers: Vec<Worker>,
+    ghost: Ghost,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Action {
+    /// True time advances one tick.
+    Tick,
+    /// The table's TTL deletes the expired record.
+    Purge,
+    Call(usize),
+    /// Send a claim attempt; `lost`: its response is lost.
+    Claim(usize, bool),
+    /// The SDK resends a claim whose response was lost.
+    Resend(usize),
+    /// A consistent read while waiting.
+    Poll(usize),
+    /// The wait, or the window for storing the outcome, runs out.
+    GiveUp(usize),
+    /// The body returns `Ok` (`true`) or `Err`.
+    Body(usize, bool),
+    Heartbeat(usize),
+    /// Send the completion or failure; `lost`: applied, but its response is lost (the SDK resends).
+    Store(usize, bool),
+    Crash(usize),
+}
+
+fn token(worker: usize) -> String {
+    format!("w{worker}")
+}
+
+/// The response a worker's body produces: its own, so that a replay tells whose it is.
+fn response(worker: usize) -> Vec<u8> {
+    format!("\"response of w{worker}\"").into_bytes()
+}
+
+fn worker_of(token: &str) -> Option<usize> {
+    token.strip_prefix('w')?.parse().ok()
+}
+
+impl State {
+    fn true_ms(&self) -> u64 {
+        self.now * TICK_MS
+    }
+
+    fn clock_ms(&self, worker: usize) -> u64 {
+        self.true_ms()
+            .saturating_add_signed(self.workers[worker].skew * i64::try_from(TICK_MS).unwrap())
+    }
+
+    /// Whether `record` counts as absent in true time.
+    fn truly_expired(&self, record: &Record) -> bool {
+        record.is_expired(self.true_ms())
+    }
+}
+
+/// What the workers' calls say about themselves (the durations are the model's own).
+const CALL: Call = Call::new("model");
+
+impl Protocol {
+    /// A claim attempt by `worker` with `times`: the store's rule (with writes, and the handler's
+    /// fallback to a plain claim when they are still in effect). Records who holds the key.
+    fn claim(&self, state: &mut State, worker: usize, times: Times) -> Option<Record> {
+        let token = token(worker);
+        let request = ClaimRequest {
+            key: KEY,
+            token: &token,
+            attempt: state.workers[worker].attempt,
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
+            fingerprint: None,
+        };
+        let old = state.record.clone();
+        let mut with_writes = self.claim_writes;
+        let mut result = claimed(old.as_ref(), &request, with_writes).map_err(Clone::clone);
+        if let Err(blocking) = &result
+            && with_writes
+            && handler::claim_keeping_writes(blocking, request.now_ms)
+        {
+            with_writes = false;
+            result = claimed(old.as_ref(), &request, false).map_err(Clone::clone);
+        }
+        let new = match result {
+            Ok(new) => new,
+            Err(blocking) => return Some(blocking),
+        };
+        // Ground truth about the claim that just landed.
+        let new_operation = old.as_ref().is_none_or(|o| state.truly_expired(o));
+        if new_operation {
+            state.ghost.completed_expired |=
+                old.as_ref().is_some_and(|o| o.status == Status::Completed);
+            state.ghost.claim_writes = 0;
+            state.ghost.completions = 0;
+        } else if let Some(o) = &old
+            && o.status == Status::Pending
+            && o.lease_until_ms.is_some_and(|l| l >= state.true_ms())
+            && o.token != token
+            && state.ghost.owner.is_some_and(|holder| {
+                matches!(
+                    state.workers[holder].phase,
+                    Phase::Running { .. } | Phase::Completing { .. } | Phase::Failing { .. }
+                )
+            })
+        {
+            state.ghost.took_live_claim = true;
+        }
+        if with_writes {
+            state.ghost.claim_writes += 1;
+        }
+        state.ghost.owner = Some(worker);
+        state.record = Some(new);
+        None
+    }
+
+    /// A fenced transition by `worker`: whether it was applied (if not, the record that rejected it is
+    /// `state.record`, unchanged).
+    fn transition(state: &mut State, worker: usize, change: Change<'_>) -> bool {
+        let token = token(worker);
+        let transition = Transition {
+            key: KEY,
+            token: &token,
+            change,
+        };
+        let Some(new) = transitioned(state.record.as_ref(), &transition) else {
+            return false;
+        };
+        if state.ghost.owner != Some(worker) {
+            state.ghost.zombie_landed = true;
+        }
+        match change {
+            Change::Complete { .. } => state.ghost.completions += 1,
+            Change::Fail {
+                release_claim_writes: true,
+                ..
+            } => state.ghost.claim_writes = state.ghost.claim_writes.saturating_sub(1),
+            _ => {}
+        }
+        state.record = Some(new);
+        true
+    }
+
+    /// What `worker` does with a record that blocked its claim (or that it polled).
+    fn examine(&self, state: &mut State, worker: usize, record: Record) {
+        let judged = handler::judged_ms(state.clock_ms(worker), self.margin);
+        let found = handler::examine(&CALL, record, &token(worker), None, judged);
+        let w = &mut state.workers[worker];
+        w.phase = match found {
+            Ok(Found::Ours) => {
+                state.ghost.ran[worker] = true;
+                Phase::Running { beating: true }
+            }
+            Ok(Found::Replay(record)) => {
+                let bytes = record.response.clone().unwrap_or_default();
+                let author = worker_of(&record.token);
+                if record.status != Status::Completed
+                    || author.is_none_or(|a| !state.ghost.ran[a] || response(a) != bytes)
+                {
+                    state.ghost.bad_replay = true;
+                }
+                Phase::Done(Outcome::Replayed(bytes))
+            }
+            Ok(Found::Claimable) if w.attempt > CLAIMABLE_RETRIES => {
+                Phase::Done(Outcome::Contended)
+            }
+            Ok(Found::Claimable) => Phase::Claiming,
+            Ok(Found::InProgress(_)) if self.wait => Phase::Waiting,
+            Ok(Found::InProgress(_)) => Phase::Done(Outcome::InProgress),
+            Err(_) => Phase::Done(Outcome::Error),
+        };
+    }
+
+    fn send_claim(&self, state: &mut State, worker: usize, times: Times, lost: bool) -> bool {
+        match self.claim(state, worker, times) {
+            None if lost => state.workers[worker].phase = Phase::ClaimResent(times),
+            None => {
+                state.ghost.ran[worker] = true;
+                state.workers[worker].phase = Phase::Running { beating: true };
+            }
+            // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
+            Some(_) if lost => return false,
+            Some(blocking) => self.examine(state, worker, blocking),
+        }
+        true
+    }
+
+    fn store_outcome(&self, state: &mut State, worker: usize, lost: bool) -> bool {
+        let body = response(worker);
+        let (change, status, done) = match state.workers[worker].phase {
+            Phase::Completing { expires_at_s } => (
+                Change::Complete {
+                    response: Some(&body),
+                    expires_at_s,
+                    replay_until_s: None,
+                },
+                Status::Completed,
+                Outcome::Ran,
+            ),
+            Phase::Failing { expires_at_s } => (
+                Change::Fail {
+                    error: "the body failed",
+                    expires_at_s,
+                    release_claim_writes: self.claim_writes && self.compensate,
+                },
+                Status::Failed,
+                Outcome::Failed,
+            ),
+            _ => return false,
+        };
+        let applied = Self::transition(state, worker, change);
+        match (applied, lost) {
+            // Applied, but the response was lost: the resend finds the record already moved.
+            (true, true) => {}
+            (true, false) => state.workers[worker].phase = Phase::Done(done),
+            (false, true) => return false,
+            (false, false) => {
+                let token = token(worker);
+                state.workers[worker].phase =
+                    if handler::landed(state.record.as_ref(), &token, status) {
+                        Phase::Done(done)
+                    } else if status == Status::Completed {
+                        Phase::Done(Outcome::LeaseLost)
+                    } else {
+                        // The failure was not recorded; the caller still gets its own error.
+                        Phase::Done(Outcome::Failed)
+                    };
+            }
+        }
+        true
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        // Workers are interchangeable, so one ordering of their skews stands for all.
+        let skews: Vec<i64> =
+            (-i64::try_from(self.skew).unwrap()..=i64::try_from(self.skew).unwrap()).collect();
+        let mut states = Vec::new();
+        for (i, &a) in skews.iter().enumerate() {
+            for (j, &b) in skews.iter().enumerate().skip(i) {
+                for &c in &skews[j..] {
+                    states.push(State {
+                        now: START,
+                        record: None,
+                        workers: [a, b, c]
+                            .into_iter()
+                            .map(|skew| Worker {
+                                skew,
+                                phase: Phase::Idle,
+                                attempt: 0,
+                            })
+                            .collect(),
+                        ghost: Ghost::default(),
+                    });
+                }
+            }
+        }
+        states
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.now < self.horizon {
+            actions.push(Action::Tick);
+        }
+        if state
+            .record
+            .as_ref()
+            .is_some_and(|r| state.truly_expired(r))
+        {
+            actions.push(Action::Purge);
+        }
+        for (i, w) in state.workers.iter().enumerate() {
+            match &w.phase {
+                Phase::Idle => actions.push(Action::Call(i)),
+                Phase::Claiming => {
+                    actions.extend([Action::Claim(i, false), Action::Claim(i, true)]);
+                }
+                Phase::ClaimResent(_) => actions.extend([Action::Resend(i), Action::Crash(i)]),
+                Phase::Waiting => actions.extend([Action::Poll(i), Action::GiveUp(i)]),
+                Phase::Running { beating } => {
+                    actions.extend([Action::Body(i, true), Action::Body(i, false)]);
+                    if *beating {
+                        actions.push(Action::Heartbeat(i));
+                    }
+                    actions.push(Action::Crash(i));
+                }
+                Phase::Completing { .. } | Phase::Failing { .. } => actions.extend([
+                    Action::Store(i, false),
+                    Action::Store(i, true),
+                    Action::GiveUp(i),
+                    Action::Crash(i),
+                ]),
+                Phase::Done(_) | Phase::Crashed => {}
+            }
+        }
+    }
+
+    fn next_state(&self, before: &State, action: Action) -> Option<State> {
+        let mut state = before.clone();
+        match action {
+            Action::Tick => state.now += 1,
+            Action::Purge => state.record = None,
+            Action::Call(i) => state.workers[i].phase = Phase::Claiming,
+            Action::Claim(i, lost) => {
+                state.workers[i].attempt += 1;
+                let t = handler::claim_times(state.clock_ms(i), self.margin, self.lease, self.ttl);
+                let times = Times {
+                    now_ms: t.now_ms,
+                    lease_until_ms: t.lease_until_ms,
+                    expires_at_s: t.expires_at_s,
+                };
+                if !self.send_claim(&mut state, i, times, lost) {
+                    return None;
+                }
+            }
+            Action::Resend(i) => {
+                let Phase::ClaimResent(times) = state.workers[i].phase else {
+                    return None;
+                };
+                self.send_claim(&mut state, i, times, false);
+            }
+            Action::Poll(i) => match state.record.clone() {
+                Some(record) => self.examine(&mut state, i, record),
+                // Deleted by TTL: the key is new.
+                None => state.workers[i].phase = Phase::Claiming,
+            },
+            Action::GiveUp(i) => {
+                state.workers[i].phase = Phase::Done(match state.workers[i].phase {
+                    Phase::Waiting => Outcome::InProgress,
+                    _ => Outcome::NotStored,
+                });
+            }
+            Action::Body(i, ok) => {
+                let now_ms = state.clock_ms(i);
+                state.workers[i].phase = if ok {
+                    Phase::Completing {
+                        expires_at_s: handler::expiry_s(now_ms, self.ttl),
+                    }
+                } else {
+                    Phase::Failing {
+                        expires_at_s: handler::expiry_s(now_ms, self.failed_ttl),
+                    }
+                };
+            }
+            Action::Heartbeat(i) => {
+                let now_ms = state.clock_ms(i);
+                let change = Change::ExtendLease {
+                    lease_until_ms: now_ms + u64::try_from(self.lease.as_millis()).unwrap(),
+                    expires_at_s: handler::expiry_s(now_ms, self.lease + self.ttl),
+                };
+                if !Self::transition(&mut state, i, change) {
+                    // Lost, or already completed: the heartbeat stops.
+                    state.workers[i].phase = Phase::Running { beating: false };
+                }
+            }
+            Action::Store(i, lost) => {
+                if !self.store_outcome(&mut state, i, lost) {
+                    return None;
+                }
+            }
+            Action::Crash(i) => state.workers[i].phase = Phase::Crashed,
+        }
+        if let Some(old) = &before.record
+            && old.status == Status::Completed
+            && !before.truly_expired(old)
+            && state.record.as_ref() != Some(old)
+        {
+            state.ghost.completed_changed = true;
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("no second body while a claim is live", |_, s: &State| {
+                !s.ghost.took_live_claim
+            }),
+            Property::always(
+                "a COMPLETED record never changes before it expires",
+                |_, s: &State| !s.ghost.completed_changed,
+            ),
+            Property::always(
+                "a replay returns the response of the body that completed it",
+                |_, s: &State| !s.ghost.bad_replay,
+            ),
+            Property::always(
+                "a fenced (zombie) transition never lands",
+                |_, s: &State| !s.ghost.zombie_landed,
+            ),
+            Property::always("at most one completion per operation", |_, s: &State| {
+                s.ghost.completions <= 1
+            }),
+            Property::always(
+                "claim-time writes are in effect at most once",
+                |_, s: &State| s.ghost.claim_writes <= 1,
+            ),
+            Property::always(
+                "business writes are committed iff the record is COMPLETED",
+                |m: &Protocol, s: &State| {
+                    !m.transact
+                        || s.record.as_ref().is_none_or(|r| {
+                            s.truly_expired(r)
+                                || (r.status == Status::Completed) == (s.ghost.completions == 1)
+                        })
+                },
+            ),
+            Property::always(
+                "once every worker stopped, the key is claimable after lease + margin + skew",
+                |m: &Protocol, s: &State| m.claimable_after_everyone_stopped(s),
+            ),
+            // Witnesses that the faults are really reached, so that the properties are not vacuous.
+            Property::sometimes("a stored response is replayed", |_, s: &State| {
+                s.workers
+                    .iter()
+                    .any(|w| matches!(w.phase, Phase::Done(Outcome::Replayed(_))))
+            }),
+            Property::sometimes("a zombie completion is fenced", |_, s: &State| {
+                s.workers
+                    .iter()
+                    .any(|w| w.phase == Phase::Done(Outcome::LeaseLost))
+            }),
+            Property::sometimes(
+                "a COMPLETED record expires and its key is claimed again",
+                |_, s: &State| s.ghost.completed_expired,
+            ),
+            Property::sometimes("a crashed claim is taken over", |_, s: &State| {
+                s.ghost.ran.iter().filter(|r| **r).count() >= 2
+                    && s.workers.iter().any(|w| w.phase == Phase::Crashed)
+            }),
+        ]
+    }
+}
+
+impl Protocol {
+    /// With every worker stopped, a PENDING record must be claimable by a fresh caller, whatever its
+    /// skew, once the lease plus the margin plus the skew has passed.
+    fn claimable_after_everyone_stopped(&self, state: &State) -> bool {
+        let stopped = state
+            .workers
+            .iter()
+            .all(|w| matches!(w.phase, Phase::Done(_) | Phase::Crashed));
+        let Some(record) = state
+            .record
+            .as_ref()
+            .filter(|r| r.status == Status::Pending)
+        else {
+            return true;
+        };
+        if !stopped {
+            return true;
+        }
+        let margin = u64::try_from(self.margin.as_millis()).unwrap();
+        let skew = self.skew * TICK_MS;
+        let at = record.lease_until_ms.unwrap_or(0) + margin + skew + 1;
+        [at - skew, at, at + skew].into_iter().all(|clock_ms| {
+            let t = handler::claim_times(clock_ms, self.margin, self.lease, self.ttl);
+            let request = ClaimRequest {
+                key: KEY,
+                token: "fresh",
+                attempt: 1,
+                now_ms: t.now_ms,
+                lease_until_ms: t.lease_until_ms,
+                expires_at_s: t.expires_at_s,
+                fingerprint: None,
+            };
+            claimed(Some(record), &request, false).is_ok()
+        })
+    }
+}
+
+/// One line per state, for counterexample traces.
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={}ms record=", self.true_ms())?;
+        match &self.record {
+            None => f.write_str("none")?,
+            Some(r) => write!(
+                f,
+                "{} token={} lease_until={:?} expires_at={}s",
+                r.status, r.token, r.lease_until_ms, r.expires_at_s
+            )?,
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            write!(f, " | w{i} (clock {:+}s): {:?}", w.skew, w.phase)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one run of the checker found.
+struct Run {
+    states: usize,
+    unique: usize,
+    depth: usize,
+    elapsed: Duration,
+}
+
+impl fmt::Display for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} states explored ({} unique), max depth {}, in {:.1?}",
+            self.states, self.unique, self.depth, self.elapsed
+        )
+    }
+}
+
+fn deep() -> bool {
+    std::env::var("IDEMPOTENT_MODEL").is_ok_and(|v| v == "deep")
+}
+
+fn check(protocol: Protocol, until: HasDiscoveries) -> (Run, impl Checker<Protocol>) {
+    let started = Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let checker = protocol
+        .checker()
+        .threads(threads)
+        .finish_when(until)
+        .spawn_bfs()
+        .join();
+    let run = Run {
+        states: checker.state_count(),
+        unique: checker.unique_state_count(),
+        depth: checker.max_depth(),
+        elapsed: started.elapsed(),
+    };
+    (run, checker)
+}
+
+/// The bounded horizon for CI, and the deeper one of `scripts/model --deep`.
+fn horizon() -> u64 {
+    std::env::var("IDEMPOTENT_MODEL_HORIZON")
+        .ok()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(if deep() { 5 } else { 2 })
+}
+
+#[test]
+fn the_protocol_keeps_its_promises() {
+    for (name, protocol) in [
+        (
+            "claim_with + compensate_with + transact, wait",
+            Protocol::new(horizon()),
+        ),
+        (
+            "claim_with without compensation, fail fast",
+            Protocol {
+                compensate: false,
+                wait: false,
+                ..Protocol::new(horizon())
+            },
+        ),
+    ] {
+        let (run, checker) = check(protocol, HasDiscoveries::All);
+        println!("model [{name}]: {run}");
+        checker.assert_properties();
+    }
+}
+
+/// The hole the skew margin closes, re-opened: with clocks off by a second and no margin, a worker
+/// whose clock runs ahead takes over a claim whose lease has not expired, and two bodies run at once.
+#[test]
+fn without_the_skew_margin_a_live_claim_is_taken_over() {
+    let protocol = Protocol {
+        margin: Duration::ZERO,
+        ..Protocol::new(3)
+    };
+    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
+    println!("model [no skew margin]: {run}");
+    let trace = checker
+        .discovery("no second body while a claim is live")
+        .expect("without the margin, a live claim must be taken over");
+    println!("counterexample:");
+    let steps = trace.into_vec();
+    for (state, action) in &steps {
+        println!("  {state}");
+        if let Some(action) = action {
+            println!("    -> {action:?}");
+        }
+    }
+    let last = &steps.last().expect("a trace has a state").0;
+    assert!(last.ghost.took_live_claim);
+}
