@@ -74,7 +74,7 @@ async fn ensure_table_enables_ttl_on_a_table_created_without_it() {
 }
 
 /// Several processes starting at once: all of them race to create the table and to enable its TTL (a
-/// loser of the TTL race used to fail with "TimeToLive is already enabled").
+/// loser of the TTL race used to fail with `TimeToLive is already enabled`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_ensure_table_calls_all_succeed() {
     let (client, _) = idempotent_tests::client();
