@@ -100,7 +100,12 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Release the holder only once the waiter's first attempt was refused (after its SDK retry), however
+    // slow the machine.
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while proxy.request_tokens().len() < 2 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     gate.release();
     assert!(matches!(holder.await.unwrap(), Err(AppError::Declined)));
     assert_eq!(waiter.await.unwrap().unwrap(), 3);
