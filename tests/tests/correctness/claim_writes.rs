@@ -180,3 +180,45 @@ on_both_stores!(
     compensating_writes_release_the_claim_writes_with_the_failure,
     a_refused_compensation_keeps_the_claim_writes_in_effect,
 );
+
+/// Round trips, on DynamoDB Local: a claim with writes is one `TransactWriteItems`; the retry of a key
+/// whose writes are still in effect costs one more request (the refused transaction, then a plain claim).
+#[tokio::test]
+async fn round_trips_of_a_claim_with_writes_and_of_its_retry() {
+    let h = Harness::new(Backend::DynamoDb).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = AtomicUsize::new(0);
+    h.requests.reset();
+    assert!(matches!(
+        reserve(&h, &shop, &runs, true).await,
+        Err(AppError::Declined)
+    ));
+    assert_eq!(
+        (
+            h.requests.of("TransactWriteItems"),
+            h.requests.of("UpdateItem"),
+            h.requests.total()
+        ),
+        (1, 1, 2),
+        "the claim with its writes, then the FAILED write"
+    );
+    h.requests.reset();
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(
+        (
+            h.requests.of("TransactWriteItems"),
+            h.requests.of("UpdateItem"),
+            h.requests.total()
+        ),
+        (1, 2, 3),
+        "the refused transaction, the plain claim, the completion"
+    );
+    h.requests.reset();
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(
+        (h.requests.of("TransactWriteItems"), h.requests.total()),
+        (1, 1),
+        "a duplicate: the refused transaction returns the COMPLETED record"
+    );
+    assert_eq!(shop.available().await, 7);
+}
