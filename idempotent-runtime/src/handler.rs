@@ -208,6 +208,7 @@ pub(crate) struct ClaimTimes {
 /// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
 /// the record is claimable, but its claim-time writes are still in effect (a failure without
 /// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
+#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
 pub(crate) fn claim_keeping_writes(record: &Record, now_ms: u64) -> bool {
     record.is_claimable(now_ms) && !record.is_claimable_with_writes(now_ms)
 }
@@ -567,17 +568,6 @@ where
     outcome
 }
 
-/// The name of a transition's request, for telemetry.
-fn op_name(transition: &Transition<'_>, transactional: bool) -> &'static str {
-    match (transition.change, transactional) {
-        (Change::Complete { .. }, false) => "complete",
-        (Change::Complete { .. }, true) => "complete_transaction",
-        (Change::Fail { .. }, false) => "fail",
-        (Change::Fail { .. }, true) => "fail_transaction",
-        (Change::ExtendLease { .. }, _) => "heartbeat",
-    }
-}
-
 /// Decodes a stored response.
 fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8]) -> Result<T, Error> {
     codec::decode(response).map_err(|e| {
@@ -717,7 +707,7 @@ impl Held<'_> {
                 .store()
                 .transact_transition(transition, writes.clone());
             return Ok(
-                match telemetry::observe(op_name(transition, true), request).await? {
+                match telemetry::observe(transition.change.op(true), request).await? {
                     TransactOutcome::Committed => Written::Applied,
                     TransactOutcome::Rejected(record) => Written::Rejected(record),
                     TransactOutcome::Canceled(reasons) => Written::Canceled(reasons),
@@ -728,7 +718,7 @@ impl Held<'_> {
         let _ = writes;
         let request = self.idem.store().transition(transition);
         Ok(
-            match telemetry::observe(op_name(transition, false), request).await? {
+            match telemetry::observe(transition.change.op(false), request).await? {
                 WriteOutcome::Applied => Written::Applied,
                 WriteOutcome::Rejected(record) => Written::Rejected(record),
             },

@@ -167,6 +167,7 @@ pub(crate) async fn observe<T: Observed>(op: &'static str, request: impl Future<
 }
 
 /// Counts the failed actions of a canceled transaction by their code.
+#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
 pub(crate) fn canceled(reasons: &[crate::CancellationReason]) {
     #[cfg(feature = "metrics")]
     for reason in reasons.iter().filter(|r| r.failed()) {

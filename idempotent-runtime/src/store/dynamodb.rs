@@ -691,11 +691,7 @@ impl Store for DynamoDbStore {
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let parts = self.transition_parts(transition);
-        let op = match transition.change {
-            Change::Complete { .. } => "complete",
-            Change::Fail { .. } => "fail",
-            Change::ExtendLease { .. } => "heartbeat",
-        };
+        let op = transition.change.op(false);
         self.conditional_update(op, None, transition.key, parts, HELD_BY_TOKEN)
             .await
     }
@@ -707,24 +703,16 @@ impl Store for DynamoDbStore {
     ) -> Result<TransactOutcome, StoreError> {
         let parts = self.transition_parts(transition);
         let record = self.record_update(transition.key, parts, HELD_BY_TOKEN)?;
-        let purpose = match transition.change {
-            Change::Complete { .. } => "complete",
-            Change::Fail { .. } => "fail",
-            Change::ExtendLease { .. } => "extend",
-        };
+        // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
         let token = request_token(
-            purpose,
+            transition.change.op(false),
             &self.inner.table,
             transition.key,
             transition.token,
             0,
         );
-        let op = match transition.change {
-            Change::Complete { .. } => "complete_transaction",
-            Change::Fail { .. } => "fail_transaction",
-            Change::ExtendLease { .. } => "heartbeat",
-        };
-        self.transact(op, record, writes, token).await
+        self.transact(transition.change.op(true), record, writes, token)
+            .await
     }
 
     async fn claim_transaction(

@@ -87,6 +87,20 @@ pub enum Change<'a> {
     },
 }
 
+impl Change<'_> {
+    /// The request's name, for telemetry and request tokens: `complete`, `fail` or `heartbeat`, with
+    /// `_transaction` when it goes in one transaction with business writes.
+    pub(crate) fn op(&self, transactional: bool) -> &'static str {
+        match (self, transactional) {
+            (Change::Complete { .. }, false) => "complete",
+            (Change::Complete { .. }, true) => "complete_transaction",
+            (Change::Fail { .. }, false) => "fail",
+            (Change::Fail { .. }, true) => "fail_transaction",
+            (Change::ExtendLease { .. }, _) => "heartbeat",
+        }
+    }
+}
+
 /// What a fenced write found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOutcome {
