@@ -170,6 +170,35 @@ pub async fn dynamodb_store() -> (DynamoDbStore, RequestCounter) {
     (store, counter)
 }
 
+/// Creates `table` on DynamoDB Local with a partition key `key` of type S, on-demand, TTL off: a table
+/// as someone might create it by hand (business tables, or idempotency tables to verify).
+pub async fn create_plain_table(client: &Client, table: &str, key: &str) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    client
+        .create_table()
+        .table_name(table)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(key)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(key)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .expect("create a table on DynamoDB Local");
+}
+
 /// Which store a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

@@ -13,10 +13,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::{PutItemError, PutItemOutput};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_smithy_types::retry::ErrorKind;
 use idempotent_tests::proxy::{Counts, Fault, FaultProxy, Rule};
 use idempotent_tests::{RequestCounter, client_at, endpoint, unique_table};
@@ -34,27 +31,7 @@ impl Fixture {
     async fn new() -> Self {
         let (direct, _) = client_at(&endpoint());
         let table = unique_table("proxy");
-        direct
-            .create_table()
-            .table_name(&table)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("pk")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .unwrap(),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("pk")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .unwrap(),
-            )
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await
-            .expect("create the test table on DynamoDB Local");
+        idempotent_tests::create_plain_table(&direct, &table, "pk").await;
         let proxy = FaultProxy::start(&endpoint()).await;
         Self {
             proxy,

@@ -1,38 +1,9 @@
 //! `DynamoDbStore::ensure_table` and `check` on DynamoDB Local: a table is created, waited for, given its
 //! TTL, and verified against the store's attribute names.
 
-use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    TimeToLiveSpecification,
-};
+use aws_sdk_dynamodb::types::TimeToLiveSpecification;
 use idempotent_runtime::{AttributeNames, DynamoDbStore, StoreError};
-use idempotent_tests::unique_table;
-
-/// A table with partition key `key` (type S), TTL off, as someone might create it by hand.
-async fn create_by_hand(client: &Client, table: &str, key: &str) {
-    client
-        .create_table()
-        .table_name(table)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(key)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(key)
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
-}
+use idempotent_tests::{create_plain_table, unique_table};
 
 #[tokio::test]
 async fn ensure_table_creates_waits_and_enables_ttl_and_is_idempotent() {
@@ -58,7 +29,7 @@ async fn ensure_table_creates_waits_and_enables_ttl_and_is_idempotent() {
 async fn ensure_table_enables_ttl_on_a_table_created_without_it() {
     let (client, _) = idempotent_tests::client();
     let table = unique_table("no-ttl");
-    create_by_hand(&client, &table, "pk").await;
+    create_plain_table(&client, &table, "pk").await;
     let store = DynamoDbStore::new(client, &table);
     assert_eq!(
         store.check().await.unwrap().ttl_attribute,
@@ -110,7 +81,7 @@ where
 async fn a_table_with_another_key_schema_is_refused_and_left_alone() {
     let (client, requests) = idempotent_tests::client();
     let table = unique_table("other-key");
-    create_by_hand(&client, &table, "id").await;
+    create_plain_table(&client, &table, "id").await;
     let store = DynamoDbStore::new(client, &table);
     requests.reset();
     for err in [
@@ -132,7 +103,7 @@ async fn a_table_with_another_key_schema_is_refused_and_left_alone() {
 async fn ttl_on_another_attribute_is_refused() {
     let (client, _) = idempotent_tests::client();
     let table = unique_table("other-ttl");
-    create_by_hand(&client, &table, "pk").await;
+    create_plain_table(&client, &table, "pk").await;
     client
         .update_time_to_live()
         .table_name(&table)

@@ -7,10 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, Update,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, Update};
 use idempotent_runtime::{DynamoDbStore, Error, Idempotency, Status, idempotent};
 use idempotent_tests::{Backend, Harness, unique_table};
 use tokio::sync::{Notify, Semaphore};
@@ -45,27 +42,7 @@ struct Inventory {
 impl Inventory {
     async fn new(client: Client, available: u64) -> Self {
         let table = unique_table("inventory");
-        client
-            .create_table()
-            .table_name(&table)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("pk")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .unwrap(),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("pk")
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .unwrap(),
-            )
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await
-            .unwrap();
+        idempotent_tests::create_plain_table(&client, &table, "pk").await;
         client
             .put_item()
             .table_name(&table)
