@@ -269,33 +269,6 @@ impl Builder {
         self
     }
 
-    /// Overrides the SDK's retry policy for a [`DynamoDbStore`](crate::DynamoDbStore)'s calls
-    /// (throttling and transient errors are retried with exponential backoff and jitter; a failed
-    /// condition never is). When retries run out, a call fails with
-    /// [`Error::Throttled`](crate::Error::Throttled) (throttling) or
-    /// [`Error::Unavailable`](crate::Error::Unavailable) (HTTP 5xx, timeouts, broken connections). A claim
-    /// that fails so wrote nothing, or (its response lost) holds the key until its lease runs out. Once
-    /// the body has run, its completion is retried on top of this policy for as long as the lease allows.
-    /// Other stores ignore it.
-    ///
-    /// ```
-    /// use idempotent_runtime::aws_sdk_dynamodb::config::retry::RetryConfig;
-    /// # fn f(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
-    /// let idem = idempotent_runtime::Idempotency::builder(
-    ///     idempotent_runtime::DynamoDbStore::new(client, "idempotency"),
-    /// )
-    /// .retry_config(RetryConfig::adaptive().with_max_attempts(5))
-    /// .build();
-    /// # }
-    /// ```
-    #[cfg(feature = "dynamodb")]
-    pub fn retry_config(mut self, retry: aws_sdk_dynamodb::config::retry::RetryConfig) -> Self {
-        if let Some(store) = self.store.as_any().downcast_ref::<crate::DynamoDbStore>() {
-            self.store = Arc::new(store.clone().with_retry_config(retry));
-        }
-        self
-    }
-
     /// How far apart the clocks of the callers sharing a table may be (default 1 s).
     ///
     /// Takeover and expiry are decided with the caller's own clock: a lapsed lease or an expired record

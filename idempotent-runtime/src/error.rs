@@ -160,6 +160,20 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// The store does not offer what the call needs: business writes in a transaction (`transact`,
+    /// [`claim_with`](crate::Operation::claim_with), [`compensate_with`](crate::Operation::compensate_with))
+    /// on a store without transactions. Nothing was written, and the body did not run (a claim) or its
+    /// outcome is recorded without the writes (a completion fails).
+    #[error("`{namespace}`: the {store} store does not support {capability}")]
+    Unsupported {
+        /// The key's namespace.
+        namespace: String,
+        /// The store's kind (`memory`, `dynamodb`, or a third-party store's).
+        store: &'static str,
+        /// What it does not support.
+        capability: &'static str,
+    },
+
     /// The key, the payload or the body's `Ok` value could not be serialized to JSON.
     #[error("`{namespace}`: could not serialize the {what} to JSON: {source}")]
     Serialize {
@@ -331,6 +345,7 @@ impl Error {
             | Error::Throttled { namespace, .. }
             | Error::TableNotFound { namespace, .. }
             | Error::Store { namespace, .. }
+            | Error::Unsupported { namespace, .. }
             | Error::Unavailable { namespace, .. }
             | Error::ResultNotStored { namespace, .. }
             | Error::Contended { namespace, .. }

@@ -15,7 +15,11 @@ use tracing::Instrument as _;
 use crate::error::CancellationReason;
 use crate::error::Error;
 use crate::record::{Record, Status};
-use crate::store::{Change, ClaimOutcome, ClaimRequest, StoreError, Transition, WriteOutcome};
+use crate::store::writes::Staged;
+use crate::store::{
+    Change, ClaimOutcome, ClaimRequest, StoreError, TransactOutcome, Transition, WriteOutcome,
+    Writes,
+};
 use crate::telemetry::{self, Outcome};
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
@@ -68,21 +72,6 @@ impl Call {
     }
 }
 
-/// Writes staged by a `transact = ..` body (an empty type without the DynamoDB feature).
-#[cfg(feature = "dynamodb")]
-pub(crate) use crate::transaction::Transaction as Staging;
-/// Writes staged by a `transact = ..` body (an empty type without the DynamoDB feature).
-#[cfg(not(feature = "dynamodb"))]
-pub(crate) enum Staging {}
-
-/// Business writes that commit with a record's transition (claim-time writes, compensating writes,
-/// staged writes); never any without the DynamoDB feature.
-#[cfg(feature = "dynamodb")]
-pub(crate) type Writes = Vec<aws_sdk_dynamodb::types::TransactWriteItem>;
-/// Business writes that commit with a record's transition; never any without the DynamoDB feature.
-#[cfg(not(feature = "dynamodb"))]
-pub(crate) type Writes = Vec<std::convert::Infallible>;
-
 /// Maps a store failure to the crate's error, naming the namespace.
 pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
     let namespace = namespace.to_owned();
@@ -94,6 +83,11 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
         StoreError::Schema(detail) => Error::Store {
             namespace,
             source: detail.into(),
+        },
+        StoreError::Unsupported { store, capability } => Error::Unsupported {
+            namespace,
+            store,
+            capability,
         },
         StoreError::Invalid(source) | StoreError::Other(source) => {
             Error::Store { namespace, source }
@@ -208,7 +202,6 @@ pub(crate) struct ClaimTimes {
 /// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
 /// the record is claimable, but its claim-time writes are still in effect (a failure without
 /// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
-#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
 pub(crate) fn claim_keeping_writes(record: &Record, now_ms: u64) -> bool {
     record.is_claimable(now_ms) && !record.is_claimable_with_writes(now_ms)
 }
@@ -228,11 +221,7 @@ pub(crate) const CLAIMABLE_RETRIES: u32 = 3;
 pub(crate) const MAX_ERROR_BYTES: usize = 4096;
 /// What a record's update adds to a transaction besides its key, fingerprint and response, counted
 /// generously.
-#[cfg(feature = "dynamodb")]
 const RECORD_UPDATE_BYTES: usize = 512;
-
-/// Business writes that commit with the claim (`claim_with`); nothing without the DynamoDB feature.
-pub(crate) type ClaimWrites = Writes;
 
 /// Everything about one call except the body.
 pub(crate) struct Plan<'a> {
@@ -240,9 +229,9 @@ pub(crate) struct Plan<'a> {
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Option<&'a str>,
     /// Writes the body stages, committed with the COMPLETED record.
-    pub(crate) staging: Option<&'a Staging>,
+    pub(crate) staging: Option<&'a Staged>,
     /// Writes committed with the claim, in effect at most once per key.
-    pub(crate) claim_writes: ClaimWrites,
+    pub(crate) claim_writes: Writes,
     /// Writes that undo `claim_writes`, committed with a FAILED record.
     pub(crate) compensation: Writes,
 }
@@ -254,22 +243,16 @@ async fn claim(
     request: &ClaimRequest<'_>,
 ) -> Result<ClaimOutcome, Error> {
     let namespace = plan.call.namespace;
-    #[cfg(feature = "dynamodb")]
     if !plan.claim_writes.is_empty() {
-        use crate::store::TransactOutcome;
         let record_bytes =
             RECORD_UPDATE_BYTES + plan.key.len() + plan.fingerprint.map_or(0, str::len);
-        if let Err(detail) =
-            crate::transaction::check_limits(plan.key, record_bytes, &plan.claim_writes)
-        {
+        if let Err(detail) = plan.claim_writes.check_limits(plan.key, record_bytes) {
             return Err(Error::TooManyWrites {
                 namespace: namespace.to_owned(),
                 detail,
             });
         }
-        let claimed = idem
-            .store()
-            .claim_transaction(request, plan.claim_writes.clone());
+        let claimed = idem.store().claim_transaction(request, &plan.claim_writes);
         match telemetry::observe("claim_transaction", claimed).await {
             Ok(TransactOutcome::Committed) => return Ok(ClaimOutcome::Claimed),
             // Claimable, but its claim-time writes are still in effect (a failure without compensation,
@@ -621,7 +604,6 @@ impl Persist {
 }
 
 /// One attempt at a fenced transition, as the store reported it.
-#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
 enum Written {
     Applied,
     Rejected(Option<Record>),
@@ -699,13 +681,8 @@ impl Held<'_> {
         transition: &Transition<'_>,
         writes: &Writes,
     ) -> Result<Written, StoreError> {
-        #[cfg(feature = "dynamodb")]
         if !writes.is_empty() {
-            use crate::store::TransactOutcome;
-            let request = self
-                .idem
-                .store()
-                .transact_transition(transition, writes.clone());
+            let request = self.idem.store().transact_transition(transition, writes);
             return Ok(
                 match telemetry::observe(transition.change.op(true), request).await? {
                     TransactOutcome::Committed => Written::Applied,
@@ -714,8 +691,6 @@ impl Held<'_> {
                 },
             );
         }
-        #[cfg(not(feature = "dynamodb"))]
-        let _ = writes;
         let request = self.idem.store().transition(transition);
         Ok(
             match telemetry::observe(transition.change.op(false), request).await? {
@@ -766,17 +741,10 @@ impl Held<'_> {
                 replay_until_s: retain.map(|_| replay_until_s),
             },
         };
-        #[cfg(feature = "dynamodb")]
-        let writes = staging.map(Staging::take).unwrap_or_default();
-        #[cfg(not(feature = "dynamodb"))]
-        let writes = {
-            let _ = staging;
-            Writes::new()
-        };
-        #[cfg(feature = "dynamodb")]
+        let writes = staging.map(Staged::take).unwrap_or_default();
         if !writes.is_empty() {
             let record_bytes = RECORD_UPDATE_BYTES + key.len() + response.map_or(0, <[u8]>::len);
-            if let Err(detail) = crate::transaction::check_limits(key, record_bytes, &writes) {
+            if let Err(detail) = writes.check_limits(key, record_bytes) {
                 self.fail(&detail, persist).await;
                 return Err(Error::TooManyWrites {
                     namespace: namespace.to_owned(),
@@ -908,7 +876,7 @@ impl Held<'_> {
             // The compensating writes cannot commit: record the failure without them, so the key is
             // free at once and its claim-time writes stay in effect (a retry does not apply them again).
             tracing::warn!(namespace, error = %problem, "compensating writes refused; the claim-time writes stay in effect");
-            writes.clear();
+            writes = Writes::new();
         }
     }
 }

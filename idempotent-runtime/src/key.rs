@@ -91,6 +91,19 @@ pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_j
     Ok(sha256_hex(&canonical_json(payload)?, ""))
 }
 
+/// The fingerprint of `call`'s payload ([`fingerprint`]), a payload that does not serialize reported as
+/// the call's [`Error::Serialize`].
+pub(crate) fn fingerprint_for<T: Serialize + ?Sized>(
+    call: &Call,
+    payload: &T,
+) -> Result<String, Error> {
+    fingerprint(payload).map_err(|source| Error::Serialize {
+        namespace: call.namespace.to_owned(),
+        what: "payload",
+        source,
+    })
+}
+
 /// A record key, and whether the key it was derived from is missing. Both front doors (the attribute's
 /// generated code and [`Operation`](crate::Operation)) derive one first and decide what it means later,
 /// with `resolve`, once the call's [`MissingKey`] policy is known.
@@ -111,6 +124,16 @@ impl DerivedKey {
         Ok(DerivedKey {
             missing: is_missing(&json),
             key: record_key(namespace, &json),
+        })
+    }
+
+    /// The record key for `call` ([`DerivedKey::new`] in its namespace), a key that does not serialize
+    /// reported as the call's [`Error::Serialize`].
+    pub(crate) fn for_call<T: Serialize + ?Sized>(call: &Call, key: &T) -> Result<Self, Error> {
+        Self::new(call.namespace, key).map_err(|source| Error::Serialize {
+            namespace: call.namespace.to_owned(),
+            what: "key",
+            source,
         })
     }
 

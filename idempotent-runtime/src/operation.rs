@@ -1,6 +1,9 @@
-//! [`Operation`]: the state machine without the attribute, for closures, dynamic namespaces of static
-//! lifetime, and claim-time business writes ([`Operation::claim_with`]).
+//! [`Operation`]: the one front door to the state machine. Users build one for closures, dynamic
+//! namespaces of static lifetime and claim-time business writes ([`Operation::claim_with`]); the code
+//! `#[idempotent]` generates builds one too (through the hidden `__private` glue), so both take the same
+//! path: kill switch, key and payload checks, the missing-key policy, then [`handler::run`].
 
+use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
@@ -8,8 +11,10 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::handler::{Call, Plan, Writes, run};
+use crate::handler::{self, Call, Plan};
 use crate::key::DerivedKey;
+use crate::store::Writes;
+use crate::store::writes::Staged;
 use crate::{Error, Idempotency, MissingKey};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
@@ -34,7 +39,9 @@ use crate::{Error, Idempotency, MissingKey};
 #[derive(Debug)]
 #[must_use = "an operation does nothing until `run` is awaited"]
 pub struct Operation<'a, H = Unchanged> {
-    idem: &'a Idempotency,
+    /// The handle, or why there is none (the attribute's `store = ..` or installed default): reported
+    /// by `run` with the key's and payload's errors, after the kill switch.
+    idem: Result<Cow<'a, Idempotency>, Error>,
     call: Call,
     key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
@@ -48,6 +55,11 @@ pub struct Operation<'a, H = Unchanged> {
 pub trait OnReplay<T> {
     /// The value to return instead of `replayed`.
     fn on_replay(self, replayed: T) -> T;
+
+    /// Whether [`on_replay`](Self::on_replay) may change the value; `false` lets `run` skip telling
+    /// replays apart.
+    #[doc(hidden)]
+    const CHANGES: bool = true;
 }
 
 /// Returns replayed values as they were stored (the default [`OnReplay`]).
@@ -58,6 +70,8 @@ impl<T> OnReplay<T> for Unchanged {
     fn on_replay(self, replayed: T) -> T {
         replayed
     }
+
+    const CHANGES: bool = false;
 }
 
 impl<T, F: FnOnce(T) -> T> OnReplay<T> for F {
@@ -76,11 +90,25 @@ impl Idempotency {
         key: &K,
     ) -> Operation<'_> {
         let call = Call::new(namespace);
+        let key = DerivedKey::for_call(&call, key);
+        Operation::from_parts(Ok(Cow::Borrowed(self)), call, key, None)
+    }
+}
+
+impl<'a> Operation<'a> {
+    /// An operation from what the attribute's generated code evaluated: the handle (or why there is
+    /// none), the call's settings, the key and the payload's fingerprint.
+    pub(crate) fn from_parts(
+        idem: Result<Cow<'a, Idempotency>, Error>,
+        call: Call,
+        key: Result<DerivedKey, Error>,
+        fingerprint: Option<Result<String, Error>>,
+    ) -> Self {
         Operation {
-            idem: self,
-            key: crate::__private::key(&call, key),
+            idem,
             call,
-            fingerprint: None,
+            key,
+            fingerprint,
             claim_writes: Writes::new(),
             compensation: Writes::new(),
             on_replay: Unchanged,
@@ -207,7 +235,7 @@ impl<'a, H> Operation<'a, H> {
 
     /// Rejects the key with another payload ([`Error::PayloadMismatch`]).
     pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
-        self.fingerprint = Some(crate::__private::fingerprint(&self.call, payload));
+        self.fingerprint = Some(crate::key::fingerprint_for(&self.call, payload));
         self
     }
 
@@ -262,35 +290,8 @@ impl<'a, H> Operation<'a, H> {
         Fut: Future<Output = Result<T, E>>,
         H: OnReplay<T>,
     {
-        // Writes that commit with the claim exist only with the `dynamodb` feature.
-        #[cfg(feature = "dynamodb")]
-        let stages_writes = !self.claim_writes.is_empty();
-        #[cfg(not(feature = "dynamodb"))]
-        let stages_writes = false;
-        // Switched off: the body alone, unless its writes can only commit with the record.
-        if !stages_writes && crate::config::disabled() {
-            return body().await;
-        }
-        let Some((key, fingerprint)) =
-            prepare(&self.call, self.key, self.fingerprint, stages_writes)?
-        else {
-            return body().await;
-        };
-        let plan = Plan {
-            call: &self.call,
-            key: &key,
-            fingerprint: fingerprint.as_deref(),
-            staging: None,
-            claim_writes: self.claim_writes,
-            compensation: self.compensation,
-        };
-        let run = run(
-            self.idem,
-            plan,
-            ToString::to_string,
-            async move { body().await },
-        );
-        replayed_through(self.on_replay, run).await
+        self.drive(None, ToString::to_string, async move { body().await })
+            .await
     }
 
     /// [`run`](Self::run), with a [`Transaction`](crate::Transaction) whose staged writes commit with
@@ -307,57 +308,76 @@ impl<'a, H> Operation<'a, H> {
         Fut: Future<Output = Result<T, E>>,
         H: OnReplay<T>,
     {
-        let Some((key, fingerprint)) = prepare(&self.call, self.key, self.fingerprint, true)?
-        else {
-            unreachable!("a call that stages writes never skips the store")
-        };
         let transaction = crate::Transaction::new();
-        let staged = transaction.clone();
+        let staged = transaction.staged().clone();
+        self.drive(Some(&staged), ToString::to_string, async move {
+            body(transaction).await
+        })
+        .await
+    }
+
+    /// The one path into the state machine, for [`run`](Self::run), [`run_transact`](Self::run_transact)
+    /// and the attribute's generated code: the kill switch, then the handle, key and payload (the first
+    /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
+    /// `staging` holds the writes a body stages; `describe` gives the text stored for its error.
+    pub(crate) async fn drive<T, E, Fut>(
+        self,
+        staging: Option<&Staged>,
+        describe: impl FnOnce(&E) -> String,
+        body: Fut,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
+    {
+        // Writes that can only commit together with a record: never run without one.
+        let stages_writes = staging.is_some() || !self.claim_writes.is_empty();
+        // Switched off: the body alone, unless its writes can only commit with the record.
+        // (The body is boxed on the paths that run it alone too: awaited in place, it would be carried
+        // by this future a second time.)
+        if !stages_writes && crate::config::disabled() {
+            return Box::pin(body).await;
+        }
+        let prepared = (|| {
+            let idem = self.idem?;
+            let key = self.key?;
+            let fingerprint = self.fingerprint.transpose()?;
+            Ok::<_, Error>(
+                key.resolve(&self.call, stages_writes)?
+                    .map(|key| (idem, key, fingerprint)),
+            )
+        })();
+        let (idem, key, fingerprint) = match prepared {
+            Ok(Some(prepared)) => prepared,
+            // A missing key under `MissingKey::Skip`: the body alone.
+            Ok(None) => return Box::pin(body).await,
+            Err(e) => return Err(e.into()),
+        };
         let plan = Plan {
             call: &self.call,
             key: &key,
             fingerprint: fingerprint.as_deref(),
-            staging: Some(&staged),
+            staging,
             claim_writes: self.claim_writes,
             compensation: self.compensation,
         };
-        let run = run(self.idem, plan, ToString::to_string, async move {
-            body(transaction).await
-        });
-        replayed_through(self.on_replay, run).await
+        // Boxed: the state machine's future is tens of kilobytes, and callers' futures should not
+        // carry it.
+        let run = Box::pin(handler::run(&idem, plan, describe, body));
+        if !H::CHANGES {
+            return run.await;
+        }
+        // What happened is recorded again for the caller's own `observe`, which the one here hides.
+        let (result, execution) = crate::execution::observe(run).await;
+        let Some(execution) = execution else {
+            return result;
+        };
+        crate::execution::record(execution);
+        match result {
+            Ok(value) if execution.is_replay() => Ok(self.on_replay.on_replay(value)),
+            other => other,
+        }
     }
-}
-
-/// Runs the state machine, passing a replayed value through `hook`; what happened is recorded again for
-/// the caller's own [`observe`](crate::observe), which the one here hides.
-async fn replayed_through<T, E>(
-    hook: impl OnReplay<T>,
-    run: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
-    // Boxed, as in the macro's glue: the state machine's future is tens of kilobytes, and callers'
-    // futures should not carry it.
-    let (result, execution) = crate::execution::observe(Box::pin(run)).await;
-    let Some(execution) = execution else {
-        return result;
-    };
-    crate::execution::record(execution);
-    match result {
-        Ok(value) if execution.is_replay() => Ok(hook.on_replay(value)),
-        other => other,
-    }
-}
-
-/// The record key and fingerprint to run with, or `None` to run the body without idempotency (a missing
-/// key under [`MissingKey::Skip`]); the first error among them otherwise.
-fn prepare(
-    call: &Call,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
-    stages_writes: bool,
-) -> Result<Option<(String, Option<String>)>, Error> {
-    let key = key?;
-    let fingerprint = fingerprint.transpose()?;
-    Ok(key
-        .resolve(call, stages_writes)?
-        .map(|key| (key, fingerprint)))
 }

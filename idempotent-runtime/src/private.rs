@@ -1,5 +1,6 @@
 //! What generated code calls. Not public API: it may change in any release.
 
+use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::Future;
 use std::rc::Rc;
@@ -10,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::handler::{Call, MissingKey};
 pub use crate::key::DerivedKey;
-use crate::{Error, Idempotency};
+use crate::{Error, Idempotency, Operation};
 
 /// The return types `#[idempotent]` accepts: `Result<T, E>` (or an alias of it) with a storable `T` and an
 /// `E` that can carry this crate's errors.
@@ -119,37 +120,21 @@ pub fn installed(call: &Call) -> Result<Idempotency, Error> {
     })
 }
 
-/// The record key for the attribute's `key` expression; whether it may be used is decided by
-/// [`execute`], with the call's [`MissingKey`] policy.
+/// The record key for the attribute's `key` expression; whether it may be used is decided with the
+/// call's [`MissingKey`] policy when the call runs.
 pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Result<DerivedKey, Error> {
-    DerivedKey::new(call.namespace, key).map_err(|source| Error::Serialize {
-        namespace: call.namespace.to_owned(),
-        what: "key",
-        source,
-    })
+    DerivedKey::for_call(call, key)
 }
 
 /// The fingerprint of the attribute's `payload` expression.
 pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<String, Error> {
-    crate::key::fingerprint(payload).map_err(|source| Error::Serialize {
-        namespace: call.namespace.to_owned(),
-        what: "payload",
-        source,
-    })
+    crate::key::fingerprint_for(call, payload)
 }
 
-/// Everything evaluated before the body, or the first error among them.
-fn prepare(
-    handle: Result<Idempotency, Error>,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
-) -> Result<(Idempotency, DerivedKey, Option<String>), Error> {
-    Ok((handle?, key?, fingerprint.transpose()?))
-}
-
-/// Runs the state machine around `body`. Errors found before the body (no store, a key that does not
-/// serialize, a missing key the call rejects) come back through `E: From<Error>`, and the body does not
-/// run. A missing key with [`MissingKey::Skip`] runs the body alone, without the store.
+/// Runs the state machine around `body`, through [`Operation`](crate::Operation)'s one path. Errors
+/// found before the body (no store, a key that does not serialize, a missing key the call rejects) come
+/// back through `E: From<Error>`, and the body does not run. A missing key with [`MissingKey::Skip`]
+/// runs the body alone, without the store.
 pub async fn execute<R, F, D>(
     handle: Result<Idempotency, Error>,
     call: &Call,
@@ -163,48 +148,9 @@ where
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
-    drive(handle, call, key, fingerprint, None, describe, body).await
-}
-
-/// [`execute`] and [`execute_transact`]: `staging` holds the writes that commit with the record.
-async fn drive<R, F, D>(
-    handle: Result<Idempotency, Error>,
-    call: &Call,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
-    staging: Option<&crate::handler::Staging>,
-    describe: D,
-    body: F,
-) -> R
-where
-    R: Output,
-    F: Future<Output = R>,
-    D: FnOnce(&R::Err) -> String,
-{
-    // Switched off: the body alone, unless its writes can only commit with the record.
-    if staging.is_none() && crate::config::disabled() {
-        return body.await;
-    }
-    let (handle, key, fingerprint) = match prepare(handle, key, fingerprint) {
-        Ok(p) => p,
-        Err(e) => return R::from_result(Err(e.into())),
-    };
-    let key = match key.resolve(call, staging.is_some()) {
-        Ok(Some(key)) => key,
-        Ok(None) => return body.await,
-        Err(e) => return R::from_result(Err(e.into())),
-    };
+    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
     let body = async move { body.await.into_result() };
-    let plan = crate::handler::Plan {
-        call,
-        key: &key,
-        fingerprint: fingerprint.as_deref(),
-        staging,
-        claim_writes: crate::handler::Writes::new(),
-        compensation: crate::handler::Writes::new(),
-    };
-    // Boxed: the state machine's future is several kilobytes, and callers' futures should not carry it.
-    R::from_result(Box::pin(crate::handler::run(&handle, plan, describe, body)).await)
+    R::from_result(operation.drive(None, describe, body).await)
 }
 
 /// Wraps the code generated for `transact = ..`: passes it through when this crate has the `dynamodb`
@@ -256,16 +202,13 @@ where
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
-    drive(
-        handle,
-        call,
-        key,
-        fingerprint,
-        Some(&transaction),
-        describe,
-        body,
+    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        operation
+            .drive(Some(transaction.staged()), describe, body)
+            .await,
     )
-    .await
 }
 
 /// Text stored for a FAILED record: the error's `Display` when it has one ([`DescribeDisplay`]), its type

@@ -127,6 +127,7 @@ impl<T: Observed> Observed for Result<T, StoreError> {
                     StoreError::Invalid(_) => "invalid",
                     StoreError::Corrupt(_) => "corrupt",
                     StoreError::Schema(_) => "schema",
+                    StoreError::Unsupported { .. } => "unsupported",
                     StoreError::Other(_) => "error",
                 },
                 e.code(),
@@ -167,7 +168,6 @@ pub(crate) async fn observe<T: Observed>(op: &'static str, request: impl Future<
 }
 
 /// Counts the failed actions of a canceled transaction by their code.
-#[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
 pub(crate) fn canceled(reasons: &[crate::CancellationReason]) {
     #[cfg(feature = "metrics")]
     for reason in reasons.iter().filter(|r| r.failed()) {
@@ -227,7 +227,6 @@ impl Observed for crate::store::WriteOutcome {
     }
 }
 
-#[cfg(feature = "dynamodb")]
 impl Observed for crate::store::TransactOutcome {
     fn result(&self) -> (&'static str, Option<&str>) {
         match self {

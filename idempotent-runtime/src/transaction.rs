@@ -1,8 +1,8 @@
 //! [`Transaction`]: business writes staged by the body, committed atomically with the COMPLETED record.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use aws_sdk_dynamodb::types::{ConditionCheck, Delete, Put, TransactWriteItem, Update};
+
+use crate::store::writes::Staged;
 
 /// Most writes one body may stage: DynamoDB allows 100 actions per transaction, and one is the record.
 pub const MAX_STAGED_WRITES: usize = 99;
@@ -17,7 +17,7 @@ pub const MAX_STAGED_WRITES: usize = 99;
 /// Cheap to clone; clones share the staged writes.
 #[derive(Debug, Clone, Default)]
 pub struct Transaction {
-    writes: Arc<Mutex<Vec<TransactWriteItem>>>,
+    staged: Staged,
 }
 
 impl Transaction {
@@ -27,13 +27,9 @@ impl Transaction {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TransactWriteItem>> {
-        self.writes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Stages any action.
     pub fn push(&self, item: TransactWriteItem) {
-        self.lock().push(item);
+        self.staged.lock().push(item);
     }
 
     /// Stages a `Put`.
@@ -59,24 +55,24 @@ impl Transaction {
     /// How many writes are staged.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.staged.lock().len()
     }
 
     /// Whether nothing is staged.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.staged.lock().is_empty()
     }
 
     /// A copy of the staged writes.
     #[must_use]
     pub fn writes(&self) -> Vec<TransactWriteItem> {
-        self.lock().clone()
+        self.staged.lock().items().to_vec()
     }
 
-    /// Removes and returns the staged writes.
-    pub(crate) fn take(&self) -> Vec<TransactWriteItem> {
-        std::mem::take(&mut *self.lock())
+    /// The shared staging area, which the state machine empties when the body returns `Ok`.
+    pub(crate) fn staged(&self) -> &Staged {
+        &self.staged
     }
 }
 

@@ -216,6 +216,10 @@ pub struct Harness {
     pub idem: Idempotency,
     /// The store behind `idem`.
     pub store: Arc<dyn Store>,
+    /// The same store, when it is a [`MemoryStore`] (its business tables).
+    pub memory: Option<Arc<MemoryStore>>,
+    /// The same store, when it is a [`DynamoDbStore`] (its client and table).
+    pub dynamodb: Option<DynamoDbStore>,
     /// The clock behind `idem`.
     pub clock: ManualClock,
     /// Requests sent to DynamoDB (always zero on the memory store).
@@ -233,14 +237,35 @@ impl Harness {
         backend: Backend,
         configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
     ) -> Self {
-        let (store, requests): (Arc<dyn Store>, RequestCounter) = match backend {
-            Backend::Memory => (Arc::new(MemoryStore::new()), RequestCounter::default()),
+        match backend {
+            Backend::Memory => {
+                let memory = Arc::new(MemoryStore::new());
+                Self {
+                    memory: Some(memory.clone()),
+                    ..Self::over(memory, RequestCounter::default(), configure)
+                }
+            }
             Backend::DynamoDb => {
                 let (store, counter) = dynamodb_store().await;
-                (Arc::new(store), counter)
+                Self {
+                    dynamodb: Some(store.clone()),
+                    ..Self::over(Arc::new(store), counter, configure)
+                }
             }
-        };
-        Self::over(store, requests, configure)
+        }
+    }
+
+    /// The DynamoDB client behind a [`Backend::DynamoDb`] harness.
+    ///
+    /// # Panics
+    /// On a harness over another store.
+    #[must_use]
+    pub fn client(&self) -> Client {
+        self.dynamodb
+            .as_ref()
+            .expect("a harness on DynamoDB Local")
+            .client()
+            .clone()
     }
 
     /// A harness over a store of the test's own (one with injected faults, say).
@@ -254,6 +279,8 @@ impl Harness {
         Self {
             idem,
             store,
+            memory: None,
+            dynamodb: None,
             clock,
             requests,
         }
@@ -272,12 +299,15 @@ impl Harness {
             .expect("create the test table");
         let proxy = proxy::FaultProxy::start(&endpoint()).await;
         let (client, requests) = faulty_client(proxy.endpoint());
-        let store: Arc<dyn Store> = Arc::new(DynamoDbStore::new(client, table));
+        let dynamodb = DynamoDbStore::new(client, table);
+        let store: Arc<dyn Store> = Arc::new(dynamodb.clone());
         let clock = ManualClock::starting_now();
         let idem = configure(Idempotency::builder_arc(store.clone()).clock(clock.clone())).build();
         let harness = Self {
             idem,
             store,
+            memory: None,
+            dynamodb: Some(dynamodb),
             clock,
             requests,
         };

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use idempotent_runtime::{DynamoDbStore, Error, Idempotency, Status, idempotent};
+use idempotent_runtime::{Error, Idempotency, Status, idempotent};
 use idempotent_tests::{Backend, Harness};
 
 #[derive(Debug)]
@@ -107,7 +107,7 @@ async fn a_missing_table_is_a_clear_error_and_the_body_does_not_run() {
 #[tokio::test]
 async fn a_record_this_library_cannot_read_is_corrupt_and_left_untouched() {
     let h = Harness::new(Backend::DynamoDb).await;
-    let store = h.store.as_any().downcast_ref::<DynamoDbStore>().unwrap();
+    let store = h.dynamodb.as_ref().expect("a DynamoDB harness");
     let key = idempotent_runtime::derive_key("bad-input::number", "k").unwrap();
     let item: HashMap<String, AttributeValue> = [
         ("pk".to_owned(), AttributeValue::S(key.clone())),

@@ -366,7 +366,7 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         .build();
     assert_eq!(
         store
-            .claim_transaction(&claim("k2", "t2", NOW), vec![write])
+            .claim_transaction(&claim("k2", "t2", NOW), &[write].into_iter().collect())
             .await
             .unwrap(),
         idempotent_runtime::store::TransactOutcome::Committed

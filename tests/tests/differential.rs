@@ -631,7 +631,10 @@ async fn on_memory(store: &MemoryStore, case: &Case) -> (Outcome, String) {
         expires_at_s: 100_000,
         fingerprint: None,
     };
-    match store.claim_transaction(&request, case.writes.clone()).await {
+    match store
+        .claim_transaction(&request, &case.writes.iter().cloned().collect())
+        .await
+    {
         Ok(TransactOutcome::Committed) => (Outcome::Committed, String::new()),
         Ok(TransactOutcome::Canceled(reasons)) => {
             let message = format!("{reasons:?}");

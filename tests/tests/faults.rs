@@ -63,7 +63,7 @@ async fn work(idem: &Idempotency, runs: &Runs, id: u64, fail: bool) -> Result<St
 struct Rig {
     proxy: FaultProxy,
     idem: Idempotency,
-    store: Arc<dyn Store>,
+    store: DynamoDbStore,
     clock: ManualClock,
     requests: RequestCounter,
 }
@@ -78,9 +78,9 @@ impl Rig {
             .unwrap();
         let proxy = FaultProxy::start(&idempotent_tests::endpoint()).await;
         let (client, requests) = faulty_client(proxy.endpoint());
-        let store: Arc<dyn Store> = Arc::new(DynamoDbStore::new(client, &table));
+        let store = DynamoDbStore::new(client, &table);
         let clock = ManualClock::starting_now();
-        let idem = Idempotency::builder_arc(store.clone())
+        let idem = Idempotency::builder(store.clone())
             .clock(clock.clone())
             .build();
         Self {
@@ -473,18 +473,13 @@ async fn two_thousand_keys_under_drops_throttles_and_server_errors_run_exactly_o
 }
 
 #[tokio::test]
-async fn the_builder_retry_policy_overrides_the_client_for_the_store_calls() {
+async fn the_store_retry_policy_overrides_the_client_for_the_store_calls() {
     let rig = Rig::new().await;
     let store = rig
         .store
-        .as_any()
-        .downcast_ref::<DynamoDbStore>()
-        .unwrap()
-        .clone();
-    let single_attempt = Idempotency::builder(store)
-        .retry_config(RetryConfig::standard().with_max_attempts(1))
-        .clock(rig.clock.clone())
-        .build();
+        .clone()
+        .with_retry_config(RetryConfig::standard().with_max_attempts(1));
+    let single_attempt = Idempotency::builder(store).clock(rig.clock.clone()).build();
     rig.proxy
         .set_rules([Rule::new(Fault::Throttle).operation("UpdateItem").first(1)]);
     let runs = Runs::default();

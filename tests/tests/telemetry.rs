@@ -177,13 +177,7 @@ fn count(delta: &HashMap<String, u64>, key: &str) -> u64 {
 /// A `Put` of an item that already exists, with a condition that it does not.
 async fn taken_item(h: &Harness) -> Put {
     let table = idempotent_tests::unique_table("telemetry");
-    let client = h
-        .store
-        .as_any()
-        .downcast_ref::<idempotent_runtime::DynamoDbStore>()
-        .unwrap()
-        .client()
-        .clone();
+    let client = h.client();
     idempotent_runtime::DynamoDbStore::new(client.clone(), &table)
         .create_table()
         .await

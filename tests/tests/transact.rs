@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValuesOnConditionCheckFailure, Update};
-use idempotent_runtime::{DynamoDbStore, Error, Idempotency, Status, idempotent};
+use idempotent_runtime::{Error, Idempotency, Status, idempotent};
 use idempotent_tests::{Backend, Harness, unique_table};
 use tokio::sync::{Notify, Semaphore};
 
@@ -135,14 +135,7 @@ async fn many(
 
 async fn setup(available: u64) -> (Harness, Inventory) {
     let h = Harness::new(Backend::DynamoDb).await;
-    let client = h
-        .store
-        .as_any()
-        .downcast_ref::<DynamoDbStore>()
-        .unwrap()
-        .client()
-        .clone();
-    let shop = Inventory::new(client, available).await;
+    let shop = Inventory::new(h.client(), available).await;
     h.requests.reset();
     (h, shop)
 }
@@ -227,14 +220,7 @@ async fn a_failing_business_condition_writes_nothing_and_leaves_the_record_faile
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_taken_over_before_commit_applies_nothing() {
     let h = Harness::with(Backend::DynamoDb, |b| b.heartbeat(false)).await;
-    let client = h
-        .store
-        .as_any()
-        .downcast_ref::<DynamoDbStore>()
-        .unwrap()
-        .client()
-        .clone();
-    let shop = Arc::new(Inventory::new(client, 10).await);
+    let shop = Arc::new(Inventory::new(h.client(), 10).await);
     let slow = Arc::new(Control {
         hold: Some((Notify::new(), Semaphore::new(0))),
         ..Control::default()

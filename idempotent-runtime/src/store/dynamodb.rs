@@ -59,6 +59,7 @@ use aws_sdk_dynamodb::types::{
     TransactWriteItem, Update,
 };
 
+use super::Writes;
 use super::{
     Change, ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition,
     WriteOutcome,
@@ -142,7 +143,22 @@ impl DynamoDbStore {
     }
 
     /// Overrides the client's retry policy for this store's calls (throttling and transient errors are
-    /// retried by the SDK with exponential backoff and jitter; a failed condition is never retried).
+    /// retried by the SDK with exponential backoff and jitter; a failed condition never is). When
+    /// retries run out, a call fails with [`Error::Throttled`](crate::Error::Throttled) (throttling) or
+    /// [`Error::Unavailable`](crate::Error::Unavailable) (HTTP 5xx, timeouts, broken connections). A
+    /// claim that fails so wrote nothing, or (its response lost) holds the key until its lease runs
+    /// out. Once the body has run, its completion is retried on top of this policy for as long as the
+    /// lease allows.
+    ///
+    /// ```
+    /// use idempotent_runtime::aws_sdk_dynamodb::config::retry::RetryConfig;
+    /// use idempotent_runtime::{DynamoDbStore, Idempotency};
+    /// # fn f(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
+    /// let store = DynamoDbStore::new(client, "idempotency")
+    ///     .with_retry_config(RetryConfig::adaptive().with_max_attempts(5));
+    /// let idem = Idempotency::builder(store).build();
+    /// # }
+    /// ```
     #[must_use]
     pub fn with_retry_config(self, retry: RetryConfig) -> Self {
         let inner = Arc::unwrap_or_clone(self.inner);
@@ -699,7 +715,7 @@ impl Store for DynamoDbStore {
     async fn transact_transition(
         &self,
         transition: &Transition<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let parts = self.transition_parts(transition);
         let record = self.record_update(transition.key, parts, HELD_BY_TOKEN)?;
@@ -711,14 +727,19 @@ impl Store for DynamoDbStore {
             transition.token,
             0,
         );
-        self.transact(transition.change.op(true), record, writes, token)
-            .await
+        self.transact(
+            transition.change.op(true),
+            record,
+            writes.items().to_vec(),
+            token,
+        )
+        .await
     }
 
     async fn claim_transaction(
         &self,
         request: &ClaimRequest<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let parts = self.claim_parts(request, true);
         let record = self.record_update(request.key, parts, CLAIMABLE_WITH_WRITES)?;
@@ -729,7 +750,7 @@ impl Store for DynamoDbStore {
             request.token,
             request.attempt,
         );
-        self.transact("claim_transaction", record, writes, token)
+        self.transact("claim_transaction", record, writes.items().to_vec(), token)
             .await
     }
 
@@ -757,10 +778,6 @@ impl Store for DynamoDbStore {
 
     fn kind(&self) -> &'static str {
         "dynamodb"
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

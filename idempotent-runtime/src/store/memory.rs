@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 #[cfg(feature = "dynamodb")]
-use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
+use aws_sdk_dynamodb::types::AttributeValue;
 
 #[cfg(feature = "dynamodb")]
 use super::TransactOutcome;
+#[cfg(feature = "dynamodb")]
+use super::Writes;
 #[cfg(feature = "dynamodb")]
 use super::memory_table::{Plan, Tables};
 use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
@@ -270,11 +272,11 @@ impl Store for MemoryStore {
     async fn transact_transition(
         &self,
         transition: &Transition<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let mut state = self.lock();
         // Like DynamoDB, a request that is invalid as a whole fails before any condition is evaluated.
-        let plan = state.tables.plan(&writes)?;
+        let plan = state.tables.plan(writes.items())?;
         let old = state.records.get(transition.key);
         let Some(record) = transitioned(old, transition) else {
             return Ok(TransactOutcome::Rejected(old.cloned()));
@@ -286,10 +288,10 @@ impl Store for MemoryStore {
     async fn claim_transaction(
         &self,
         request: &ClaimRequest<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let mut state = self.lock();
-        let plan = state.tables.plan(&writes)?;
+        let plan = state.tables.plan(writes.items())?;
         let record = match claimed(state.records.get(request.key), request, true) {
             Ok(record) => record,
             Err(blocking) => return Ok(TransactOutcome::Rejected(Some(blocking.clone()))),
@@ -304,15 +306,13 @@ impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 #[cfg(all(test, feature = "dynamodb"))]
 mod transaction_tests {
-    use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, Update};
+    use aws_sdk_dynamodb::types::{
+        Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    };
 
     use super::*;
 
@@ -418,7 +418,7 @@ mod transaction_tests {
     async fn staged_writes_commit_with_the_completion() {
         let store = claimed_store().await;
         let outcome = store
-            .transact_transition(&complete("mine"), reserve("3"))
+            .transact_transition(&complete("mine"), &reserve("3").into_iter().collect())
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Committed);
@@ -434,7 +434,7 @@ mod transaction_tests {
         let store = claimed_store().await;
         let before = store.get(KEY).await.unwrap();
         let outcome = store
-            .transact_transition(&complete("mine"), reserve("11"))
+            .transact_transition(&complete("mine"), &reserve("11").into_iter().collect())
             .await
             .unwrap();
         assert_eq!(
@@ -467,7 +467,7 @@ mod transaction_tests {
         // A staged write that would fail too: the record's reason wins, as in DynamoDB.
         for writes in [reserve("3"), reserve("11")] {
             let outcome = store
-                .transact_transition(&complete("theirs"), writes)
+                .transact_transition(&complete("theirs"), &writes.into_iter().collect())
                 .await
                 .unwrap();
             assert_eq!(outcome, TransactOutcome::Rejected(before.clone()));
@@ -478,7 +478,7 @@ mod transaction_tests {
 
         let empty = self::store();
         let outcome = empty
-            .transact_transition(&complete("mine"), reserve("3"))
+            .transact_transition(&complete("mine"), &reserve("3").into_iter().collect())
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Rejected(None), "no record at all");
@@ -499,7 +499,7 @@ mod transaction_tests {
         let mut writes = vec![TransactWriteItem::builder().update(nested).build()];
         writes.extend(reserve("3").into_iter().skip(1));
         let err = store
-            .transact_transition(&complete("mine"), writes)
+            .transact_transition(&complete("mine"), &writes.into_iter().collect())
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Invalid(_)));
@@ -516,7 +516,7 @@ mod transaction_tests {
     async fn claim_transaction_claims_and_reserves_together() {
         let store = store();
         let outcome = store
-            .claim_transaction(&claim_request("mine"), reserve("4"))
+            .claim_transaction(&claim_request("mine"), &reserve("4").into_iter().collect())
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Committed);
@@ -533,7 +533,7 @@ mod transaction_tests {
     async fn a_failed_reservation_leaves_no_record() {
         let store = store();
         let outcome = store
-            .claim_transaction(&claim_request("mine"), reserve("11"))
+            .claim_transaction(&claim_request("mine"), &reserve("11").into_iter().collect())
             .await
             .unwrap();
         assert_eq!(
@@ -551,7 +551,10 @@ mod transaction_tests {
         let store = claimed_store().await;
         let held = store.get(KEY).await.unwrap().unwrap();
         let outcome = store
-            .claim_transaction(&claim_request("theirs"), reserve("4"))
+            .claim_transaction(
+                &claim_request("theirs"),
+                &reserve("4").into_iter().collect(),
+            )
             .await
             .unwrap();
         assert_eq!(outcome, TransactOutcome::Rejected(Some(held.clone())));
@@ -567,7 +570,10 @@ mod transaction_tests {
             lease_until_ms: NOW_MS + 180_000,
             ..claim_request("next")
         };
-        let outcome = store.claim_transaction(&later, reserve("4")).await.unwrap();
+        let outcome = store
+            .claim_transaction(&later, &reserve("4").into_iter().collect())
+            .await
+            .unwrap();
         assert_eq!(outcome, TransactOutcome::Committed);
         let record = store.get(KEY).await.unwrap().unwrap();
         assert_eq!((record.token.as_str(), record.attempt), ("next", 2));

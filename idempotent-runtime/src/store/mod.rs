@@ -11,6 +11,9 @@ use crate::record::Record;
 pub mod dynamodb;
 pub mod memory;
 mod memory_table;
+pub mod writes;
+
+pub use writes::Writes;
 
 /// A new claim on a key.
 #[derive(Debug, Clone, Copy)]
@@ -110,8 +113,7 @@ pub enum WriteOutcome {
     Rejected(Option<Record>),
 }
 
-/// What a transactional completion found.
-#[cfg(feature = "dynamodb")]
+/// What a transaction of a record's claim or transition with business [`Writes`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransactOutcome {
     /// The record and every staged write committed together.
@@ -148,6 +150,14 @@ pub enum StoreError {
     /// have been applied.
     #[error("unavailable: {}", crate::error::chain(.0.as_ref()))]
     Unavailable(#[source] BoxError),
+    /// The store does not offer what was asked of it (transactions with business writes, say).
+    #[error("the {store} store does not support {capability}")]
+    Unsupported {
+        /// The store's [`kind`](Store::kind).
+        store: &'static str,
+        /// What it does not support.
+        capability: &'static str,
+    },
     /// Anything else (permissions, a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
@@ -172,7 +182,7 @@ impl StoreError {
                 }
             }
             StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
-            StoreError::Corrupt(_) | StoreError::Schema(_) => None,
+            StoreError::Corrupt(_) | StoreError::Schema(_) | StoreError::Unsupported { .. } => None,
         }
     }
 }
@@ -204,17 +214,17 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// request twice (a retry after a lost response) must recognise the second one (DynamoDB: the same
     /// `ClientRequestToken`, derived from the key, the token and the change).
     ///
-    /// The default says the store does not support transactions.
-    #[cfg(feature = "dynamodb")]
+    /// The default returns [`StoreError::Unsupported`]: a store without transactions.
     async fn transact_transition(
         &self,
         transition: &Transition<'_>,
-        writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let _ = (transition, writes);
-        Err(StoreError::Other(
-            format!("the {} store does not support `transact`", self.kind()).into(),
-        ))
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            capability: "transactions with business writes (`transact`, `compensate_with`)",
+        })
     }
 
     /// Claims the key together with the staged `writes`, atomically: the claim and every write land
@@ -228,17 +238,17 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// [`TransactOutcome::Rejected`] carries the record that blocked the claim;
     /// [`TransactOutcome::Canceled`] says which write failed.
     ///
-    /// The default says the store does not support transactions.
-    #[cfg(feature = "dynamodb")]
+    /// The default returns [`StoreError::Unsupported`]: a store without transactions.
     async fn claim_transaction(
         &self,
         request: &ClaimRequest<'_>,
-        writes: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let _ = (request, writes);
-        Err(StoreError::Other(
-            format!("the {} store does not support `claim_with`", self.kind()).into(),
-        ))
+        Err(StoreError::Unsupported {
+            store: self.kind(),
+            capability: "claims with business writes (`claim_with`)",
+        })
     }
 
     /// Reads the record with a strongly consistent read.
@@ -253,7 +263,4 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
 
     /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).
     fn kind(&self) -> &'static str;
-
-    /// The item as this store would hold it, to let callers downcast (`store.as_any().downcast_ref::<MemoryStore>()`).
-    fn as_any(&self) -> &dyn std::any::Any;
 }

@@ -170,7 +170,10 @@ async fn transient_cancellations_outlasting_the_lease_leave_the_key_pending_and_
 #[tokio::test]
 async fn transient_faults_at_completion_are_retried_on_the_memory_store() {
     let flaky = Arc::new(Flaky::default());
-    let h = Harness::over(flaky.clone(), RequestCounter::default(), |b| b);
+    let h = Harness {
+        memory: Some(flaky.inner.clone()),
+        ..Harness::over(flaky.clone(), RequestCounter::default(), |b| b)
+    };
     let shop = Arc::new(Shop::new(&h, 10).await);
     let runs = Arc::new(AtomicUsize::new(0));
 

@@ -2,12 +2,11 @@
 //! DynamoDB Local: transient cancellations and unavailability when the outcome is stored, and a key
 //! that keeps changing hands.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use aws_sdk_dynamodb::types::TransactWriteItem;
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition,
-    WriteOutcome,
+    WriteOutcome, Writes,
 };
 use idempotent_runtime::{CancellationReason, MemoryStore, Record, Status};
 
@@ -24,7 +23,7 @@ pub(crate) struct Script {
 
 #[derive(Debug, Default)]
 pub(crate) struct Flaky {
-    pub(crate) inner: MemoryStore,
+    pub(crate) inner: Arc<MemoryStore>,
     pub(crate) script: Mutex<Script>,
 }
 
@@ -91,7 +90,7 @@ impl Store for Flaky {
     async fn transact_transition(
         &self,
         transition: &Transition<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         if self.take(|s| &mut s.conflicts) {
             return Ok(TransactOutcome::Canceled(conflict()));
@@ -103,7 +102,7 @@ impl Store for Flaky {
     async fn claim_transaction(
         &self,
         request: &ClaimRequest<'_>,
-        writes: Vec<TransactWriteItem>,
+        writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         self.inner.claim_transaction(request, writes).await
     }
@@ -114,9 +113,5 @@ impl Store for Flaky {
 
     fn kind(&self) -> &'static str {
         "flaky memory"
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        &self.inner
     }
 }

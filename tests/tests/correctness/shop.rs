@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
-use idempotent_runtime::{DynamoDbStore, MemoryStore, Store};
+use idempotent_runtime::{DynamoDbStore, MemoryStore};
 use idempotent_tests::{Harness, unique_table};
 
 /// The business table and the store it lives in.
 pub(crate) struct Shop {
-    store: Arc<dyn Store>,
+    memory: Option<Arc<MemoryStore>>,
+    client: Option<Client>,
     table: String,
 }
 
@@ -24,7 +25,8 @@ impl Shop {
     pub(crate) async fn new(h: &Harness, available: u64) -> Self {
         let table = unique_table("inventory");
         let shop = Self {
-            store: h.store.clone(),
+            memory: h.memory.clone(),
+            client: h.dynamodb.as_ref().map(|store| store.client().clone()),
             table,
         };
         let mut item = key("sku-1");
@@ -54,16 +56,11 @@ impl Shop {
     }
 
     fn memory(&self) -> Option<&MemoryStore> {
-        self.store.as_any().downcast_ref::<MemoryStore>()
+        self.memory.as_deref()
     }
 
     fn client(&self) -> Client {
-        self.store
-            .as_any()
-            .downcast_ref::<DynamoDbStore>()
-            .expect("a memory or DynamoDB store")
-            .client()
-            .clone()
+        self.client.clone().expect("a memory or DynamoDB store")
     }
 
     /// The item `pk`, read consistently.
