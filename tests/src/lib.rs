@@ -360,3 +360,76 @@ impl AppError {
         }
     }
 }
+
+/// The library's error inside `result`.
+///
+/// # Panics
+/// When `result` is not an [`AppError::Idempotency`].
+pub fn idem_error<T: std::fmt::Debug>(result: Result<T, AppError>) -> idempotent_runtime::Error {
+    match result {
+        Err(AppError::Idempotency(e)) => e,
+        other => panic!("expected an idempotency error, got {other:?}"),
+    }
+}
+
+/// A body that can be held open: it counts its run, signals that it started, then waits for a permit;
+/// [`fail_next`](Gate::fail_next) makes the next run that is let through fail.
+#[derive(Debug)]
+pub struct Gate {
+    runs: std::sync::atomic::AtomicUsize,
+    started: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            runs: std::sync::atomic::AtomicUsize::new(0),
+            started: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+            fail: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl Gate {
+    /// How often the body ran.
+    #[must_use]
+    pub fn runs(&self) -> usize {
+        self.runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts a run, says it started and waits until released. Which run this is (1, 2, ...), or
+    /// [`AppError::Declined`] when [`fail_next`](Gate::fail_next) asked for a failure.
+    ///
+    /// # Errors
+    /// [`AppError::Declined`] when the run was asked to fail.
+    ///
+    /// # Panics
+    /// When the gate's semaphore is closed (never: nothing closes it).
+    pub async fn enter(&self) -> Result<usize, AppError> {
+        let run = self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        self.started.notify_one();
+        self.release.acquire().await.unwrap().forget();
+        if self.fail.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(AppError::Declined);
+        }
+        Ok(run)
+    }
+
+    /// Waits until a body has entered.
+    pub async fn started(&self) {
+        self.started.notified().await;
+    }
+
+    /// Lets one body through.
+    pub fn release(&self) {
+        self.release.add_permits(1);
+    }
+
+    /// Makes the next body let through return [`AppError::Declined`].
+    pub fn fail_next(&self) {
+        self.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}

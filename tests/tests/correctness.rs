@@ -21,53 +21,7 @@ mod skew;
 #[path = "correctness/tokens.rs"]
 mod tokens;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-pub(crate) use idempotent_tests::AppError;
-use tokio::sync::{Notify, Semaphore};
-
-/// A body that can be held open: it signals `started`, then waits for a permit.
-#[derive(Debug)]
-pub(crate) struct Gate {
-    /// How often the body ran.
-    pub(crate) runs: AtomicUsize,
-    started: Notify,
-    release: Semaphore,
-}
-
-impl Default for Gate {
-    fn default() -> Self {
-        Self {
-            runs: AtomicUsize::new(0),
-            started: Notify::new(),
-            release: Semaphore::new(0),
-        }
-    }
-}
-
-impl Gate {
-    /// How often the body ran.
-    pub(crate) fn runs(&self) -> usize {
-        self.runs.load(Ordering::SeqCst)
-    }
-
-    /// Counts a run, says it started and waits until released.
-    pub(crate) async fn enter(&self) {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        self.started.notify_one();
-        self.release.acquire().await.unwrap().forget();
-    }
-
-    /// Waits until a body has entered.
-    pub(crate) async fn started(&self) {
-        self.started.notified().await;
-    }
-
-    /// Lets one body through.
-    pub(crate) fn release(&self) {
-        self.release.add_permits(1);
-    }
-}
+pub(crate) use idempotent_tests::{AppError, Gate};
 
 /// `#[tokio::test]`s `memory` and `dynamodb` in a module named after `$test`, each calling
 /// `$test(Backend::..)`.

@@ -11,28 +11,7 @@ use idempotent_runtime::{
     DynamoDbStore, Error, Idempotency, ManualClock, MemoryStore, Status, Store, idempotent,
 };
 use idempotent_tests::proxy::{Fault, FaultProxy, Rule};
-use idempotent_tests::{RequestCounter, faulty_client, unique_table};
-
-#[derive(Debug)]
-enum AppError {
-    Body,
-    Idempotency(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idempotency(e)
-    }
-}
-
-impl std::fmt::Display for AppError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AppError::Body => f.write_str("the body failed"),
-            AppError::Idempotency(e) => write!(f, "{e}"),
-        }
-    }
-}
+use idempotent_tests::{AppError, RequestCounter, faulty_client, unique_table};
 
 /// Counts executions per key.
 #[derive(Debug, Default)]
@@ -54,7 +33,7 @@ impl Runs {
 async fn work(idem: &Idempotency, runs: &Runs, id: u64, fail: bool) -> Result<String, AppError> {
     runs.record(id);
     if fail {
-        return Err(AppError::Body);
+        return Err(AppError::Declined);
     }
     Ok(format!("result-{id}"))
 }
@@ -145,7 +124,7 @@ async fn a_failure_whose_response_was_lost_still_leaves_the_key_retryable() {
     let runs = Runs::default();
     assert!(matches!(
         work(&rig.idem, &runs, 3, true).await,
-        Err(AppError::Body)
+        Err(AppError::Declined)
     ));
     assert_eq!(rig.proxy.stats().operation("UpdateItem").dropped, 1);
     assert_eq!(rig.record(3).await.unwrap().status, Status::Failed);

@@ -7,53 +7,8 @@ use std::time::Duration;
 
 use idempotent_runtime::store::{Change, Transition, WriteOutcome};
 use idempotent_runtime::{Error, Idempotency, Status, idempotent};
-use idempotent_tests::{Backend, Harness};
+use idempotent_tests::{AppError, Backend, Gate, Harness, idem_error};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, Semaphore};
-
-#[derive(Debug)]
-enum AppError {
-    Body,
-    Idempotency(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idempotency(e)
-    }
-}
-
-fn idem_error<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
-    match result {
-        Err(AppError::Idempotency(e)) => e,
-        other => panic!("expected an idempotency error, got {other:?}"),
-    }
-}
-
-#[derive(Debug)]
-struct Gate {
-    runs: AtomicUsize,
-    started: Notify,
-    release: Semaphore,
-    fail: std::sync::atomic::AtomicBool,
-}
-
-impl Default for Gate {
-    fn default() -> Self {
-        Self {
-            runs: AtomicUsize::new(0),
-            started: Notify::new(),
-            release: Semaphore::new(0),
-            fail: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-}
-
-impl Gate {
-    fn runs(&self) -> usize {
-        self.runs.load(Ordering::SeqCst)
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Transfer {
@@ -78,20 +33,13 @@ async fn held(idem: &Idempotency, gate: &Gate, id: u32) -> Result<u32, AppError>
 }
 
 async fn held_body(gate: &Gate, id: u32) -> Result<u32, AppError> {
-    let run = u32::try_from(gate.runs.fetch_add(1, Ordering::SeqCst)).unwrap() + 1;
-    gate.started.notify_one();
-    gate.release.acquire().await.unwrap().forget();
-    if gate.fail.swap(false, Ordering::SeqCst) {
-        return Err(AppError::Body);
-    }
+    let run = u32::try_from(gate.enter().await?).unwrap();
     Ok(id * 100 + run)
 }
 
 #[idempotent(key = t.from, payload = t, store = idem, name = "resilience::transfer")]
 async fn transfer(idem: &Idempotency, gate: &Gate, t: &Transfer) -> Result<Transfer, AppError> {
-    gate.runs.fetch_add(1, Ordering::SeqCst);
-    gate.started.notify_one();
-    gate.release.acquire().await.unwrap().forget();
+    gate.enter().await?;
     Ok(t.clone())
 }
 
@@ -137,14 +85,14 @@ macro_rules! resilience {
                 let h = Harness::new($backend).await;
                 let gate = Arc::new(Gate::default());
                 let first = spawn_held(&h, &gate, 1);
-                gate.started.notified().await;
+                gate.started().await;
                 let waiter = tokio::spawn({
                     let (idem, gate) = (h.idem.clone(), gate.clone());
                     async move { held_waiting(&idem, &gate, 1).await }
                 });
                 tokio::time::sleep(Duration::from_millis(150)).await;
                 assert!(!waiter.is_finished(), "the duplicate must wait, not fail fast");
-                gate.release.add_permits(1);
+                gate.release();
                 assert_eq!(first.await.unwrap().unwrap(), 101);
                 assert_eq!(waiter.await.unwrap().unwrap(), 101, "the waiter gets the stored result");
                 assert_eq!(gate.runs(), 1);
@@ -155,12 +103,12 @@ macro_rules! resilience {
                 let h = Harness::new($backend).await;
                 let gate = Arc::new(Gate::default());
                 let first = spawn_held(&h, &gate, 2);
-                gate.started.notified().await;
+                gate.started().await;
                 let started = std::time::Instant::now();
                 let err = idem_error(held_short_wait(&h.idem, &gate, 2).await);
                 assert!(matches!(err, Error::InProgress { .. }), "{err:?}");
                 assert!(started.elapsed() >= Duration::from_millis(300), "it waited the whole 300 ms");
-                gate.release.add_permits(1);
+                gate.release();
                 first.await.unwrap().unwrap();
                 assert_eq!(gate.runs(), 1);
             }
@@ -169,16 +117,17 @@ macro_rules! resilience {
             async fn a_waiting_duplicate_claims_the_key_when_the_first_call_fails() {
                 let h = Harness::new($backend).await;
                 let gate = Arc::new(Gate::default());
-                gate.fail.store(true, Ordering::SeqCst);
+                gate.fail_next();
                 let first = spawn_held(&h, &gate, 3);
-                gate.started.notified().await;
+                gate.started().await;
                 let waiter = tokio::spawn({
                     let (idem, gate) = (h.idem.clone(), gate.clone());
                     async move { held_waiting(&idem, &gate, 3).await }
                 });
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                gate.release.add_permits(2);
-                assert!(matches!(first.await.unwrap(), Err(AppError::Body)));
+                gate.release();
+                gate.release();
+                assert!(matches!(first.await.unwrap(), Err(AppError::Declined)));
                 assert_eq!(waiter.await.unwrap().unwrap(), 302, "the waiter ran the body itself");
                 assert_eq!(gate.runs(), 2);
                 let record = h.record("resilience::held", &3).await.unwrap();
@@ -195,12 +144,12 @@ macro_rules! resilience {
                     let (idem, gate, t) = (h.idem.clone(), gate.clone(), original.clone());
                     async move { transfer(&idem, &gate, &t).await }
                 });
-                gate.started.notified().await;
+                gate.started().await;
                 let pending = h.record("resilience::transfer", "acct-1").await.unwrap();
                 let err = idem_error(transfer(&h.idem, &gate, &tampered).await);
                 assert!(matches!(&err, Error::PayloadMismatch { namespace } if namespace == "resilience::transfer"), "{err:?}");
                 assert_eq!(h.record("resilience::transfer", "acct-1").await.unwrap(), pending, "untouched");
-                gate.release.add_permits(1);
+                gate.release();
                 assert_eq!(first.await.unwrap().unwrap(), original);
                 let completed = h.record("resilience::transfer", "acct-1").await.unwrap();
                 assert_eq!(completed.status, Status::Completed);
@@ -217,7 +166,7 @@ macro_rules! resilience {
                 let h = Harness::new($backend).await;
                 let gate = Arc::new(Gate::default());
                 let crashed = spawn_held(&h, &gate, 4);
-                gate.started.notified().await;
+                gate.started().await;
                 crashed.abort();
                 assert!(crashed.await.unwrap_err().is_cancelled());
                 let record = h.record("resilience::held", &4).await.unwrap();
@@ -227,7 +176,7 @@ macro_rules! resilience {
                 assert!(matches!(idem_error(held(&h.idem, &gate, 4).await), Error::InProgress { .. }));
                 // ... after it (and the 1 s clock-skew margin), the next call takes over and runs the body.
                 h.clock.advance(Duration::from_secs(3));
-                gate.release.add_permits(1);
+                gate.release();
                 assert_eq!(held(&h.idem, &gate, 4).await.unwrap(), 402);
                 let after = h.record("resilience::held", &4).await.unwrap();
                 assert_eq!((after.status, after.attempt), (Status::Completed, 2));

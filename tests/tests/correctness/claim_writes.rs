@@ -73,7 +73,7 @@ async fn a_takeover_does_not_reserve_again(backend: Backend) {
                 .lease(Duration::from_secs(10))
                 .claim_with([shop.take(3)])
                 .run(|| async {
-                    gate.enter().await;
+                    gate.enter().await?;
                     Ok::<_, AppError>(3)
                 })
                 .await

@@ -6,15 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use idempotent_runtime::{Error, Idempotency, MissingKey, Status, derive_key, idempotent};
-use idempotent_tests::{Backend, Harness};
+use idempotent_tests::{Backend, Harness, idem_error};
 use serde_json::{Value, json};
 
 use super::AppError;
 use crate::on_both_stores;
-
-fn idem_error<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
-    result.unwrap_err().idempotency()
-}
 
 /// The caller's own data, so that a response handed to the wrong caller shows.
 fn receipt(runs: &AtomicUsize, caller: &str) -> String {

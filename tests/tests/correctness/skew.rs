@@ -17,7 +17,7 @@ async fn call(idem: &Idempotency, gate: &Gate) -> Result<u64, AppError> {
     idem.operation(NAMESPACE, "order-1")
         .lease(Duration::from_secs(2))
         .run(|| async {
-            gate.enter().await;
+            gate.enter().await?;
             Ok::<_, AppError>(1)
         })
         .await

@@ -25,7 +25,7 @@ async fn a_waiting_claim_with_writes_claims_after_the_holder_fails(backend: Back
         async move {
             idem.operation(NAMESPACE, "order-1")
                 .run(|| async {
-                    gate.enter().await;
+                    gate.enter().await?;
                     Err::<u64, _>(AppError::Declined)
                 })
                 .await
@@ -80,7 +80,7 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
         async move {
             idem.operation(NAMESPACE, "order-2")
                 .run(|| async {
-                    gate.enter().await;
+                    gate.enter().await?;
                     Err::<u64, _>(AppError::Declined)
                 })
                 .await
