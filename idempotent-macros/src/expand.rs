@@ -226,7 +226,12 @@ impl Emit<'_> {
             let #tx = #call_site::transaction();
             #at_output::execute_transact::<#output, _, _> #arguments .await
         };
-        quote_spanned!(tx.span()=> #guard::transact! {{ #staged }})
+        // Called by a local name: the note rustc adds under the error of a `macro_rules!` macro names it as
+        // it was called, and the runtime's path would show its hidden module.
+        quote_spanned! {tx.span()=> {
+            use #guard::transact as __idempotent_transact;
+            __idempotent_transact! {{ #staged }}
+        }}
     }
 
     /// The closure that turns the body's error into the text stored on a FAILED record: its `Display`
