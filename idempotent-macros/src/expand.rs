@@ -62,10 +62,10 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     }
 }
 
-/// The function as written, followed by `error`: used when the attribute is wrong, so that callers still
-/// type-check against the signature. Parameters that only the attribute would have used are not reported
-/// as unused while it is being fixed.
-pub(crate) fn original(item: &ItemFn, error: &syn::Error) -> TokenStream {
+/// The item as written, followed by `error`: what the attribute expands to when it is wrong, so that the
+/// user sees its errors and no others. Callers still type-check against the signature and IDEs keep
+/// working; parameters that only the attribute would have used are not reported as unused meanwhile.
+pub(crate) fn original(item: impl ToTokens, error: &syn::Error) -> TokenStream {
     let error = error.to_compile_error();
     quote! {
         #[allow(unused_variables)]

@@ -385,13 +385,13 @@ fn entry(
                 "#[idempotent] goes on an `async fn` with a body",
             ));
             let error = diag.finish().expect_err("an error was just recorded");
-            return diag::with_original(item, &error);
+            return expand::original(item, &error);
         }
     };
     item::check(&function, &mut diag);
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),
-        (Err(error), _) => expand::original(&function, &error),
+        (Err(error), _) => expand::original(function, &error),
         (Ok(()), None) => unreachable!("a failed parse is recorded in `diag`"),
     }
 }
