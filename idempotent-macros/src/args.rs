@@ -1,5 +1,6 @@
 //! Parses the attribute's arguments into [`Args`]. No code is emitted here.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
@@ -8,12 +9,87 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path};
 
 use crate::diag::Diagnostics;
 
-/// Every argument, in the order the documentation lists them.
-const ARGUMENTS: &str =
-    "`key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`";
+/// One of the attribute's arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Argument {
+    Key,
+    Ttl,
+    Lease,
+    Payload,
+    Wait,
+    Name,
+    Store,
+    Transact,
+    MissingKey,
+    Crate,
+}
 
-/// The accepted values of `missing_key`, as the diagnostics list them.
-const MISSING_KEY_VALUES: &str = r#""reject", "allow" or "skip""#;
+impl Argument {
+    /// Every argument, in the order the documentation lists them.
+    const ALL: [Self; 10] = [
+        Self::Key,
+        Self::Ttl,
+        Self::Lease,
+        Self::Payload,
+        Self::Wait,
+        Self::Name,
+        Self::Store,
+        Self::Transact,
+        Self::MissingKey,
+        Self::Crate,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Key => "key",
+            Self::Ttl => "ttl",
+            Self::Lease => "lease",
+            Self::Payload => "payload",
+            Self::Wait => "wait",
+            Self::Name => "name",
+            Self::Store => "store",
+            Self::Transact => "transact",
+            Self::MissingKey => "missing_key",
+            Self::Crate => "crate",
+        }
+    }
+
+    /// The argument spelled exactly `name`.
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|argument| argument.name() == name)
+    }
+
+    /// A value to show in messages.
+    fn example(self) -> &'static str {
+        match self {
+            Self::Key => "<expr>",
+            Self::Ttl => "\"24h\"",
+            Self::Lease => "\"60s\"",
+            Self::Payload => "&request",
+            Self::Wait => "\"5s\"",
+            Self::Name => "\"charge-v1\"",
+            Self::Store => "self.idempotency",
+            Self::Transact => "tx",
+            Self::MissingKey => "\"allow\"",
+            Self::Crate => "\"idempotent_runtime\"",
+        }
+    }
+
+    /// "`key`, `ttl`, ..., `crate`".
+    fn list() -> String {
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .map(|argument| format!("`{}`", argument.name()))
+            .collect();
+        names.join(", ")
+    }
+}
+
+/// The accepted values of `missing_key`, with the runtime's variant for each.
+const MISSING_KEY_VALUES: [(&str, &str); 3] =
+    [("reject", "Reject"), ("allow", "Allow"), ("skip", "Skip")];
 
 /// A duration given as a string literal, checked.
 pub(crate) struct DurationArg {
@@ -46,56 +122,66 @@ impl Args {
     /// Parses `args`; syntax errors stop at once, semantic ones are all collected into `diag`.
     pub(crate) fn parse(args: TokenStream, diag: &mut Diagnostics) -> syn::Result<Self> {
         let mut out = Args::default();
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: Vec<Argument> = Vec::new();
+        // What misspelled arguments were taken for: `kye = id` is one mistake, not also a missing `key`.
+        let mut suggested: Vec<Argument> = Vec::new();
         let parser = syn::meta::parser(|meta| {
             let ident = meta.path.get_ident().cloned().ok_or_else(|| {
                 meta.error(format!(
-                    "expected an argument name; expected one of {ARGUMENTS}"
+                    "expected an argument name; expected one of {}",
+                    Argument::list()
                 ))
             })?;
-            let name = ident.to_string();
-            let has_value = meta.input.peek(syn::Token![=]);
-            let value: Option<Expr> = if has_value {
+            let value: Option<Expr> = if meta.input.peek(syn::Token![=]) {
                 Some(meta.value()?.parse()?)
             } else {
                 None
             };
-            if !ARGUMENTS.contains(&format!("`{name}`")) {
-                diag.error(
-                    &ident,
-                    format!("unknown argument `{name}`; expected one of {ARGUMENTS}"),
-                );
+            let name = ident.to_string();
+            let Some(argument) = Argument::named(&name) else {
+                let expected = format!("expected one of {}", Argument::list());
+                let guess = closest(&name, Argument::ALL.map(Argument::name));
+                let message = match guess.and_then(Argument::named) {
+                    Some(guess) => {
+                        suggested.push(guess);
+                        format!(
+                            "unknown argument `{name}`; did you mean `{}`? {expected}",
+                            guess.name()
+                        )
+                    }
+                    None => format!("unknown argument `{name}`; {expected}"),
+                };
+                diag.error(&ident, message);
                 return Ok(());
-            }
-            if seen.contains(&name) {
+            };
+            if seen.contains(&argument) {
                 diag.error(&ident, format!("duplicate `{name}` argument"));
                 return Ok(());
             }
-            seen.push(name.clone());
+            seen.push(argument);
             let Some(value) = value else {
                 diag.error(
                     &ident,
-                    format!("`{name}` needs a value: `{name} = {}`", example(&name)),
+                    format!("`{name}` needs a value: `{name} = {}`", argument.example()),
                 );
                 return Ok(());
             };
-            match name.as_str() {
-                "key" => out.key = Some(value),
-                "payload" => out.payload = Some(value),
-                "store" => out.store = Some(value),
-                "ttl" => out.ttl = duration(&name, &value, false, diag),
-                "lease" => out.lease = duration(&name, &value, false, diag),
-                "wait" => out.wait = duration(&name, &value, true, diag),
-                "name" => out.name = name_literal(&value, diag),
-                "transact" => out.transact = transact_ident(&value, diag),
-                "missing_key" => out.missing_key = missing_key(&value, diag),
-                "crate" => out.krate = crate_path(&value, diag),
-                _ => unreachable!("listed in ARGUMENTS"),
+            match argument {
+                Argument::Key => out.key = Some(value),
+                Argument::Payload => out.payload = Some(value),
+                Argument::Store => out.store = Some(value),
+                Argument::Ttl => out.ttl = duration(argument, &value, diag),
+                Argument::Lease => out.lease = duration(argument, &value, diag),
+                Argument::Wait => out.wait = duration(argument, &value, diag),
+                Argument::Name => out.name = name_literal(&value, diag),
+                Argument::Transact => out.transact = transact_ident(&value, diag),
+                Argument::MissingKey => out.missing_key = missing_key(&value, diag),
+                Argument::Crate => out.krate = crate_path(&value, diag),
             }
             Ok(())
         });
         parser.parse2(args)?;
-        if out.key.is_none() && !seen.iter().any(|s| s == "key") {
+        if !seen.contains(&Argument::Key) && !suggested.contains(&Argument::Key) {
             diag.push(syn::Error::new(
                 Span::call_site(),
                 "missing `key` argument; expected `#[idempotent(key = <expr>, ttl = \"<duration>\")]`",
@@ -115,19 +201,38 @@ impl Args {
     }
 }
 
-fn example(name: &str) -> &'static str {
-    match name {
-        "key" => "<expr>",
-        "payload" => "&request",
-        "store" => "self.idempotency",
-        "ttl" => "\"24h\"",
-        "lease" => "\"60s\"",
-        "wait" => "\"5s\"",
-        "name" => "\"charge-v1\"",
-        "transact" => "tx",
-        "missing_key" => "\"allow\"",
-        _ => "\"idempotent_runtime\"",
+/// The candidate `name` is most likely a typo of: at most one edit per three letters, as rustc suggests
+/// names, ignoring case; the first of the closest.
+fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let name = name.to_lowercase();
+    let limit = name.chars().count().max(3) / 3;
+    candidates
+        .into_iter()
+        .map(|candidate| (edit_distance(&name, candidate), candidate))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// The optimal string alignment distance: inserting, removing or replacing a character, or swapping two
+/// neighbours, is one edit each.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // `rows[i][j]`: the distance between the first `i` characters of `a` and the first `j` of `b`.
+    let mut rows: Vec<Vec<usize>> = (0..=a.len())
+        .map(|i| (0..=b.len()).map(|j| if i == 0 { j } else { i }).collect())
+        .collect();
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let replace = rows[i - 1][j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut distance = replace.min(rows[i - 1][j] + 1).min(rows[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                distance = distance.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = distance;
+        }
     }
+    rows[a.len()][b.len()]
 }
 
 fn string_literal(value: &Expr) -> Option<&LitStr> {
@@ -139,75 +244,101 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
     }
 }
 
-/// Accepts one or more `<number><unit>` groups (`ms`, `s`, `m`, `h`, `d`), like `"24h"` or `"1h30m"`.
-fn parse_duration(text: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return None;
+/// Parses a duration with `humantime`, held to the documented grammar: one or more groups of digits
+/// and a unit among `ms`, `s`, `m`, `h` and `d`, like "24h" or "1h30m".
+///
+/// humantime alone also takes spaces, fractions, long unit names, and units from nanoseconds to weeks,
+/// months and years, the month being `M` beside `m` for minutes. Those are refused, with the same duration
+/// in the grammar as the suggestion (`Err(Some("24h"))` for "24hours", "1d" for "1 day"): one spelling
+/// for each duration, whole milliseconds as the runtime keeps them, and no month taken for a minute. A
+/// number without a unit gets seconds as the suggestion.
+fn parse_duration(text: &str) -> Result<Duration, Option<String>> {
+    // humantime reads the units; this keeps out what it reads beyond the grammar, and a bare "0".
+    let in_grammar = text
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b"dhms".contains(&b))
+        && text.ends_with(|c: char| c.is_ascii_alphabetic());
+    match humantime::parse_duration(text) {
+        Ok(duration) if in_grammar => Ok(duration),
+        Ok(duration) => Err(spelled(text, duration)),
+        Err(_) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+            Err(Some(format!("{text}s")))
         }
-        let number: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let seconds_per_unit = match &rest[..unit_len] {
-            "ms" => None,
-            "s" => Some(1),
-            "m" => Some(60),
-            "h" => Some(3600),
-            "d" => Some(86_400),
-            _ => return None,
-        };
-        let part = match seconds_per_unit {
-            None => Duration::from_millis(number),
-            Some(factor) => Duration::from_secs(number.checked_mul(factor)?),
-        };
-        total = total.checked_add(part)?;
-        rest = &rest[unit_len..];
+        Err(_) => Err(None),
     }
-    // humantime agrees on every string accepted here; keep it as the reference for the arithmetic.
-    humantime::parse_duration(text).ok().filter(|d| *d == total)
 }
 
-fn duration(
-    name: &str,
-    value: &Expr,
-    zero_ok: bool,
-    diag: &mut Diagnostics,
-) -> Option<DurationArg> {
+/// `duration`, read from `text`, in the grammar [`parse_duration`] accepts: the number `text` starts with
+/// and the unit that keeps the duration ("24hours" → "24h"), or else largest units first ("1.5h" →
+/// "1h30m", "2w" → "14d"); `None` below a millisecond.
+fn spelled(text: &str, duration: Duration) -> Option<String> {
+    const UNITS: [(&str, u128); 5] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+        ("ms", 1),
+    ];
+    if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+        return None;
+    }
+    let mut millis = duration.as_millis();
+    if millis == 0 {
+        return Some("0s".to_owned());
+    }
+    let text = text.trim_start();
+    let digits = &text[..text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len())];
+    if let Ok(number) = digits.parse::<u128>()
+        && let Some((unit, _)) = UNITS.iter().find(|(_, size)| number * size == millis)
+    {
+        return Some(format!("{number}{unit}"));
+    }
+    let mut out = String::new();
+    for (unit, size) in UNITS {
+        if millis >= size {
+            write!(out, "{}{unit}", millis / size).expect("writing to a String");
+            millis %= size;
+        }
+    }
+    Some(out)
+}
+
+/// `ttl`, `lease` or `wait`: a string literal in the grammar of [`parse_duration`], longer than zero
+/// except for `wait`.
+fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<DurationArg> {
+    let (name, example) = (argument.name(), argument.example());
     let Some(literal) = string_literal(value) else {
         diag.error(
             value,
             format!(
-                "`{name}` must be a string literal like {}, checked at compile time; variables and constants are not accepted",
-                example(name)
+                "`{name}` must be a string literal like {example}, checked at compile time; variables and constants are not accepted"
             ),
         );
         return None;
     };
     let text = literal.value();
-    let Some(parsed) = parse_duration(&text) else {
-        diag.error(
-            literal,
-            format!(
-                "invalid `{name}` {text:?}: expected a number followed by `ms`, `s`, `m`, `h` or `d` (or several, like \"1h30m\"), like {}",
-                example(name)
-            ),
-        );
-        return None;
+    let parsed = match parse_duration(&text) {
+        Ok(parsed) => parsed,
+        Err(suggestion) => {
+            let hint = suggestion.map_or_else(
+                || format!(", like {example}"),
+                |suggestion| format!("; did you mean {suggestion:?}?"),
+            );
+            diag.error(
+                literal,
+                format!(
+                    "invalid `{name}` {text:?}: expected a number followed by `ms`, `s`, `m`, `h` or `d` (or several, like \"1h30m\"){hint}"
+                ),
+            );
+            return None;
+        }
     };
-    if parsed.is_zero() && !zero_ok {
+    if parsed.is_zero() && argument != Argument::Wait {
         diag.error(
             literal,
-            format!("`{name}` must be longer than zero, like {}", example(name)),
+            format!("`{name}` must be longer than zero, like {example}"),
         );
         return None;
     }
@@ -235,24 +366,23 @@ fn name_literal(value: &Expr, diag: &mut Diagnostics) -> Option<LitStr> {
 }
 
 fn missing_key(value: &Expr, diag: &mut Diagnostics) -> Option<MissingKeyArg> {
+    let expected = r#"expected "reject", "allow" or "skip""#;
     let Some(literal) = string_literal(value) else {
         diag.error(
             value,
-            format!("`missing_key` must be a string literal: {MISSING_KEY_VALUES}"),
+            format!("`missing_key` must be a string literal; {expected}"),
         );
         return None;
     };
-    let variant = match literal.value().as_str() {
-        "reject" => "Reject",
-        "allow" => "Allow",
-        "skip" => "Skip",
-        text => {
-            diag.error(
-                literal,
-                format!("invalid `missing_key` {text:?}: expected {MISSING_KEY_VALUES}"),
-            );
-            return None;
-        }
+    let text = literal.value();
+    let Some((_, variant)) = MISSING_KEY_VALUES.iter().find(|(value, _)| *value == text) else {
+        let did_you_mean = closest(&text, MISSING_KEY_VALUES.map(|(value, _)| value))
+            .map_or_else(String::new, |guess| format!(" did you mean {guess:?}?"));
+        diag.error(
+            literal,
+            format!("invalid `missing_key` {text:?}:{did_you_mean} {expected}"),
+        );
+        return None;
     };
     Some(MissingKeyArg {
         variant: Ident::new(variant, literal.span()),
@@ -311,18 +441,183 @@ fn crate_path(value: &Expr, diag: &mut Diagnostics) -> Option<Path> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
     use std::time::Duration;
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("24h"), Some(Duration::from_hours(24)));
-        assert_eq!(parse_duration("7d"), Some(Duration::from_hours(7 * 24)));
-        assert_eq!(parse_duration("1h30m"), Some(Duration::from_mins(90)));
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
-        for bad in ["", "1 day", "h", "10", "5x", "-5s", "1.5h", "24 h"] {
-            assert_eq!(parse_duration(bad), None, "{bad}");
+    use quote::quote;
+
+    use super::{Args, closest, edit_distance, parse_duration};
+    use crate::diag::Diagnostics;
+
+    /// The messages `args` gets.
+    fn errors(args: proc_macro2::TokenStream) -> Vec<String> {
+        let mut diag = Diagnostics::default();
+        if let Err(e) = Args::parse(args, &mut diag) {
+            diag.push(e);
         }
+        diag.finish()
+            .err()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn durations_in_the_grammar() {
+        for (text, expected) in [
+            ("24h", Duration::from_hours(24)),
+            ("7d", Duration::from_hours(7 * 24)),
+            ("1h30m", Duration::from_mins(90)),
+            ("90m", Duration::from_mins(90)),
+            ("250ms", Duration::from_millis(250)),
+            ("1m1s1ms", Duration::from_millis(61_001)),
+            ("0s", Duration::ZERO),
+        ] {
+            assert_eq!(parse_duration(text), Ok(expected), "{text}");
+        }
+    }
+
+    /// What humantime understands outside the grammar is refused with the same duration inside it.
+    #[test]
+    fn durations_outside_the_grammar_get_their_spelling_in_it() {
+        for (text, suggestion) in [
+            ("90", "90s"),
+            ("0", "0s"),
+            ("1 day", "1d"),
+            ("24hours", "24h"),
+            ("5 sec", "5s"),
+            ("90 s", "90s"),
+            ("1.5h", "1h30m"),
+            ("2w", "14d"),
+            ("24 h", "24h"),
+            ("1h 30m", "1h30m"),
+            ("1500 msec", "1500ms"),
+            ("1.5s", "1s500ms"),
+            ("1M", "30d10h33m36s"),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Err(Some(suggestion.to_owned())),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_without_a_suggestion() {
+        for text in [
+            "", "h", "5x", "-5s", "1H", "soon", "1h30", "500us", "1s 1ns",
+        ] {
+            assert_eq!(parse_duration(text), Err(None), "{text}");
+        }
+    }
+
+    #[test]
+    fn zero_is_a_wait_but_no_ttl_or_lease() {
+        assert_eq!(errors(quote!(key = id, wait = "0s")), Vec::<String>::new());
+        for argument in [quote!(ttl), quote!(lease)] {
+            let errors = errors(quote!(key = id, #argument = "0s"));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].contains("must be longer than zero"), "{errors:?}");
+        }
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("ttl", "ttl"), 0);
+        assert_eq!(edit_distance("tll", "ttl"), 1);
+        assert_eq!(edit_distance("wiat", "wait"), 1);
+        assert_eq!(edit_distance("kye", "key"), 1);
+        assert_eq!(edit_distance("", "key"), 3);
+        assert_eq!(edit_distance("namespace", "name"), 5);
+    }
+
+    #[test]
+    fn suggestions_are_close_or_none() {
+        let names = ["key", "ttl", "lease", "payload", "wait", "name", "store"];
+        assert_eq!(closest("tll", names), Some("ttl"));
+        assert_eq!(closest("TTL", names), Some("ttl"));
+        assert_eq!(closest("leese", names), Some("lease"));
+        assert_eq!(closest("timeout", names), None);
+        assert_eq!(closest("namespace", names), None);
+    }
+
+    #[test]
+    fn every_argument_is_known_by_its_exact_name() {
+        let all = quote! {
+            key = id, ttl = "1h", lease = "1m", payload = id, wait = "1s", name = "n",
+            store = idem, transact = tx, missing_key = "allow", crate = "idem"
+        };
+        assert_eq!(errors(all), Vec::<String>::new());
+        for unknown in [quote!(ke), quote!(keys), quote!(Key), quote!(ttl_)] {
+            let errors = errors(quote!(key = id, #unknown = 1));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].starts_with("unknown argument"), "{errors:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_argument_names_the_closest() {
+        assert_eq!(
+            errors(quote!(key = id, tll = "1h")),
+            [
+                "unknown argument `tll`; did you mean `ttl`? expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`"
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = id, timeout = "1h")),
+            [
+                "unknown argument `timeout`; expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`"
+            ]
+        );
+    }
+
+    /// `kye = id` is one mistake: the suggestion says it, and `key` is not also reported missing.
+    #[test]
+    fn misspelled_key_is_not_also_missing() {
+        let errors = errors(quote!(kye = id));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("did you mean `key`?"), "{errors:?}");
+        let errors = super::tests::errors(quote!(ttl = "1h"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("missing `key` argument"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn every_duplicate_is_reported() {
+        for argument in [
+            quote!(ttl = "1h"),
+            quote!(lease = "1m"),
+            quote!(payload = id),
+            quote!(wait = "1s"),
+            quote!(name = "n"),
+            quote!(store = idem),
+            quote!(transact = tx),
+            quote!(missing_key = "allow"),
+            quote!(crate = "idem"),
+        ] {
+            let errors = errors(quote!(key = id, #argument, #argument));
+            assert_eq!(errors.len(), 1, "{argument}: {errors:?}");
+            assert!(errors[0].starts_with("duplicate `"), "{errors:?}");
+        }
+        assert_eq!(
+            errors(quote!(key = a, key = b)),
+            ["duplicate `key` argument"]
+        );
+    }
+
+    #[test]
+    fn missing_key_values() {
+        assert_eq!(
+            errors(quote!(key = id, missing_key = "alow")),
+            [
+                r#"invalid `missing_key` "alow": did you mean "allow"? expected "reject", "allow" or "skip""#
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = id, missing_key = "ignore")),
+            [r#"invalid `missing_key` "ignore": expected "reject", "allow" or "skip""#]
+        );
     }
 }

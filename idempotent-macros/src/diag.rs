@@ -1,7 +1,5 @@
 //! Collects every semantic error so the user sees them all at once (as serde's `Ctxt` does).
 
-use proc_macro2::TokenStream;
-
 /// Errors found so far.
 #[derive(Default)]
 pub(crate) struct Diagnostics {
@@ -26,12 +24,4 @@ impl Diagnostics {
     pub(crate) fn finish(self) -> Result<(), syn::Error> {
         self.errors.map_or(Ok(()), Err)
     }
-}
-
-/// The original item followed by the errors: callers keep type-checking against the signature and IDEs
-/// keep working while the attribute is wrong.
-pub(crate) fn with_original(item: TokenStream, error: &syn::Error) -> TokenStream {
-    let mut tokens = item;
-    tokens.extend(error.to_compile_error());
-    tokens
 }

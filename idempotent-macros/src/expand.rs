@@ -1,9 +1,9 @@
 //! The only place that emits code.
 
-use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, Ident, ItemFn, ReturnType, Stmt, Type};
+use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Stmt, Type};
 
 use crate::args::{Args, DurationArg, MissingKeyArg};
 
@@ -25,14 +25,18 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let ReturnType::Type(_, output) = &sig.output else {
         unreachable!("checked in item::check")
     };
-    let emit = Emit { args, output };
+    let emit = Emit {
+        args,
+        output,
+        generic: has_type_parameters(&sig),
+    };
     let private = emit.private(Span::call_site());
     let namespace = emit.namespace(&sig.ident);
     let ttl = optional_duration(args.ttl.as_ref());
     let lease = optional_duration(args.lease.as_ref());
     let wait = optional_duration(args.wait.as_ref());
     let missing_key = emit.missing_key();
-    let assert_output = emit.assert_output();
+    let check_output = emit.check_output();
     let handle = emit.handle();
     let key = emit.key();
     let fingerprint = emit.fingerprint();
@@ -49,7 +53,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
                 wait: #wait,
                 missing_key: #missing_key,
             };
-            #assert_output
+            #check_output
             let __idempotent_handle = #handle;
             let __idempotent_key = #key;
             let __idempotent_fingerprint = #fingerprint;
@@ -58,10 +62,10 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     }
 }
 
-/// The function as written, followed by `error`: used when the attribute is wrong, so that callers still
-/// type-check against the signature. Parameters that only the attribute would have used are not reported
-/// as unused while it is being fixed.
-pub(crate) fn original(item: &ItemFn, error: &syn::Error) -> TokenStream {
+/// The item as written, followed by `error`: what the attribute expands to when it is wrong, so that the
+/// user sees its errors and no others. Callers still type-check against the signature and IDEs keep
+/// working; parameters that only the attribute would have used are not reported as unused meanwhile.
+pub(crate) fn original(item: impl ToTokens, error: &syn::Error) -> TokenStream {
     let error = error.to_compile_error();
     quote! {
         #[allow(unused_variables)]
@@ -75,6 +79,8 @@ struct Emit<'a> {
     args: &'a Args,
     /// The function's return type.
     output: &'a Type,
+    /// Whether the function has type parameters, written or `impl Trait`.
+    generic: bool,
 }
 
 impl Emit<'_> {
@@ -100,11 +106,37 @@ impl Emit<'_> {
         )
     }
 
-    /// Checks the return type where it is written, so that the error lands on `-> ...`.
-    fn assert_output(&self) -> TokenStream {
+    /// Checks the return type where it is written, so that each error lands on `-> ...`: first that it is
+    /// a `Result`, then its `Ok` type and its error type, each with its own message. The runtime's traits
+    /// say why; `execute` needs the same bounds on the same span, so rustc reports each only once.
+    fn check_output(&self) -> TokenStream {
         let output = self.output;
-        let private = self.private(output.span());
-        quote_spanned!(output.span()=> #private::assert_output::<#output>();)
+        let (first, last) = (output.span(), last_span(output).unwrap_or(output.span()));
+        let private = self.private(first);
+        let mode = self.mode(first);
+        // `<Ret as IdempotentOutput>::Ok`, from the first token of `Ret` to its last: the span rustc gives
+        // `Ret` itself, so that an `Ok` type that fails is reported there, as one error with `execute`'s.
+        let part = |name: &str| {
+            let name = Ident::new(name, last);
+            quote_spanned!(first=> <#output as #private::IdempotentOutput>::#name)
+        };
+        let (ok, err) = (part("Ok"), part("Err"));
+        quote_spanned! {first=>
+            <#output as #private::IdempotentOutput>::check();
+            <#ok as #private::IdempotentValue<#mode>>::check();
+            <#err as #private::IdempotentError<#mode>>::check();
+        }
+    }
+
+    /// How the checks report an unmet bound (see the runtime's `Concrete`): as the bound itself when the
+    /// function has type parameters, so that rustc suggests adding that bound and not the check.
+    fn mode(&self, span: Span) -> TokenStream {
+        let private = self.private(span);
+        if self.generic {
+            quote_spanned!(span=> #private::Generic)
+        } else {
+            quote_spanned!(span=> #private::Concrete)
+        }
     }
 
     /// The `MissingKey` variant; a given one is spanned on its literal.
@@ -123,14 +155,18 @@ impl Emit<'_> {
             return quote!(#private::installed(&__IDEMPOTENT_CALL));
         };
         let private = self.private(store.span());
-        quote_spanned!(store.span()=> #private::handle(&(#store)))
+        let check = quote_spanned!(store.span()=> #private::IdempotencyHandle);
+        let checked = checked(store, &check, store.to_token_stream());
+        quote_spanned!(store.span()=> #private::handle(#checked))
     }
 
     fn key(&self) -> TokenStream {
         let key = self.args.key.as_ref().expect("checked in args::parse");
         let private = self.private(key.span());
-        let borrowed = by_reference(key);
-        quote_spanned!(key.span()=> #private::key(&__IDEMPOTENT_CALL, &(#borrowed)))
+        let mode = self.mode(key.span());
+        let check = quote_spanned!(key.span()=> #private::IdempotencyKey::<#mode>);
+        let checked = checked(key, &check, by_reference(key));
+        quote_spanned!(key.span()=> #private::key(&__IDEMPOTENT_CALL, #checked))
     }
 
     fn fingerprint(&self) -> TokenStream {
@@ -138,19 +174,22 @@ impl Emit<'_> {
             return quote!(::core::option::Option::None);
         };
         let private = self.private(payload.span());
-        let borrowed = by_reference(payload);
+        let mode = self.mode(payload.span());
+        let check = quote_spanned!(payload.span()=> #private::IdempotencyPayload::<#mode>);
+        let checked = checked(payload, &check, by_reference(payload));
         let fingerprint = quote_spanned!(payload.span()=>
-            #private::fingerprint(&__IDEMPOTENT_CALL, &(#borrowed))
+            #private::fingerprint(&__IDEMPOTENT_CALL, #checked)
         );
         quote!(::core::option::Option::Some(#fingerprint))
     }
 
     /// The call into the runtime, awaited, with the body as `async move { .. }`.
     ///
-    /// rustc reports a wrong return type once per span. `assert_output::<Ret>()` reports it on the whole
-    /// return type; this call requires `Ret: Output` again and is reported on the call expression, which
-    /// runs from the path to the closing parenthesis. Spanning the path on the return type's first token
-    /// and the parentheses on its last makes that the same span, and the second report disappears.
+    /// rustc reports an unmet bound once per span. The checks of [`Self::check_output`] report a wrong
+    /// return type on the whole return type; this call requires `Ret: Output` again and is reported on the
+    /// call expression, which runs from the path to the closing parenthesis. Spanning the path on the
+    /// return type's first token and the parentheses on its last makes that the same span, and the second
+    /// report disappears.
     fn execute(&self, stmts: &[Stmt]) -> TokenStream {
         let output = self.output;
         let output_span = output.span();
@@ -187,7 +226,12 @@ impl Emit<'_> {
             let #tx = #call_site::transaction();
             #at_output::execute_transact::<#output, _, _> #arguments .await
         };
-        quote_spanned!(tx.span()=> #guard::transact! {{ #staged }})
+        // Called by a local name: the note rustc adds under the error of a `macro_rules!` macro names it as
+        // it was called, and the runtime's path would show its hidden module.
+        quote_spanned! {tx.span()=> {
+            use #guard::transact as __idempotent_transact;
+            __idempotent_transact! {{ #staged }}
+        }}
     }
 
     /// The closure that turns the body's error into the text stored on a FAILED record: its `Display`
@@ -233,6 +277,20 @@ impl Emit<'_> {
     }
 }
 
+/// `Check::checked(&(value))`: `value`, through a runtime trait that reports a value of the wrong
+/// type with its own message. Spanned from the first token of the user's `expr` to its last, as the
+/// argument of the runtime call that needs the same bound, so that rustc reports it once, there.
+fn checked(expr: &Expr, check: &TokenStream, value: TokenStream) -> TokenStream {
+    let (first, last) = (expr.span(), last_span(expr).unwrap_or(expr.span()));
+    let value = group_at(Delimiter::Parenthesis, value, last);
+    let argument = group_at(
+        Delimiter::Parenthesis,
+        quote_spanned!(first=> &#value),
+        last,
+    );
+    quote_spanned!(first=> #check::checked #argument)
+}
+
 fn optional_duration(arg: Option<&DurationArg>) -> TokenStream {
     let Some(duration) = arg else {
         return quote!(::core::option::Option::None);
@@ -241,6 +299,28 @@ fn optional_duration(arg: Option<&DurationArg>) -> TokenStream {
     quote_spanned! {duration.literal.span()=>
         ::core::option::Option::Some(::core::time::Duration::from_millis(#millis))
     }
+}
+
+/// Whether `sig` declares type parameters or takes `impl Trait` arguments. Those of an enclosing impl
+/// cannot be seen from here.
+fn has_type_parameters(sig: &Signature) -> bool {
+    sig.generics.type_params().next().is_some()
+        || sig.inputs.iter().any(|input| match input {
+            FnArg::Typed(typed) => mentions_impl_trait(&typed.ty),
+            FnArg::Receiver(_) => false,
+        })
+}
+
+/// Whether `ty` has an `impl Trait` anywhere in it (`impl Serialize`, `&impl Serialize`, `(u64, impl ..)`).
+fn mentions_impl_trait(ty: &Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            TokenTree::Ident(ident) => ident == "impl",
+            TokenTree::Group(group) => walk(group.stream()),
+            TokenTree::Punct(_) | TokenTree::Literal(_) => false,
+        })
+    }
+    walk(ty.to_token_stream())
 }
 
 /// Whether `expr` names a place (`req`, `req.order_id`, `self.tenant.id`), which `&` borrows as it is.

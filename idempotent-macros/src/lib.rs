@@ -41,9 +41,14 @@ use proc_macro::TokenStream;
 ///
 /// # Arguments
 ///
-/// `key` is required, the others are optional, each at most once, in any order. Durations are string
-/// literals checked at compile time: one or more groups of a number and a unit (`ms`, `s`, `m`, `h`, `d`),
-/// like `"30s"`, `"15m"`, `"24h"`, `"7d"` or `"1h30m"`.
+/// `key` is required, the others are optional, each at most once, in any order.
+///
+/// Durations are string literals checked at compile time: one or more groups of a whole number and a unit,
+/// `ms`, `s`, `m`, `h` or `d`, without spaces, like `"250ms"`, `"30s"`, `"15m"`, `"24h"`, `"7d"` or
+/// `"1h30m"`. Nothing else is accepted: not a number without a unit, a fraction, a space, a unit spelled
+/// out (`"24hours"`, `"1 day"`), nor weeks, months or years; the compile error then gives the same
+/// duration as it is written here (`"90"`: did you mean `"90s"`? `"24hours"`: `"24h"`; `"1.5h"`:
+/// `"1h30m"`).
 ///
 /// ## `key = <expr>`
 ///
@@ -68,7 +73,8 @@ use proc_macro::TokenStream;
 ///
 /// ## `ttl = "<duration>"`
 ///
-/// How long a completed result is replayed; after that the key counts as new. Default: the handle's
+/// How long a completed result is replayed; after that the key counts as new. Must be longer than zero.
+/// Default: the handle's
 /// (`Builder::default_ttl`), 24 hours unless changed.
 ///
 /// ```
@@ -385,13 +391,13 @@ fn entry(
                 "#[idempotent] goes on an `async fn` with a body",
             ));
             let error = diag.finish().expect_err("an error was just recorded");
-            return diag::with_original(item, &error);
+            return expand::original(item, &error);
         }
     };
     item::check(&function, &mut diag);
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),
-        (Err(error), _) => expand::original(&function, &error),
+        (Err(error), _) => expand::original(function, &error),
         (Ok(()), None) => unreachable!("a failed parse is recorded in `diag`"),
     }
 }

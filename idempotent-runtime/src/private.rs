@@ -13,13 +13,92 @@ pub use crate::handler::{Call, MissingKey};
 pub use crate::key::DerivedKey;
 use crate::{Error, Idempotency, Operation};
 
-/// The return types `#[idempotent]` accepts: `Result<T, E>` (or an alias of it) with a storable `T` and an
-/// `E` that can carry this crate's errors.
+// The checks below exist for the compile errors. Generated code calls each through its trait's path
+// (`<Ret as IdempotentOutput>::check()`, `<_ as IdempotencyKey<Concrete>>::checked(&key)`), spanned on the
+// user's tokens and ahead of the runtime call that needs the same bound there: rustc then reports the unmet
+// bound once, with the trait's message and without a "required by a bound in" note naming this module.
+
+/// How a check reports an unmet bound; the macro picks one per function.
+///
+/// With [`Concrete`], the check's impl is `do_not_recommend`: rustc reports the check itself, its message
+/// and nothing else, rather than the impl's failing where clause (a bare serde error with a page of
+/// notes). For a type parameter, though, it would then suggest bounding the parameter by the check; with
+/// [`Generic`], the plain impl makes it suggest the bound that is missing (`T: serde::Serialize`).
+pub struct Concrete;
+
+/// See [`Concrete`]: for functions with type parameters.
+pub struct Generic;
+
+/// `Result<T, E>` (or an alias of it), taken apart; any `T` and `E`, which [`IdempotentValue`] and
+/// [`IdempotentError`] check, each with its own message.
 #[diagnostic::on_unimplemented(
-    message = "`#[idempotent]` functions must return `Result<T, E>` where `T: Serialize + DeserializeOwned` and `E: From<idempotent_runtime::Error>`; `{Self}` is not such a type",
-    label = "this return type cannot be stored and replayed",
-    note = "the `Ok` value is stored as JSON and replayed to duplicates, so it must implement `serde::Serialize` and `serde::de::DeserializeOwned`; the error type receives `idempotent_runtime::Error` through `From`"
+    message = "`#[idempotent]` functions must return `Result<T, E>`; `{Self}` is not a `Result`",
+    label = "expected `Result<T, E>`",
+    note = "the `Ok` value is stored as JSON and replayed to duplicates (`T: Serialize + DeserializeOwned`), and the error type carries the idempotency errors too (`E: From<idempotent_runtime::Error>`), as in `Result<{Self}, idempotent_runtime::Error>`"
 )]
+pub trait IdempotentOutput: Sized {
+    /// `T`.
+    type Ok;
+    /// `E`.
+    type Err;
+    /// Splits the result.
+    fn split(self) -> Result<Self::Ok, Self::Err>;
+    /// Joins the result.
+    fn join(result: Result<Self::Ok, Self::Err>) -> Self;
+    /// Checks that the return type is a `Result`.
+    #[inline]
+    fn check() {}
+}
+
+#[diagnostic::do_not_recommend]
+impl<T, E> IdempotentOutput for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    #[inline]
+    fn split(self) -> Self {
+        self
+    }
+    #[inline]
+    fn join(result: Self) -> Self {
+        result
+    }
+}
+
+/// The `Ok` type: stored as JSON and read back for duplicates.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` stores the `Ok` value as JSON and replays it: `{Self}` must implement `serde::Serialize` and `serde::de::DeserializeOwned`",
+    label = "the `Ok` type `{Self}` cannot be stored and replayed",
+    note = "for a type of your own, derive both: `#[derive(serde::Serialize, serde::Deserialize)]`"
+)]
+pub trait IdempotentValue<M = Concrete> {
+    /// Checks the `Ok` type.
+    #[inline]
+    fn check() {}
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> IdempotentValue<Concrete> for T {}
+
+impl<T: Serialize + DeserializeOwned> IdempotentValue<Generic> for T {}
+
+/// The error type: it also carries this crate's errors (in progress, payload mismatch, store failures).
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` returns its own errors through the function's error type: `{Self}` must implement `From<idempotent_runtime::Error>`",
+    label = "the error type `{Self}` cannot carry an `idempotent_runtime::Error`",
+    note = "add a variant that holds it and `impl From<idempotent_runtime::Error> for {Self}`, or return `idempotent_runtime::Error` itself"
+)]
+pub trait IdempotentError<M = Concrete> {
+    /// Checks the error type.
+    #[inline]
+    fn check() {}
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: From<Error>> IdempotentError<Concrete> for E {}
+
+impl<E: From<Error>> IdempotentError<Generic> for E {}
+
+/// What the runtime needs of the return type: the checked parts of an [`IdempotentOutput`].
 pub trait Output: Sized {
     /// The stored value.
     type Ok: Serialize + DeserializeOwned;
@@ -31,26 +110,81 @@ pub trait Output: Sized {
     fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
-impl<T, E> Output for Result<T, E>
+/// Blanket, so that each bound `execute` puts on its return type fails on the very bound that one of the
+/// checks above already reported there, and rustc does not report it again.
+impl<R> Output for R
 where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
+    R: IdempotentOutput,
+    R::Ok: Serialize + DeserializeOwned,
+    R::Err: From<Error>,
 {
-    type Ok = T;
-    type Err = E;
+    type Ok = R::Ok;
+    type Err = R::Err;
     #[inline]
-    fn into_result(self) -> Result<T, E> {
-        self
+    fn into_result(self) -> Result<R::Ok, R::Err> {
+        self.split()
     }
     #[inline]
-    fn from_result(result: Result<T, E>) -> Self {
-        result
+    fn from_result(result: Result<R::Ok, R::Err>) -> Self {
+        R::join(result)
     }
 }
 
-/// Checks the return type where it is written, so the error lands on `-> ...`.
-#[inline]
-pub const fn assert_output<R: Output>() {}
+/// The `key = ..` expression.
+#[diagnostic::on_unimplemented(
+    message = "`key = ..` must implement `serde::Serialize`; `{Self}` does not",
+    label = "the key is hashed from its serialized form",
+    note = "for a type of your own, `#[derive(serde::Serialize)]`; or give the fields that identify the call, like `key = (req.tenant, req.order_id)`"
+)]
+pub trait IdempotencyKey<M = Concrete> {
+    /// The key, checked.
+    #[inline]
+    fn checked(&self) -> &Self {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<K: Serialize + ?Sized> IdempotencyKey<Concrete> for K {}
+
+impl<K: Serialize + ?Sized> IdempotencyKey<Generic> for K {}
+
+/// The `payload = ..` expression.
+#[diagnostic::on_unimplemented(
+    message = "`payload = ..` must implement `serde::Serialize`; `{Self}` does not",
+    label = "the payload is fingerprinted from its serialized form",
+    note = "for a type of your own, `#[derive(serde::Serialize)]`"
+)]
+pub trait IdempotencyPayload<M = Concrete> {
+    /// The payload, checked.
+    #[inline]
+    fn checked(&self) -> &Self {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<P: Serialize + ?Sized> IdempotencyPayload<Concrete> for P {}
+
+impl<P: Serialize + ?Sized> IdempotencyPayload<Generic> for P {}
+
+/// The `store = ..` expression. One impl: a missing bound on [`Handle`] would be a bound the user
+/// cannot name either way.
+#[diagnostic::on_unimplemented(
+    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Rc` or `Arc` of one); `{Self}` is not",
+    label = "expected an `Idempotency` here",
+    note = "to use a store such as `MemoryStore` or `DynamoDbStore`, wrap it once: `Idempotency::builder(store).build()`, and pass that handle"
+)]
+pub trait IdempotencyHandle {
+    /// The handle, checked.
+    #[inline]
+    fn checked(&self) -> &Self {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<S: Handle + ?Sized> IdempotencyHandle for S {}
 
 /// What `store = ..` accepts: an `Idempotency`, or a reference, `Box`, `Rc` or `Arc` of one. A trait of
 /// its own (rather than `Borrow<Idempotency>`) so that a wrong expression, most often a store passed

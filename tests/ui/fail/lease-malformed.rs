@@ -1,6 +1,6 @@
 use idempotent_runtime::{Error, idempotent};
 
-#[idempotent(key = order_id, lease = "60")]
+#[idempotent(key = order_id, lease = "a minute")]
 async fn charge(order_id: u64) -> Result<u64, Error> {
     Ok(order_id)
 }

@@ -1,6 +1,6 @@
 use idempotent_runtime::{Error, idempotent};
 
-#[idempotent(key = order_id, tll = "24h")]
+#[idempotent(key = order_id, timeout = "24h")]
 async fn charge(order_id: u64) -> Result<u64, Error> {
     Ok(order_id)
 }
