@@ -86,6 +86,13 @@ mod transaction;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
+// The checks behind the attribute's compile errors, at the root so that rustc names them by their bare
+// names in its notes (it spells out the path of an item found only in a hidden module).
+#[doc(hidden)]
+pub use __private::{
+    Concrete, Generic, IdempotencyHandle, IdempotencyKey, IdempotencyPayload, IdempotentError,
+    IdempotentOutput, IdempotentValue,
+};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::COMPRESS_ABOVE;
