@@ -7,6 +7,10 @@
 //!   (serialize straight into SHA-256, no canonicalization).
 //! - `response/*`: first execution and replay with 1 KB and 100 KB responses, beside the floor (`serde_json`
 //!   alone).
+//! - `step/*`: each piece of work a call of the bench binary's `charge` does beyond the bare SDK requests,
+//!   alone: its key and its payload's fingerprint, the claim's token, the response's JSON and its decoding,
+//!   the blocking record's parsing out of the SDK's attribute map, the call's span, the default handle's
+//!   look-up, and the heartbeat's timer (built and dropped; registered and cancelled).
 //!
 //! `cargo test --all-targets` runs each benchmark once, as a smoke test; nothing here is timed by a test.
 
@@ -221,9 +225,147 @@ fn config() -> Criterion {
         .sample_size(50)
 }
 
+/// The bench binary's request and receipt (`examples/src/bin/bench.rs`), so each step costs what it
+/// costs there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChargeRequest {
+    tenant: u32,
+    order_id: String,
+    amount_cents: u64,
+    currency: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChargeReceipt {
+    charge_id: String,
+    amount_cents: u64,
+    currency: String,
+    status: String,
+}
+
+/// The completed record a duplicate gets back from DynamoDB, as the SDK hands it over.
+fn completed_item(
+    key: &str,
+    fingerprint: &str,
+    response: &[u8],
+) -> std::collections::HashMap<String, idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue> {
+    use idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue;
+    let s = |v: &str| AttributeValue::S(v.to_owned());
+    std::collections::HashMap::from([
+        ("pk".to_owned(), s(key)),
+        ("status".to_owned(), s("COMPLETED")),
+        ("token".to_owned(), s("00000000-0000-4000-8000-000000000000")),
+        ("attempt".to_owned(), AttributeValue::N("1".to_owned())),
+        ("expires_at".to_owned(), AttributeValue::N("1900000000".to_owned())),
+        ("fingerprint".to_owned(), s(fingerprint)),
+        ("response".to_owned(), AttributeValue::B(response.to_vec().into())),
+    ])
+}
+
+fn step(c: &mut Criterion) {
+    use idempotent_runtime::aws_sdk_dynamodb as sdk;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let mut group = c.benchmark_group("step");
+    let req = ChargeRequest {
+        tenant: 7,
+        order_id: "null-12345".to_owned(),
+        amount_cents: 4_200,
+        currency: "EUR".to_owned(),
+    };
+    let receipt = ChargeReceipt {
+        charge_id: format!("ch_{}_{}", req.tenant, req.order_id),
+        amount_cents: req.amount_cents,
+        currency: req.currency.clone(),
+        status: "succeeded".to_owned(),
+    };
+    group.bench_function("key", |b| {
+        b.iter(|| {
+            idempotent_runtime::derive_key(
+                "bench::charge",
+                black_box(&(req.tenant, &req.order_id)),
+            )
+        });
+    });
+    group.bench_function("fingerprint", |b| {
+        b.iter(|| idempotent_runtime::fingerprint(black_box(&req)));
+    });
+    group.bench_function("token", |b| {
+        b.iter(|| uuid::Uuid::new_v4().to_string());
+    });
+    group.bench_function("token_in_buffer", |b| {
+        b.iter(|| {
+            let mut buffer = uuid::Uuid::encode_buffer();
+            let token: &str = uuid::Uuid::new_v4()
+                .hyphenated()
+                .encode_lower(&mut buffer);
+            black_box(token.len())
+        });
+    });
+    group.bench_function("serialize_response", |b| {
+        b.iter(|| serde_json::to_vec(black_box(&receipt)).expect("serializes"));
+    });
+    let json = serde_json::to_vec(&receipt).expect("serializes");
+    group.bench_function("decode_response", |b| {
+        b.iter(|| serde_json::from_slice::<ChargeReceipt>(black_box(&json)).expect("parses"));
+    });
+    let key = idempotent_runtime::derive_key("bench::charge", &(req.tenant, &req.order_id))
+        .expect("a key");
+    let fingerprint = idempotent_runtime::fingerprint(&req).expect("a fingerprint");
+    let item = completed_item(&key, &fingerprint, &json);
+    let config = sdk::Config::builder()
+        .behavior_version(sdk::config::BehaviorVersion::latest())
+        .region(sdk::config::Region::new("us-east-1"))
+        .build();
+    let store = idempotent_runtime::DynamoDbStore::new(sdk::Client::from_conf(config), "t");
+    group.bench_function("parse_record", |b| {
+        b.iter(|| store.parse_item(black_box(&item)).expect("a record"));
+    });
+    group.bench_function("copy_item", |b| {
+        b.iter(|| black_box(&item).clone());
+    });
+    group.bench_function("span", |b| {
+        b.iter(|| {
+            let span = tracing::info_span!(
+                "idempotent",
+                namespace = "bench::charge",
+                key = black_box("0123456789ab"),
+                attempt = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            span.record("outcome", "executed");
+            span
+        });
+    });
+    Idempotency::in_memory().install();
+    group.bench_function("installed_handle", |b| {
+        b.iter(Idempotency::installed);
+    });
+    Idempotency::uninstall();
+    group.bench_function("heartbeat_timer_unpolled", |b| {
+        let _guard = rt.enter();
+        b.iter(|| tokio::time::sleep(black_box(Duration::from_secs(20))));
+    });
+    // What a call whose work is still pending pays for its heartbeat: the timer is registered (waking
+    // the runtime's parked driver when it is the earliest timer), then cancelled when the work ends.
+    group.bench_function("heartbeat_timer_registered", |b| {
+        b.to_async(&rt).iter(|| async {
+            let sleep = tokio::time::sleep(Duration::from_secs(20));
+            tokio::pin!(sleep);
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            black_box(std::future::Future::poll(sleep.as_mut(), &mut cx).is_pending())
+        });
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = config();
-    targets = wrapper, key, response
+    targets = wrapper, key, response, step
 }
 criterion_main!(benches);

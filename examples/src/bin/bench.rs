@@ -24,8 +24,9 @@
 //!
 //! `--null-dynamodb` runs `first` and `duplicate` against an in-process HTTP client that answers every
 //! request at once (success, or the failed condition with the completed record): the client's own CPU per
-//! call, with no server sharing the cores and no network. Baseline, ours, and the baseline sent through
-//! `customize().config_override(..)` as the store sends its requests.
+//! call, with no server sharing the cores and no network. Baseline, ours, the baseline sent through
+//! `customize().config_override(..)` (as the store sends its requests when given a retry policy), and ours
+//! without the lease heartbeat (what its timer costs).
 //!
 //! `--memory-keys N` instead measures memory: the process's peak RSS over N distinct first calls on
 //! DynamoDB, then the [`MemoryStore`](idempotent_runtime::MemoryStore)'s resident bytes per key.
@@ -658,16 +659,19 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
     // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
     const ROUNDS: usize = 10;
     let (null, counter, client) = null_client();
-    Idempotency::builder(DynamoDbStore::new(client.clone(), "bench-ours"))
-        .build()
-        .install();
+    let store = DynamoDbStore::new(client.clone(), "bench-ours");
+    let ours = Idempotency::builder(store.clone()).build();
+    // The same handle without the lease heartbeat: what the heartbeat's timer costs a call.
+    let ours_no_heartbeat = Idempotency::builder(store).heartbeat(false).build();
+    ours.install();
     let variants: Vec<_> = [
-        (Impl::Baseline, false, "baseline"),
-        (Impl::Ours, false, "ours"),
-        (Impl::Baseline, true, "baseline+config_override"),
+        (Impl::Baseline, false, "baseline", None),
+        (Impl::Ours, false, "ours", Some(&ours)),
+        (Impl::Baseline, true, "baseline+config_override", None),
+        (Impl::Ours, false, "ours-no-heartbeat", Some(&ours_no_heartbeat)),
     ]
     .into_iter()
-    .filter(|(imp, _, _)| only.contains(imp))
+    .filter(|(imp, _, _, _)| only.contains(imp))
     .collect();
     let dup = ChargeRequest::new("null-duplicate".to_owned());
     let item = completed_item(&dup)?;
@@ -686,7 +690,7 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
         });
         let contexts: Vec<_> = variants
             .iter()
-            .map(|&(_, config_override, _)| {
+            .map(|&(_, config_override, _, _)| {
                 Arc::new(Ctx {
                     baseline: Baseline::new(
                         client.clone(),
@@ -696,14 +700,16 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
                 })
             })
             .collect();
-        for (ctx, &(imp, _, _)) in contexts.iter().zip(&variants) {
+        for (ctx, &(imp, _, _, handle)) in contexts.iter().zip(&variants) {
+            handle.inspect(|h| h.install());
             drive(ctx, imp, 1, warmup, Arc::clone(&make), false).await;
         }
         let mut rounds: Vec<Vec<(f64, f64)>> = vec![Vec::new(); variants.len()];
         let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
         let mut requests = vec![0_u64; variants.len()];
         for _ in 0..ROUNDS {
-            for (v, (ctx, &(imp, _, label))) in contexts.iter().zip(&variants).enumerate() {
+            for (v, (ctx, &(imp, _, label, handle))) in contexts.iter().zip(&variants).enumerate() {
+                handle.inspect(|h| h.install());
                 counter.take();
                 let cpu0 = cpu_time();
                 let t0 = Instant::now();
@@ -721,7 +727,7 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
                 latencies[v].extend(lat);
             }
         }
-        for (v, &(_, _, label)) in variants.iter().enumerate() {
+        for (v, &(_, _, label, _)) in variants.iter().enumerate() {
             let median = |pick: fn(&(f64, f64)) -> f64| {
                 let mut xs: Vec<f64> = rounds[v].iter().map(pick).collect();
                 xs.sort_by(f64::total_cmp);
