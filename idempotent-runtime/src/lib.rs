@@ -101,6 +101,7 @@ pub use operation::{OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
+pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
