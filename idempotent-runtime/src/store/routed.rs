@@ -107,8 +107,8 @@ pub enum RegionConfigError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// On DynamoDB, [`RoutedStore::dynamodb`] and [`Idempotency::regions`] build it from a table name and
-/// one client per region.
+/// On DynamoDB (feature `dynamodb`), `RoutedStore::dynamodb` and `Idempotency::regions` build it from
+/// a table name and one client per region.
 pub struct RoutedStore {
     regions: Vec<Region>,
     /// With failover: the calls whose claim was sent to another region than the key's home, by token.
@@ -130,7 +130,7 @@ type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send 
 
 impl RoutedStore {
     /// A store over named regions, each with its own store (for a global table, a
-    /// [`DynamoDbStore`](crate::DynamoDbStore) on the same table through each region's client). The
+    /// `DynamoDbStore` on the same table through each region's client). The
     /// order of the list does not matter; the names do (see the [module docs](self)).
     ///
     /// # Errors
@@ -270,15 +270,17 @@ impl RoutedStore {
     }
 
     fn home_index(&self, key: &str) -> usize {
-        // Ties (one chance in 2^64) go to the smaller name, so that the list's order never matters.
-        (0..self.regions.len())
-            .max_by(|&a, &b| {
-                let (ra, rb) = (&self.regions[a], &self.regions[b]);
-                Self::weight(ra, key)
-                    .cmp(&Self::weight(rb, key))
-                    .then_with(|| rb.name.cmp(&ra.name))
-            })
-            .unwrap_or(0)
+        // Ties (one chance in 2^64) go to the smaller name, as in `order_indices`, so that the list's
+        // order never matters.
+        let mut home = 0;
+        let mut highest = Self::weight(&self.regions[0], key);
+        for (i, region) in self.regions.iter().enumerate().skip(1) {
+            let weight = Self::weight(region, key);
+            if weight > highest || (weight == highest && region.name < self.regions[home].name) {
+                (home, highest) = (i, weight);
+            }
+        }
+        home
     }
 
     fn order_indices(&self, key: &str) -> Vec<usize> {
