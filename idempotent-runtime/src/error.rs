@@ -108,19 +108,22 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The key's home region did not answer (a [`RoutedStore`](crate::RoutedStore) over several
-    /// regions; see the [`routed`](crate::store::routed) module for which store errors count). The key
-    /// is served by its home region only, so that its body runs once: nothing was sent elsewhere, and
-    /// a call that failed claiming did not run its body. Retry later; or, to trade exactly-once for
-    /// availability during outages, see [`RoutedStore::failover`](crate::RoutedStore::failover).
+    /// The region that serves the key did not answer (a [`RoutedStore`](crate::RoutedStore) over
+    /// several regions; see the [`routed`](crate::store::routed) module for which store errors count).
+    /// A key is served by its home region only, so that its body runs once: nothing was sent to
+    /// another region, and a call that failed claiming did not run its body. Retry later; or, to trade
+    /// exactly-once for availability during outages, see
+    /// [`RoutedStore::failover`](crate::RoutedStore::failover) (with it, this error means that every
+    /// region was unavailable, and names the home region; or that the region holding the call's
+    /// failed-over claim was).
     #[error(
-        "`{namespace}`: the key's home region `{region}` is unavailable ({}); the call was not sent to another region, so that it runs once — retry later",
+        "`{namespace}`: region `{region}`, which serves this key, is unavailable ({}); retry later (each key is served by one region, so that it runs once)",
         chain(source.as_ref())
     )]
     RegionUnavailable {
         /// The key's namespace.
         namespace: String,
-        /// The home region's name.
+        /// The region's name: the key's home region, or the region holding a failed-over claim.
         region: String,
         /// The region's store's error.
         #[source]

@@ -311,7 +311,7 @@ async fn an_unreachable_home_region_is_an_error_unless_failover_is_opted_into() 
     assert!(err.is_retryable());
     assert!(
         err.to_string()
-            .contains("home region `region-a` is unavailable"),
+            .contains("region `region-a`, which serves this key, is unavailable"),
         "{err}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);

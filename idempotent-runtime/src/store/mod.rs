@@ -162,10 +162,10 @@ pub enum StoreError {
     /// Anything else (permissions, a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
-    /// A key's home region is unavailable: a [`RoutedStore`](routed::RoutedStore) got
-    /// [`Unavailable`](StoreError::Unavailable) from the region's store (see the
-    /// [`routed`] module for exactly which errors count). The request may or may not have been applied
-    /// there.
+    /// The region serving a key (its home region, or the region holding a failed-over claim) is
+    /// unavailable: a [`RoutedStore`](routed::RoutedStore) got [`Unavailable`](StoreError::Unavailable)
+    /// from the region's store (see the [`routed`] module for exactly which errors count). The request
+    /// may or may not have been applied there.
     #[error("region `{region}` is unavailable: {}", crate::error::chain(source.as_ref()))]
     RegionUnavailable {
         /// The region's name.
