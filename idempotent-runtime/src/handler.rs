@@ -92,6 +92,11 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
         StoreError::Invalid(source) | StoreError::Other(source) => {
             Error::Store { namespace, source }
         }
+        StoreError::RegionUnavailable { region, source } => Error::RegionUnavailable {
+            namespace,
+            region,
+            source,
+        },
     }
 }
 
@@ -664,9 +669,11 @@ impl Held<'_> {
                 Err(StoreError::Invalid(source)) if !writes.is_empty() => {
                     return Stored::Refused(source);
                 }
-                Err(e @ (StoreError::Throttled(_) | StoreError::Unavailable(_))) => {
-                    store_error(namespace, e)
-                }
+                Err(
+                    e @ (StoreError::Throttled(_)
+                    | StoreError::Unavailable(_)
+                    | StoreError::RegionUnavailable { .. }),
+                ) => store_error(namespace, e),
                 Err(e) => return Stored::Failed(store_error(namespace, e)),
             };
             tracing::debug!(namespace, error = %last, "transient fault while storing the outcome; retrying");

@@ -52,6 +52,12 @@
 //! `Idempotency-Key` HTTP layer); `batch` (queue batches). `IDEMPOTENT_DISABLED=1` switches idempotency
 //! off in a process ([`DISABLED_VAR`]).
 //!
+//! Across regions (DynamoDB global tables, where a conditional write is linearizable only in the region
+//! that received it), a [`RoutedStore`] sends each key to one home region chosen by a hash of the key, so
+//! callers in different regions never both claim it; an unreachable home region is
+//! [`Error::RegionUnavailable`], and failover to another region is an explicit opt-in (see the
+//! [`store::routed`] module).
+//!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing
 //! leases, expiry and skewed clocks) against the runtime's own decision functions, every decoder is fuzzed,
 //! and the memory store's transaction emulator is differential-tested against DynamoDB Local; the README's
@@ -108,6 +114,7 @@ pub use operation::{OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
+pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]

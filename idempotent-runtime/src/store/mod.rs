@@ -11,6 +11,7 @@ use crate::record::Record;
 pub mod dynamodb;
 pub mod memory;
 mod memory_table;
+pub mod routed;
 pub mod writes;
 
 pub use writes::Writes;
@@ -161,6 +162,18 @@ pub enum StoreError {
     /// Anything else (permissions, a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
+    /// The region serving a key (its home region, or the region holding a failed-over claim) is
+    /// unavailable: a [`RoutedStore`](routed::RoutedStore) got [`Unavailable`](StoreError::Unavailable)
+    /// from the region's store (see the [`routed`] module for exactly which errors count). The request
+    /// may or may not have been applied there.
+    #[error("region `{region}` is unavailable: {}", crate::error::chain(source.as_ref()))]
+    RegionUnavailable {
+        /// The region's name.
+        region: String,
+        /// The region's store's error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl StoreError {
@@ -182,6 +195,9 @@ impl StoreError {
                 }
             }
             StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            StoreError::RegionUnavailable { source, .. } => source
+                .downcast_ref::<StoreError>()
+                .and_then(StoreError::code),
             StoreError::Corrupt(_) | StoreError::Schema(_) | StoreError::Unsupported { .. } => None,
         }
     }
