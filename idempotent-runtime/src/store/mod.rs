@@ -169,20 +169,14 @@ impl StoreError {
     #[must_use]
     pub fn code(&self) -> Option<&str> {
         match self {
+            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            // Only the SDK's errors carry a code; without the `dynamodb` feature there are none.
+            #[cfg(feature = "dynamodb")]
             StoreError::Throttled(e)
             | StoreError::Unavailable(e)
             | StoreError::Invalid(e)
-            | StoreError::Other(e) => {
-                #[cfg(feature = "dynamodb")]
-                return dynamodb::error_code(e.as_ref());
-                #[cfg(not(feature = "dynamodb"))]
-                {
-                    let _ = e;
-                    None
-                }
-            }
-            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
-            StoreError::Corrupt(_) | StoreError::Schema(_) | StoreError::Unsupported { .. } => None,
+            | StoreError::Other(e) => dynamodb::error_code(e.as_ref()),
+            _ => None,
         }
     }
 }
