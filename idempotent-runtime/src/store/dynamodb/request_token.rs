@@ -7,8 +7,8 @@
 
 use sha2::{Digest, Sha256};
 
-/// The `ClientRequestToken` of one of a call's transactions: 36 characters derived from (purpose, table,
-/// key, fencing token, attempt).
+/// The `ClientRequestToken` of one of a call's transactions: a UUID (36 characters, version 8: custom
+/// bytes) made of the first 16 bytes of a SHA-256 over (purpose, table, key, fencing token, attempt).
 /// `purpose` is `claim`, `complete` or `fail`; `attempt` numbers the claim attempts of one call (0 for the
 /// other purposes).
 ///
@@ -33,15 +33,12 @@ pub(super) fn request_token(
         .chain_update([0])
         .chain_update(attempt.to_be_bytes())
         .finalize();
-    let hex = hex::encode(&digest[..16]);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    let mut bytes = [0; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
 }
 
 #[cfg(test)]
@@ -52,6 +49,8 @@ mod tests {
     fn each_claim_attempt_has_its_own_request_token() {
         let first = request_token("claim", "t", "ns#k", "token-1", 1);
         assert_eq!(first.len(), 36);
+        let parsed = uuid::Uuid::parse_str(&first).expect("a hyphenated UUID");
+        assert_eq!(parsed.get_version(), Some(uuid::Version::Custom));
         assert_eq!(
             first,
             request_token("claim", "t", "ns#k", "token-1", 1),
