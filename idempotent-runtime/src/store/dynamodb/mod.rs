@@ -95,7 +95,9 @@ struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
-    retry: Option<RetryConfig>,
+    /// With [`DynamoDbStore::with_retry_config`]: the configuration override of every request, holding
+    /// the store's retry policy and nothing else (unset settings keep the client's). Built once.
+    retry_override: Option<aws_sdk_dynamodb::config::Builder>,
 }
 
 impl DynamoDbStore {
@@ -115,7 +117,7 @@ impl DynamoDbStore {
                 client,
                 table: table.into(),
                 names,
-                retry: None,
+                retry_override: None,
             }),
         }
     }
@@ -142,7 +144,7 @@ impl DynamoDbStore {
         let inner = Arc::unwrap_or_clone(self.inner);
         Self {
             inner: Arc::new(Inner {
-                retry: Some(retry),
+                retry_override: Some(aws_sdk_dynamodb::Config::builder().retry_config(retry)),
                 ..inner
             }),
         }
@@ -325,17 +327,18 @@ impl DynamoDbStore {
     }
 }
 
-/// Sends a fluent request, with the store's retry policy when it has one. Without one no override is
-/// attached: an override costs the SDK a configuration merge on every request.
+/// Sends a fluent request, with the store's retry policy when it has one, through the SDK's per-operation
+/// override (`customize().config_override(..)`): the client and its configuration stay as they are, and
+/// are shared with the user's own calls. Without a policy no override is attached, which spares the SDK a
+/// configuration merge per request. (A macro: each operation's fluent builder is its own type, and the
+/// SDK's trait for sending a customized one is private.)
 macro_rules! send {
     ($store:expr, $request:expr) => {
-        match &$store.inner.retry {
+        match &$store.inner.retry_override {
             Some(retry) => {
                 $request
                     .customize()
-                    .config_override(
-                        aws_sdk_dynamodb::config::Builder::new().retry_config(retry.clone()),
-                    )
+                    .config_override(retry.clone())
                     .send()
                     .await
             }
