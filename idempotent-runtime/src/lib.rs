@@ -86,8 +86,6 @@ mod record;
 mod size;
 pub mod store;
 pub mod telemetry;
-#[cfg(feature = "dynamodb")]
-mod transaction;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -118,9 +116,10 @@ pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
-pub use store::dynamodb::{DynamoDbStore, TableReport};
-#[cfg(feature = "dynamodb")]
-pub use transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction};
+pub use store::dynamodb::{
+    DynamoDbStore, TableReport,
+    transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction},
+};
 
 /// The AWS SDK for DynamoDB, re-exported so that users get the version this crate was built with.
 #[cfg(feature = "dynamodb")]

@@ -182,23 +182,17 @@ impl StoreError {
     #[must_use]
     pub fn code(&self) -> Option<&str> {
         match self {
+            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            // Only the SDK's errors carry a code; without the `dynamodb` feature there are none.
+            #[cfg(feature = "dynamodb")]
             StoreError::Throttled(e)
             | StoreError::Unavailable(e)
             | StoreError::Invalid(e)
-            | StoreError::Other(e) => {
-                #[cfg(feature = "dynamodb")]
-                return dynamodb::error_code(e.as_ref());
-                #[cfg(not(feature = "dynamodb"))]
-                {
-                    let _ = e;
-                    None
-                }
-            }
-            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            | StoreError::Other(e) => dynamodb::error_code(e.as_ref()),
             StoreError::RegionUnavailable { source, .. } => source
                 .downcast_ref::<StoreError>()
                 .and_then(StoreError::code),
-            StoreError::Corrupt(_) | StoreError::Schema(_) | StoreError::Unsupported { .. } => None,
+            _ => None,
         }
     }
 }
