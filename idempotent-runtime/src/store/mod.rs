@@ -10,7 +10,6 @@ use crate::record::Record;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
-mod memory_table;
 pub mod writes;
 
 pub use writes::Writes;
