@@ -51,7 +51,8 @@
 //! DynamoDB transaction emulator behind [`MemoryStore`]'s business tables, so that `transact` and
 //! `claim_with` can be tested in memory); `metrics` (counters through the `metrics` facade, see
 //! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
-//! `Idempotency-Key` HTTP layer); `batch` (queue batches). `IDEMPOTENT_DISABLED=1` switches idempotency
+//! `Idempotency-Key` HTTP layer); `batch` (queue batches); `conformance` (`store::conformance`: the
+//! store contract as a suite, for third-party stores). `IDEMPOTENT_DISABLED=1` switches idempotency
 //! off in a process ([`DISABLED_VAR`]).
 //!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing

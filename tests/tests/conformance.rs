@@ -1,15 +1,346 @@
-//! The store conformance suite: one set of tests, run against every store.
+//! The store contract, `idempotent_runtime::store::conformance`, run against both built-in stores, a store
+//! without transactions, and deliberately broken stores, which it must catch by name; then what only the
+//! DynamoDB store can show (round trips, custom attribute names).
 
-use std::sync::Arc;
-
-use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, Store, Transition, WriteOutcome,
+use idempotent_runtime::store::conformance::{
+    self, BusinessTable, Outcome, RECORD_CASES, Report, Subject, TRANSACTION_CASES,
 };
-use idempotent_runtime::{MemoryStore, Status};
-use idempotent_tests::RequestCounter;
+use idempotent_runtime::store::{
+    Change, ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
+};
+use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+use idempotent_tests::{RecordsOnly, create_plain_table, dynamodb_store, unique_table};
 
 const NOW: u64 = 1_800_000_000_000;
 const LEASE: u64 = 60_000;
+
+/// A memory store with a business table for the transaction cases.
+fn memory() -> Subject<MemoryStore> {
+    let store = MemoryStore::new();
+    store.create_table("business", "id", None).unwrap();
+    Subject::new(store).with_business_table(BusinessTable::new("business", "id"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_memory_store_keeps_the_whole_contract() {
+    let report = conformance::check(|| async { memory() }).await;
+    report.assert_complete();
+    assert_eq!(report.store(), "memory");
+    assert_eq!(
+        report.cases().len(),
+        RECORD_CASES.len() + TRANSACTION_CASES.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dynamodb_store_keeps_the_whole_contract() {
+    let (client, _) = idempotent_tests::client();
+    let business = unique_table("business");
+    create_plain_table(&client, &business, "id").await;
+    let business = &business;
+    let report = conformance::check(move || async move {
+        let (store, _) = dynamodb_store().await;
+        Subject::new(store).with_business_table(BusinessTable::new(business, "id"))
+    })
+    .await;
+    println!("{report}");
+    report.assert_complete();
+    assert_eq!(report.store(), "dynamodb");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_without_transactions_passes_with_its_transaction_cases_skipped() {
+    let report = conformance::check(|| async { RecordsOnly::default() }).await;
+    report.assert_passed();
+    assert_eq!(
+        report.outcome("transactions_are_supported_or_refused_as_unsupported"),
+        Some(&Outcome::Passed)
+    );
+    let skipped: Vec<_> = report.skipped().map(|c| c.name).collect();
+    assert_eq!(skipped, TRANSACTION_CASES[1..], "{report}");
+    for case in report.skipped() {
+        assert!(
+            matches!(&case.outcome, Outcome::Skipped(why)
+                if why == "the records-only store does not support transactions (`claim_transaction` and \
+                           `transact_transition` return `StoreError::Unsupported`)"),
+            "{report}"
+        );
+    }
+    let complete = std::panic::catch_unwind(|| report.assert_complete());
+    assert!(complete.is_err(), "skipped cases are not a complete pass");
+}
+
+/// The names of the cases `report` failed.
+fn failed(report: &Report) -> Vec<&'static str> {
+    report.failed().map(|c| c.name).collect()
+}
+
+/// Breaks fencing: a transition of a PENDING record applies whatever its token.
+#[derive(Debug, Default)]
+struct IgnoresTheToken(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for IgnoresTheToken {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        match self.0.get(transition.key).await? {
+            Some(held) if held.status == Status::Pending => {
+                let as_holder = Transition {
+                    token: &held.token,
+                    ..*transition
+                };
+                self.0.transition(&as_holder).await
+            }
+            _ => self.0.transition(transition).await,
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "ignores-the-token"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
+    let report = conformance::check(|| async { IgnoresTheToken::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "complete_is_guarded_by_the_token",
+            "fail_is_guarded_by_the_token",
+            "a_heartbeat_extends_only_its_own_lease",
+            "a_stale_token_cannot_complete_or_fail_after_a_takeover",
+        ],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) = report.outcome("complete_is_guarded_by_the_token") else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with(
+            "a completion with another token must be rejected, returning the record as it was: \
+             expected Rejected(Some(Record {"
+        ),
+        "{why}"
+    );
+    assert!(why.ends_with("got Applied"), "{why}");
+    let panicked = std::panic::catch_unwind(|| report.assert_passed())
+        .expect_err("a failed case fails `assert_passed`");
+    let message = panicked.downcast_ref::<String>().unwrap();
+    assert!(
+        message.starts_with("the ignores-the-token store breaks the store contract:"),
+        "{message}"
+    );
+    assert!(
+        message.contains("FAILED  fail_is_guarded_by_the_token: "),
+        "{message}"
+    );
+}
+
+/// Breaks linearizability: a claim takes a key whose PENDING claim is still live.
+#[derive(Debug, Default)]
+struct TwoWinners(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for TwoWinners {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        match self.0.claim(request).await? {
+            ClaimOutcome::Existing(held)
+                if held.status == Status::Pending && held.token != request.token =>
+            {
+                self.0.insert(Record {
+                    token: request.token.to_owned(),
+                    attempt: held.attempt + 1,
+                    lease_until_ms: Some(request.lease_until_ms),
+                    expires_at_s: request.expires_at_s,
+                    fingerprint: request.fingerprint.map(str::to_owned),
+                    ..held
+                });
+                Ok(ClaimOutcome::Claimed)
+            }
+            outcome => Ok(outcome),
+        }
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "two-winners"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_lets_two_claims_win_fails_the_claim_cases() {
+    let report = conformance::check(|| async { TwoWinners::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "duplicate_claim_returns_the_old_record",
+            "a_heartbeat_extends_only_its_own_lease",
+            "expiry_is_decided_by_the_claims_clock",
+            "a_pending_record_is_claimable_once_its_lease_ran_out",
+            "of_32_racing_claims_exactly_one_wins",
+        ],
+        "{report}"
+    );
+    assert_eq!(
+        report.outcome("of_32_racing_claims_exactly_one_wins"),
+        Some(&Outcome::Failed(
+            "claims that won round 0 of 32 racing claims: expected 1, got 32".to_owned()
+        )),
+        "{report}"
+    );
+}
+
+/// Supports half of the transactions: `claim_transaction`, not `transact_transition`.
+#[derive(Debug, Default)]
+struct HalfTransactions(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for HalfTransactions {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.claim_transaction(request, writes).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "half-transactions"
+    }
+}
+
+#[tokio::test]
+async fn a_store_with_half_the_transactions_fails_the_first_transaction_case() {
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(HalfTransactions(store))
+            .with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    assert_eq!(
+        failed(&report),
+        ["transactions_are_supported_or_refused_as_unsupported"],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) =
+        report.outcome("transactions_are_supported_or_refused_as_unsupported")
+    else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with(
+            "`transact_transition` returned `StoreError::Unsupported` but `claim_transaction` returned Ok(Committed)"
+        ),
+        "{why}"
+    );
+    assert_eq!(report.skipped().count(), TRANSACTION_CASES.len() - 1);
+}
+
+/// Breaks atomicity: a claim whose business writes are canceled is written anyway.
+#[derive(Debug, Default)]
+struct NotAtomic(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for NotAtomic {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let outcome = self.0.claim_transaction(request, writes).await?;
+        if matches!(outcome, TransactOutcome::Canceled(_)) {
+            self.0.claim(request).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.transact_transition(transition, writes).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "not-atomic"
+    }
+}
+
+#[tokio::test]
+async fn a_store_whose_canceled_claims_land_fails_the_all_or_nothing_case() {
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(NotAtomic(store)).with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    assert_eq!(
+        failed(&report),
+        ["claim_transaction_with_a_failing_write_writes_nothing"],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) =
+        report.outcome("claim_transaction_with_a_failing_write_writes_nothing")
+    else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with("a canceled claim must write no record: expected None, got Some(Record {"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_with_transactions_and_no_business_table_is_told_to_give_one() {
+    let report = conformance::check(|| async { MemoryStore::new() }).await;
+    let failed = failed(&report);
+    assert_eq!(failed, TRANSACTION_CASES[1..], "{report}");
+    let Some(Outcome::Failed(why)) = report.outcome(TRANSACTION_CASES[1]) else {
+        panic!("{report}")
+    };
+    assert!(why.contains("with_business_table"), "{why}");
+}
 
 fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
     ClaimRequest {
@@ -40,18 +371,6 @@ fn complete<'a>(
     }
 }
 
-fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::Fail {
-            error: "declined",
-            expires_at_s: NOW / 1000 + 60,
-            release_claim_writes: false,
-        },
-    }
-}
-
 async fn pending(store: &dyn Store, key: &str, token: &str) {
     assert_eq!(
         store.claim(&claim(key, token, NOW)).await.unwrap(),
@@ -59,241 +378,27 @@ async fn pending(store: &dyn Store, key: &str, token: &str) {
     );
 }
 
-macro_rules! conformance {
-    ($name:ident, $make:expr) => {
-        mod $name {
-            use super::*;
-
-            async fn make() -> (Arc<dyn Store>, Option<RequestCounter>) {
-                $make.await
-            }
-
-            #[tokio::test]
-            async fn claim_of_a_new_key_writes_a_pending_record() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                let r = store.get("k").await.unwrap().expect("record");
-                assert_eq!(r.key, "k");
-                assert_eq!(r.status, Status::Pending);
-                assert_eq!(r.token, "t1");
-                assert_eq!(r.attempt, 1);
-                assert_eq!(r.lease_until_ms, Some(NOW + LEASE));
-                assert_eq!(r.expires_at_s, (NOW + LEASE) / 1000 + 3600);
-                assert_eq!(r.fingerprint.as_deref(), Some("fp-1"));
-                assert_eq!(r.response, None);
-                assert_eq!(r.error, None);
-            }
-
-            #[tokio::test]
-            async fn duplicate_claim_returns_the_old_record_in_the_same_round_trip() {
-                let (store, counter) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                if let Some(c) = &counter {
-                    c.reset();
-                }
-                let outcome = store.claim(&claim("k", "t2", NOW + 1)).await.unwrap();
-                let ClaimOutcome::Existing(r) = outcome else {
-                    panic!("expected the existing record, got {outcome:?}")
-                };
-                assert_eq!((r.status, r.token.as_str(), r.attempt), (Status::Pending, "t1", 1));
-                if let Some(c) = &counter {
-                    assert_eq!(c.total(), 1, "the old record must come back with the failed claim");
-                }
-                // The losing claim changed nothing.
-                assert_eq!(store.get("k").await.unwrap().unwrap().token, "t1");
-            }
-
-            #[tokio::test]
-            async fn a_retried_claim_finds_its_own_token() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                let outcome = store.claim(&claim("k", "t1", NOW)).await.unwrap();
-                assert!(matches!(outcome, ClaimOutcome::Existing(r) if r.token == "t1"));
-            }
-
-            #[tokio::test]
-            async fn complete_is_guarded_by_the_token() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                let rejected = store.transition(&complete("k", "other", b"{}", 1)).await.unwrap();
-                assert!(matches!(&rejected, WriteOutcome::Rejected(Some(r)) if r.status == Status::Pending && r.token == "t1"), "{rejected:?}");
-                let expires = NOW / 1000 + 86_400;
-                assert_eq!(
-                    store.transition(&complete("k", "t1", br#"{"id":7}"#, expires)).await.unwrap(),
-                    WriteOutcome::Applied
-                );
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!(r.status, Status::Completed);
-                assert_eq!(r.response.as_deref(), Some(&br#"{"id":7}"#[..]));
-                assert_eq!(r.expires_at_s, expires);
-                assert_eq!(r.lease_until_ms, None);
-                assert_eq!(r.token, "t1");
-                // A second completion (even with the right token) is rejected: it is no longer PENDING,
-                // and the record it returns shows our own completion.
-                let again = store.transition(&complete("k", "t1", b"2", expires)).await.unwrap();
-                assert!(matches!(&again, WriteOutcome::Rejected(Some(r)) if r.status == Status::Completed && r.token == "t1"));
-                assert_eq!(store.get("k").await.unwrap().unwrap().response.as_deref(), Some(&br#"{"id":7}"#[..]));
-            }
-
-            #[tokio::test]
-            async fn fail_is_guarded_by_the_token() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                assert!(matches!(
-                    store.transition(&fail("k", "other")).await.unwrap(),
-                    WriteOutcome::Rejected(Some(_))
-                ));
-                assert_eq!(store.get("k").await.unwrap().unwrap().status, Status::Pending);
-                assert_eq!(store.transition(&fail("k", "t1")).await.unwrap(), WriteOutcome::Applied);
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!(r.status, Status::Failed);
-                assert_eq!(r.error.as_deref(), Some("declined"));
-                assert_eq!(r.lease_until_ms, None);
-            }
-
-            #[tokio::test]
-            async fn transitions_of_an_absent_key_are_rejected_without_a_record() {
-                let (store, _) = make().await;
-                assert_eq!(
-                    store.transition(&complete("nope", "t1", b"1", 1)).await.unwrap(),
-                    WriteOutcome::Rejected(None)
-                );
-                assert_eq!(store.get("nope").await.unwrap(), None);
-            }
-
-            #[tokio::test]
-            async fn a_failed_record_is_claimable_at_once() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                store.transition(&fail("k", "t1")).await.unwrap();
-                assert_eq!(store.claim(&claim("k", "t2", NOW + 1)).await.unwrap(), ClaimOutcome::Claimed);
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!((r.status, r.token.as_str(), r.attempt), (Status::Pending, "t2", 2));
-                assert_eq!(r.error, None, "a new claim clears the old error");
-            }
-
-            #[tokio::test]
-            async fn an_expired_record_is_claimable() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                let expires_s = NOW / 1000 + 10;
-                store.transition(&complete("k", "t1", b"1", expires_s)).await.unwrap();
-                // Still live at its expiry second.
-                assert!(matches!(
-                    store.claim(&claim("k", "t2", expires_s * 1000)).await.unwrap(),
-                    ClaimOutcome::Existing(_)
-                ));
-                let later = (expires_s + 1) * 1000;
-                assert_eq!(store.claim(&claim("k", "t3", later)).await.unwrap(), ClaimOutcome::Claimed);
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!((r.status, r.token.as_str(), r.attempt), (Status::Pending, "t3", 2));
-                assert_eq!(r.response, None, "a new claim clears the old response");
-            }
-
-            #[tokio::test]
-            async fn a_pending_record_is_claimable_once_its_lease_ran_out() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                assert!(matches!(
-                    store.claim(&claim("k", "t2", NOW + LEASE)).await.unwrap(),
-                    ClaimOutcome::Existing(_)
-                ), "the lease is live up to and including lease_until");
-                assert_eq!(
-                    store.claim(&claim("k", "t2", NOW + LEASE + 1)).await.unwrap(),
-                    ClaimOutcome::Claimed
-                );
-                assert_eq!(store.get("k").await.unwrap().unwrap().token, "t2");
-            }
-
-            #[tokio::test]
-            async fn a_stale_token_cannot_complete_or_fail_after_a_takeover() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "old").await;
-                assert_eq!(
-                    store.claim(&claim("k", "new", NOW + LEASE + 1)).await.unwrap(),
-                    ClaimOutcome::Claimed
-                );
-                let late = store.transition(&complete("k", "old", b"old", u64::MAX / 2)).await.unwrap();
-                assert!(matches!(&late, WriteOutcome::Rejected(Some(r)) if r.token == "new"), "{late:?}");
-                assert!(matches!(store.transition(&fail("k", "old")).await.unwrap(), WriteOutcome::Rejected(Some(_))));
-                assert_eq!(
-                    store.transition(&complete("k", "new", b"new", u64::MAX / 2)).await.unwrap(),
-                    WriteOutcome::Applied
-                );
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!((r.token.as_str(), r.response.as_deref()), ("new", Some(&b"new"[..])));
-            }
-
-            #[tokio::test]
-            async fn a_heartbeat_extends_only_its_own_lease() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                let extend = |token| Transition {
-                    key: "k",
-                    token,
-                    change: Change::ExtendLease {
-                        lease_until_ms: NOW + 5 * LEASE,
-                        expires_at_s: NOW / 1000 + 9_999,
-                    },
-                };
-                assert!(matches!(store.transition(&extend("other")).await.unwrap(), WriteOutcome::Rejected(_)));
-                assert_eq!(store.transition(&extend("t1")).await.unwrap(), WriteOutcome::Applied);
-                let r = store.get("k").await.unwrap().unwrap();
-                assert_eq!((r.lease_until_ms, r.expires_at_s), (Some(NOW + 5 * LEASE), NOW / 1000 + 9_999));
-                // The extended lease holds off a claim that the original lease would have let through.
-                assert!(matches!(
-                    store.claim(&claim("k", "t2", NOW + LEASE + 1)).await.unwrap(),
-                    ClaimOutcome::Existing(_)
-                ));
-            }
-
-            #[tokio::test]
-            async fn a_claim_without_a_fingerprint_clears_the_old_one() {
-                let (store, _) = make().await;
-                pending(store.as_ref(), "k", "t1").await;
-                store.transition(&fail("k", "t1")).await.unwrap();
-                let mut request = claim("k", "t2", NOW + 1);
-                request.fingerprint = None;
-                assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Claimed);
-                assert_eq!(store.get("k").await.unwrap().unwrap().fingerprint, None);
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn of_32_racing_claims_exactly_one_wins() {
-                let (store, _) = make().await;
-                for round in 0..5 {
-                    let key = format!("race-{round}");
-                    let tasks: Vec<_> = (0..32)
-                        .map(|i| {
-                            let store = store.clone();
-                            let key = key.clone();
-                            tokio::spawn(async move {
-                                let token = format!("t{i}");
-                                store.claim(&claim(&key, &token, NOW)).await.unwrap()
-                            })
-                        })
-                        .collect();
-                    let mut winners = 0;
-                    for t in tasks {
-                        if t.await.unwrap() == ClaimOutcome::Claimed {
-                            winners += 1;
-                        }
-                    }
-                    assert_eq!(winners, 1, "round {round}");
-                }
-            }
-        }
+#[tokio::test]
+async fn a_duplicate_claim_on_dynamodb_returns_the_old_record_in_the_same_round_trip() {
+    let (store, counter) = dynamodb_store().await;
+    pending(&store, "k", "t1").await;
+    counter.reset();
+    let outcome = store.claim(&claim("k", "t2", NOW + 1)).await.unwrap();
+    let ClaimOutcome::Existing(r) = outcome else {
+        panic!("expected the existing record, got {outcome:?}")
     };
+    assert_eq!(
+        (r.status, r.token.as_str(), r.attempt),
+        (Status::Pending, "t1", 1)
+    );
+    assert_eq!(
+        counter.total(),
+        1,
+        "the old record must come back with the failed claim"
+    );
+    // The losing claim changed nothing.
+    assert_eq!(store.get("k").await.unwrap().unwrap().token, "t1");
 }
-
-conformance!(memory, async {
-    (Arc::new(MemoryStore::new()) as Arc<dyn Store>, None)
-});
-
-conformance!(dynamodb, async {
-    let (store, counter) = idempotent_tests::dynamodb_store().await;
-    (Arc::new(store) as Arc<dyn Store>, Some(counter))
-});
 
 #[tokio::test]
 async fn custom_attribute_names_are_used_for_every_attribute() {
