@@ -623,6 +623,8 @@ enum Stored {
     Canceled(Vec<CancellationReason>),
     /// The transaction was refused as a whole, before any condition.
     Refused(crate::BoxError),
+    /// The store has no transactions, and there were writes to commit with the transition.
+    Unsupported(Error),
     /// Transient faults outlasted the window; the last one.
     GaveUp(Error),
     /// A fault that does not pass with a retry.
@@ -668,6 +670,9 @@ impl Held<'_> {
                 Ok(Written::Canceled(reasons)) => return Stored::Canceled(reasons),
                 Err(StoreError::Invalid(source)) if !writes.is_empty() => {
                     return Stored::Refused(source);
+                }
+                Err(e @ StoreError::Unsupported { .. }) if !writes.is_empty() => {
+                    return Stored::Unsupported(store_error(namespace, e));
                 }
                 Err(
                     e @ (StoreError::Throttled(_)
@@ -786,6 +791,12 @@ impl Held<'_> {
                     source: Box::new(last),
                 });
             }
+            // Without its writes the result must not be stored: the failure is recorded instead (with no
+            // writes), so that the key is free at once rather than blocked until the lease runs out.
+            Stored::Unsupported(error) => {
+                self.fail(&error.to_string(), persist).await;
+                return Err(error);
+            }
             Stored::Failed(error) => return Err(error),
         }
         if let Some(cache) = self.idem.cache().filter(|_| fits) {
@@ -875,6 +886,7 @@ impl Held<'_> {
                     namespace: namespace.to_owned(),
                     source,
                 },
+                Stored::Unsupported(e) => e,
                 Stored::GaveUp(e) | Stored::Failed(e) => {
                     tracing::warn!(namespace, error = %e, "could not record the failure; the key is claimable after its lease");
                     return;

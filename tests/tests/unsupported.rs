@@ -52,7 +52,7 @@ async fn claim_with_fails_before_the_body_runs_and_writes_nothing() {
 }
 
 #[tokio::test]
-async fn staged_writes_fail_the_completion_and_nothing_is_stored() {
+async fn staged_writes_fail_the_completion_and_release_the_key() {
     let (idem, store) = handle();
     let runs = AtomicUsize::new(0);
     let counter = &runs;
@@ -73,12 +73,23 @@ async fn staged_writes_fail_the_completion_and_nothing_is_stored() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let records = store.0.records();
     assert_eq!(records.len(), 1);
-    assert_ne!(
+    assert_eq!(
         records[0].status,
-        Status::Completed,
-        "the result is not stored without its writes"
+        Status::Failed,
+        "the result is not stored without its writes, and the key is free again at once (not PENDING until the lease runs out)"
     );
     assert_eq!(records[0].response, None);
+    // The key is not blocked: the next call runs the body again (and fails the same way).
+    let again: Result<u32, Error> = idem
+        .operation(NAMESPACE, "order-2")
+        .run_transact(|tx| async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tx.put(put("apple"));
+            Ok(1)
+        })
+        .await;
+    assert!(matches!(again, Err(Error::Unsupported { .. })), "{again:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
