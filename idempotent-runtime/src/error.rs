@@ -108,6 +108,28 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// The region that serves the key did not answer (a [`RoutedStore`](crate::RoutedStore) over
+    /// several regions; see the [`routed`](crate::store::routed) module for which store errors count).
+    /// A key is served by its home region only, so that its body runs once: nothing was sent to
+    /// another region, and a call that failed claiming did not run its body. Retry later; or, to trade
+    /// exactly-once for availability during outages, see
+    /// [`RoutedStore::failover`](crate::RoutedStore::failover) (with it, this error means that every
+    /// region was unavailable, and names the home region; or that the region holding the call's
+    /// failed-over claim was).
+    #[error(
+        "`{namespace}`: region `{region}`, which serves this key, is unavailable ({}); retry later (each key is served by one region, so that it runs once)",
+        chain(source.as_ref())
+    )]
+    RegionUnavailable {
+        /// The key's namespace.
+        namespace: String,
+        /// The region's name: the key's home region, or the region holding a failed-over claim.
+        region: String,
+        /// The region's store's error.
+        #[source]
+        source: BoxError,
+    },
+
     /// The body ran and returned `Ok`, but storing its result kept failing with transient errors for as
     /// long as the claim's lease allowed. The result was not stored: the record stays PENDING until its
     /// lease runs out, and a retry after that runs the body again.
@@ -162,8 +184,9 @@ pub enum Error {
 
     /// The store does not offer what the call needs: business writes in a transaction (`transact`,
     /// [`claim_with`](crate::Operation::claim_with), [`compensate_with`](crate::Operation::compensate_with))
-    /// on a store without transactions. Nothing was written, and the body did not run (a claim) or its
-    /// outcome is recorded without the writes (a completion fails).
+    /// on a store without transactions. No business write was applied: with `claim_with`, the body did
+    /// not run and no record was written; with staged writes, the body ran but its result was not
+    /// stored, and the record is FAILED (without the writes), so the key is free again at once.
     #[error("`{namespace}`: the {store} store does not support {capability}")]
     Unsupported {
         /// The key's namespace.
@@ -256,9 +279,10 @@ impl From<Error> for std::io::Error {
         use std::io::ErrorKind;
         let kind = match &e {
             Error::InProgress { .. } | Error::Contended { .. } => ErrorKind::WouldBlock,
-            Error::Throttled { .. } | Error::Unavailable { .. } | Error::ResultNotStored { .. } => {
-                ErrorKind::TimedOut
-            }
+            Error::Throttled { .. }
+            | Error::Unavailable { .. }
+            | Error::RegionUnavailable { .. }
+            | Error::ResultNotStored { .. } => ErrorKind::TimedOut,
             Error::PayloadMismatch { .. }
             | Error::Deserialize { .. }
             | Error::Serialize { .. }
@@ -347,6 +371,7 @@ impl Error {
             | Error::Store { namespace, .. }
             | Error::Unsupported { namespace, .. }
             | Error::Unavailable { namespace, .. }
+            | Error::RegionUnavailable { namespace, .. }
             | Error::ResultNotStored { namespace, .. }
             | Error::Contended { namespace, .. }
             | Error::WriteRejected { namespace, .. }
@@ -361,7 +386,7 @@ impl Error {
     }
 
     /// Whether retrying the same call later, unchanged, may succeed: another call is in progress, the
-    /// key was contended, the store throttled or was unavailable, a result was not stored, the claim was
+    /// key was contended, the store (or the key's home region) throttled or was unavailable, a result was not stored, the claim was
     /// lost, or a business condition failed (it may hold later). Not for errors that need a change first:
     /// permissions, validation, a missing table, refused writes, bad data, a missing key.
     #[must_use]
@@ -374,6 +399,7 @@ impl Error {
                 | Error::TransactionCanceled { .. }
                 | Error::Throttled { .. }
                 | Error::Unavailable { .. }
+                | Error::RegionUnavailable { .. }
                 | Error::ResultNotStored { .. }
         )
     }

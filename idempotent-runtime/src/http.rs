@@ -566,7 +566,7 @@ fn error_response(error: &Error) -> Response<Body> {
             StatusCode::UNPROCESSABLE_ENTITY,
             "this `Idempotency-Key` was used long ago and its response has expired; use a new key",
         ),
-        Error::Throttled { .. } | Error::Unavailable { .. } => {
+        Error::Throttled { .. } | Error::Unavailable { .. } | Error::RegionUnavailable { .. } => {
             tracing::warn!(error = %error, "idempotency store unavailable");
             with_retry_after(
                 problem(

@@ -47,10 +47,19 @@
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
 //!
-//! Features: `macros` and `dynamodb` (on by default); `metrics` (counters through the `metrics` facade,
-//! see [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
-//! `Idempotency-Key` HTTP layer); `batch` (queue batches). `IDEMPOTENT_DISABLED=1` switches idempotency
+//! Features: `macros` and `dynamodb` (on by default); `emulator` (on by default, implies `dynamodb`: the
+//! DynamoDB transaction emulator behind [`MemoryStore`]'s business tables, so that `transact` and
+//! `claim_with` can be tested in memory); `metrics` (counters through the `metrics` facade, see
+//! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
+//! `Idempotency-Key` HTTP layer); `batch` (queue batches); `conformance` (`store::conformance`: the
+//! store contract as a suite, for third-party stores). `IDEMPOTENT_DISABLED=1` switches idempotency
 //! off in a process ([`DISABLED_VAR`]).
+//!
+//! Across regions (DynamoDB global tables, where a conditional write is linearizable only in the region
+//! that received it), a [`RoutedStore`] sends each key to one home region chosen by a hash of the key, so
+//! callers in different regions never both claim it; an unreachable home region is
+//! [`Error::RegionUnavailable`], and failover to another region is an explicit opt-in (see the
+//! [`store::routed`] module).
 //!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing
 //! leases, expiry and skewed clocks) against the runtime's own decision functions, every decoder is fuzzed,
@@ -65,6 +74,8 @@ mod cache;
 mod clock;
 mod codec;
 mod config;
+#[cfg(feature = "emulator")]
+mod emulator;
 mod error;
 mod execution;
 #[cfg(all(test, feature = "dynamodb"))]
@@ -80,8 +91,6 @@ mod record;
 mod size;
 pub mod store;
 pub mod telemetry;
-#[cfg(feature = "dynamodb")]
-mod transaction;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -108,12 +117,14 @@ pub use operation::{OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;
+pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
-pub use store::dynamodb::{DynamoDbStore, TableReport};
-#[cfg(feature = "dynamodb")]
-pub use transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction};
+pub use store::dynamodb::{
+    DynamoDbStore, TableReport,
+    transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction},
+};
 
 /// The AWS SDK for DynamoDB, re-exported so that users get the version this crate was built with.
 #[cfg(feature = "dynamodb")]

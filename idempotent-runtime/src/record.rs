@@ -101,6 +101,10 @@ impl Record {
 /// The names of the record's attributes in the table. The defaults: `pk`, `status`, `token`, `attempt`,
 /// `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, `replay_until` (only written with
 /// retention) and `claim_writes` (only written by claims with business writes).
+///
+/// A setting of the record, not of one store: every store sizes its records by them
+/// ([`Store::response_budget`](crate::Store::response_budget)), and the DynamoDB store's expressions
+/// name them through placeholders (`store::dynamodb::expression`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttributeNames {
     /// Partition key (type S).
@@ -141,27 +145,6 @@ impl Default for AttributeNames {
             error: "error".into(),
             replay_until: "replay_until".into(),
             claim_writes: "claim_writes".into(),
-        }
-    }
-}
-
-impl AttributeNames {
-    /// The attribute behind an expression placeholder (`#pk`, `#st`, ...).
-    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
-    pub(crate) fn resolve(&self, placeholder: &str) -> &str {
-        match placeholder {
-            "#pk" => &self.key,
-            "#st" => &self.status,
-            "#tk" => &self.token,
-            "#at" => &self.attempt,
-            "#lu" => &self.lease_until,
-            "#ex" => &self.expires_at,
-            "#fp" => &self.fingerprint,
-            "#rs" => &self.response,
-            "#er" => &self.error,
-            "#ru" => &self.replay_until,
-            "#cw" => &self.claim_writes,
-            other => unreachable!("unknown placeholder {other}"),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! | `transact_write_cancellation_reason_total` | `reason` | canceled transactions, per failed action's code |
 //! | `idempotency_consumed_wcu_total` | `op` | write capacity DynamoDB reports (`ReturnConsumedCapacity`) |
 //! | `dynamo_ttl_delete_before_retry_total` | — | a claim replaced its key's expired record (a duplicate after the `ttl`) |
+//! | `idempotency_region_failovers_total` | `op`, `from`, `to` | requests a [`RoutedStore`](crate::RoutedStore) with failover sent to another region than the key's home (`from`) |
 
 use std::future::Future;
 use std::time::Instant;
@@ -129,6 +130,7 @@ impl<T: Observed> Observed for Result<T, StoreError> {
                     StoreError::Schema(_) => "schema",
                     StoreError::Unsupported { .. } => "unsupported",
                     StoreError::Other(_) => "error",
+                    StoreError::RegionUnavailable { .. } => "region_unavailable",
                 },
                 e.code(),
             ),
@@ -188,6 +190,32 @@ pub(crate) fn expired_record_reclaimed() {
     tracing::debug!("the key's record had expired; claimed anew");
     #[cfg(feature = "metrics")]
     metrics::counter!("dynamo_ttl_delete_before_retry_total").increment(1);
+}
+
+/// Logs and counts a request for a key sent to region `to` instead of the key's home `from`
+/// ([`RoutedStore::failover`](crate::RoutedStore::failover)): because of `error` (the home region's,
+/// or the last region's tried before `to`), or, with no error, because the call's claim failed over
+/// earlier and its later requests follow it.
+pub(crate) fn region_failover(op: &'static str, from: &str, to: &str, error: Option<&StoreError>) {
+    if let Some(error) = error {
+        tracing::warn!(
+            op,
+            from,
+            to,
+            error = %error,
+            "region unavailable; failing over (the key may now be claimed in two regions)"
+        );
+    } else {
+        tracing::debug!(op, from, to, "following a claim that failed over");
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_region_failovers_total",
+        "op" => op,
+        "from" => from.to_owned(),
+        "to" => to.to_owned()
+    )
+    .increment(1);
 }
 
 /// Counts the write capacity DynamoDB reported for a request.

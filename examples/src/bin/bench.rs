@@ -47,7 +47,8 @@ use aws_sdk_dynamodb::config::{
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use clap::{Parser, ValueEnum};
-use idempotent_runtime::{DynamoDbStore, Error, Idempotency, idempotent};
+use idempotent_runtime::store::dynamodb::expression::{self, CLAIMABLE, HELD_BY_TOKEN};
+use idempotent_runtime::{AttributeNames, DynamoDbStore, Error, Idempotency, idempotent};
 use serde::{Deserialize, Serialize};
 
 /// End-to-end benchmark of `#[idempotent]` on DynamoDB Local, beside a bare-SDK baseline.
@@ -245,14 +246,14 @@ impl Intercept for RequestCounter {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The baseline: the bare requests, with the same expressions and attribute sizes as the store's.
+// The baseline: the bare requests, with the store's own expressions and the same attribute sizes.
 
-const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
-const CLAIM: &str =
-    "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er";
-const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
-const COMPLETE: &str = "SET #st = :completed, #rs = :rs, #ex = :ex REMOVE #lu";
-const FAIL: &str = "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu";
+/// A claim with a payload fingerprint, no business writes.
+const CLAIM: &str = expression::claim_update(true, false);
+/// A completion with a stored response, no retention.
+const COMPLETE: &str = expression::complete_update(true, false);
+/// A failure without compensating writes.
+const FAIL: &str = expression::fail_update(false);
 
 #[derive(Debug)]
 struct Baseline {
@@ -266,13 +267,6 @@ struct Baseline {
     fingerprint: String,
     tokens: AtomicU64,
     config_override: bool,
-}
-
-fn names(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
 }
 
 fn s(v: &str) -> AttributeValue {
@@ -297,25 +291,14 @@ impl Baseline {
         Self {
             client,
             table,
-            claim_names: names(&[
-                ("#pk", "pk"),
-                ("#st", "status"),
-                ("#tk", "token"),
-                ("#lu", "lease_until"),
-                ("#ex", "expires_at"),
-                ("#fp", "fingerprint"),
-                ("#at", "attempt"),
-                ("#rs", "response"),
-                ("#er", "error"),
-            ]),
-            transition_names: names(&[
-                ("#st", "status"),
-                ("#tk", "token"),
-                ("#lu", "lease_until"),
-                ("#ex", "expires_at"),
-                ("#rs", "response"),
-                ("#er", "error"),
-            ]),
+            claim_names: expression::attribute_names(
+                &AttributeNames::default(),
+                &[CLAIM, CLAIMABLE],
+            ),
+            transition_names: expression::attribute_names(
+                &AttributeNames::default(),
+                &[COMPLETE, FAIL, HELD_BY_TOKEN],
+            ),
             response: serde_json::to_vec(&receipt)
                 .expect("a receipt serializes")
                 .into(),

@@ -1,16 +1,20 @@
-//! Where records live: the [`Store`] trait and its two implementations.
+//! Where records live: the [`Store`] trait, its two implementations ([`memory`], [`dynamodb`]) and the
+//! [`routed`] store that pins each key to a home region.
 //!
 //! A store is thin: it performs one conditional write or read per call and reports what it found. All
 //! decisions (replay, in progress, lease lost, payload mismatch) are taken by the caller, so every store
-//! behaves the same way; the conformance suite in `tests/` runs against each of them.
+//! behaves the same way. The contract is published as a suite any store runs with one call:
+//! `conformance::check` (feature `conformance`), which both built-in stores pass.
 
 use crate::error::BoxError;
 use crate::record::Record;
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
-mod memory_table;
+pub mod routed;
 pub mod writes;
 
 pub use writes::Writes;
@@ -150,7 +154,15 @@ pub enum StoreError {
     /// have been applied.
     #[error("unavailable: {}", crate::error::chain(.0.as_ref()))]
     Unavailable(#[source] BoxError),
-    /// The store does not offer what was asked of it (transactions with business writes, say).
+    /// The store does not offer what was asked of it (transactions with business writes, say); nothing
+    /// was written.
+    ///
+    /// The trait's defaults for [`Store::claim_transaction`] and [`Store::transact_transition`] return
+    /// it, so a store without transactions needs no code for them. The state machine never retries it and
+    /// reports it as [`Error::Unsupported`](crate::Error::Unsupported): a claim with business writes
+    /// fails before the body runs, a completion with staged writes after it. A store supports both
+    /// transactional calls or neither; the conformance suite checks that, and skips (and reports) its
+    /// transaction cases for a store that refuses both.
     #[error("the {store} store does not support {capability}")]
     Unsupported {
         /// The store's [`kind`](Store::kind).
@@ -161,6 +173,18 @@ pub enum StoreError {
     /// Anything else (permissions, a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
+    /// The region serving a key (its home region, or the region holding a failed-over claim) is
+    /// unavailable: a [`RoutedStore`](routed::RoutedStore) got [`Unavailable`](StoreError::Unavailable)
+    /// from the region's store (see the [`routed`] module for exactly which errors count). The request
+    /// may or may not have been applied there.
+    #[error("region `{region}` is unavailable: {}", crate::error::chain(source.as_ref()))]
+    RegionUnavailable {
+        /// The region's name.
+        region: String,
+        /// The region's store's error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl StoreError {
@@ -169,20 +193,17 @@ impl StoreError {
     #[must_use]
     pub fn code(&self) -> Option<&str> {
         match self {
+            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
+            // Only the SDK's errors carry a code; without the `dynamodb` feature there are none.
+            #[cfg(feature = "dynamodb")]
             StoreError::Throttled(e)
             | StoreError::Unavailable(e)
             | StoreError::Invalid(e)
-            | StoreError::Other(e) => {
-                #[cfg(feature = "dynamodb")]
-                return dynamodb::error_code(e.as_ref());
-                #[cfg(not(feature = "dynamodb"))]
-                {
-                    let _ = e;
-                    None
-                }
-            }
-            StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
-            StoreError::Corrupt(_) | StoreError::Schema(_) | StoreError::Unsupported { .. } => None,
+            | StoreError::Other(e) => dynamodb::error_code(e.as_ref()),
+            StoreError::RegionUnavailable { source, .. } => source
+                .downcast_ref::<StoreError>()
+                .and_then(StoreError::code),
+            _ => None,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! The state machine and the [`Store`](super::Store) trait pass them on without looking inside: only a
 //! store that supports transactions reads them ([`Writes::items`]). The one place that knows what a
 //! write is made of: with the `dynamodb` feature, DynamoDB's own `TransactWriteItem`; without it, there
-//! are never any.
+//! are never any (a write is `Infallible`, so the same methods compile, and none can be added). The limits
+//! of one transaction are DynamoDB's, checked in `store::dynamodb::transaction`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -49,50 +50,35 @@ impl Writes {
 
     /// The writes, in the order they were given: the actions after the record's own in one
     /// `TransactWriteItems`.
-    #[cfg(feature = "dynamodb")]
     #[must_use]
-    pub fn items(&self) -> &[aws_sdk_dynamodb::types::TransactWriteItem] {
+    pub fn items(&self) -> &[Item] {
         &self.items
     }
 
     /// Adds a write at the end.
-    #[cfg(feature = "dynamodb")]
-    pub fn push(&mut self, item: aws_sdk_dynamodb::types::TransactWriteItem) {
+    pub fn push(&mut self, item: Item) {
         self.items.push(item);
-    }
-
-    /// Checks the limits of one transaction before anything is sent: the writes together with the
-    /// record's own action (`record_bytes`, keyed by `record_key`). The reason when they do not fit.
-    #[cfg_attr(
-        not(feature = "dynamodb"),
-        allow(clippy::unused_self, clippy::unnecessary_wraps)
-    )]
-    pub(crate) fn check_limits(&self, record_key: &str, record_bytes: usize) -> Result<(), String> {
-        #[cfg(feature = "dynamodb")]
-        return crate::transaction::check_limits(record_key, record_bytes, &self.items);
-        #[cfg(not(feature = "dynamodb"))]
-        {
-            let _ = (record_key, record_bytes);
-            Ok(())
-        }
     }
 }
 
-#[cfg(feature = "dynamodb")]
-impl Extend<aws_sdk_dynamodb::types::TransactWriteItem> for Writes {
-    fn extend<I: IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>>(
-        &mut self,
-        iter: I,
-    ) {
+/// Without the `dynamodb` feature there is no write, so no limit to check.
+#[cfg(not(feature = "dynamodb"))]
+impl Writes {
+    #[allow(clippy::unused_self, clippy::unnecessary_wraps)]
+    pub(crate) fn check_limits(&self, record_key: &str, record_bytes: usize) -> Result<(), String> {
+        let _ = (record_key, record_bytes);
+        Ok(())
+    }
+}
+
+impl Extend<Item> for Writes {
+    fn extend<I: IntoIterator<Item = Item>>(&mut self, iter: I) {
         self.items.extend(iter);
     }
 }
 
-#[cfg(feature = "dynamodb")]
-impl FromIterator<aws_sdk_dynamodb::types::TransactWriteItem> for Writes {
-    fn from_iter<I: IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>>(
-        iter: I,
-    ) -> Self {
+impl FromIterator<Item> for Writes {
+    fn from_iter<I: IntoIterator<Item = Item>>(iter: I) -> Self {
         Self {
             items: iter.into_iter().collect(),
         }

@@ -1,0 +1,342 @@
+//! Every condition and update expression [`DynamoDbStore`](super::DynamoDbStore) sends, exactly as sent,
+//! and the `#placeholders` that stand for the configured [`AttributeNames`].
+//!
+//! Public so that the protocol can be read (and audited, or reproduced by tools that send the same
+//! requests, like this repository's benchmark) without reading the store: the table in the
+//! [module docs](super) says which request carries which expression.
+//!
+//! Placeholders: `#pk` key, `#st` status, `#tk` token, `#at` attempt, `#lu` lease end, `#ex` expiry, `#fp`
+//! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect. Values:
+//! `:pending`, `:completed`, `:failed` (the [`Status`] texts), `:tk` (the fencing token), `:lu`, `:ex`,
+//! `:ru` (the new lease end, expiry and replay end), `:now_ms`, `:now_s` (the caller's clock less its
+//! clock-skew margin), `:fp`, `:rs`, `:er`, `:one` (1) and `:true`.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::AttributeNames;
+use crate::record::Status;
+use crate::store::{Change, ClaimRequest, Transition};
+
+/// The claim's condition: the record is absent, expired, FAILED, or a PENDING claim whose lease ran out
+/// (the rule of [`Record::is_claimable`](crate::Record::is_claimable)).
+pub const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = :failed OR (#st = :pending AND #lu < :now_ms)";
+
+/// The condition of a claim with business writes: the record is absent or expired (a new operation), or
+/// claimable with no claim-time writes in effect (the rule of
+/// [`Record::is_claimable_with_writes`](crate::Record::is_claimable_with_writes)).
+pub const CLAIMABLE_WITH_WRITES: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = :failed OR (#st = :pending AND #lu < :now_ms)) AND attribute_not_exists(#cw))";
+
+/// The condition of every transition out of (or within) PENDING: the record is PENDING under the
+/// caller's fencing token.
+pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
+
+/// The heartbeat's update: a later lease end and expiry.
+pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
+
+/// The claim's update: PENDING under a new token, one more attempt, the old outcome removed.
+/// `fingerprint`: the call has a payload fingerprint (else any old one is removed); `claim_writes`: a
+/// claim with business writes, which marks them as in effect (a plain claim leaves the mark as it is).
+#[must_use]
+pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str {
+    match (fingerprint, claim_writes) {
+        (false, false) => {
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #ru, #fp"
+        }
+        (true, false) => {
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er, #ru"
+        }
+        (false, true) => {
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #cw = :true ADD #at :one REMOVE #rs, #er, #ru, #fp"
+        }
+        (true, true) => {
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp, #cw = :true ADD #at :one REMOVE #rs, #er, #ru"
+        }
+    }
+}
+
+/// The completion's update: COMPLETED with a new expiry, the lease removed. `response`: the response is
+/// stored (else the record replays as too large); `replay_until`: with retention, the end of the
+/// replay window.
+#[must_use]
+pub const fn complete_update(response: bool, replay_until: bool) -> &'static str {
+    match (response, replay_until) {
+        (true, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu",
+        (true, true) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu",
+        (false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs",
+        (false, true) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs",
+    }
+}
+
+/// The failure's update: FAILED with the error's text and a short expiry, the lease removed.
+/// `release_claim_writes`: compensating writes commit with it, so the claim-time writes stop being in
+/// effect.
+#[must_use]
+pub const fn fail_update(release_claim_writes: bool) -> &'static str {
+    if release_claim_writes {
+        "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu, #cw"
+    } else {
+        "SET #st = :failed, #er = :er, #ex = :ex REMOVE #lu"
+    }
+}
+
+/// The `ExpressionAttributeNames` of a request: each `#placeholder` used in `expressions`, mapped to its
+/// attribute in `names` (DynamoDB rejects a request that maps a placeholder it does not use).
+///
+/// # Panics
+/// On a placeholder that is not one of the store's (listed in the [module docs](self)).
+#[must_use]
+pub fn attribute_names(names: &AttributeNames, expressions: &[&str]) -> HashMap<String, String> {
+    let mut map = HashMap::with_capacity(10);
+    for expression in expressions {
+        let mut rest = *expression;
+        while let Some(start) = rest.find('#') {
+            let tail = &rest[start..];
+            let end = tail[1..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(tail.len(), |i| i + 1);
+            let placeholder = &tail[..end];
+            if !map.contains_key(placeholder) {
+                map.insert(
+                    placeholder.to_owned(),
+                    attribute(names, placeholder).to_owned(),
+                );
+            }
+            rest = &tail[end..];
+        }
+    }
+    map
+}
+
+/// The attribute behind a placeholder.
+fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
+    match placeholder {
+        "#pk" => &names.key,
+        "#st" => &names.status,
+        "#tk" => &names.token,
+        "#at" => &names.attempt,
+        "#lu" => &names.lease_until,
+        "#ex" => &names.expires_at,
+        "#fp" => &names.fingerprint,
+        "#rs" => &names.response,
+        "#er" => &names.error,
+        "#ru" => &names.replay_until,
+        "#cw" => &names.claim_writes,
+        other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
+    }
+}
+
+/// One conditional update of a record, everything but its table and key: what an `UpdateItem`, or a
+/// transaction's `Update` action, carries.
+#[derive(Debug)]
+pub(super) struct RecordUpdate {
+    /// The update expression.
+    pub(super) update: &'static str,
+    /// The condition expression.
+    pub(super) condition: &'static str,
+    /// The `ExpressionAttributeNames` of both.
+    pub(super) names: HashMap<String, String>,
+    /// The `ExpressionAttributeValues` of both.
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
+impl RecordUpdate {
+    /// A claim; `with_writes`: a claim with business writes (`claim_with`), which marks them as in
+    /// effect and is refused while earlier ones are.
+    pub(super) fn claim(
+        names: &AttributeNames,
+        request: &ClaimRequest<'_>,
+        with_writes: bool,
+    ) -> Self {
+        let mut values = HashMap::with_capacity(10);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+        values.insert(":tk".to_owned(), s(request.token));
+        values.insert(":lu".to_owned(), n(request.lease_until_ms));
+        values.insert(":ex".to_owned(), n(request.expires_at_s));
+        values.insert(":one".to_owned(), n(1));
+        values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
+        values.insert(":now_ms".to_owned(), n(request.now_ms));
+        if let Some(fp) = request.fingerprint {
+            values.insert(":fp".to_owned(), s(fp));
+        }
+        if with_writes {
+            values.insert(":true".to_owned(), AttributeValue::Bool(true));
+        }
+        let update = claim_update(request.fingerprint.is_some(), with_writes);
+        let condition = if with_writes {
+            CLAIMABLE_WITH_WRITES
+        } else {
+            CLAIMABLE
+        };
+        Self::new(names, update, condition, values)
+    }
+
+    /// A fenced transition.
+    pub(super) fn transition(names: &AttributeNames, transition: &Transition<'_>) -> Self {
+        let mut values = HashMap::with_capacity(6);
+        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        values.insert(":tk".to_owned(), s(transition.token));
+        let update = match transition.change {
+            Change::Complete {
+                response,
+                expires_at_s,
+                replay_until_s,
+            } => {
+                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                if let Some(bytes) = response {
+                    values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
+                }
+                if let Some(until) = replay_until_s {
+                    values.insert(":ru".to_owned(), n(until));
+                }
+                complete_update(response.is_some(), replay_until_s.is_some())
+            }
+            Change::Fail {
+                error,
+                expires_at_s,
+                release_claim_writes,
+            } => {
+                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+                values.insert(":er".to_owned(), s(error));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                fail_update(release_claim_writes)
+            }
+            Change::ExtendLease {
+                lease_until_ms,
+                expires_at_s,
+            } => {
+                values.insert(":lu".to_owned(), n(lease_until_ms));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                EXTEND_LEASE
+            }
+        };
+        Self::new(names, update, HELD_BY_TOKEN, values)
+    }
+
+    fn new(
+        names: &AttributeNames,
+        update: &'static str,
+        condition: &'static str,
+        values: HashMap<String, AttributeValue>,
+    ) -> Self {
+        Self {
+            update,
+            condition,
+            names: attribute_names(names, &[update, condition]),
+            values,
+        }
+    }
+}
+
+fn n(value: u64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The `prefix`ed placeholders (`#..` or `:..`) in `expressions`.
+    fn placeholders(prefix: char, expressions: &[&str]) -> BTreeSet<String> {
+        expressions
+            .iter()
+            .flat_map(|e| e.split(|c: char| !(c.is_ascii_alphanumeric() || "_#:".contains(c))))
+            .filter(|word| word.starts_with(prefix))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn keys<V>(map: &HashMap<String, V>) -> BTreeSet<String> {
+        map.keys().cloned().collect()
+    }
+
+    /// DynamoDB rejects a request whose expressions use a name or value it does not define, or that
+    /// defines one they do not use: every request shape defines exactly the ones it uses.
+    fn assert_complete(update: &RecordUpdate) {
+        let expressions = [update.update, update.condition];
+        assert_eq!(
+            keys(&update.names),
+            placeholders('#', &expressions),
+            "{update:?}"
+        );
+        assert_eq!(
+            keys(&update.values),
+            placeholders(':', &expressions),
+            "{update:?}"
+        );
+    }
+
+    #[test]
+    fn every_request_defines_exactly_the_names_and_values_it_uses() {
+        let names = AttributeNames::default();
+        for fingerprint in [None, Some("fp")] {
+            for with_writes in [false, true] {
+                let request = ClaimRequest {
+                    key: "ns#k",
+                    token: "token",
+                    attempt: 1,
+                    now_ms: 1_000_000,
+                    lease_until_ms: 1_060_000,
+                    expires_at_s: 90_000,
+                    fingerprint,
+                };
+                assert_complete(&RecordUpdate::claim(&names, &request, with_writes));
+            }
+        }
+        let mut changes = vec![Change::ExtendLease {
+            lease_until_ms: 1,
+            expires_at_s: 2,
+        }];
+        for release_claim_writes in [false, true] {
+            changes.push(Change::Fail {
+                error: "declined",
+                expires_at_s: 2,
+                release_claim_writes,
+            });
+        }
+        for response in [None, Some(&b"{}"[..])] {
+            for replay_until_s in [None, Some(3)] {
+                changes.push(Change::Complete {
+                    response,
+                    expires_at_s: 2,
+                    replay_until_s,
+                });
+            }
+        }
+        for change in changes {
+            let transition = Transition {
+                key: "ns#k",
+                token: "token",
+                change,
+            };
+            assert_complete(&RecordUpdate::transition(&names, &transition));
+        }
+    }
+
+    #[test]
+    fn placeholders_resolve_to_the_configured_attribute_names() {
+        let names = AttributeNames {
+            status: "state".to_owned(),
+            ..AttributeNames::default()
+        };
+        let map = attribute_names(&names, &[HELD_BY_TOKEN, EXTEND_LEASE]);
+        assert_eq!(
+            map,
+            HashMap::from([
+                ("#st".to_owned(), "state".to_owned()),
+                ("#tk".to_owned(), "token".to_owned()),
+                ("#lu".to_owned(), "lease_until".to_owned()),
+                ("#ex".to_owned(), "expires_at".to_owned()),
+            ])
+        );
+    }
+}

@@ -1,0 +1,446 @@
+//! [`DynamoDbStore`]: records in a DynamoDB table, one item per key.
+//!
+//! Every call is one request: a conditional `UpdateItem` (claim, complete, fail, heartbeat), a
+//! `TransactWriteItems` (a claim, completion or failure that carries business writes), or a consistent
+//! `GetItem` (waiting for an in-flight call). Conditional writes ask for
+//! `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a failed condition hands back the blocking record in
+//! the same round trip. [`DynamoDbStore::create_table`] creates the table (`CreateTable`, then
+//! `DescribeTable` until it is active, then `UpdateTimeToLive`).
+//!
+//! # The protocol, request by request
+//!
+//! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
+//! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
+//! end, `#cw` claim-time writes in effect). `:now_ms` is the caller's clock *less the clock-skew margin*
+//! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
+//! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
+//! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
+//!
+//! | request | update | condition |
+//! |---|---|---|
+//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
+//! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl] REMOVE #lu[, #rs]` | `#st = PENDING AND #tk = :tk` |
+//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it) | `#st = PENDING AND #tk = :tk` |
+//! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
+//! | wait | consistent `GetItem` | — |
+//!
+//! A claim never touches `#cw` otherwise: claim-time writes stay in effect across a failure without
+//! compensation and across a takeover, so a claim with writes that finds such a record is refused, and the
+//! caller claims it with the plain claim above instead — the writes are in effect at most once per key.
+//!
+//! A completion, or a failure, that carries business writes is one `TransactWriteItems`: the record's
+//! update (index 0) and the writes. Its `ClientRequestToken` is derived from (purpose, table, key, the
+//! call's fencing token, and for claims the attempt number): DynamoDB applies one token once within **ten
+//! minutes**, and refuses the same token with other parameters (`IdempotentParameterMismatch`). So the
+//! SDK's retries of a request, and this crate's retries of a completion (built once, sent unchanged),
+//! keep their token, while every claim attempt (each with its own time, lease and expiry) has its own.
+//! `UpdateItem` takes no such token: a claim, completion or failure whose response was lost is recognised
+//! by the fencing token in the record that its retry's failed condition returns.
+//!
+//! Error mapping: throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts,
+//! broken connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
+//! [`StoreError::Invalid`]; a missing table is [`StoreError::TableNotFound`] (in a transaction, a missing
+//! business table is [`StoreError::Invalid`] naming the candidates, since DynamoDB does not say which).
+
+// Everything DynamoDB-specific lives in this folder; the rest of the crate speaks `Record`, `Writes` and
+// `StoreError`. (DynamoDB's 400 KB item limit is in `crate::size`, outside: every store applies it.)
+mod error; // SDK errors → `StoreError`, and `StoreError::code`
+pub mod expression; // every condition and update expression, and the placeholders
+mod item; // item → `Record`
+mod request_token; // `ClientRequestToken`s of transactions
+mod size; // DynamoDB's size rules for staged writes
+mod table; // create/ensure/check the table, `TableReport`
+pub(crate) mod transaction; // `Transaction` and the limits of one `TransactWriteItems`
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::error::ProvideErrorMetadata as _;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+
+use super::Writes;
+use super::{
+    ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition, WriteOutcome,
+};
+use crate::record::Record;
+pub(crate) use error::classify;
+use error::{canceled, cancellation_reasons, rejected};
+use expression::RecordUpdate;
+use request_token::request_token;
+
+pub use crate::record::AttributeNames;
+pub(crate) use error::error_code;
+pub(crate) use item::parse_item;
+pub use table::TableReport;
+
+/// Idempotency records in a DynamoDB table (partition key only, type S).
+///
+/// Cheap to clone. Create the table with [`DynamoDbStore::create_table`] or by hand: partition key `pk`
+/// (String), any billing mode, TTL on `expires_at` (optional: expiry is enforced by the conditions, TTL
+/// only reclaims space).
+///
+/// The client is used as it is configured (region, credentials, retries). [`with_retry_config`](Self::with_retry_config)
+/// overrides its retry policy for this store's calls only.
+#[derive(Debug, Clone)]
+pub struct DynamoDbStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    client: Client,
+    table: String,
+    names: AttributeNames,
+    /// With [`DynamoDbStore::with_retry_config`]: the configuration override of every request, holding
+    /// the store's retry policy and nothing else (unset settings keep the client's). Built once.
+    retry_override: Option<aws_sdk_dynamodb::config::Builder>,
+}
+
+impl DynamoDbStore {
+    /// A store on `table`, with the default attribute names.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self::with_attribute_names(client, table, AttributeNames::default())
+    }
+
+    /// A store on `table` whose records use the given attribute names.
+    pub fn with_attribute_names(
+        client: Client,
+        table: impl Into<String>,
+        names: AttributeNames,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                table: table.into(),
+                names,
+                retry_override: None,
+            }),
+        }
+    }
+
+    /// Overrides the client's retry policy for this store's calls (throttling and transient errors are
+    /// retried by the SDK with exponential backoff and jitter; a failed condition never is). When
+    /// retries run out, a call fails with [`Error::Throttled`](crate::Error::Throttled) (throttling) or
+    /// [`Error::Unavailable`](crate::Error::Unavailable) (HTTP 5xx, timeouts, broken connections). A
+    /// claim that fails so wrote nothing, or (its response lost) holds the key until its lease runs
+    /// out. Once the body has run, its completion is retried on top of this policy for as long as the
+    /// lease allows.
+    ///
+    /// ```
+    /// use idempotent_runtime::aws_sdk_dynamodb::config::retry::RetryConfig;
+    /// use idempotent_runtime::{DynamoDbStore, Idempotency};
+    /// # fn f(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
+    /// let store = DynamoDbStore::new(client, "idempotency")
+    ///     .with_retry_config(RetryConfig::adaptive().with_max_attempts(5));
+    /// let idem = Idempotency::builder(store).build();
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_retry_config(self, retry: RetryConfig) -> Self {
+        let inner = Arc::unwrap_or_clone(self.inner);
+        Self {
+            inner: Arc::new(Inner {
+                retry_override: Some(aws_sdk_dynamodb::Config::builder().retry_config(retry)),
+                ..inner
+            }),
+        }
+    }
+
+    /// The table's name.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The SDK client.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The attribute names in use.
+    #[must_use]
+    pub fn attribute_names(&self) -> &AttributeNames {
+        &self.inner.names
+    }
+
+    /// One conditional `UpdateItem` of the record (`op`: its name for metrics); a failed condition returns
+    /// the item as it was. `claimed_at_s`: for a claim, the time its condition is evaluated at, so that
+    /// (with the `metrics` feature) a claim that replaced an expired record is counted.
+    async fn conditional_update(
+        &self,
+        op: &'static str,
+        claimed_at_s: Option<u64>,
+        key: &str,
+        update: RecordUpdate,
+    ) -> Result<WriteOutcome, StoreError> {
+        let inner = &self.inner;
+        let request = inner
+            .client
+            .update_item()
+            .table_name(&inner.table)
+            .key(&inner.names.key, key_value(key))
+            .update_expression(update.update)
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        // Asked for only with the feature: they cost response bytes (the old values of a claim include
+        // the old response, which only an expired COMPLETED record still has).
+        #[cfg(feature = "metrics")]
+        let request = request
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
+            .set_return_values(
+                claimed_at_s.map(|_| aws_sdk_dynamodb::types::ReturnValue::UpdatedOld),
+            );
+        let result = send!(self, request);
+        match result {
+            Ok(output) => {
+                #[cfg(feature = "metrics")]
+                {
+                    if let Some(units) = output
+                        .consumed_capacity()
+                        .and_then(aws_sdk_dynamodb::types::ConsumedCapacity::capacity_units)
+                    {
+                        crate::telemetry::consumed_wcu(op, units);
+                    }
+                    let old_expiry = output
+                        .attributes()
+                        .and_then(|old| old.get(&inner.names.expires_at))
+                        .and_then(|v| v.as_n().ok())
+                        .and_then(|n| n.parse::<u64>().ok());
+                    if let (Some(expired), Some(now_s)) = (old_expiry, claimed_at_s)
+                        && expired < now_s
+                    {
+                        crate::telemetry::expired_record_reclaimed();
+                    }
+                }
+                #[cfg(not(feature = "metrics"))]
+                let _ = (op, claimed_at_s, output);
+                Ok(WriteOutcome::Applied)
+            }
+            Err(err) => match rejected(&err).map(|e| e.item()) {
+                Some(item) => Ok(WriteOutcome::Rejected(
+                    item.map(|i| parse_item(&inner.names, i)).transpose()?,
+                )),
+                None => Err(classify(&inner.table, err)),
+            },
+        }
+    }
+
+    /// The record's conditional update as a transaction action (index 0), failing with the old item.
+    fn record_update(&self, key: &str, update: RecordUpdate) -> Result<Update, StoreError> {
+        Update::builder()
+            .table_name(&self.inner.table)
+            .key(&self.inner.names.key, key_value(key))
+            .update_expression(update.update)
+            .condition_expression(update.condition)
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Other(e.into()))
+    }
+
+    /// Sends `record` (index 0) and `writes` in one `TransactWriteItems` with an idempotent request token,
+    /// and sorts out a cancellation.
+    async fn transact(
+        &self,
+        op: &'static str,
+        record: Update,
+        writes: Vec<TransactWriteItem>,
+        request_token: String,
+    ) -> Result<TransactOutcome, StoreError> {
+        let inner = &self.inner;
+        // Named in the error if one of them does not exist (DynamoDB does not say which).
+        let mut tables: Vec<String> = writes
+            .iter()
+            .filter_map(|w| transaction::table_of(w).map(str::to_owned))
+            .collect();
+        tables.sort_unstable();
+        tables.dedup();
+        let mut items = Vec::with_capacity(writes.len() + 1);
+        items.push(TransactWriteItem::builder().update(record).build());
+        items.extend(writes);
+        let request = inner
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(request_token);
+        #[cfg(feature = "metrics")]
+        let request = request
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total);
+        let result = send!(self, request);
+        let err = match result {
+            Ok(output) => {
+                #[cfg(feature = "metrics")]
+                for consumed in output.consumed_capacity() {
+                    if let Some(units) = consumed.capacity_units() {
+                        crate::telemetry::consumed_wcu(op, units);
+                    }
+                }
+                #[cfg(not(feature = "metrics"))]
+                let _ = (op, output);
+                return Ok(TransactOutcome::Committed);
+            }
+            Err(err) => err,
+        };
+        let Some(canceled) = canceled(&err) else {
+            // The missing table may be a business table: say so rather than blame the record's table.
+            if err.code() == Some("ResourceNotFoundException") {
+                return Err(StoreError::Invalid(
+                    format!(
+                        "a table in the transaction does not exist (the idempotency table `{}`, or one of `{}`): {}",
+                        inner.table,
+                        tables.join("`, `"),
+                        crate::error::chain(&err)
+                    )
+                    .into(),
+                ));
+            }
+            return Err(classify(&inner.table, err));
+        };
+        let reasons = cancellation_reasons(canceled);
+        match reasons.first() {
+            Some(first) if first.code == "ConditionalCheckFailed" => Ok(TransactOutcome::Rejected(
+                first
+                    .item
+                    .as_ref()
+                    .map(|item| parse_item(&inner.names, item))
+                    .transpose()?,
+            )),
+            // A business condition, or a conflict or throttling that may pass: the caller decides.
+            _ => Ok(TransactOutcome::Canceled(reasons)),
+        }
+    }
+
+    /// Turns a stored item into a [`Record`], or says what is wrong with it.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for a missing or mistyped attribute or an unknown status.
+    pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
+        parse_item(&self.inner.names, item)
+    }
+}
+
+/// Sends a fluent request, with the store's retry policy when it has one, through the SDK's per-operation
+/// override (`customize().config_override(..)`): the client and its configuration stay as they are, and
+/// are shared with the user's own calls. Without a policy no override is attached, which spares the SDK a
+/// configuration merge per request. (A macro: each operation's fluent builder is its own type, and the
+/// SDK's trait for sending a customized one is private.)
+macro_rules! send {
+    ($store:expr, $request:expr) => {
+        match &$store.inner.retry_override {
+            Some(retry) => {
+                $request
+                    .customize()
+                    .config_override(retry.clone())
+                    .send()
+                    .await
+            }
+            None => $request.send().await,
+        }
+    };
+}
+use send;
+
+fn key_value(key: &str) -> AttributeValue {
+    AttributeValue::S(key.to_owned())
+}
+
+#[async_trait::async_trait]
+impl Store for DynamoDbStore {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let update = RecordUpdate::claim(&self.inner.names, request, false);
+        let outcome = self
+            .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
+            .await?;
+        match outcome {
+            WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
+            WriteOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
+            WriteOutcome::Rejected(None) => Err(StoreError::Corrupt(
+                "the claim condition failed but no item was returned".to_owned(),
+            )),
+        }
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        let update = RecordUpdate::transition(&self.inner.names, transition);
+        let op = transition.change.op(false);
+        self.conditional_update(op, None, transition.key, update)
+            .await
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let update = RecordUpdate::transition(&self.inner.names, transition);
+        let record = self.record_update(transition.key, update)?;
+        // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
+        let token = request_token(
+            transition.change.op(false),
+            &self.inner.table,
+            transition.key,
+            transition.token,
+            0,
+        );
+        self.transact(
+            transition.change.op(true),
+            record,
+            writes.items().to_vec(),
+            token,
+        )
+        .await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let update = RecordUpdate::claim(&self.inner.names, request, true);
+        let record = self.record_update(request.key, update)?;
+        let token = request_token(
+            "claim",
+            &self.inner.table,
+            request.key,
+            request.token,
+            request.attempt,
+        );
+        self.transact("claim_transaction", record, writes.items().to_vec(), token)
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let inner = &self.inner;
+        let output = send!(
+            self,
+            inner
+                .client
+                .get_item()
+                .table_name(&inner.table)
+                .key(&inner.names.key, key_value(key))
+                .consistent_read(true)
+        )
+        .map_err(|e| classify(&inner.table, e))?;
+        output
+            .item()
+            .map(|item| parse_item(&inner.names, item))
+            .transpose()
+    }
+
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        crate::size::response_budget(&self.inner.names, key, fingerprint)
+    }
+
+    fn kind(&self) -> &'static str {
+        "dynamodb"
+    }
+}

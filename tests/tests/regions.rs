@@ -1,0 +1,391 @@
+//! Home-region routing ([`RoutedStore`]) with two DynamoDB Local servers standing for two AWS regions
+//! (`scripts/test` starts both): a key lives in exactly one region, the one `home` names; callers in
+//! both regions race in that one place, so the body runs once; a home region that stops answering is
+//! [`Error::RegionUnavailable`] (and nothing runs), unless failover was opted into, which is then
+//! logged and counted.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idempotent_runtime::{
+    DynamoDbStore, Error, Idempotency, RoutedStore, Status, Store, derive_key,
+};
+use idempotent_tests::proxy::{Fault, FaultProxy, Rule};
+use idempotent_tests::{AppError, client_at, endpoint, faulty_client, unique_table};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// The environment variable `scripts/test` sets to the second DynamoDB Local's endpoint.
+const ENDPOINT_2_VAR: &str = "IDEMPOTENT_DYNAMODB_ENDPOINT_2";
+
+/// The two regions' names. They decide every key's home, so these tests are deterministic.
+const A: &str = "region-a";
+const B: &str = "region-b";
+
+/// The second DynamoDB Local's endpoint. Panics (failing the test, never skipping it) when none is
+/// configured.
+fn endpoint_2() -> String {
+    std::env::var(ENDPOINT_2_VAR).unwrap_or_else(|_| {
+        panic!(
+            "this test needs a second DynamoDB Local (a second region), and {ENDPOINT_2_VAR} is not set: \
+             run the tests with `scripts/test` (it starts two), or start one with \
+             `scripts/dynamodb-local --dir .dynamodb-local/region-2 start` and export \
+             {ENDPOINT_2_VAR}=<the printed endpoint>"
+        )
+    })
+}
+
+/// A table of one name on both servers, as a global table has in every region.
+struct Regions {
+    table: String,
+    endpoints: [String; 2],
+}
+
+impl Regions {
+    async fn new() -> Self {
+        let regions = Self {
+            table: unique_table("regions"),
+            endpoints: [endpoint(), endpoint_2()],
+        };
+        for endpoint in &regions.endpoints {
+            DynamoDbStore::new(client_at(endpoint).0, &regions.table)
+                .create_table()
+                .await
+                .expect("create the test table");
+        }
+        regions
+    }
+
+    /// A routed store with a client of its own for each region, listed in `order`.
+    fn routed(&self, order: [usize; 2]) -> RoutedStore {
+        RoutedStore::dynamodb(
+            &self.table,
+            order.map(|i| ([A, B][i], client_at(&self.endpoints[i]).0)),
+        )
+        .unwrap()
+    }
+
+    /// A store reading region `i`'s table directly.
+    fn direct(&self, i: usize) -> DynamoDbStore {
+        DynamoDbStore::new(client_at(&self.endpoints[i]).0, &self.table)
+    }
+}
+
+/// The first key (an integer) in `namespace` whose home region is `region`.
+fn homed(store: &RoutedStore, namespace: &str, region: &str) -> u32 {
+    (0..1000)
+        .find(|i| store.home(&derive_key(namespace, i).unwrap()) == region)
+        .expect("a key homed in each region")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_lives_in_exactly_one_region_the_one_home_names() {
+    const NS: &str = "regions::spread";
+    const KEYS: u32 = 200;
+    let regions = Regions::new().await;
+    let store = Arc::new(regions.routed([0, 1]));
+    let idem = Idempotency::builder_arc(store.clone()).build();
+
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let idem = idem.clone();
+        calls.spawn(async move {
+            idem.operation(NS, &i)
+                .run(|| async move { Ok::<_, AppError>(i * 2) })
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+    while let Some(result) = calls.join_next().await {
+        result.unwrap().unwrap();
+    }
+
+    // Each region's table, read directly.
+    let direct = [regions.direct(0), regions.direct(1)];
+    let mut reads = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let direct = direct.clone();
+        reads.spawn(async move {
+            let key = derive_key(NS, &i).unwrap();
+            let found = [
+                direct[0].get(&key).await.unwrap(),
+                direct[1].get(&key).await.unwrap(),
+            ];
+            (i, key, found)
+        });
+    }
+    let mut per_region = HashMap::new();
+    while let Some(read) = reads.join_next().await {
+        let (i, key, found) = read.unwrap();
+        let holders: Vec<&str> = found
+            .iter()
+            .zip([A, B])
+            .filter_map(|(record, name)| record.as_ref().map(|_| name))
+            .collect();
+        assert_eq!(holders, [store.home(&key)], "key {i}");
+        let record = found.into_iter().flatten().next().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        *per_region.entry(store.home(&key)).or_insert(0_u32) += 1;
+    }
+    eprintln!("{KEYS} keys over two regions: {per_region:?}");
+    for name in [A, B] {
+        assert!(per_region[name] >= KEYS * 3 / 10, "{per_region:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_in_both_regions_run_a_key_once() {
+    const NS: &str = "regions::race";
+    const CALLERS: usize = 32;
+    let regions = Regions::new().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Every caller has its own handle, store and clients; half list the regions the other way round.
+    let handles: Vec<Idempotency> = (0..CALLERS)
+        .map(|c| {
+            let order = if c % 2 == 0 { [0, 1] } else { [1, 0] };
+            Idempotency::builder(regions.routed(order)).build()
+        })
+        .collect();
+    let start = Arc::new(tokio::sync::Barrier::new(CALLERS));
+    let mut calls = tokio::task::JoinSet::new();
+    for idem in handles {
+        let (runs, start) = (runs.clone(), start.clone());
+        calls.spawn(async move {
+            start.wait().await;
+            idem.operation(NS, "order-17")
+                .wait(Duration::from_secs(30))
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // Each execution would produce another value.
+                    Ok::<_, AppError>(uuid::Uuid::new_v4().to_string())
+                })
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(result) = calls.join_next().await {
+        results.push(result.unwrap().unwrap());
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body ran more than once"
+    );
+    assert_eq!(results.len(), CALLERS);
+    assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
+}
+
+/// What routing prevents: two regions that each decide claims on their own both accept one key.
+#[tokio::test]
+async fn without_routing_two_regions_both_accept_a_claim() {
+    const NS: &str = "regions::unrouted";
+    let regions = Regions::new().await;
+    let runs = AtomicUsize::new(0);
+    for i in 0..2 {
+        let idem = Idempotency::builder(regions.direct(i)).build();
+        idem.operation(NS, "order-17")
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, AppError>(())
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The process's metrics recorder (only one test of this binary reads it).
+fn recorder() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// The failover counters, by `op`.
+fn failovers(from: &str, to: &str) -> HashMap<String, u64> {
+    let mut counts = HashMap::new();
+    for (key, _, _, value) in recorder().snapshot().into_vec() {
+        let DebugValue::Counter(n) = value else {
+            continue;
+        };
+        let key = key.key();
+        if key.name() != "idempotency_region_failovers_total" {
+            continue;
+        }
+        let labels: HashMap<&str, &str> = key.labels().map(|l| (l.key(), l.value())).collect();
+        if labels["from"] == from && labels["to"] == to {
+            *counts.entry(labels["op"].to_owned()).or_insert(0) += n;
+        }
+    }
+    counts
+}
+
+/// The `warn` events' messages and fields.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<HashMap<String, String>>>>);
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = HashMap::new();
+            event.record(&mut Fields(&mut fields));
+            self.0.lock().unwrap().push(fields);
+        }
+    }
+}
+
+// The log is captured on this thread: the runtime must not move the calls to others.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unreachable_home_region_is_an_error_unless_failover_is_opted_into() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    const NS: &str = "regions::outage";
+    let warnings = Warnings::default();
+    let _log =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    recorder();
+
+    let regions = Regions::new().await;
+    // Region A is reached through a proxy, which is then stopped: its port refuses connections.
+    let proxy = FaultProxy::start(&regions.endpoints[0]).await;
+    let (client_a, _) = faulty_client(proxy.endpoint());
+    let client_b = client_at(&regions.endpoints[1]).0;
+    let build = |failover: bool| {
+        RoutedStore::dynamodb(
+            &regions.table,
+            [(A, client_a.clone()), (B, client_b.clone())],
+        )
+        .unwrap()
+        .failover(failover)
+    };
+    let store = build(false);
+    let at_a = homed(&store, NS, A);
+    let at_b = homed(&store, NS, B);
+    let idem = Idempotency::builder(store).build();
+    drop(proxy);
+
+    let runs = AtomicUsize::new(0);
+    let call = |idem: &Idempotency, key: u32| {
+        let idem = idem.clone();
+        let runs = &runs;
+        async move {
+            idem.operation(NS, &key)
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, AppError>(key + 1)
+                })
+                .await
+        }
+    };
+
+    // The key at home in A fails, naming A; nothing runs, nothing is written in B.
+    let err = call(&idem, at_a).await.unwrap_err().idempotency();
+    let Error::RegionUnavailable {
+        namespace, region, ..
+    } = &err
+    else {
+        panic!("expected RegionUnavailable, got {err:?}");
+    };
+    assert_eq!((namespace.as_str(), region.as_str()), (NS, A));
+    assert!(err.is_retryable());
+    assert!(
+        err.to_string()
+            .contains("region `region-a`, which serves this key, is unavailable"),
+        "{err}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let key_a = derive_key(NS, &at_a).unwrap();
+    assert!(regions.direct(1).get(&key_a).await.unwrap().is_none());
+
+    // A key at home in B is served as usual.
+    assert_eq!(call(&idem, at_b).await.unwrap(), at_b + 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        warnings.0.lock().unwrap().is_empty(),
+        "no failover without opting in"
+    );
+    assert!(failovers(A, B).is_empty());
+
+    // With failover, the key at home in A runs in B, once; a duplicate is replayed from B.
+    let idem = Idempotency::builder(build(true)).build();
+    assert_eq!(call(&idem, at_a).await.unwrap(), at_a + 1);
+    assert_eq!(call(&idem, at_a).await.unwrap(), at_a + 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let record = regions.direct(1).get(&key_a).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+
+    let counted = failovers(A, B);
+    eprintln!("failovers from {A} to {B}: {counted:?}");
+    // Two claims (the call and its duplicate) and one completion went to B.
+    assert_eq!(counted.get("claim"), Some(&2), "{counted:?}");
+    assert_eq!(counted.get("complete"), Some(&1), "{counted:?}");
+    let warnings = warnings.0.lock().unwrap();
+    assert!(
+        warnings.iter().any(|w| {
+            w.get("message").is_some_and(|m| m.contains("failing over"))
+                && w.get("from").map(String::as_str) == Some(A)
+                && w.get("to").map(String::as_str) == Some(B)
+        }),
+        "{warnings:?}"
+    );
+}
+
+/// Only an unavailable region counts as an outage: a server error does, throttling never moves a key,
+/// even with failover on.
+#[tokio::test]
+async fn server_errors_are_outages_and_throttling_is_not() {
+    const NS: &str = "regions::faults";
+    let regions = Regions::new().await;
+    let proxy = FaultProxy::start(&regions.endpoints[0]).await;
+    let (client_a, _) = faulty_client(proxy.endpoint());
+    let client_b = client_at(&regions.endpoints[1]).0;
+    // Names of their own, so that this test's failovers are not counted as the other test's.
+    let store = RoutedStore::dynamodb(&regions.table, [("east", client_a), ("west", client_b)])
+        .unwrap()
+        .failover(true);
+    let at_a = homed(&store, NS, "east");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let idem = Idempotency::builder_arc(store).build();
+    let runs = AtomicUsize::new(0);
+    let call = || {
+        idem.operation(NS, &at_a).run(|| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, AppError>(())
+        })
+    };
+
+    proxy.set_rules([Rule::new(Fault::Throttle)]);
+    let err = call().await.unwrap_err().idempotency();
+    assert!(matches!(err, Error::Throttled { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let key = derive_key(NS, &at_a).unwrap();
+    assert!(regions.direct(1).get(&key).await.unwrap().is_none());
+
+    // HTTP 500s: the region is down; with failover on, the call runs in B.
+    proxy.set_rules([Rule::new(Fault::ServerError)]);
+    call().await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(regions.direct(1).get(&key).await.unwrap().is_some());
+    assert!(regions.direct(0).get(&key).await.unwrap().is_none());
+}
