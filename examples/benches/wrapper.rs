@@ -248,17 +248,27 @@ fn completed_item(
     key: &str,
     fingerprint: &str,
     response: &[u8],
-) -> std::collections::HashMap<String, idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue> {
+) -> std::collections::HashMap<String, idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue>
+{
     use idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue;
     let s = |v: &str| AttributeValue::S(v.to_owned());
     std::collections::HashMap::from([
         ("pk".to_owned(), s(key)),
         ("status".to_owned(), s("COMPLETED")),
-        ("token".to_owned(), s("00000000-0000-4000-8000-000000000000")),
+        (
+            "token".to_owned(),
+            s("00000000-0000-4000-8000-000000000000"),
+        ),
         ("attempt".to_owned(), AttributeValue::N("1".to_owned())),
-        ("expires_at".to_owned(), AttributeValue::N("1900000000".to_owned())),
+        (
+            "expires_at".to_owned(),
+            AttributeValue::N("1900000000".to_owned()),
+        ),
         ("fingerprint".to_owned(), s(fingerprint)),
-        ("response".to_owned(), AttributeValue::B(response.to_vec().into())),
+        (
+            "response".to_owned(),
+            AttributeValue::B(response.to_vec().into()),
+        ),
     ])
 }
 
@@ -284,10 +294,7 @@ fn step(c: &mut Criterion) {
     };
     group.bench_function("key", |b| {
         b.iter(|| {
-            idempotent_runtime::derive_key(
-                "bench::charge",
-                black_box(&(req.tenant, &req.order_id)),
-            )
+            idempotent_runtime::derive_key("bench::charge", black_box(&(req.tenant, &req.order_id)))
         });
     });
     group.bench_function("fingerprint", |b| {
@@ -299,9 +306,7 @@ fn step(c: &mut Criterion) {
     group.bench_function("token_in_buffer", |b| {
         b.iter(|| {
             let mut buffer = uuid::Uuid::encode_buffer();
-            let token: &str = uuid::Uuid::new_v4()
-                .hyphenated()
-                .encode_lower(&mut buffer);
+            let token: &str = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buffer);
             black_box(token.len())
         });
     });

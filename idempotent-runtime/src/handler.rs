@@ -513,8 +513,12 @@ where
     let call = plan.call;
     let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
     let lease = call.lease.unwrap_or_else(|| idem.default_lease());
-    let token = uuid::Uuid::new_v4().to_string();
-    let (lease_until_ms, took_over) = match acquire(idem, &plan, &token, lease, ttl).await {
+    // Written into a buffer in the call's own future: a token lives exactly as long as its call.
+    let mut token_buffer = uuid::Uuid::encode_buffer();
+    let token: &str = uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(&mut token_buffer);
+    let (lease_until_ms, took_over) = match acquire(idem, &plan, token, lease, ttl).await {
         Ok(Acquired::Done(value, outcome)) => {
             crate::execution::record(crate::Execution::Replayed);
             return (Ok(value), outcome);
@@ -532,7 +536,7 @@ where
     let claim = Held {
         idem,
         plan: &plan,
-        token: &token,
+        token,
         ttl,
     };
     // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
@@ -562,7 +566,7 @@ where
         }
     };
     let outcome = if idem.heartbeat() {
-        with_heartbeat(idem, plan.key, &token, lease, ttl, work).await
+        with_heartbeat(idem, plan.key, token, lease, ttl, work).await
     } else {
         work.await
     };

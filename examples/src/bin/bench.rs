@@ -651,7 +651,12 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
         (Impl::Baseline, false, "baseline", None),
         (Impl::Ours, false, "ours", Some(&ours)),
         (Impl::Baseline, true, "baseline+config_override", None),
-        (Impl::Ours, false, "ours-no-heartbeat", Some(&ours_no_heartbeat)),
+        (
+            Impl::Ours,
+            false,
+            "ours-no-heartbeat",
+            Some(&ours_no_heartbeat),
+        ),
     ]
     .into_iter()
     .filter(|(imp, _, _, _)| only.contains(imp))
