@@ -3,9 +3,10 @@
 //! is that allocation's pointer and length.
 //!
 //! A [`Record`] as it is (a 176-byte struct, plus one allocation per text, plus the key a second time as
-//! the map's key) takes about 700 resident bytes for a typical record; packed, the same record takes
-//! about 300. Records are packed when written and unpacked when read, which costs what cloning a
-//! `Record` did before: one copy of its bytes.
+//! the map's key) takes about 700 resident bytes for a typical record; packed, with the token (a UUID)
+//! and the fingerprint (hex) held as the bytes they spell, the same record takes about 300. Records are
+//! packed when written and unpacked when read, which costs what cloning a `Record` did before: one copy
+//! of its bytes.
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -53,6 +54,10 @@ const FINGERPRINT: u8 = 1 << 2;
 const RESPONSE: u8 = 1 << 3;
 const ERROR: u8 = 1 << 4;
 const REPLAY_UNTIL: u8 = 1 << 5;
+/// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
+const TOKEN_UUID: u8 = 1 << 6;
+/// The fingerprint is lowercase hex (every fingerprint this crate makes), held as the bytes it spells.
+const FINGERPRINT_HEX: u8 = 1 << 7;
 
 /// One record in one allocation: `[status, flags, varint key length, key, ...]`, see [`Packed::pack`].
 /// Equal and hashed by its key alone, so that the set finds it by key.
@@ -97,17 +102,38 @@ impl Packed {
                 flags |= flag;
             }
         }
+        // Texts this crate writes are held in half the bytes, when unpacking gives them back exactly.
+        let token_uuid = uuid::Uuid::try_parse(&token).ok().filter(|u| {
+            *u.hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer())
+                == *token
+        });
+        let fingerprint_hex = fingerprint
+            .as_deref()
+            .and_then(|fp| hex::decode(fp).ok().filter(|b| hex::encode(b) == fp));
+        if token_uuid.is_some() {
+            flags |= TOKEN_UUID;
+        }
+        if fingerprint_hex.is_some() {
+            flags |= FINGERPRINT_HEX;
+        }
         out.push(status_byte(status));
         out.push(flags);
         put_bytes(&mut out, key.as_bytes());
-        put_bytes(&mut out, token.as_bytes());
+        match &token_uuid {
+            Some(uuid) => put_bytes(&mut out, uuid.as_bytes()),
+            None => put_bytes(&mut out, token.as_bytes()),
+        }
         put_varint(&mut out, attempt);
         put_varint(&mut out, expires_at_s);
         for number in [lease_until_ms, replay_until_s].into_iter().flatten() {
             put_varint(&mut out, number);
         }
+        let fingerprint = fingerprint_hex
+            .as_deref()
+            .or(fingerprint.as_deref().map(str::as_bytes));
         for text in [
-            fingerprint.as_deref().map(str::as_bytes),
+            fingerprint,
             response.as_deref(),
             error.as_deref().map(str::as_bytes),
         ]
@@ -130,12 +156,21 @@ impl Packed {
         let (status, flags) = (self.0[0], self.0[1]);
         let mut reader = Reader(&self.0[2..]);
         let key = text(reader.bytes()).to_owned();
-        let token = text(reader.bytes()).to_owned();
+        let token = match reader.bytes() {
+            uuid if flags & TOKEN_UUID != 0 => uuid::Uuid::from_slice(uuid)
+                .expect("16 bytes packed from a UUID")
+                .hyphenated()
+                .to_string(),
+            token => text(token).to_owned(),
+        };
         let attempt = reader.varint();
         let expires_at_s = reader.varint();
         let lease_until_ms = (flags & LEASE_UNTIL != 0).then(|| reader.varint());
         let replay_until_s = (flags & REPLAY_UNTIL != 0).then(|| reader.varint());
-        let fingerprint = (flags & FINGERPRINT != 0).then(|| text(reader.bytes()).to_owned());
+        let fingerprint = (flags & FINGERPRINT != 0).then(|| match reader.bytes() {
+            bytes if flags & FINGERPRINT_HEX != 0 => hex::encode(bytes),
+            fp => text(fp).to_owned(),
+        });
         let response = (flags & RESPONSE != 0).then(|| reader.bytes().to_vec());
         let error = (flags & ERROR != 0).then(|| text(reader.bytes()).to_owned());
         Record {
@@ -247,7 +282,7 @@ mod tests {
             attempt: 3,
             lease_until_ms: None,
             expires_at_s: 1_900_000_000,
-            fingerprint: Some("f".repeat(64)),
+            fingerprint: Some("0f".repeat(32)),
             response: Some(b"{\"ok\":true}".to_vec()),
             error: None,
             replay_until_s: Some(1_800_000_000),
@@ -277,7 +312,18 @@ mod tests {
             token: String::new(),
             ..record()
         };
-        for r in [full, pending, failed] {
+        // Tokens and fingerprints that only look like the crate's own stay as they were.
+        let foreign = Record {
+            token: "00000000-0000-4000-8000-00000000000A".to_owned(),
+            fingerprint: Some("ABCDEF".to_owned()),
+            ..record()
+        };
+        let odd = Record {
+            token: "0000000000004000800000000000000a".to_owned(),
+            fingerprint: Some("abc".to_owned()),
+            ..record()
+        };
+        for r in [full, pending, failed, foreign, odd] {
             assert_eq!(Packed::pack(r.clone()).unpack(), r);
         }
     }
