@@ -218,9 +218,17 @@ pub(crate) fn claimed<'r>(
 /// The record after `transition`, or `None` when `old` is not PENDING under the transition's token: the
 /// one rule behind both [`Store::transition`] and `Store::transact_transition`.
 pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
-    let mut record = old
-        .filter(|r| r.status == Status::Pending && r.token == transition.token)?
-        .clone();
+    old.filter(|r| fenced(r, transition))
+        .map(|r| applied(r.clone(), transition))
+}
+
+/// Whether `record` is PENDING under the transition's token, so that the transition may be made.
+fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
+    record.status == Status::Pending && record.token == transition.token
+}
+
+/// `record` after `transition` (which [`fenced`] allows).
+fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
     match transition.change {
         Change::Complete {
             response,
@@ -254,7 +262,7 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
             record.expires_at_s = expires_at_s;
         }
     }
-    Some(record)
+    record
 }
 
 /// The outcome that reports `old` as the record that blocked a claim (a claim is only refused by one).
@@ -279,12 +287,14 @@ impl Store for MemoryStore {
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let mut state = self.lock();
-        let old = state.records.get(transition.key);
-        let Some(record) = transitioned(old.as_ref(), transition) else {
-            return Ok(WriteOutcome::Rejected(old));
-        };
-        state.records.insert(record);
-        Ok(WriteOutcome::Applied)
+        // Unpacked for this call alone: changed in place rather than copied.
+        match state.records.get(transition.key) {
+            Some(old) if fenced(&old, transition) => {
+                state.records.insert(applied(old, transition));
+                Ok(WriteOutcome::Applied)
+            }
+            old => Ok(WriteOutcome::Rejected(old)),
+        }
     }
 
     #[cfg(feature = "emulator")]

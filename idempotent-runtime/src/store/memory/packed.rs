@@ -103,14 +103,13 @@ impl Packed {
             }
         }
         // Texts this crate writes are held in half the bytes, when unpacking gives them back exactly.
-        let token_uuid = uuid::Uuid::try_parse(&token).ok().filter(|u| {
-            *u.hyphenated()
-                .encode_lower(&mut uuid::Uuid::encode_buffer())
-                == *token
-        });
+        let token_uuid = (token.len() == 36 && !token.bytes().any(|b| b.is_ascii_uppercase()))
+            .then(|| uuid::Uuid::try_parse(&token).ok())
+            .flatten();
         let fingerprint_hex = fingerprint
             .as_deref()
-            .and_then(|fp| hex::decode(fp).ok().filter(|b| hex::encode(b) == fp));
+            .filter(|fp| fp.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .and_then(|fp| hex::decode(fp).ok());
         if token_uuid.is_some() {
             flags |= TOKEN_UUID;
         }
@@ -157,10 +156,11 @@ impl Packed {
         let mut reader = Reader(&self.0[2..]);
         let key = text(reader.bytes()).to_owned();
         let token = match reader.bytes() {
-            uuid if flags & TOKEN_UUID != 0 => uuid::Uuid::from_slice(uuid)
+            uuid if flags & TOKEN_UUID != 0 => (*uuid::Uuid::from_slice(uuid)
                 .expect("16 bytes packed from a UUID")
                 .hyphenated()
-                .to_string(),
+                .encode_lower(&mut uuid::Uuid::encode_buffer()))
+            .to_owned(),
             token => text(token).to_owned(),
         };
         let attempt = reader.varint();
