@@ -117,7 +117,7 @@ pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
 pub use store::dynamodb::{
-    DynamoDbStore, TableReport,
+    DynamoDbStore, Layout, Replication, TableReport,
     transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction},
 };
 

@@ -162,7 +162,11 @@ impl RoutedStore {
     }
 
     /// A store over the DynamoDB table `table` (a global table: the same name in every region), with
-    /// one client per region, each configured for its region.
+    /// one client per region, each configured for its region. Each region's store knows its region's
+    /// name ([`DynamoDbStore::with_region`](crate::DynamoDbStore::with_region)): completions record it,
+    /// and the global-table guard counts the store as routed. For another [`Layout`](crate::Layout) or
+    /// settings, build the region's stores yourself (with `with_region`) and pass them to
+    /// [`RoutedStore::new`].
     ///
     /// ```no_run
     /// # fn demo(config: &idempotent_runtime::aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
@@ -190,7 +194,10 @@ impl RoutedStore {
     ) -> Result<Self, RegionConfigError> {
         let table = table.into();
         Self::new(regions.into_iter().map(|(name, client)| {
-            let store: Arc<dyn Store> = Arc::new(crate::DynamoDbStore::new(client, table.clone()));
+            let name = name.into();
+            let store: Arc<dyn Store> = Arc::new(
+                crate::DynamoDbStore::new(client, table.clone()).with_region(name.clone()),
+            );
             (name, store)
         }))
     }
