@@ -394,6 +394,9 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     if let Some(error) = &r.error {
         println!("error      {error}");
     }
+    if let Some(region) = &r.completed_in {
+        println!("completed  in region {region}");
+    }
     if r.claim_writes_in_effect {
         println!("claim-time writes are in effect");
     }
