@@ -1,19 +1,6 @@
 //! [`Layout`]: how a record key maps onto the table's primary key.
 //!
-//! The record key the store is given is `"{namespace}#{hex(sha256(key))}"` (see
-//! [`derive_key`](crate::derive_key)). A layout decides which attribute values hold it:
-//!
-//! | layout | partition key (`AttributeNames::key`) | sort key (`AttributeNames::sort_key`) |
-//! |---|---|---|
-//! | [`Layout::Key`] (default) | the record key | — |
-//! | [`Layout::StaticPartition`] | the layout's constant `value` | the record key |
-//! | [`Layout::Tenant`] | the namespace (the record key before its last `#`) | the key's hash (after it) |
-//!
-//! Every request addresses one item by its full primary key, and every condition is evaluated
-//! against that one item: `attribute_not_exists(#pk)` on the partition key attribute says "no item with
-//! this partition key *and sort key*", also when other items share the partition (DynamoDB evaluates a
-//! condition on the item the request's `Key` names, or on nothing when there is none; the layout tests
-//! on DynamoDB Local check it). So the protocol is the same in every layout.
+//! (The table of layouts and how requests address items are in [`Layout`]'s docs.)
 
 use std::collections::HashMap;
 use std::fmt;
@@ -28,8 +15,23 @@ use crate::store::StoreError;
 /// the command line).
 pub const DEFAULT_STATIC_PARTITION: &str = "idempotency";
 
-/// How a record key maps onto the table's primary key (see the [module docs](self) and the README's
-/// "Table layouts"). Set with [`DynamoDbStore::with_layout`](super::DynamoDbStore::with_layout); the
+/// How a record key maps onto the table's primary key (also the README's "Table layouts").
+///
+/// The record key the store is given is `"{namespace}#{hex(sha256(key))}"` (see
+/// [`derive_key`](crate::derive_key)). A layout decides which attribute values hold it:
+///
+/// | layout | partition key (`AttributeNames::key`) | sort key (`AttributeNames::sort_key`) |
+/// |---|---|---|
+/// | [`Layout::Key`] (default) | the record key | — |
+/// | [`Layout::StaticPartition`] | the layout's constant `value` | the record key |
+/// | [`Layout::Tenant`] | the namespace (the record key before its last `#`) | the key's hash (after it) |
+///
+/// Every request addresses one item by its full primary key, and every condition is evaluated
+/// against that one item: `attribute_not_exists(#pk)` on the partition key attribute says "no item with
+/// this partition key *and sort key*", also when other items share the partition (DynamoDB evaluates a
+/// condition on the item the request's `Key` names, or on nothing when there is none; the layout tests
+/// on DynamoDB Local check it). So the protocol is the same in every layout.
+/// Set with [`DynamoDbStore::with_layout`](super::DynamoDbStore::with_layout); the
 /// table must have the layout's key schema ([`DynamoDbStore::ensure_table`](super::DynamoDbStore::ensure_table)
 /// creates it). A table is written in one layout for its whole life: records written in one layout are
 /// not found in another.

@@ -11,19 +11,25 @@
 //!
 //! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
 //! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
-//! end, `#cw` claim-time writes in effect). `:now_ms` is the caller's clock *less the clock-skew margin*
+//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record). `:now_ms` is the caller's clock *less the clock-skew margin*
 //! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
 //!
 //! | request | update | condition |
 //! |---|---|---|
-//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
+//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
 //! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
-//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl] REMOVE #lu[, #rs]` | `#st = PENDING AND #tk = :tk` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs]` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it) | `#st = PENDING AND #tk = :tk` |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | wait | consistent `GetItem` | — |
+//!
+//! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record
+//! key by default; `pk` = a constant and `sk` = the record key ([`Layout::StaticPartition`]); `pk` = the
+//! namespace and `sk` = the key's hash ([`Layout::Tenant`]). `#pk` is always the partition key
+//! attribute, and `attribute_not_exists(#pk)` holds exactly when no item with the request's full key
+//! exists: DynamoDB evaluates a condition on the one item the key names, not on its partition.
 //!
 //! A claim never touches `#cw` otherwise: claim-time writes stay in effect across a failure without
 //! compensation and across a takeover, so a claim with writes that finds such a record is refused, and the

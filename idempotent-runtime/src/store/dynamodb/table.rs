@@ -6,15 +6,7 @@
 //! named as [`AttributeNames::sort_key`](super::AttributeNames::sort_key) — any billing mode (new tables
 //! are on-demand), and TTL, when on, on [`AttributeNames::expires_at`](super::AttributeNames::expires_at).
 //!
-//! # The global-table guard
-//!
-//! [`DynamoDbStore::check`] also reads the table's replicas. A global table with replicas in other
-//! regions and *eventual* multi-region consistency (the default kind) decides a conditional write in the
-//! region that receives it only, so two regions can each accept a claim of one key and the body runs
-//! twice. Such a table is safe only behind home-region routing ([`RoutedStore`](crate::RoutedStore), whose
-//! DynamoDB stores know their region: [`DynamoDbStore::with_region`]). Used otherwise, `check` logs a
-//! `warn` event, or with [`DynamoDbStore::strict_replicas`] fails. A table with multi-region *strong*
-//! consistency decides conditional writes across regions and passes. See [`Replication`].
+//! The global-table guard is described at [`Replication`].
 
 use aws_sdk_dynamodb::client::Waiters as _;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata as _;
@@ -122,7 +114,7 @@ impl DynamoDbStore {
     /// `DescribeTimeToLive`): it exists, is `ACTIVE`, has the key schema of the store's [`Layout`], and
     /// TTL, if on, is on the store's expiry attribute. TTL being off is reported, not an error: expiry is
     /// enforced by the conditions, TTL only reclaims space. It also reports the table's replicas, and
-    /// applies the global-table guard (see the [module docs](self)): a replicated, eventually consistent
+    /// applies the global-table guard (see [`Replication`]): a replicated, eventually consistent
     /// table used without home-region routing is logged as a `warn` event. For start-up health checks.
     ///
     /// # Errors
@@ -279,7 +271,17 @@ impl DynamoDbStore {
 }
 
 /// How a table is replicated, as `DescribeTable` says, and whether this store's use of it keeps claims
-/// linearizable ([`TableReport::replication`]; see the [module docs](self)).
+/// linearizable ([`TableReport::replication`]).
+///
+/// # The global-table guard
+///
+/// [`DynamoDbStore::check`] also reads the table's replicas. A global table with replicas in other
+/// regions and *eventual* multi-region consistency (the default kind) decides a conditional write in the
+/// region that receives it only, so two regions can each accept a claim of one key and the body runs
+/// twice. Such a table is safe only behind home-region routing ([`RoutedStore`](crate::RoutedStore), whose
+/// DynamoDB stores know their region: [`DynamoDbStore::with_region`]). Used otherwise, `check` logs a
+/// `warn` event, or with [`DynamoDbStore::strict_replicas`] fails. A table with multi-region *strong*
+/// consistency decides conditional writes across regions and passes. See [`Replication`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Replication {
