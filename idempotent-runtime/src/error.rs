@@ -184,8 +184,9 @@ pub enum Error {
 
     /// The store does not offer what the call needs: business writes in a transaction (`transact`,
     /// [`claim_with`](crate::Operation::claim_with), [`compensate_with`](crate::Operation::compensate_with))
-    /// on a store without transactions. Nothing was written, and the body did not run (a claim) or its
-    /// outcome is recorded without the writes (a completion fails).
+    /// on a store without transactions. No business write was applied: with `claim_with`, the body did
+    /// not run and no record was written; with staged writes, the body ran but its result was not
+    /// stored, and the record is FAILED (without the writes), so the key is free again at once.
     #[error("`{namespace}`: the {store} store does not support {capability}")]
     Unsupported {
         /// The key's namespace.

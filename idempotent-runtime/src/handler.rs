@@ -123,6 +123,17 @@ pub(crate) enum Found {
     Claimable,
 }
 
+/// [`Error::PayloadMismatch`] when both the stored answer (a record or a cached response) and the call
+/// have a payload fingerprint, and they differ.
+fn same_payload(namespace: &str, stored: Option<&str>, ours: Option<&str>) -> Result<(), Error> {
+    match (stored, ours) {
+        (Some(stored), Some(ours)) if stored != ours => Err(Error::PayloadMismatch {
+            namespace: namespace.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// What `record` means for a call holding `token`, at `now_ms` (the caller's clock less the skew margin,
 /// as in the claim condition).
 pub(crate) fn examine(
@@ -135,13 +146,7 @@ pub(crate) fn examine(
     if record.token == token {
         return Ok(Found::Ours);
     }
-    if let (Some(stored), Some(ours)) = (record.fingerprint.as_deref(), fingerprint)
-        && stored != ours
-    {
-        return Err(Error::PayloadMismatch {
-            namespace: call.namespace.to_owned(),
-        });
-    }
+    same_payload(call.namespace, record.fingerprint.as_deref(), fingerprint)?;
     if record.is_claimable(now_ms) {
         return Ok(Found::Claimable);
     }
@@ -428,15 +433,29 @@ fn cached<T: DeserializeOwned>(idem: &Idempotency, plan: &Plan<'_>) -> Result<Op
     else {
         return Ok(None);
     };
-    if let (Some(stored), Some(ours)) = (hit.fingerprint.as_deref(), plan.fingerprint)
-        && stored != ours
-    {
-        return Err(Error::PayloadMismatch {
-            namespace: namespace.to_owned(),
-        });
-    }
+    same_payload(namespace, hit.fingerprint.as_deref(), plan.fingerprint)?;
     tracing::debug!(namespace, "replaying cached response");
     replay(namespace, &hit.response).map(Some)
+}
+
+/// Keeps a stored response in the local cache (when the handle has one) until `replay_until_s`.
+fn remember(
+    idem: &Idempotency,
+    key: &str,
+    response: Vec<u8>,
+    fingerprint: Option<&str>,
+    replay_until_s: u64,
+) {
+    if let Some(cache) = idem.cache() {
+        cache.insert(
+            key,
+            Cached {
+                response: response.into(),
+                fingerprint: fingerprint.map(Into::into),
+                replay_until_s,
+            },
+        );
+    }
 }
 
 /// The stored response of a COMPLETED record, which the local cache then keeps too.
@@ -448,16 +467,13 @@ fn replay_record<T: DeserializeOwned>(
     tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
     let response = record.response.unwrap_or_default();
     let value = replay(plan.call.namespace, &response)?;
-    if let Some(cache) = idem.cache() {
-        cache.insert(
-            plan.key,
-            Cached {
-                response: response.into(),
-                fingerprint: record.fingerprint.map(Into::into),
-                replay_until_s: record.replay_until_s.unwrap_or(record.expires_at_s),
-            },
-        );
-    }
+    remember(
+        idem,
+        plan.key,
+        response,
+        record.fingerprint.as_deref(),
+        record.replay_until_s.unwrap_or(record.expires_at_s),
+    );
     Ok(value)
 }
 
@@ -623,6 +639,8 @@ enum Stored {
     Canceled(Vec<CancellationReason>),
     /// The transaction was refused as a whole, before any condition.
     Refused(crate::BoxError),
+    /// The store has no transactions, and there were writes to commit with the transition.
+    Unsupported(Error),
     /// Transient faults outlasted the window; the last one.
     GaveUp(Error),
     /// A fault that does not pass with a retry.
@@ -668,6 +686,9 @@ impl Held<'_> {
                 Ok(Written::Canceled(reasons)) => return Stored::Canceled(reasons),
                 Err(StoreError::Invalid(source)) if !writes.is_empty() => {
                     return Stored::Refused(source);
+                }
+                Err(e @ StoreError::Unsupported { .. }) if !writes.is_empty() => {
+                    return Stored::Unsupported(store_error(namespace, e));
                 }
                 Err(
                     e @ (StoreError::Throttled(_)
@@ -786,17 +807,16 @@ impl Held<'_> {
                     source: Box::new(last),
                 });
             }
+            // Without its writes the result must not be stored: the failure is recorded instead (with no
+            // writes), so that the key is free at once rather than blocked until the lease runs out.
+            Stored::Unsupported(error) => {
+                self.fail(&error.to_string(), persist).await;
+                return Err(error);
+            }
             Stored::Failed(error) => return Err(error),
         }
-        if let Some(cache) = self.idem.cache().filter(|_| fits) {
-            cache.insert(
-                key,
-                Cached {
-                    response: bytes.into(),
-                    fingerprint: fingerprint.map(Into::into),
-                    replay_until_s,
-                },
-            );
+        if fits {
+            remember(self.idem, key, bytes, fingerprint, replay_until_s);
         }
         Ok(value)
     }
@@ -875,6 +895,7 @@ impl Held<'_> {
                     namespace: namespace.to_owned(),
                     source,
                 },
+                Stored::Unsupported(e) => e,
                 Stored::GaveUp(e) | Stored::Failed(e) => {
                     tracing::warn!(namespace, error = %e, "could not record the failure; the key is claimable after its lease");
                     return;

@@ -47,9 +47,12 @@
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
 //!
-//! Features: `macros` and `dynamodb` (on by default); `metrics` (counters through the `metrics` facade,
-//! see [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
-//! `Idempotency-Key` HTTP layer); `batch` (queue batches). `IDEMPOTENT_DISABLED=1` switches idempotency
+//! Features: `macros` and `dynamodb` (on by default); `emulator` (on by default, implies `dynamodb`: the
+//! DynamoDB transaction emulator behind [`MemoryStore`]'s business tables, so that `transact` and
+//! `claim_with` can be tested in memory); `metrics` (counters through the `metrics` facade, see
+//! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
+//! `Idempotency-Key` HTTP layer); `batch` (queue batches); `conformance` (`store::conformance`: the
+//! store contract as a suite, for third-party stores). `IDEMPOTENT_DISABLED=1` switches idempotency
 //! off in a process ([`DISABLED_VAR`]).
 //!
 //! Across regions (DynamoDB global tables, where a conditional write is linearizable only in the region
@@ -78,6 +81,8 @@ mod cache;
 mod clock;
 mod codec;
 mod config;
+#[cfg(feature = "emulator")]
+mod emulator;
 mod error;
 mod execution;
 #[cfg(all(test, feature = "dynamodb"))]

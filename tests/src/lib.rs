@@ -199,6 +199,40 @@ pub async fn create_plain_table(client: &Client, table: &str, key: &str) {
         .expect("create a table on DynamoDB Local");
 }
 
+/// A store without transactions: a [`MemoryStore`] behind only the required [`Store`] methods, so
+/// `claim_transaction` and `transact_transition` are the trait's defaults (`StoreError::Unsupported`),
+/// as in a third-party store that never implemented them.
+#[derive(Debug, Default)]
+pub struct RecordsOnly(pub MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for RecordsOnly {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+    ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "records-only"
+    }
+}
+
 /// Which store a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

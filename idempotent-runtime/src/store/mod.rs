@@ -1,16 +1,19 @@
-//! Where records live: the [`Store`] trait and its two implementations.
+//! Where records live: the [`Store`] trait, its two implementations ([`memory`], [`dynamodb`]) and the
+//! [`routed`] store that pins each key to a home region.
 //!
 //! A store is thin: it performs one conditional write or read per call and reports what it found. All
 //! decisions (replay, in progress, lease lost, payload mismatch) are taken by the caller, so every store
-//! behaves the same way; the conformance suite in `tests/` runs against each of them.
+//! behaves the same way. The contract is published as a suite any store runs with one call:
+//! `conformance::check` (feature `conformance`), which both built-in stores pass.
 
 use crate::error::BoxError;
 use crate::record::Record;
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
-mod memory_table;
 pub mod routed;
 pub mod writes;
 
@@ -151,7 +154,15 @@ pub enum StoreError {
     /// have been applied.
     #[error("unavailable: {}", crate::error::chain(.0.as_ref()))]
     Unavailable(#[source] BoxError),
-    /// The store does not offer what was asked of it (transactions with business writes, say).
+    /// The store does not offer what was asked of it (transactions with business writes, say); nothing
+    /// was written.
+    ///
+    /// The trait's defaults for [`Store::claim_transaction`] and [`Store::transact_transition`] return
+    /// it, so a store without transactions needs no code for them. The state machine never retries it and
+    /// reports it as [`Error::Unsupported`](crate::Error::Unsupported): a claim with business writes
+    /// fails before the body runs, a completion with staged writes after it. A store supports both
+    /// transactional calls or neither; the conformance suite checks that, and skips (and reports) its
+    /// transaction cases for a store that refuses both.
     #[error("the {store} store does not support {capability}")]
     Unsupported {
         /// The store's [`kind`](Store::kind).

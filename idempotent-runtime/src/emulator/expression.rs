@@ -1,4 +1,4 @@
-//! Condition and update expressions, as far as the memory store models them: a tokenizer, a
+//! Condition and update expressions, as far as the emulator models them: a tokenizer, a
 //! recursive-descent parser into a small tree, and the tree's evaluation against one item.
 //!
 //! Placeholders (`#name`, `:value`) are resolved while parsing, so the trees hold attribute names and
@@ -20,7 +20,7 @@ use super::reserved::is_reserved;
 /// One item: attribute name → value.
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
-/// What the memory store models, for error messages.
+/// What the emulator models, for error messages.
 pub(crate) const SUPPORTED: &str = "top-level attributes (plain or `#name`) and `:values`; conditions with \
     `=`, `<>`, `<`, `<=`, `>`, `>=`, BETWEEN, IN, attribute_exists, attribute_not_exists, begins_with, AND, OR, \
     NOT and parentheses; updates with SET (`=`, `+`, `-`, if_not_exists), REMOVE, ADD and DELETE";

@@ -1,0 +1,1018 @@
+//! The store contract as a suite any [`Store`] runs with one call (feature `conformance`).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # #[cfg(feature = "emulator")] {
+//! use idempotent_runtime::MemoryStore;
+//! use idempotent_runtime::store::conformance::{self, BusinessTable, Subject};
+//!
+//! // A fresh, empty store per case, with the business table its transactions write to.
+//! let report = conformance::check(|| async {
+//!     let store = MemoryStore::new();
+//!     store.create_table("business", "id", None).unwrap();
+//!     Subject::new(store).with_business_table(BusinessTable::new("business", "id"))
+//! })
+//! .await;
+//! report.assert_complete();
+//! # }
+//! # }
+//! ```
+//!
+//! A store without transactions needs no table: `conformance::check(|| async { MyStore::new() })`.
+//!
+//! [`check`] calls the factory once per case, runs the case on the store it gets, and returns a
+//! [`Report`] with one [`Outcome`] per case, named as in the lists below: it fails a case, never the
+//! whole run, so one broken rule does not hide the others. [`Report::assert_passed`] panics with every
+//! failed case's name and reason; [`Report::assert_complete`] also refuses skipped cases. The suite needs a
+//! Tokio runtime (each case runs in its own task, so a case that panics is reported as failed) and uses
+//! fixed times in 2027 (`now_ms` = 1 800 000 000 000), so a store must take every time from the request,
+//! never from its own clock — which the contract requires anyway.
+//!
+//! # Records: [`RECORD_CASES`]
+//!
+//! | case | the rule |
+//! |---|---|
+//! | `claim_of_a_new_key_writes_a_pending_record` | a claim of an absent key writes PENDING with every field of the request |
+//! | `duplicate_claim_returns_the_old_record` | a claim of a held key is [`ClaimOutcome::Existing`] with the record, and changes nothing |
+//! | `a_retried_claim_finds_its_own_token` | a claim repeated with the same token finds the record with that token |
+//! | `complete_is_guarded_by_the_token` | fencing: another token's completion is rejected and returns the record as it was |
+//! | `fail_is_guarded_by_the_token` | fencing, for a failure |
+//! | `a_heartbeat_extends_only_its_own_lease` | fencing, for a heartbeat; the extended lease blocks claims |
+//! | `transitions_of_an_absent_key_are_rejected_without_a_record` | [`WriteOutcome::Rejected`]`(None)`, nothing written |
+//! | `a_retried_transition_that_landed_is_rejected_with_our_token` | tokens: a completion or failure sent again after it landed is rejected, and the record shows our token (the caller treats it as landed) |
+//! | `a_failed_record_is_claimable_at_once` | FAILED is claimable; the claim clears the error and counts the attempt |
+//! | `an_expired_record_is_claimable` | expiry: live in its expiry second, claimable after it; the claim clears the response |
+//! | `expiry_is_decided_by_the_claims_clock` | TTL vs condition: a record past `expires_at_s` at the request's `now_ms` is claimable even while its lease runs and the store still holds it |
+//! | `a_pending_record_is_claimable_once_its_lease_ran_out` | takeover only after `lease_until_ms` (live up to and including it) |
+//! | `a_stale_token_cannot_complete_or_fail_after_a_takeover` | the old holder is fenced out after a takeover |
+//! | `a_claim_without_a_fingerprint_clears_the_old_one` | a claim writes the request's fingerprint, or none |
+//! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
+//! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
+//!
+//! # Transactions: [`TRANSACTION_CASES`]
+//!
+//! [`Store::claim_transaction`] and [`Store::transact_transition`] with business [`Writes`](super::Writes). A store
+//! without transactions returns [`StoreError::Unsupported`] from both and writes nothing — the first
+//! case checks exactly that — and the others are then reported as [`Outcome::Skipped`], saying so; a
+//! store that supports one and refuses the other fails the first case.
+//!
+//! The business writes go to a table the factory provides: return
+//! `Subject::new(store).with_business_table(BusinessTable::new(name, key_attribute))`, a table with a
+//! string partition key `key_attribute` (on [`MemoryStore`](crate::MemoryStore):
+//! `create_table(name, key_attribute, None)`; on DynamoDB, a real table). The suite writes items whose
+//! keys start with a fresh random prefix, so one table may serve every case and every run, and reads
+//! them back through the store itself, with a `ConditionCheck` in a claim of a fresh key: it needs no
+//! client of its own. A store that supports transactions but was given no table fails the transaction
+//! cases with a message saying so.
+//!
+//! | case | the rule |
+//! |---|---|
+//! | `transactions_are_supported_or_refused_as_unsupported` | both transactional calls work, or both are [`StoreError::Unsupported`] and write nothing |
+//! | `claim_transaction_commits_the_claim_and_the_writes_together` | all: the claim (with `claim_writes_in_effect`) and the writes |
+//! | `claim_transaction_with_a_failing_write_writes_nothing` | nothing: [`TransactOutcome::Canceled`](super::TransactOutcome::Canceled), no record, no write |
+//! | `transact_transition_commits_the_transition_and_the_writes_together` | all: COMPLETED and the writes |
+//! | `transact_transition_with_a_failing_write_writes_nothing` | nothing; one reason per action, index 0 the record, `ConditionalCheckFailed` at the failing index, `None` elsewhere, the `ALL_OLD` item when asked |
+//! | `transact_transition_is_fenced_by_the_token` | another token, or no record: [`TransactOutcome::Rejected`](super::TransactOutcome::Rejected) with the record as it was, no write |
+//! | `a_retried_transaction_is_not_applied_twice` | tokens: sent again after it landed, it is `Committed` (a replayed request token) or `Rejected` with our token, and the writes are applied once |
+//! | `claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect` | FAILED without compensation, or a lapsed claim: `Rejected`, no write; a plain claim takes it and keeps the flag |
+//! | `claim_transaction_claims_an_expired_record_again` | an expired record is a new operation: claimed, writes applied again |
+//! | `released_claim_writes_are_applied_by_the_next_claim` | a failure with compensating writes (`release_claim_writes`) clears the flag; the next `claim_transaction` applies the writes |
+//!
+//! # `StoreError::Unsupported`
+//!
+//! A store without transactions keeps the trait's default [`Store::claim_transaction`] and
+//! [`Store::transact_transition`], which return [`StoreError::Unsupported`]. The state machine reports
+//! it as [`Error::Unsupported`](crate::Error::Unsupported): a call with claim-time writes
+//! ([`Operation::claim_with`](crate::Operation::claim_with)) fails before its body runs; a call whose
+//! body staged writes (`transact = tx`) fails at completion. Plain calls are unaffected. Never return
+//! `Unsupported` for a request the store could serve: the caller does not retry it.
+
+#[cfg(feature = "dynamodb")]
+mod transaction;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
+use crate::record::{Record, Status};
+
+/// The requests' clock: 2027-01-15, in epoch milliseconds.
+const NOW: u64 = 1_800_000_000_000;
+/// The requests' lease.
+const LEASE: u64 = 60_000;
+/// How long one case may take before it is reported as hanging.
+const CASE_TIMEOUT: Duration = Duration::from_mins(2);
+
+/// A business table for the transaction cases: its name, and its partition key (type S).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusinessTable {
+    /// The table's name, as the store's business writes name it.
+    pub name: String,
+    /// The partition key's attribute name (a string; the table has no sort key).
+    pub key_attribute: String,
+}
+
+impl BusinessTable {
+    /// The table `name` with partition key `key_attribute`.
+    pub fn new(name: impl Into<String>, key_attribute: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            key_attribute: key_attribute.into(),
+        }
+    }
+}
+
+/// What a case runs against: a fresh, empty store, and the business table its transactions write to.
+#[derive(Debug)]
+pub struct Subject<S> {
+    store: S,
+    business_table: Option<BusinessTable>,
+}
+
+impl<S: Store> Subject<S> {
+    /// `store`, without a business table (enough for a store without transactions).
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            business_table: None,
+        }
+    }
+
+    /// The table the transaction cases write business items to.
+    #[must_use]
+    pub fn with_business_table(mut self, table: BusinessTable) -> Self {
+        self.business_table = Some(table);
+        self
+    }
+}
+
+/// What a factory given to [`check`] may return: a store, or a [`Subject`].
+pub trait IntoSubject {
+    /// The store under test.
+    type Store: Store;
+
+    /// The subject of one case.
+    fn into_subject(self) -> Subject<Self::Store>;
+}
+
+impl<S: Store> IntoSubject for S {
+    type Store = S;
+
+    fn into_subject(self) -> Subject<S> {
+        Subject::new(self)
+    }
+}
+
+impl<S: Store> IntoSubject for Subject<S> {
+    type Store = S;
+
+    fn into_subject(self) -> Subject<S> {
+        self
+    }
+}
+
+/// How one case ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The store kept the rule.
+    Passed,
+    /// The store broke the rule: what was expected and what came instead.
+    Failed(String),
+    /// The case did not run, and why (a store without transactions, say).
+    Skipped(String),
+}
+
+/// One case of a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    /// The case's name, from [`RECORD_CASES`] or [`TRANSACTION_CASES`].
+    pub name: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// The outcome of every case of one [`check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    store: &'static str,
+    cases: Vec<Case>,
+}
+
+impl Report {
+    /// The store's [`kind`](Store::kind).
+    #[must_use]
+    pub fn store(&self) -> &'static str {
+        self.store
+    }
+
+    /// Every case, in the order they ran.
+    #[must_use]
+    pub fn cases(&self) -> &[Case] {
+        &self.cases
+    }
+
+    /// How the case `name` ended; `None` if there is no such case.
+    #[must_use]
+    pub fn outcome(&self, name: &str) -> Option<&Outcome> {
+        self.cases
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| &c.outcome)
+    }
+
+    /// The cases the store failed.
+    pub fn failed(&self) -> impl Iterator<Item = &Case> {
+        self.cases
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Failed(_)))
+    }
+
+    /// The cases that did not run.
+    pub fn skipped(&self) -> impl Iterator<Item = &Case> {
+        self.cases
+            .iter()
+            .filter(|c| matches!(c.outcome, Outcome::Skipped(_)))
+    }
+
+    /// Whether no case failed (skipped ones aside).
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.failed().next().is_none()
+    }
+
+    /// Panics unless every case passed or was skipped.
+    ///
+    /// # Panics
+    /// With the report, naming every failed case and why, when one failed.
+    #[track_caller]
+    pub fn assert_passed(&self) {
+        assert!(
+            self.passed(),
+            "the {} store breaks the store contract:\n{self}",
+            self.store
+        );
+    }
+
+    /// Panics unless every case ran and passed: for a store that supports everything, transactions
+    /// included.
+    ///
+    /// # Panics
+    /// With the report, when a case failed or was skipped.
+    #[track_caller]
+    pub fn assert_complete(&self) {
+        self.assert_passed();
+        assert!(
+            self.skipped().next().is_none(),
+            "the {} store skipped cases of the store contract:\n{self}",
+            self.store
+        );
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for case in &self.cases {
+            match &case.outcome {
+                Outcome::Passed => writeln!(f, "  ok      {}", case.name)?,
+                Outcome::Failed(why) => writeln!(f, "  FAILED  {}: {why}", case.name)?,
+                Outcome::Skipped(why) => writeln!(f, "  skipped {}: {why}", case.name)?,
+            }
+        }
+        let count = |p: fn(&Outcome) -> bool| self.cases.iter().filter(|c| p(&c.outcome)).count();
+        write!(
+            f,
+            "{} passed, {} failed, {} skipped",
+            count(|o| matches!(o, Outcome::Passed)),
+            count(|o| matches!(o, Outcome::Failed(_))),
+            count(|o| matches!(o, Outcome::Skipped(_))),
+        )
+    }
+}
+
+/// Runs every case of the store contract, each against a fresh store from `factory`, and reports how
+/// each ended.
+///
+/// `factory` returns a store, or a [`Subject`] with the business table the transaction cases write to;
+/// it is called once per case, and must give a fresh, empty store each time (a new table, say).
+/// Needs a Tokio runtime.
+///
+/// ```no_run
+/// # async fn run(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
+/// use idempotent_runtime::DynamoDbStore;
+/// use idempotent_runtime::store::conformance::{self, BusinessTable, Subject};
+///
+/// let report = conformance::check(|| async {
+///     let store = DynamoDbStore::new(client.clone(), format!("idem-{}", uuid()));
+///     store.create_table().await.unwrap();
+///     // `business` exists, with a string partition key `id`.
+///     Subject::new(store).with_business_table(BusinessTable::new("business", "id"))
+/// })
+/// .await;
+/// report.assert_complete();
+/// # }
+/// # fn uuid() -> u32 { 0 }
+/// ```
+pub async fn check<F, Fut>(mut factory: F) -> Report
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: IntoSubject,
+{
+    let mut store = "unknown";
+    let mut cases = Vec::with_capacity(RECORD_CASES.len() + TRANSACTION_CASES.len());
+    for &name in RECORD_CASES {
+        let context = Context::new(factory().await.into_subject());
+        store = context.store.kind();
+        cases.push(Case {
+            name,
+            outcome: run(record_case(name, context)).await,
+        });
+    }
+    #[cfg(feature = "dynamodb")]
+    transaction::run_all(&mut factory, &mut cases).await;
+    #[cfg(not(feature = "dynamodb"))]
+    cases.extend(TRANSACTION_CASES.iter().map(|&name| Case {
+        name,
+        outcome: Outcome::Skipped(
+            "built without the `dynamodb` feature: business writes are DynamoDB's TransactWriteItems"
+                .to_owned(),
+        ),
+    }));
+    Report { store, cases }
+}
+
+/// Runs one case in its own task.
+async fn run(case: CaseFuture) -> Outcome {
+    match run_task(case).await {
+        Ok(()) => Outcome::Passed,
+        Err(why) => Outcome::Failed(why),
+    }
+}
+
+/// Runs `case` in its own task, so that a panic or a hang is that case's failure: why it failed.
+async fn run_task<T: Send + 'static>(
+    case: impl Future<Output = Result<T, Violation>> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::spawn(tokio::time::timeout(CASE_TIMEOUT, case)).await {
+        Ok(Ok(result)) => result.map_err(|Violation(why)| why),
+        Ok(Err(_)) => Err(format!(
+            "did not finish within {} s",
+            CASE_TIMEOUT.as_secs()
+        )),
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Err(format!("panicked: {message}"))
+        }
+        Err(e) => Err(format!("the case's task did not finish: {e}")),
+    }
+}
+
+/// Why a case failed.
+#[derive(Debug)]
+struct Violation(String);
+
+impl From<StoreError> for Violation {
+    fn from(e: StoreError) -> Self {
+        Violation(format!("the store returned an error: {e}"))
+    }
+}
+
+type CaseFuture = Pin<Box<dyn Future<Output = Result<(), Violation>> + Send>>;
+
+/// Fails the case with a message unless `cond` holds.
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(Violation(format!($($arg)+)));
+        }
+    };
+}
+#[cfg(feature = "dynamodb")]
+use ensure;
+
+/// Fails the case unless `actual == expected`, saying what was expected and what came.
+macro_rules! ensure_eq {
+    ($actual:expr, $expected:expr, $($arg:tt)+) => {
+        // A `match`, as in `assert_eq!`, so that temporaries live until the comparison is made.
+        match (&$actual, &$expected) {
+            (actual, expected) => {
+                if actual != expected {
+                    return Err(Violation(format!(
+                        "{}: expected {expected:?}, got {actual:?}",
+                        format_args!($($arg)+)
+                    )));
+                }
+            }
+        }
+    };
+}
+#[cfg(feature = "dynamodb")]
+use ensure_eq;
+
+/// The function that runs one case of a group by its name.
+macro_rules! dispatch {
+    ($dispatch:ident: $($name:ident),+ $(,)?) => {
+        /// The case `name` on `context`.
+        fn $dispatch<S: Store>(name: &str, context: Context<S>) -> CaseFuture {
+            match name {
+                $(stringify!($name) => Box::pin($name(context)),)+
+                other => {
+                    let why = format!("there is no case named `{other}`");
+                    Box::pin(std::future::ready(Err(Violation(why))))
+                }
+            }
+        }
+    };
+}
+#[cfg(feature = "dynamodb")]
+use dispatch;
+
+/// The cases of claims, transitions and reads, which every store must pass.
+pub const RECORD_CASES: &[&str] = &[
+    "claim_of_a_new_key_writes_a_pending_record",
+    "duplicate_claim_returns_the_old_record",
+    "a_retried_claim_finds_its_own_token",
+    "complete_is_guarded_by_the_token",
+    "fail_is_guarded_by_the_token",
+    "a_heartbeat_extends_only_its_own_lease",
+    "transitions_of_an_absent_key_are_rejected_without_a_record",
+    "a_retried_transition_that_landed_is_rejected_with_our_token",
+    "a_failed_record_is_claimable_at_once",
+    "an_expired_record_is_claimable",
+    "expiry_is_decided_by_the_claims_clock",
+    "a_pending_record_is_claimable_once_its_lease_ran_out",
+    "a_stale_token_cannot_complete_or_fail_after_a_takeover",
+    "a_claim_without_a_fingerprint_clears_the_old_one",
+    "a_plain_claim_keeps_claim_writes_in_effect_as_they_were",
+    "of_32_racing_claims_exactly_one_wins",
+];
+
+dispatch!(
+    record_case:
+    claim_of_a_new_key_writes_a_pending_record,
+    duplicate_claim_returns_the_old_record,
+    a_retried_claim_finds_its_own_token,
+    complete_is_guarded_by_the_token,
+    fail_is_guarded_by_the_token,
+    a_heartbeat_extends_only_its_own_lease,
+    transitions_of_an_absent_key_are_rejected_without_a_record,
+    a_retried_transition_that_landed_is_rejected_with_our_token,
+    a_failed_record_is_claimable_at_once,
+    an_expired_record_is_claimable,
+    expiry_is_decided_by_the_claims_clock,
+    a_pending_record_is_claimable_once_its_lease_ran_out,
+    a_stale_token_cannot_complete_or_fail_after_a_takeover,
+    a_claim_without_a_fingerprint_clears_the_old_one,
+    a_plain_claim_keeps_claim_writes_in_effect_as_they_were,
+    of_32_racing_claims_exactly_one_wins,
+);
+
+/// The cases of transactions with business writes ([`Store::claim_transaction`],
+/// [`Store::transact_transition`]). The first checks that a store supports both or refuses both with
+/// [`StoreError::Unsupported`]; the others are skipped, and reported so, for a store that refuses them.
+pub const TRANSACTION_CASES: &[&str] = &[
+    "transactions_are_supported_or_refused_as_unsupported",
+    "claim_transaction_commits_the_claim_and_the_writes_together",
+    "claim_transaction_with_a_failing_write_writes_nothing",
+    "transact_transition_commits_the_transition_and_the_writes_together",
+    "transact_transition_with_a_failing_write_writes_nothing",
+    "transact_transition_is_fenced_by_the_token",
+    "a_retried_transaction_is_not_applied_twice",
+    "claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect",
+    "claim_transaction_claims_an_expired_record_again",
+    "released_claim_writes_are_applied_by_the_next_claim",
+];
+
+/// One case's store and business table.
+struct Context<S> {
+    store: Arc<S>,
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    business_table: Option<BusinessTable>,
+    /// Prefixes business items' keys, so that cases and runs sharing a table never meet.
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    prefix: String,
+    /// Fresh keys for the claims that read business items back.
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    probes: AtomicUsize,
+}
+
+impl<S: Store> Context<S> {
+    fn new(subject: Subject<S>) -> Self {
+        Self {
+            store: Arc::new(subject.store),
+            business_table: subject.business_table,
+            prefix: format!("conformance-{}", uuid::Uuid::new_v4().simple()),
+            probes: AtomicUsize::new(0),
+        }
+    }
+
+    /// A fresh key, for a claim that reads business items back.
+    #[cfg_attr(not(feature = "dynamodb"), allow(dead_code))]
+    fn probe_key(&self) -> String {
+        format!("probe-{}", self.probes.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Claims `key` for `token` at [`NOW`], which must succeed.
+    async fn pending(&self, key: &str, token: &str) -> Result<(), Violation> {
+        let outcome = self.store.claim(&claim(key, token, NOW)).await?;
+        ensure_eq!(
+            outcome,
+            ClaimOutcome::Claimed,
+            "a claim of `{key}` (absent or claimable) by `{token}`"
+        );
+        Ok(())
+    }
+
+    /// The record of `key`, which must exist.
+    async fn record(&self, key: &str) -> Result<Record, Violation> {
+        self.store
+            .get(key)
+            .await?
+            .ok_or_else(|| Violation(format!("`get(\"{key}\")` found no record")))
+    }
+}
+
+fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        token,
+        attempt: 1,
+        now_ms,
+        lease_until_ms: now_ms + LEASE,
+        expires_at_s: (now_ms + LEASE) / 1000 + 3600,
+        fingerprint: Some("fp-1"),
+    }
+}
+
+fn complete<'a>(
+    key: &'a str,
+    token: &'a str,
+    response: &'a [u8],
+    expires_at_s: u64,
+) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::Complete {
+            response: Some(response),
+            expires_at_s,
+            replay_until_s: None,
+        },
+    }
+}
+
+fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::Fail {
+            error: "declined",
+            expires_at_s: NOW / 1000 + 60,
+            release_claim_writes: false,
+        },
+    }
+}
+
+fn extend<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::ExtendLease {
+            lease_until_ms: NOW + 5 * LEASE,
+            expires_at_s: NOW / 1000 + 9_999,
+        },
+    }
+}
+
+fn is_existing(outcome: &ClaimOutcome) -> bool {
+    matches!(outcome, ClaimOutcome::Existing(_))
+}
+
+async fn claim_of_a_new_key_writes_a_pending_record<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let r = c.record("k").await?;
+    ensure_eq!(r.key, "k", "the record's key");
+    ensure_eq!(r.status, Status::Pending, "the status of a new claim");
+    ensure_eq!(r.token, "t1", "the token of a new claim");
+    ensure_eq!(r.attempt, 1, "the attempt count of a new claim");
+    ensure_eq!(r.lease_until_ms, Some(NOW + LEASE), "`lease_until_ms`");
+    ensure_eq!(
+        r.expires_at_s,
+        (NOW + LEASE) / 1000 + 3600,
+        "`expires_at_s`"
+    );
+    ensure_eq!(r.fingerprint.as_deref(), Some("fp-1"), "the fingerprint");
+    ensure_eq!(r.response, None, "the response of a new claim");
+    ensure_eq!(r.error, None, "the error of a new claim");
+    ensure_eq!(r.replay_until_s, None, "`replay_until_s` of a new claim");
+    Ok(())
+}
+
+async fn duplicate_claim_returns_the_old_record<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let held = c.record("k").await?;
+    let outcome = c.store.claim(&claim("k", "t2", NOW + 1)).await?;
+    ensure_eq!(
+        outcome,
+        ClaimOutcome::Existing(held.clone()),
+        "a claim of a live PENDING key must return the record that blocked it"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        held,
+        "the losing claim must change nothing"
+    );
+    Ok(())
+}
+
+async fn a_retried_claim_finds_its_own_token<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let outcome = c.store.claim(&claim("k", "t1", NOW)).await?;
+    ensure!(
+        matches!(&outcome, ClaimOutcome::Existing(r) if r.token == "t1" && r.status == Status::Pending),
+        "a claim sent again by the same caller must find the record with its own token, got {outcome:?}"
+    );
+    Ok(())
+}
+
+async fn complete_is_guarded_by_the_token<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let before = c.record("k").await?;
+    let rejected = c
+        .store
+        .transition(&complete("k", "other", b"{}", 1))
+        .await?;
+    ensure_eq!(
+        rejected,
+        WriteOutcome::Rejected(Some(before.clone())),
+        "a completion with another token must be rejected, returning the record as it was"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        before,
+        "the rejected completion must change nothing"
+    );
+    let expires = NOW / 1000 + 86_400;
+    let applied = c
+        .store
+        .transition(&complete("k", "t1", br#"{"id":7}"#, expires))
+        .await?;
+    ensure_eq!(applied, WriteOutcome::Applied, "the holder's completion");
+    let r = c.record("k").await?;
+    ensure_eq!(r.status, Status::Completed, "the status after completion");
+    ensure_eq!(
+        r.response.as_deref(),
+        Some(&br#"{"id":7}"#[..]),
+        "the stored response"
+    );
+    ensure_eq!(r.expires_at_s, expires, "`expires_at_s` after completion");
+    ensure_eq!(r.lease_until_ms, None, "a COMPLETED record has no lease");
+    ensure_eq!(r.token, "t1", "a completion keeps the token");
+    ensure_eq!(r.attempt, 1, "a completion keeps the attempt count");
+    Ok(())
+}
+
+async fn fail_is_guarded_by_the_token<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let before = c.record("k").await?;
+    let rejected = c.store.transition(&fail("k", "other")).await?;
+    ensure_eq!(
+        rejected,
+        WriteOutcome::Rejected(Some(before.clone())),
+        "a failure with another token must be rejected, returning the record as it was"
+    );
+    ensure_eq!(
+        c.record("k").await?.status,
+        Status::Pending,
+        "the rejected failure must change nothing"
+    );
+    ensure_eq!(
+        c.store.transition(&fail("k", "t1")).await?,
+        WriteOutcome::Applied,
+        "the holder's failure"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(r.status, Status::Failed, "the status after a failure");
+    ensure_eq!(r.error.as_deref(), Some("declined"), "the stored error");
+    ensure_eq!(r.lease_until_ms, None, "a FAILED record has no lease");
+    ensure_eq!(
+        r.expires_at_s,
+        NOW / 1000 + 60,
+        "`expires_at_s` after a failure"
+    );
+    Ok(())
+}
+
+async fn a_heartbeat_extends_only_its_own_lease<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let before = c.record("k").await?;
+    ensure_eq!(
+        c.store.transition(&extend("k", "other")).await?,
+        WriteOutcome::Rejected(Some(before)),
+        "a heartbeat with another token must be rejected, returning the record as it was"
+    );
+    ensure_eq!(
+        c.store.transition(&extend("k", "t1")).await?,
+        WriteOutcome::Applied,
+        "the holder's heartbeat"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.lease_until_ms, r.expires_at_s),
+        (Status::Pending, Some(NOW + 5 * LEASE), NOW / 1000 + 9_999),
+        "status, lease and expiry after a heartbeat"
+    );
+    let outcome = c.store.claim(&claim("k", "t2", NOW + LEASE + 1)).await?;
+    ensure!(
+        is_existing(&outcome),
+        "the extended lease must hold off a claim that the original lease would have let through, got {outcome:?}"
+    );
+    Ok(())
+}
+
+async fn transitions_of_an_absent_key_are_rejected_without_a_record<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    for transition in [
+        complete("nope", "t1", b"1", 1),
+        fail("nope", "t1"),
+        extend("nope", "t1"),
+    ] {
+        ensure_eq!(
+            c.store.transition(&transition).await?,
+            WriteOutcome::Rejected(None),
+            "a {} of an absent key",
+            transition.change.op(false)
+        );
+    }
+    ensure_eq!(
+        c.store.get("nope").await?,
+        None,
+        "a rejected transition must not create a record"
+    );
+    Ok(())
+}
+
+async fn a_retried_transition_that_landed_is_rejected_with_our_token<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let expires = NOW / 1000 + 86_400;
+    c.pending("done", "t1").await?;
+    c.store
+        .transition(&complete("done", "t1", b"first", expires))
+        .await?;
+    // Sent again (its response was lost, say): the record is no longer PENDING, and it shows that our
+    // own completion landed.
+    let again = c
+        .store
+        .transition(&complete("done", "t1", b"second", expires))
+        .await?;
+    ensure!(
+        matches!(&again, WriteOutcome::Rejected(Some(r))
+            if r.status == Status::Completed && r.token == "t1" && r.response.as_deref() == Some(&b"first"[..])),
+        "a completion sent again after it landed must be rejected with the record showing our token and first response, got {again:?}"
+    );
+    ensure_eq!(
+        c.record("done").await?.response.as_deref(),
+        Some(&b"first"[..]),
+        "the first completion's response stays"
+    );
+
+    c.pending("failed", "t1").await?;
+    c.store.transition(&fail("failed", "t1")).await?;
+    let again = c.store.transition(&fail("failed", "t1")).await?;
+    ensure!(
+        matches!(&again, WriteOutcome::Rejected(Some(r)) if r.status == Status::Failed && r.token == "t1"),
+        "a failure sent again after it landed must be rejected with the record showing our token, got {again:?}"
+    );
+    Ok(())
+}
+
+async fn a_failed_record_is_claimable_at_once<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    c.store.transition(&fail("k", "t1")).await?;
+    ensure_eq!(
+        c.store.claim(&claim("k", "t2", NOW + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim of a FAILED key"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.attempt),
+        (Status::Pending, "t2", 2),
+        "status, token and attempt after claiming a FAILED key"
+    );
+    ensure_eq!(r.error, None, "a new claim clears the old error");
+    ensure_eq!(
+        r.lease_until_ms,
+        Some(NOW + 1 + LEASE),
+        "the new claim's lease"
+    );
+    Ok(())
+}
+
+async fn an_expired_record_is_claimable<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let expires_s = NOW / 1000 + 10;
+    c.store
+        .transition(&complete("k", "t1", b"1", expires_s))
+        .await?;
+    let outcome = c.store.claim(&claim("k", "t2", expires_s * 1000)).await?;
+    ensure!(
+        is_existing(&outcome),
+        "a record is live in its expiry second, got {outcome:?}"
+    );
+    let later = (expires_s + 1) * 1000;
+    ensure_eq!(
+        c.store.claim(&claim("k", "t3", later)).await?,
+        ClaimOutcome::Claimed,
+        "a claim of a COMPLETED record after its `expires_at_s`"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.attempt),
+        (Status::Pending, "t3", 2),
+        "status, token and attempt after claiming an expired key"
+    );
+    ensure_eq!(r.response, None, "a new claim clears the old response");
+    Ok(())
+}
+
+async fn expiry_is_decided_by_the_claims_clock<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    // A record that expires while its lease still runs: expiry alone makes it claimable, whatever the
+    // store's own clock or TTL process thinks (it still holds the record).
+    let expires_s = NOW / 1000 + 10;
+    let request = ClaimRequest {
+        lease_until_ms: NOW + 100 * LEASE,
+        expires_at_s: expires_s,
+        ..claim("k", "t1", NOW)
+    };
+    ensure_eq!(
+        c.store.claim(&request).await?,
+        ClaimOutcome::Claimed,
+        "a claim of a new key"
+    );
+    let outcome = c
+        .store
+        .claim(&claim("k", "t2", expires_s * 1000 + 999))
+        .await?;
+    ensure!(
+        is_existing(&outcome),
+        "a record is live up to the end of its expiry second, got {outcome:?}"
+    );
+    ensure_eq!(
+        c.store
+            .claim(&claim("k", "t3", (expires_s + 1) * 1000))
+            .await?,
+        ClaimOutcome::Claimed,
+        "a claim after `expires_at_s` of a PENDING record whose lease still runs"
+    );
+    ensure_eq!(c.record("k").await?.token, "t3", "the new holder's token");
+    Ok(())
+}
+
+async fn a_pending_record_is_claimable_once_its_lease_ran_out<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let outcome = c.store.claim(&claim("k", "t2", NOW + LEASE)).await?;
+    ensure!(
+        is_existing(&outcome),
+        "the lease is live up to and including `lease_until_ms`, got {outcome:?}"
+    );
+    ensure_eq!(
+        c.store.claim(&claim("k", "t2", NOW + LEASE + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim one millisecond after the lease ran out"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.token.as_str(), r.attempt),
+        ("t2", 2),
+        "token and attempt after a takeover"
+    );
+    Ok(())
+}
+
+async fn a_stale_token_cannot_complete_or_fail_after_a_takeover<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "old").await?;
+    ensure_eq!(
+        c.store.claim(&claim("k", "new", NOW + LEASE + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a takeover after the lease"
+    );
+    let taken = c.record("k").await?;
+    let late = c
+        .store
+        .transition(&complete("k", "old", b"old", u64::MAX / 2))
+        .await?;
+    ensure_eq!(
+        late,
+        WriteOutcome::Rejected(Some(taken.clone())),
+        "the old holder's completion after a takeover"
+    );
+    ensure_eq!(
+        c.store.transition(&fail("k", "old")).await?,
+        WriteOutcome::Rejected(Some(taken)),
+        "the old holder's failure after a takeover"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&complete("k", "new", b"new", u64::MAX / 2))
+            .await?,
+        WriteOutcome::Applied,
+        "the new holder's completion"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.token.as_str(), r.response.as_deref()),
+        ("new", Some(&b"new"[..])),
+        "the new holder's result is stored"
+    );
+    Ok(())
+}
+
+async fn a_claim_without_a_fingerprint_clears_the_old_one<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    c.store.transition(&fail("k", "t1")).await?;
+    let request = ClaimRequest {
+        fingerprint: None,
+        ..claim("k", "t2", NOW + 1)
+    };
+    ensure_eq!(
+        c.store.claim(&request).await?,
+        ClaimOutcome::Claimed,
+        "a claim of a FAILED key"
+    );
+    ensure_eq!(
+        c.record("k").await?.fingerprint,
+        None,
+        "a claim without a fingerprint"
+    );
+    Ok(())
+}
+
+async fn a_plain_claim_keeps_claim_writes_in_effect_as_they_were<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    ensure!(
+        !c.record("k").await?.claim_writes_in_effect,
+        "a plain claim must not mark claim-time writes as in effect"
+    );
+    c.store.transition(&fail("k", "t1")).await?;
+    c.store.claim(&claim("k", "t2", NOW + 1)).await?;
+    ensure!(
+        !c.record("k").await?.claim_writes_in_effect,
+        "a plain re-claim must not mark claim-time writes as in effect"
+    );
+    Ok(())
+}
+
+async fn of_32_racing_claims_exactly_one_wins<S: Store>(c: Context<S>) -> Result<(), Violation> {
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let store = c.store.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    let token = format!("t{i}");
+                    store.claim(&claim(&key, &token, NOW)).await
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for task in tasks {
+            let outcome = task
+                .await
+                .map_err(|e| Violation(format!("a racing claim's task failed: {e}")))??;
+            if outcome == ClaimOutcome::Claimed {
+                winners += 1;
+            }
+        }
+        ensure_eq!(
+            winners,
+            1,
+            "claims that won round {round} of 32 racing claims"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,688 @@
+//! The transaction cases: [`Store::claim_transaction`] and [`Store::transact_transition`] with
+//! business writes, which commit together with the record or not at all.
+
+use std::future::Future;
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
+};
+
+use super::{
+    BusinessTable, Case, CaseFuture, ClaimOutcome, Context, IntoSubject, LEASE, NOW, Outcome,
+    Store, StoreError, TRANSACTION_CASES, Violation, claim, complete, dispatch, ensure, ensure_eq,
+    fail, run, run_task,
+};
+use crate::CancellationReason;
+use crate::record::Status;
+use crate::store::{Change, TransactOutcome, Transition, Writes};
+
+/// Runs the transaction cases: the first decides whether the store supports transactions; the others
+/// run if it does, and are reported skipped (and why) if it refuses them.
+pub(super) async fn run_all<F, Fut>(factory: &mut F, cases: &mut Vec<Case>)
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: IntoSubject,
+{
+    let (&gate, rest) = TRANSACTION_CASES.split_first().unwrap_or((&"", &[]));
+    let context = Context::new(factory().await.into_subject());
+    let store = context.store.kind();
+    let has_table = context.business_table.is_some();
+    let (outcome, others) = match run_task(support(context)).await {
+        Ok(Support::Unsupported) => (
+            Outcome::Passed,
+            Some(Outcome::Skipped(format!(
+                "the {store} store does not support transactions (`claim_transaction` and \
+                 `transact_transition` return `StoreError::Unsupported`)"
+            ))),
+        ),
+        Ok(Support::Supported) if !has_table => (
+            Outcome::Passed,
+            Some(Outcome::Failed(format!(
+                "the {store} store supports transactions, but the factory gave no business table to \
+                 test them with: return `Subject::new(store).with_business_table(BusinessTable::new(name, \
+                 key_attribute))`"
+            ))),
+        ),
+        Ok(Support::Supported) => (Outcome::Passed, None),
+        Err(why) => (
+            Outcome::Failed(why),
+            Some(Outcome::Skipped(format!("`{gate}` failed"))),
+        ),
+    };
+    cases.push(Case {
+        name: gate,
+        outcome,
+    });
+    for &name in rest {
+        let outcome = if let Some(outcome) = &others {
+            outcome.clone()
+        } else {
+            let context = Context::new(factory().await.into_subject());
+            run(transaction_case(name, context)).await
+        };
+        cases.push(Case { name, outcome });
+    }
+}
+
+/// Whether a store supports transactions.
+enum Support {
+    Supported,
+    Unsupported,
+}
+
+dispatch!(
+    transaction_case:
+    claim_transaction_commits_the_claim_and_the_writes_together,
+    claim_transaction_with_a_failing_write_writes_nothing,
+    transact_transition_commits_the_transition_and_the_writes_together,
+    transact_transition_with_a_failing_write_writes_nothing,
+    transact_transition_is_fenced_by_the_token,
+    a_retried_transaction_is_not_applied_twice,
+    claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect,
+    claim_transaction_claims_an_expired_record_again,
+    released_claim_writes_are_applied_by_the_next_claim,
+);
+
+fn build_error(e: &impl std::fmt::Display) -> Violation {
+    Violation(format!("the suite could not build a business write: {e}"))
+}
+
+impl<S: Store> Context<S> {
+    /// The business table, or (for a store given none) one that does not exist: a store with
+    /// transactions fails on it, one without refuses before looking.
+    fn table(&self) -> BusinessTable {
+        self.business_table
+            .clone()
+            .unwrap_or_else(|| BusinessTable::new("idempotent-conformance-no-table", "id"))
+    }
+
+    /// The key of the business item `name`, unique to this case.
+    fn id(&self, name: &str) -> AttributeValue {
+        AttributeValue::S(format!("{}-{name}", self.prefix))
+    }
+
+    /// Puts the item `name`, if there is none.
+    fn put_new(&self, name: &str) -> Result<TransactWriteItem, Violation> {
+        let table = self.table();
+        let put = Put::builder()
+            .table_name(table.name)
+            .item(&table.key_attribute, self.id(name))
+            .condition_expression("attribute_not_exists(#k)")
+            .expression_attribute_names("#k", table.key_attribute)
+            .build()
+            .map_err(|e| build_error(&e))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// Adds `n` to the item `name`'s `hits` (creating the item if there is none).
+    fn add_hits(&self, name: &str, n: i64) -> Result<TransactWriteItem, Violation> {
+        let table = self.table();
+        let update = Update::builder()
+            .table_name(table.name)
+            .key(table.key_attribute, self.id(name))
+            .update_expression("ADD hits :n")
+            .expression_attribute_values(":n", AttributeValue::N(n.to_string()))
+            .build()
+            .map_err(|e| build_error(&e))?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// A `ConditionCheck` of `condition` (`#k` is the key attribute) on the item `name`, returning the
+    /// item if it fails when `all_old`.
+    fn check(
+        &self,
+        name: &str,
+        condition: &str,
+        value: Option<(&str, AttributeValue)>,
+        all_old: bool,
+    ) -> Result<TransactWriteItem, Violation> {
+        let table = self.table();
+        let mut check = ConditionCheck::builder()
+            .table_name(table.name)
+            .key(&table.key_attribute, self.id(name))
+            .condition_expression(condition);
+        if condition.contains("#k") {
+            check = check.expression_attribute_names("#k", table.key_attribute);
+        }
+        if let Some((placeholder, value)) = value {
+            check = check.expression_attribute_values(placeholder, value);
+        }
+        if all_old {
+            check = check.return_values_on_condition_check_failure(
+                ReturnValuesOnConditionCheckFailure::AllOld,
+            );
+        }
+        let check = check.build().map_err(|e| build_error(&e))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// A claim of `key` by `token` at `now_ms`, with `writes`.
+    async fn claim_with(
+        &self,
+        key: &str,
+        token: &str,
+        now_ms: u64,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<TransactOutcome, Violation> {
+        let writes: Writes = writes.into_iter().collect();
+        Ok(self
+            .store
+            .claim_transaction(&claim(key, token, now_ms), &writes)
+            .await?)
+    }
+
+    /// Whether `condition` holds on the business item `name`, read through the store itself: a claim
+    /// of a fresh key with a `ConditionCheck`.
+    async fn holds(
+        &self,
+        name: &str,
+        condition: &str,
+        value: Option<(&str, AttributeValue)>,
+    ) -> Result<bool, Violation> {
+        let key = self.probe_key();
+        let check = self.check(name, condition, value, false)?;
+        match self.claim_with(&key, &key, NOW, vec![check]).await? {
+            TransactOutcome::Committed => Ok(true),
+            TransactOutcome::Canceled(reasons)
+                if reasons
+                    .get(1)
+                    .is_some_and(|r| r.code == "ConditionalCheckFailed") =>
+            {
+                Ok(false)
+            }
+            other => Err(Violation(format!(
+                "reading the business item `{name}` back (a claim of a fresh key with a ConditionCheck \
+                 `{condition}`): expected Committed, or Canceled with ConditionalCheckFailed at index 1, \
+                 got {other:?}"
+            ))),
+        }
+    }
+
+    /// Whether the business item `name` exists.
+    async fn exists(&self, name: &str) -> Result<bool, Violation> {
+        self.holds(name, "attribute_exists(#k)", None).await
+    }
+
+    /// Whether the business item `name` has `hits` = `n`.
+    async fn has_hits(&self, name: &str, n: i64) -> Result<bool, Violation> {
+        let value = AttributeValue::N(n.to_string());
+        self.holds(name, "hits = :n", Some((":n", value))).await
+    }
+}
+
+/// The reasons of a transaction of `actions` actions (the record's and the writes) canceled by the
+/// write at `failing` alone; a violation otherwise.
+fn canceled_at(
+    outcome: TransactOutcome,
+    actions: usize,
+    failing: usize,
+    what: &str,
+) -> Result<Vec<CancellationReason>, Violation> {
+    let TransactOutcome::Canceled(reasons) = outcome else {
+        return Err(Violation(format!(
+            "{what}: expected Canceled (action {failing}'s condition fails), got {outcome:?}"
+        )));
+    };
+    let codes: Vec<(usize, &str)> = reasons.iter().map(|r| (r.index, r.code.as_str())).collect();
+    let expected: Vec<(usize, &str)> = (0..actions)
+        .map(|i| {
+            let code = if i == failing {
+                "ConditionalCheckFailed"
+            } else {
+                "None"
+            };
+            (i, code)
+        })
+        .collect();
+    ensure_eq!(
+        codes,
+        expected,
+        "{what}: one cancellation reason per action (index, code), index 0 the record"
+    );
+    Ok(reasons)
+}
+
+/// Both transactional calls, with a write each: both must work, or both be `Unsupported` and write
+/// nothing.
+async fn support<S: Store>(c: Context<S>) -> Result<Support, Violation> {
+    let claim_writes: Writes = [c.put_new("support-claim")?].into_iter().collect();
+    let claimed = c
+        .store
+        .claim_transaction(&claim("claimed", "t1", NOW), &claim_writes)
+        .await;
+    c.pending("held", "t2").await?;
+    let held = c.record("held").await?;
+    let writes: Writes = [c.put_new("support-transition")?].into_iter().collect();
+    let transacted = c
+        .store
+        .transact_transition(&complete("held", "t2", b"{}", NOW / 1000 + 3600), &writes)
+        .await;
+    let unsupported =
+        |r: &Result<TransactOutcome, StoreError>| matches!(r, Err(StoreError::Unsupported { .. }));
+    match (unsupported(&claimed), unsupported(&transacted)) {
+        (false, false) => Ok(Support::Supported),
+        (true, true) => {
+            ensure_eq!(
+                c.store.get("claimed").await?,
+                None,
+                "`claim_transaction` returned `StoreError::Unsupported`, so it must write no record"
+            );
+            ensure_eq!(
+                c.record("held").await?,
+                held,
+                "`transact_transition` returned `StoreError::Unsupported`, so it must not change the record"
+            );
+            Ok(Support::Unsupported)
+        }
+        (true, false) => Err(Violation(format!(
+            "`claim_transaction` returned `StoreError::Unsupported` but `transact_transition` returned \
+             {transacted:?}: a store supports both or neither"
+        ))),
+        (false, true) => Err(Violation(format!(
+            "`transact_transition` returned `StoreError::Unsupported` but `claim_transaction` returned \
+             {claimed:?}: a store supports both or neither"
+        ))),
+    }
+}
+
+async fn claim_transaction_commits_the_claim_and_the_writes_together<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let writes = vec![c.put_new("a")?, c.add_hits("counter", 1)?];
+    ensure_eq!(
+        c.claim_with("k", "t1", NOW, writes).await?,
+        TransactOutcome::Committed,
+        "a claim of an absent key with two writes that hold"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.attempt, r.lease_until_ms),
+        (Status::Pending, "t1", 1, Some(NOW + LEASE)),
+        "status, token, attempt and lease after a claim with writes"
+    );
+    ensure_eq!(
+        r.expires_at_s,
+        (NOW + LEASE) / 1000 + 3600,
+        "`expires_at_s`"
+    );
+    ensure_eq!(r.fingerprint.as_deref(), Some("fp-1"), "the fingerprint");
+    ensure!(
+        r.claim_writes_in_effect,
+        "a claim with writes must mark them as in effect (`claim_writes_in_effect`)"
+    );
+    ensure!(
+        c.exists("a").await?,
+        "the claim's Put must be written with it"
+    );
+    ensure!(
+        c.has_hits("counter", 1).await?,
+        "the claim's Update must be applied with it, once"
+    );
+    Ok(())
+}
+
+async fn claim_transaction_with_a_failing_write_writes_nothing<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let writes = vec![
+        c.put_new("b")?,
+        c.check("missing", "attribute_exists(#k)", None, false)?,
+    ];
+    let outcome = c.claim_with("k", "t1", NOW, writes).await?;
+    canceled_at(
+        outcome,
+        3,
+        2,
+        "a claim whose second write's condition fails",
+    )?;
+    ensure_eq!(
+        c.store.get("k").await?,
+        None,
+        "a canceled claim must write no record"
+    );
+    ensure!(
+        !c.exists("b").await?,
+        "a canceled claim must not write the Put whose condition held"
+    );
+    Ok(())
+}
+
+async fn transact_transition_commits_the_transition_and_the_writes_together<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let writes: Writes = [c.put_new("a")?, c.add_hits("counter", 1)?]
+        .into_iter()
+        .collect();
+    let expires = NOW / 1000 + 86_400;
+    ensure_eq!(
+        c.store
+            .transact_transition(&complete("k", "t1", br#"{"ok":true}"#, expires), &writes)
+            .await?,
+        TransactOutcome::Committed,
+        "the holder's completion with two writes that hold"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.lease_until_ms, r.expires_at_s),
+        (Status::Completed, "t1", None, expires),
+        "status, token, lease and expiry after a completion with writes"
+    );
+    ensure_eq!(
+        r.response.as_deref(),
+        Some(&br#"{"ok":true}"#[..]),
+        "the stored response"
+    );
+    ensure!(
+        c.exists("a").await?,
+        "the completion's Put must be written with it"
+    );
+    ensure!(
+        c.has_hits("counter", 1).await?,
+        "the completion's Update must be applied with it, once"
+    );
+    Ok(())
+}
+
+async fn transact_transition_with_a_failing_write_writes_nothing<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    ensure_eq!(
+        c.claim_with("seed", "s1", NOW, vec![c.put_new("seeded")?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim that writes the item the failing condition reads"
+    );
+    c.pending("k", "t1").await?;
+    let before = c.record("k").await?;
+    let writes: Writes = [
+        c.put_new("b")?,
+        c.check("seeded", "attribute_not_exists(#k)", None, true)?,
+        c.put_new("d")?,
+    ]
+    .into_iter()
+    .collect();
+    let outcome = c
+        .store
+        .transact_transition(&complete("k", "t1", b"{}", NOW / 1000 + 3600), &writes)
+        .await?;
+    let reasons = canceled_at(
+        outcome,
+        4,
+        2,
+        "a completion whose second of three writes fails",
+    )?;
+    let key = c.table().key_attribute;
+    ensure_eq!(
+        reasons[2].item.as_ref().and_then(|item| item.get(&key)),
+        Some(&c.id("seeded")),
+        "the failed ConditionCheck asked for ALL_OLD: its reason carries the item as it was"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        before,
+        "a canceled completion must leave the record PENDING under our token"
+    );
+    ensure!(
+        !c.exists("b").await? && !c.exists("d").await?,
+        "a canceled completion must not write the Puts whose conditions held"
+    );
+    Ok(())
+}
+
+async fn transact_transition_is_fenced_by_the_token<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.pending("k", "t1").await?;
+    let before = c.record("k").await?;
+    let writes: Writes = [c.put_new("a")?].into_iter().collect();
+    ensure_eq!(
+        c.store
+            .transact_transition(&complete("k", "t2", b"{}", NOW / 1000 + 3600), &writes)
+            .await?,
+        TransactOutcome::Rejected(Some(before.clone())),
+        "a completion with another token must be rejected, returning the record as it was"
+    );
+    // A write that fails too: the record's fence is what the caller hears about.
+    let failing: Writes = [c.check("missing", "attribute_exists(#k)", None, false)?]
+        .into_iter()
+        .collect();
+    ensure_eq!(
+        c.store
+            .transact_transition(&fail("k", "t3"), &failing)
+            .await?,
+        TransactOutcome::Rejected(Some(before.clone())),
+        "a failure with another token and a failing write must be rejected, returning the record"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        before,
+        "rejected transitions must change nothing"
+    );
+    ensure!(
+        !c.exists("a").await?,
+        "a rejected transition must not write its business writes"
+    );
+    let writes: Writes = [c.put_new("b")?].into_iter().collect();
+    ensure_eq!(
+        c.store
+            .transact_transition(&complete("absent", "t1", b"{}", NOW / 1000 + 3600), &writes)
+            .await?,
+        TransactOutcome::Rejected(None),
+        "a completion of an absent key"
+    );
+    ensure_eq!(
+        c.store.get("absent").await?,
+        None,
+        "a rejected transition must not create a record"
+    );
+    ensure!(
+        !c.exists("b").await?,
+        "a rejected transition must not write its business writes"
+    );
+    Ok(())
+}
+
+async fn a_retried_transaction_is_not_applied_twice<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let claim_writes: Writes = [c.add_hits("claimed", 1)?].into_iter().collect();
+    let request = claim("k1", "t1", NOW);
+    ensure_eq!(
+        c.store.claim_transaction(&request, &claim_writes).await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    // The same request again, as after a lost response.
+    let again = c.store.claim_transaction(&request, &claim_writes).await?;
+    ensure!(
+        match &again {
+            TransactOutcome::Committed => true,
+            TransactOutcome::Rejected(Some(r)) => r.token == "t1" && r.status == Status::Pending,
+            _ => false,
+        },
+        "a claim with writes sent again after it landed: expected Committed (a replayed request) or \
+         Rejected with the record showing our token, got {again:?}"
+    );
+    ensure!(
+        c.has_hits("claimed", 1).await?,
+        "a claim's writes sent again after it landed must be applied once"
+    );
+
+    c.pending("k2", "t2").await?;
+    let writes: Writes = [c.add_hits("completed", 1)?].into_iter().collect();
+    let completion = complete("k2", "t2", b"first", NOW / 1000 + 3600);
+    ensure_eq!(
+        c.store.transact_transition(&completion, &writes).await?,
+        TransactOutcome::Committed,
+        "the holder's completion with a write"
+    );
+    let again = c.store.transact_transition(&completion, &writes).await?;
+    ensure!(
+        match &again {
+            TransactOutcome::Committed => true,
+            TransactOutcome::Rejected(Some(r)) => r.token == "t2" && r.status == Status::Completed,
+            _ => false,
+        },
+        "a completion with writes sent again after it landed: expected Committed (a replayed request) \
+         or Rejected with the record showing our token, got {again:?}"
+    );
+    ensure!(
+        c.has_hits("completed", 1).await?,
+        "a completion's writes sent again after it landed must be applied once"
+    );
+    ensure_eq!(
+        c.record("k2").await?.response.as_deref(),
+        Some(&b"first"[..]),
+        "the stored response"
+    );
+    Ok(())
+}
+
+async fn claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let writes = || -> Result<_, Violation> { Ok(vec![c.add_hits("held", 1)?]) };
+    ensure_eq!(
+        c.claim_with("k", "t1", NOW, writes()?).await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    c.store.transition(&fail("k", "t1")).await?;
+    let failed = c.record("k").await?;
+    ensure!(
+        failed.status == Status::Failed && failed.claim_writes_in_effect,
+        "a failure without compensation must keep the claim-time writes in effect, got {failed:?}"
+    );
+    ensure_eq!(
+        c.claim_with("k", "t2", NOW + 1, writes()?).await?,
+        TransactOutcome::Rejected(Some(failed)),
+        "a claim with writes of a FAILED record whose claim-time writes are in effect must be refused"
+    );
+    ensure_eq!(
+        c.store.claim(&claim("k", "t2", NOW + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a plain claim of the FAILED record"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (
+            r.status,
+            r.token.as_str(),
+            r.attempt,
+            r.claim_writes_in_effect
+        ),
+        (Status::Pending, "t2", 2, true),
+        "status, token, attempt and `claim_writes_in_effect` after a plain claim (which keeps the flag)"
+    );
+    let lapsed = NOW + 1 + LEASE + 1;
+    let outcome = c.claim_with("k", "t3", lapsed, writes()?).await?;
+    ensure!(
+        matches!(&outcome, TransactOutcome::Rejected(Some(r)) if r.token == "t2"),
+        "a claim with writes of a lapsed claim whose claim-time writes are in effect must be refused \
+         with the record, got {outcome:?}"
+    );
+    ensure!(
+        c.has_hits("held", 1).await?,
+        "refused claims must not apply their writes"
+    );
+    Ok(())
+}
+
+async fn claim_transaction_claims_an_expired_record_again<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    ensure_eq!(
+        c.claim_with("k", "t1", NOW, vec![c.add_hits("again", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    let expires_s = NOW / 1000 + 10;
+    c.store
+        .transition(&complete("k", "t1", b"1", expires_s))
+        .await?;
+    let later = (expires_s + 1) * 1000;
+    ensure_eq!(
+        c.claim_with("k", "t2", later, vec![c.add_hits("again", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with writes of an expired record whose claim-time writes are in effect (a new operation)"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (
+            r.status,
+            r.token.as_str(),
+            r.attempt,
+            r.claim_writes_in_effect
+        ),
+        (Status::Pending, "t2", 2, true),
+        "status, token, attempt and `claim_writes_in_effect` after claiming an expired record"
+    );
+    ensure_eq!(r.response, None, "a new claim clears the old response");
+    ensure!(
+        c.has_hits("again", 2).await?,
+        "the new operation's claim applies its writes again"
+    );
+    Ok(())
+}
+
+async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    ensure_eq!(
+        c.claim_with("k", "t1", NOW, vec![c.add_hits("released", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    let release = Transition {
+        key: "k",
+        token: "t1",
+        change: Change::Fail {
+            error: "declined",
+            expires_at_s: NOW / 1000 + 60,
+            release_claim_writes: true,
+        },
+    };
+    let compensation: Writes = [c.add_hits("released", -1)?].into_iter().collect();
+    ensure_eq!(
+        c.store.transact_transition(&release, &compensation).await?,
+        TransactOutcome::Committed,
+        "a failure with compensating writes"
+    );
+    let r = c.record("k").await?;
+    ensure!(
+        r.status == Status::Failed && !r.claim_writes_in_effect,
+        "a failure with `release_claim_writes` must clear `claim_writes_in_effect`, got {r:?}"
+    );
+    ensure!(
+        c.has_hits("released", 0).await?,
+        "the compensating write must be applied with the failure"
+    );
+    ensure_eq!(
+        c.claim_with("k", "t2", NOW + 1, vec![c.add_hits("released", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with writes after the writes were released"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (
+            r.status,
+            r.token.as_str(),
+            r.attempt,
+            r.claim_writes_in_effect
+        ),
+        (Status::Pending, "t2", 2, true),
+        "status, token, attempt and `claim_writes_in_effect` after the next claim"
+    );
+    ensure!(
+        c.has_hits("released", 1).await?,
+        "the next claim applies the writes again"
+    );
+    Ok(())
+}

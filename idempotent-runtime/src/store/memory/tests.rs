@@ -1,0 +1,272 @@
+//! The memory store's transactions: its records and the emulator's business tables commit together or
+//! not at all.
+
+use aws_sdk_dynamodb::types::{
+    Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+
+use super::*;
+
+const KEY: &str = "orders#1";
+const NOW_MS: u64 = 1_000_000;
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+
+fn n(v: &str) -> AttributeValue {
+    AttributeValue::N(v.to_owned())
+}
+
+fn apple() -> HashMap<String, AttributeValue> {
+    HashMap::from([("sku".to_owned(), s("apple"))])
+}
+
+/// A store with 10 apples in `inventory` and an empty `reservations` table.
+fn store() -> MemoryStore {
+    let store = MemoryStore::new();
+    store.create_table("inventory", "sku", None).unwrap();
+    store
+        .create_table("reservations", "order_id", None)
+        .unwrap();
+    let mut stock = apple();
+    stock.insert("available".to_owned(), n("10"));
+    store.put_item("inventory", stock).unwrap();
+    store
+}
+
+fn available(store: &MemoryStore) -> AttributeValue {
+    store.get_item("inventory", &apple()).unwrap()["available"].clone()
+}
+
+/// The example's reservation: take `quantity` apples if there are that many, and record it.
+fn reserve(quantity: &str) -> Vec<TransactWriteItem> {
+    let take = Update::builder()
+        .table_name("inventory")
+        .set_key(Some(apple()))
+        .update_expression("SET available = available - :q")
+        .condition_expression("available >= :q")
+        .expression_attribute_values(":q", n(quantity))
+        .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+        .build()
+        .unwrap();
+    let record = Put::builder()
+        .table_name("reservations")
+        .item("order_id", s("order-1"))
+        .item("quantity", n(quantity))
+        .condition_expression("attribute_not_exists(order_id)")
+        .build()
+        .unwrap();
+    vec![
+        TransactWriteItem::builder().update(take).build(),
+        TransactWriteItem::builder().put(record).build(),
+    ]
+}
+
+fn claim_request(token: &str) -> ClaimRequest<'_> {
+    ClaimRequest {
+        key: KEY,
+        token,
+        attempt: 1,
+        now_ms: NOW_MS,
+        lease_until_ms: NOW_MS + 60_000,
+        expires_at_s: NOW_MS / 1000 + 3600,
+        fingerprint: None,
+    }
+}
+
+fn complete(token: &str) -> Transition<'_> {
+    Transition {
+        key: KEY,
+        token,
+        change: Change::Complete {
+            response: Some(b"{\"ok\":true}"),
+            expires_at_s: NOW_MS / 1000 + 86_400,
+            replay_until_s: None,
+        },
+    }
+}
+
+async fn claimed_store() -> MemoryStore {
+    let store = store();
+    assert_eq!(
+        store.claim(&claim_request("mine")).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    store
+}
+
+fn codes(outcome: &TransactOutcome) -> Vec<(usize, &str)> {
+    match outcome {
+        TransactOutcome::Canceled(reasons) => {
+            reasons.iter().map(|r| (r.index, r.code.as_str())).collect()
+        }
+        other => panic!("expected Canceled, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn staged_writes_commit_with_the_completion() {
+    let store = claimed_store().await;
+    let outcome = store
+        .transact_transition(&complete("mine"), &reserve("3").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Committed);
+    let record = store.get(KEY).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.response.as_deref(), Some(&b"{\"ok\":true}"[..]));
+    assert_eq!(available(&store), n("7"));
+    assert_eq!(store.items("reservations").len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_condition_cancels_everything() {
+    let store = claimed_store().await;
+    let before = store.get(KEY).await.unwrap();
+    let outcome = store
+        .transact_transition(&complete("mine"), &reserve("11").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        codes(&outcome),
+        [(0, "None"), (1, "ConditionalCheckFailed"), (2, "None")]
+    );
+    let TransactOutcome::Canceled(reasons) = outcome else {
+        unreachable!()
+    };
+    assert_eq!(
+        reasons[1].item.as_ref().map(|i| i["available"].clone()),
+        Some(n("10"))
+    );
+    assert_eq!(
+        store.get(KEY).await.unwrap(),
+        before,
+        "the record is untouched: still PENDING under our token"
+    );
+    assert_eq!(available(&store), n("10"));
+    assert!(
+        store.items("reservations").is_empty(),
+        "the Put that would have held was not applied"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_fence_rejects_with_the_record_and_writes_nothing() {
+    let store = claimed_store().await;
+    let before = store.get(KEY).await.unwrap();
+    // A staged write that would fail too: the record's reason wins, as in DynamoDB.
+    for writes in [reserve("3"), reserve("11")] {
+        let outcome = store
+            .transact_transition(&complete("theirs"), &writes.into_iter().collect())
+            .await
+            .unwrap();
+        assert_eq!(outcome, TransactOutcome::Rejected(before.clone()));
+    }
+    assert_eq!(store.get(KEY).await.unwrap(), before);
+    assert_eq!(available(&store), n("10"));
+    assert!(store.items("reservations").is_empty());
+
+    let empty = self::store();
+    let outcome = empty
+        .transact_transition(&complete("mine"), &reserve("3").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Rejected(None), "no record at all");
+    assert_eq!(available(&empty), n("10"));
+}
+
+#[tokio::test]
+async fn an_unsupported_write_fails_before_anything_is_written() {
+    let store = claimed_store().await;
+    let before = store.get(KEY).await.unwrap();
+    let nested = Update::builder()
+        .table_name("inventory")
+        .set_key(Some(apple()))
+        .update_expression("SET bins[0] = :q")
+        .expression_attribute_values(":q", n("1"))
+        .build()
+        .unwrap();
+    let mut writes = vec![TransactWriteItem::builder().update(nested).build()];
+    writes.extend(reserve("3").into_iter().skip(1));
+    let err = store
+        .transact_transition(&complete("mine"), &writes.into_iter().collect())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)));
+    assert!(
+        err.to_string()
+            .contains("does not support a nested attribute path `bins[0]`"),
+        "{err}"
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), before);
+    assert!(store.items("reservations").is_empty());
+}
+
+#[tokio::test]
+async fn claim_transaction_claims_and_reserves_together() {
+    let store = store();
+    let outcome = store
+        .claim_transaction(&claim_request("mine"), &reserve("4").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Committed);
+    let record = store.get(KEY).await.unwrap().unwrap();
+    assert_eq!(
+        (record.status, record.token.as_str(), record.attempt),
+        (Status::Pending, "mine", 1)
+    );
+    assert_eq!(available(&store), n("6"));
+    assert_eq!(store.items("reservations")[0]["quantity"], n("4"));
+}
+
+#[tokio::test]
+async fn a_failed_reservation_leaves_no_record() {
+    let store = store();
+    let outcome = store
+        .claim_transaction(&claim_request("mine"), &reserve("11").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        codes(&outcome),
+        [(0, "None"), (1, "ConditionalCheckFailed"), (2, "None")]
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), None);
+    assert!(store.is_empty());
+    assert_eq!(available(&store), n("10"));
+    assert!(store.items("reservations").is_empty());
+}
+
+#[tokio::test]
+async fn claim_transaction_on_a_held_key_returns_the_record_and_writes_nothing() {
+    let store = claimed_store().await;
+    let held = store.get(KEY).await.unwrap().unwrap();
+    let outcome = store
+        .claim_transaction(
+            &claim_request("theirs"),
+            &reserve("4").into_iter().collect(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Rejected(Some(held.clone())));
+    assert_eq!(store.get(KEY).await.unwrap(), Some(held));
+    assert_eq!(available(&store), n("10"));
+}
+
+#[tokio::test]
+async fn claim_transaction_takes_over_a_claimable_record() {
+    let store = claimed_store().await;
+    let later = ClaimRequest {
+        now_ms: NOW_MS + 120_000,
+        lease_until_ms: NOW_MS + 180_000,
+        ..claim_request("next")
+    };
+    let outcome = store
+        .claim_transaction(&later, &reserve("4").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Committed);
+    let record = store.get(KEY).await.unwrap().unwrap();
+    assert_eq!((record.token.as_str(), record.attempt), ("next", 2));
+    assert_eq!(available(&store), n("6"));
+}

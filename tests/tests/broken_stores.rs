@@ -1,0 +1,282 @@
+//! The conformance suite catches broken stores: each wrapper around `MemoryStore` breaks one rule of the
+//! store contract, and the suite must fail exactly the cases that check it, by name, saying why.
+
+use idempotent_runtime::store::conformance::{
+    self, BusinessTable, Outcome, Report, Subject, TRANSACTION_CASES,
+};
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
+};
+use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+
+/// The names of the cases `report` failed.
+fn failed(report: &Report) -> Vec<&'static str> {
+    report.failed().map(|c| c.name).collect()
+}
+
+/// Breaks fencing: a transition of a PENDING record applies whatever its token.
+#[derive(Debug, Default)]
+struct IgnoresTheToken(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for IgnoresTheToken {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        match self.0.get(transition.key).await? {
+            Some(held) if held.status == Status::Pending => {
+                let as_holder = Transition {
+                    token: &held.token,
+                    ..*transition
+                };
+                self.0.transition(&as_holder).await
+            }
+            _ => self.0.transition(transition).await,
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "ignores-the-token"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
+    let report = conformance::check(|| async { IgnoresTheToken::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "complete_is_guarded_by_the_token",
+            "fail_is_guarded_by_the_token",
+            "a_heartbeat_extends_only_its_own_lease",
+            "a_stale_token_cannot_complete_or_fail_after_a_takeover",
+        ],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) = report.outcome("complete_is_guarded_by_the_token") else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with(
+            "a completion with another token must be rejected, returning the record as it was: \
+             expected Rejected(Some(Record {"
+        ),
+        "{why}"
+    );
+    assert!(why.ends_with("got Applied"), "{why}");
+    let panicked = std::panic::catch_unwind(|| report.assert_passed())
+        .expect_err("a failed case fails `assert_passed`");
+    let message = panicked.downcast_ref::<String>().unwrap();
+    assert!(
+        message.starts_with("the ignores-the-token store breaks the store contract:"),
+        "{message}"
+    );
+    assert!(
+        message.contains("FAILED  fail_is_guarded_by_the_token: "),
+        "{message}"
+    );
+}
+
+/// Breaks linearizability: a claim takes a key whose PENDING claim is still live.
+#[derive(Debug, Default)]
+struct TwoWinners(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for TwoWinners {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        match self.0.claim(request).await? {
+            ClaimOutcome::Existing(held)
+                if held.status == Status::Pending && held.token != request.token =>
+            {
+                self.0.insert(Record {
+                    token: request.token.to_owned(),
+                    attempt: held.attempt + 1,
+                    lease_until_ms: Some(request.lease_until_ms),
+                    expires_at_s: request.expires_at_s,
+                    fingerprint: request.fingerprint.map(str::to_owned),
+                    ..held
+                });
+                Ok(ClaimOutcome::Claimed)
+            }
+            outcome => Ok(outcome),
+        }
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "two-winners"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_lets_two_claims_win_fails_the_claim_cases() {
+    let report = conformance::check(|| async { TwoWinners::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "duplicate_claim_returns_the_old_record",
+            "a_heartbeat_extends_only_its_own_lease",
+            "expiry_is_decided_by_the_claims_clock",
+            "a_pending_record_is_claimable_once_its_lease_ran_out",
+            "of_32_racing_claims_exactly_one_wins",
+        ],
+        "{report}"
+    );
+    assert_eq!(
+        report.outcome("of_32_racing_claims_exactly_one_wins"),
+        Some(&Outcome::Failed(
+            "claims that won round 0 of 32 racing claims: expected 1, got 32".to_owned()
+        )),
+        "{report}"
+    );
+}
+
+/// Supports half of the transactions: `claim_transaction`, not `transact_transition`.
+#[derive(Debug, Default)]
+struct HalfTransactions(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for HalfTransactions {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.claim_transaction(request, writes).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "half-transactions"
+    }
+}
+
+#[tokio::test]
+async fn a_store_with_half_the_transactions_fails_the_first_transaction_case() {
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(HalfTransactions(store))
+            .with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    assert_eq!(
+        failed(&report),
+        ["transactions_are_supported_or_refused_as_unsupported"],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) =
+        report.outcome("transactions_are_supported_or_refused_as_unsupported")
+    else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with(
+            "`transact_transition` returned `StoreError::Unsupported` but `claim_transaction` returned Ok(Committed)"
+        ),
+        "{why}"
+    );
+    assert_eq!(report.skipped().count(), TRANSACTION_CASES.len() - 1);
+}
+
+/// Breaks atomicity: a claim whose business writes are canceled is written anyway.
+#[derive(Debug, Default)]
+struct NotAtomic(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for NotAtomic {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let outcome = self.0.claim_transaction(request, writes).await?;
+        if matches!(outcome, TransactOutcome::Canceled(_)) {
+            self.0.claim(request).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.transact_transition(transition, writes).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "not-atomic"
+    }
+}
+
+#[tokio::test]
+async fn a_store_whose_canceled_claims_land_fails_the_all_or_nothing_case() {
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(NotAtomic(store)).with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    assert_eq!(
+        failed(&report),
+        ["claim_transaction_with_a_failing_write_writes_nothing"],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) =
+        report.outcome("claim_transaction_with_a_failing_write_writes_nothing")
+    else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with("a canceled claim must write no record: expected None, got Some(Record {"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_with_transactions_and_no_business_table_is_told_to_give_one() {
+    let report = conformance::check(|| async { MemoryStore::new() }).await;
+    let failed = failed(&report);
+    assert_eq!(failed, TRANSACTION_CASES[1..], "{report}");
+    let Some(Outcome::Failed(why)) = report.outcome(TRANSACTION_CASES[1]) else {
+        panic!("{report}")
+    };
+    assert!(why.contains("with_business_table"), "{why}");
+}
