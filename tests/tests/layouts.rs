@@ -509,3 +509,137 @@ async fn a_store_with_a_region_records_where_it_completed() {
         );
     }
 }
+
+/// The store contract (`idempotent_runtime::store::conformance`), whole, on every layout.
+///
+/// The suite's keys are plain strings (`"k"`, `"race-0"`), not derived keys; the tenant layout needs a
+/// `{namespace}#{hash}` key to split, so there the store is wrapped in [`Namespaced`], which puts every
+/// key in a namespace on the way in and takes it off the records on the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_layout_keeps_the_whole_store_contract() {
+    use idempotent_runtime::store::conformance::{self, BusinessTable, Subject};
+    let (client, _) = client();
+    let business = business_table(&client).await;
+    for layout in layouts() {
+        let (business, layout) = (&business, &layout);
+        let report = conformance::check(move || async move {
+            let (store, _) = store(layout).await;
+            let prefix = if *layout == Layout::Tenant {
+                "conformance#"
+            } else {
+                ""
+            };
+            Subject::new(Namespaced { store, prefix })
+                .with_business_table(BusinessTable::new(business, "id"))
+        })
+        .await;
+        println!("{layout}:\n{report}");
+        report.assert_complete();
+    }
+}
+
+/// A DynamoDB store whose keys get `prefix` in front (see [`every_layout_keeps_the_whole_store_contract`]).
+#[derive(Debug)]
+struct Namespaced {
+    store: DynamoDbStore,
+    prefix: &'static str,
+}
+
+impl Namespaced {
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn record(&self, mut record: idempotent_runtime::Record) -> idempotent_runtime::Record {
+        record.key = record
+            .key
+            .strip_prefix(self.prefix)
+            .expect("a key this wrapper wrote")
+            .to_owned();
+        record
+    }
+
+    fn write(&self, outcome: WriteOutcome) -> WriteOutcome {
+        match outcome {
+            WriteOutcome::Rejected(record) => {
+                WriteOutcome::Rejected(record.map(|r| self.record(r)))
+            }
+            applied @ WriteOutcome::Applied => applied,
+        }
+    }
+
+    fn transact(&self, outcome: TransactOutcome) -> TransactOutcome {
+        match outcome {
+            TransactOutcome::Rejected(record) => {
+                TransactOutcome::Rejected(record.map(|r| self.record(r)))
+            }
+            other => other,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Namespaced {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let key = self.key(request.key);
+        let request = ClaimRequest {
+            key: &key,
+            ..*request
+        };
+        Ok(match self.store.claim(&request).await? {
+            ClaimOutcome::Existing(record) => ClaimOutcome::Existing(self.record(record)),
+            claimed @ ClaimOutcome::Claimed => claimed,
+        })
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        let key = self.key(transition.key);
+        let transition = Transition {
+            key: &key,
+            ..*transition
+        };
+        Ok(self.write(self.store.transition(&transition).await?))
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let key = self.key(transition.key);
+        let transition = Transition {
+            key: &key,
+            ..*transition
+        };
+        Ok(self.transact(self.store.transact_transition(&transition, writes).await?))
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let key = self.key(request.key);
+        let request = ClaimRequest {
+            key: &key,
+            ..*request
+        };
+        Ok(self.transact(self.store.claim_transaction(&request, writes).await?))
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
+        Ok(self
+            .store
+            .get(&self.key(key))
+            .await?
+            .map(|r| self.record(r)))
+    }
+
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        self.store.response_budget(&self.key(key), fingerprint)
+    }
+
+    fn kind(&self) -> &'static str {
+        self.store.kind()
+    }
+}
