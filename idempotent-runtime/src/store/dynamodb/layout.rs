@@ -31,8 +31,9 @@ pub const DEFAULT_STATIC_PARTITION: &str = "idempotency";
 /// this partition key *and sort key*", also when other items share the partition (DynamoDB evaluates a
 /// condition on the item the request's `Key` names, or on nothing when there is none; the layout tests
 /// on DynamoDB Local check it). So the protocol is the same in every layout.
-/// Set with [`DynamoDbStore::with_layout`](super::DynamoDbStore::with_layout); the
-/// table must have the layout's key schema ([`DynamoDbStore::ensure_table`](super::DynamoDbStore::ensure_table)
+///
+/// Set with [`DynamoDbStore::with_layout`](super::DynamoDbStore::with_layout); the table must have
+/// the layout's key schema ([`DynamoDbStore::ensure_table`](super::DynamoDbStore::ensure_table)
 /// creates it). A table is written in one layout for its whole life: records written in one layout are
 /// not found in another.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -44,10 +45,11 @@ pub enum Layout {
     #[default]
     Key,
     /// Partition key (S) = `value`, the same for every record; sort key (S) = the record key. As
-    /// Powertools' `static_pk_value`, for tables shared with such tools. Every record of the store is in
+    /// Powertools' `static_pk_value`, for tables laid out that way. Every record of the store is in
     /// one partition: at most 1,000 write units and 3,000 read units per second for all keys together
-    /// (beyond that DynamoDB throttles). One store per tenant, each with the tenant as `value`, gives
-    /// per-tenant partitions that a `Query` lists.
+    /// (beyond that DynamoDB throttles, until it may in time split the partition by sort-key
+    /// ranges). One store per tenant, each with the tenant as `value`, gives per-tenant partitions that
+    /// a `Query` lists.
     StaticPartition {
         /// The partition key value of every record (1 to 2,048 bytes).
         value: String,

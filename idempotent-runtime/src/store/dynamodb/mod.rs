@@ -11,7 +11,8 @@
 //!
 //! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
 //! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
-//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record). `:now_ms` is the caller's clock *less the clock-skew margin*
+//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record). `:now_ms` is the
+//! caller's clock *less the clock-skew margin*
 //! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
@@ -187,9 +188,10 @@ impl DynamoDbStore {
     }
 
     /// The same store, serving the region named `name` (as [`RoutedStore`](crate::RoutedStore) names
-    /// it): completions record it in the record's `completed_in` attribute, and the global-table guard of
-    /// [`check`](Self::check) counts the store as routed. [`RoutedStore::dynamodb`](crate::RoutedStore::dynamodb)
-    /// sets it on each region's store; set it yourself on stores you give to [`RoutedStore::new`](crate::RoutedStore::new).
+    /// it): completions record it in the record's `completed_in` attribute, and the global-table guard
+    /// of [`check`](Self::check) counts the store as routed.
+    /// [`RoutedStore::dynamodb`](crate::RoutedStore::dynamodb) sets it on each region's store; set it
+    /// yourself on stores you give to [`RoutedStore::new`](crate::RoutedStore::new).
     #[must_use]
     pub fn with_region(self, name: impl Into<String>) -> Self {
         let region = Some(name.into());

@@ -31,10 +31,9 @@ impl DynamoDbStore {
     /// Makes the table ready for this store, and verifies it: creates it if it does not exist (the
     /// [`Layout`]'s key schema: a partition key of type S named as the store's key attribute, and in a
     /// layout with one a sort key of type S named as its sort key attribute; on-demand billing), waits
-    /// until it is `ACTIVE`
-    /// (also when another process created it a moment ago), and enables TTL on the expiry attribute when
-    /// TTL is off (also after an interrupted first run). Safe to call at every start-up and from several
-    /// processes at once.
+    /// until it is `ACTIVE` (also when another process created it a moment ago), and enables TTL on the
+    /// expiry attribute when TTL is off (also after an interrupted first run). Safe to call at every
+    /// start-up and from several processes at once.
     ///
     /// # Errors
     /// [`StoreError::Schema`] when an existing table's key schema, or its TTL attribute, differs from the
