@@ -40,6 +40,8 @@ pub struct KeyReport {
     pub claim_writes_in_effect: bool,
     /// Whether a payload fingerprint is stored.
     pub has_fingerprint: bool,
+    /// The region whose store completed the record, when it knew its region.
+    pub completed_in: Option<String>,
 }
 
 impl KeyReport {
@@ -79,6 +81,7 @@ impl KeyReport {
             error: record.error.clone(),
             claim_writes_in_effect: record.claim_writes_in_effect,
             has_fingerprint: record.fingerprint.is_some(),
+            completed_in: record.completed_in.clone(),
         }
     }
 }

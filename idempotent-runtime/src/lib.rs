@@ -59,7 +59,14 @@
 //! that received it), a [`RoutedStore`] sends each key to one home region chosen by a hash of the key, so
 //! callers in different regions never both claim it; an unreachable home region is
 //! [`Error::RegionUnavailable`], and failover to another region is an explicit opt-in (see the
-//! [`store::routed`] module).
+//! [`store::routed`] module). `DynamoDbStore::check` warns about a replicated table used without such
+//! routing (or refuses it, with `DynamoDbStore::strict_replicas`), and a routed store counts duplicates
+//! found completed by another region than the key's home.
+//!
+//! Table layouts (`DynamoDbStore::with_layout`): by default the record key is the partition key; a
+//! static partition key with the record key as sort key, or the namespace as partition key with the key's
+//! hash as sort key, serve queries over keys at the price of hot partitions (the README's "Table
+//! layouts").
 //!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing
 //! leases, expiry and skewed clocks) against the runtime's own decision functions, every decoder is fuzzed,
@@ -122,7 +129,7 @@ pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
 pub use store::dynamodb::{
-    DynamoDbStore, TableReport,
+    DynamoDbStore, Layout, Replication, TableReport,
     transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction},
 };
 

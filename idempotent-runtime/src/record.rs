@@ -71,6 +71,10 @@ pub struct Record {
     /// claim, kept by every later claim, completion and failure of the same operation, and cleared only
     /// by a failure that commits compensating writes. While set, a re-claim does not apply them again.
     pub claim_writes_in_effect: bool,
+    /// When COMPLETED by a store that knows its region (`DynamoDbStore::with_region`, set by
+    /// `RoutedStore::dynamodb`): that region's name. On a global table, a record completed in another
+    /// region than its key's home was claimed outside home-region routing.
+    pub completed_in: Option<String>,
 }
 
 impl Record {
@@ -100,7 +104,9 @@ impl Record {
 
 /// The names of the record's attributes in the table. The defaults: `pk`, `status`, `token`, `attempt`,
 /// `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, `replay_until` (only written with
-/// retention) and `claim_writes` (only written by claims with business writes).
+/// retention), `claim_writes` (only written by claims with business writes), `completed_in` (only
+/// written by a DynamoDB store that knows its region) and `sk` (the sort key, only in a DynamoDB table
+/// layout that has one).
 ///
 /// A setting of the record, not of one store: every store sizes its records by them
 /// ([`Store::response_budget`](crate::Store::response_budget)), and the DynamoDB store's expressions
@@ -109,6 +115,8 @@ impl Record {
 pub struct AttributeNames {
     /// Partition key (type S).
     pub key: String,
+    /// Sort key (type S), in a DynamoDB table layout that has one (`store::dynamodb::Layout`).
+    pub sort_key: String,
     /// `PENDING`, `COMPLETED` or `FAILED` (S).
     pub status: String,
     /// The claim's fencing token (S).
@@ -129,12 +137,15 @@ pub struct AttributeNames {
     pub replay_until: String,
     /// Present (BOOL `true`) while a claim's business writes are in effect.
     pub claim_writes: String,
+    /// The region whose store completed the record (S), when the store knows its region.
+    pub completed_in: String,
 }
 
 impl Default for AttributeNames {
     fn default() -> Self {
         Self {
             key: "pk".into(),
+            sort_key: "sk".into(),
             status: "status".into(),
             token: "token".into(),
             attempt: "attempt".into(),
@@ -145,6 +156,7 @@ impl Default for AttributeNames {
             error: "error".into(),
             replay_until: "replay_until".into(),
             claim_writes: "claim_writes".into(),
+            completed_in: "completed_in".into(),
         }
     }
 }

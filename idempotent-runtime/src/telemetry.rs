@@ -11,6 +11,7 @@
 //! | `idempotency_consumed_wcu_total` | `op` | write capacity DynamoDB reports (`ReturnConsumedCapacity`) |
 //! | `dynamo_ttl_delete_before_retry_total` | — | a claim replaced its key's expired record (a duplicate after the `ttl`) |
 //! | `idempotency_region_failovers_total` | `op`, `from`, `to` | requests a [`RoutedStore`](crate::RoutedStore) with failover sent to another region than the key's home (`from`) |
+//! | `dynamo_cross_region_duplicate_detected_total` | `home`, `completed_in` | a [`RoutedStore`](crate::RoutedStore)'s claim found its key COMPLETED by another region than the key's home: a claim was decided outside home-region routing (failover, a process with other regions, or one without routing) |
 
 use std::future::Future;
 use std::time::Instant;
@@ -214,6 +215,24 @@ pub(crate) fn region_failover(op: &'static str, from: &str, to: &str, error: Opt
         "op" => op,
         "from" => from.to_owned(),
         "to" => to.to_owned()
+    )
+    .increment(1);
+}
+
+/// Logs and counts a claim that found its key COMPLETED in region `completed_in`, which is not the
+/// key's home region `home`: on a global table, that completion was claimed outside home-region routing,
+/// and the key may have run in two regions.
+pub(crate) fn cross_region_duplicate(home: &str, completed_in: &str) {
+    tracing::warn!(
+        home,
+        completed_in,
+        "a key's record was completed in another region than its home: it was claimed outside home-region routing, and may have run in both"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "dynamo_cross_region_duplicate_detected_total",
+        "home" => home.to_owned(),
+        "completed_in" => completed_in.to_owned()
     )
     .increment(1);
 }

@@ -210,6 +210,80 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
     assert!(err.contains("COMPLETED, not PENDING"), "{err}");
 }
 
+/// A table of another layout: `--layout` creates its key schema, checks it, and finds and releases
+/// keys by their full primary key; without it, the table is refused.
+#[tokio::test]
+async fn a_tenant_layout_table_is_created_checked_shown_and_released() {
+    use idempotent_runtime::Layout;
+    let table = table_name("cli-tenant");
+    let created = json(&idempotent(&[
+        "table", "create", "--table", &table, "--layout", "tenant", "--json",
+    ]));
+    assert_eq!(created["layout"], "tenant");
+    assert_eq!(created["key_attribute"], "pk");
+    assert_eq!(created["sort_key_attribute"], "sk");
+    assert_eq!(created["replicas"], serde_json::json!([]));
+    let text = stdout(&idempotent(&[
+        "table", "check", "--table", &table, "--layout", "tenant",
+    ]));
+    assert!(text.contains("sort key      sk (S)"), "{text}");
+    // The default layout does not fit the table, and says what would.
+    let refused = idempotent(&["table", "check", "--table", &table]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("exactly one partition key `pk`"), "{err}");
+    let bad = idempotent(&["table", "check", "--table", &table, "--layout", "pk"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown layout `pk`"));
+
+    let store =
+        idempotent_runtime::DynamoDbStore::new(client(), &table).with_layout(Layout::Tenant);
+    let idem = Idempotency::builder(store.clone()).build();
+    let stuck = tokio::spawn({
+        let idem = idem.clone();
+        async move {
+            idem.operation("billing::charge", &(8, "order-3"))
+                .run(std::future::pending::<Result<String, idempotent_runtime::Error>>)
+                .await
+        }
+    });
+    let key = idempotent_runtime::derive_key("billing::charge", &(8, "order-3")).unwrap();
+    while store.get(&key).await.unwrap().is_none() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    stuck.abort();
+    let shown = json(&idempotent(&[
+        "key",
+        "show",
+        "--table",
+        &table,
+        "--layout",
+        "tenant",
+        "billing::charge",
+        r#"[8, "order-3"]"#,
+        "--json",
+    ]));
+    assert_eq!(shown["status"], "PENDING");
+    assert_eq!(shown["key"], key);
+    let released = json(&idempotent(&[
+        "key",
+        "release",
+        "--table",
+        &table,
+        "--layout",
+        "tenant",
+        "billing::charge",
+        r#"[8, "order-3"]"#,
+        "--yes",
+        "--json",
+    ]));
+    assert_eq!(released["released"], true);
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().status,
+        Status::Failed
+    );
+}
+
 #[test]
 fn capacity_from_first_principles() {
     let plain = json(&idempotent(&[

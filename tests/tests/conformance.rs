@@ -145,6 +145,8 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         error: "why".into(),
         replay_until: "replay_s".into(),
         claim_writes: "held".into(),
+        sort_key: "range".into(),
+        completed_in: "region".into(),
     };
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(

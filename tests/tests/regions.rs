@@ -197,7 +197,7 @@ async fn without_routing_two_regions_both_accept_a_claim() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// The process's metrics recorder (only one test of this binary reads it).
+/// The process's metrics recorder (shared by the tests of this binary; each reads its own counters).
 fn recorder() -> &'static Snapshotter {
     static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {
@@ -208,20 +208,44 @@ fn recorder() -> &'static Snapshotter {
     })
 }
 
-/// The failover counters, by `op`.
-fn failovers(from: &str, to: &str) -> HashMap<String, u64> {
-    let mut counts = HashMap::new();
+/// A counter's name, labels and total.
+type Counted = (String, HashMap<String, String>, u64);
+
+/// Every counter's total so far, by name and labels. A snapshot of the debugging recorder resets the
+/// counters it reads, so each read adds them to these totals: tests running at once never take each
+/// other's counts.
+fn counters() -> Vec<Counted> {
+    static TOTALS: Mutex<Vec<Counted>> = Mutex::new(Vec::new());
+    let mut totals = TOTALS.lock().unwrap();
     for (key, _, _, value) in recorder().snapshot().into_vec() {
         let DebugValue::Counter(n) = value else {
             continue;
         };
         let key = key.key();
-        if key.name() != "idempotency_region_failovers_total" {
-            continue;
+        let labels: HashMap<String, String> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        match totals
+            .iter_mut()
+            .find(|(name, l, _)| name == key.name() && *l == labels)
+        {
+            Some((_, _, total)) => *total += n,
+            None => totals.push((key.name().to_owned(), labels, n)),
         }
-        let labels: HashMap<&str, &str> = key.labels().map(|l| (l.key(), l.value())).collect();
-        if labels["from"] == from && labels["to"] == to {
-            *counts.entry(labels["op"].to_owned()).or_insert(0) += n;
+    }
+    totals.clone()
+}
+
+/// The failover counters, by `op`.
+fn failovers(from: &str, to: &str) -> HashMap<String, u64> {
+    let mut counts = HashMap::new();
+    for (name, labels, n) in counters() {
+        if name == "idempotency_region_failovers_total"
+            && labels["from"] == from
+            && labels["to"] == to
+        {
+            *counts.entry(labels["op"].clone()).or_insert(0) += n;
         }
     }
     counts
@@ -388,4 +412,85 @@ async fn server_errors_are_outages_and_throttling_is_not() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(regions.direct(1).get(&key).await.unwrap().is_some());
     assert!(regions.direct(0).get(&key).await.unwrap().is_none());
+}
+
+/// A record completed in region B, found (as if replicated) in region A by a routed store whose home
+/// for the key is A: counted in `dynamo_cross_region_duplicate_detected_total`, and replayed.
+#[tokio::test]
+async fn a_record_completed_in_another_region_than_the_home_is_counted() {
+    const NS: &str = "regions::cross";
+    // Region names of this test's own: the failover test's calls may count duplicates between `A` and
+    // `B` while this one runs (a key claimed during the outage, found later in its home).
+    const A: &str = "cross-a";
+    const B: &str = "cross-b";
+    recorder();
+    let regions = Regions::new().await;
+    let routed = || {
+        RoutedStore::dynamodb(
+            &regions.table,
+            [
+                (A, client_at(&regions.endpoints[0]).0),
+                (B, client_at(&regions.endpoints[1]).0),
+            ],
+        )
+        .unwrap()
+    };
+    let key = homed(&routed(), NS, A);
+    // A store on region A's table that calls itself B: what replication of B's record would leave.
+    let elsewhere = Idempotency::builder(regions.direct(0).with_region(B)).build();
+    let first: u32 = elsewhere
+        .operation(NS, &key)
+        .run(|| async move { Ok::<_, AppError>(key + 1) })
+        .await
+        .unwrap();
+    let record = regions
+        .direct(0)
+        .get(&derive_key(NS, &key).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.completed_in.as_deref(), Some(B));
+    let before = cross_region_duplicates(A, B);
+    let idem = Idempotency::builder(routed()).build();
+    let replayed: u32 = idem
+        .operation(NS, &key)
+        .run(|| async move { Ok::<_, AppError>(0) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, first, "the stored response is replayed");
+    assert_eq!(cross_region_duplicates(A, B), before + 1);
+    // A key completed in its own home is not counted.
+    let at_b = homed(&routed(), NS, B);
+    let _: u32 = idem
+        .operation(NS, &at_b)
+        .run(|| async move { Ok::<_, AppError>(1) })
+        .await
+        .unwrap();
+    let _: u32 = idem
+        .operation(NS, &at_b)
+        .run(|| async move { Ok::<_, AppError>(2) })
+        .await
+        .unwrap();
+    let record = regions
+        .direct(1)
+        .get(&derive_key(NS, &at_b).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.completed_in.as_deref(), Some(B));
+    assert_eq!(cross_region_duplicates(A, B), before + 1);
+    assert_eq!(cross_region_duplicates(B, B), 0);
+}
+
+/// `dynamo_cross_region_duplicate_detected_total{home, completed_in}`.
+fn cross_region_duplicates(home: &str, completed_in: &str) -> u64 {
+    counters()
+        .into_iter()
+        .filter(|(name, labels, _)| {
+            name == "dynamo_cross_region_duplicate_detected_total"
+                && labels["home"] == home
+                && labels["completed_in"] == completed_in
+        })
+        .map(|(_, _, n)| n)
+        .sum()
 }

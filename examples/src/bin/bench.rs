@@ -251,7 +251,7 @@ impl Intercept for RequestCounter {
 /// A claim with a payload fingerprint, no business writes.
 const CLAIM: &str = expression::claim_update(true, false);
 /// A completion with a stored response, no retention.
-const COMPLETE: &str = expression::complete_update(true, false);
+const COMPLETE: &str = expression::complete_update(true, false, false);
 /// A failure without compensating writes.
 const FAIL: &str = expression::fail_update(false);
 

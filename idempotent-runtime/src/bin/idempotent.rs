@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! idempotent table create --table idempotency
+//! idempotent table create --table idempotency --layout tenant
 //! idempotent table check --table idempotency
 //! idempotent key show --table idempotency billing::charge '[7, "order-1"]'
 //! idempotent key release --table idempotency billing::charge '[7, "order-1"]'
@@ -10,7 +11,8 @@
 //!
 //! The AWS configuration is the usual one (environment, profile, role); `--endpoint` (or
 //! `IDEMPOTENT_DYNAMODB_ENDPOINT`) points it at DynamoDB Local. `--json` prints one JSON document for
-//! scripts.
+//! scripts. `--layout` (`key`, the default; `static-pk`, `static-pk=VALUE`; `tenant`) names the
+//! table's layout, as the application's `DynamoDbStore::with_layout` does.
 
 use std::io::{BufRead as _, Write as _};
 use std::process::ExitCode;
@@ -19,7 +21,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idempotent_runtime::admin::{self, KeyReport, Released, Traffic};
 use idempotent_runtime::aws_sdk_dynamodb::Client;
-use idempotent_runtime::{Clock as _, DynamoDbStore, Store as _, SystemClock, TableReport};
+use idempotent_runtime::{Clock as _, DynamoDbStore, Layout, Store as _, SystemClock, TableReport};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,6 +68,11 @@ struct TableArg {
     /// The idempotency table.
     #[arg(long)]
     table: String,
+    /// The table's layout: `key` (partition key = the record key), `static-pk[=VALUE]` (one partition
+    /// VALUE, default `idempotency`; sort key = the record key) or `tenant` (partition key = the
+    /// namespace; sort key = the key's hash).
+    #[arg(long, default_value = "key")]
+    layout: Layout,
 }
 
 #[derive(Debug, Subcommand)]
@@ -87,6 +94,9 @@ struct KeyArgs {
     /// The idempotency table.
     #[arg(long)]
     table: String,
+    /// The table's layout, as for `table create`.
+    #[arg(long, default_value = "key")]
+    layout: Layout,
     /// The function's namespace: its `name = ".."`, or `module::path::fn_name`.
     namespace: String,
     /// The key as JSON, as the function's `key = ..` serializes it: a tuple key is an array, e.g.
@@ -141,12 +151,12 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Capacity(args) => capacity(cli, args),
         Command::Table(TableCommand::Create(t)) => {
-            let report = store(cli, &t.table).await.ensure_table().await?;
+            let report = store(cli, &t.table, &t.layout).await.ensure_table().await?;
             print_table(cli, &report, "ready");
             Ok(())
         }
         Command::Table(TableCommand::Check(t)) => {
-            let report = store(cli, &t.table).await.check().await?;
+            let report = store(cli, &t.table, &t.layout).await.check().await?;
             print_table(cli, &report, "fits the store");
             Ok(())
         }
@@ -175,8 +185,8 @@ async fn client(cli: &Cli) -> Client {
     Client::new(&loader.load().await)
 }
 
-async fn store(cli: &Cli, table: &str) -> DynamoDbStore {
-    DynamoDbStore::new(client(cli).await, table)
+async fn store(cli: &Cli, table: &str, layout: &Layout) -> DynamoDbStore {
+    DynamoDbStore::new(client(cli).await, table).with_layout(layout.clone())
 }
 
 async fn record(
@@ -190,7 +200,7 @@ async fn record(
         )
     })?;
     let pk = idempotent_runtime::derive_key(&k.namespace, &key)?;
-    let store = store(cli, &k.table).await;
+    let store = store(cli, &k.table, &k.layout).await;
     let record = store.get(&pk).await?.ok_or_else(|| {
         format!(
             "no record for `{pk}` in table `{}`: the key never ran, its record expired and was deleted, or the namespace or key differs from the function's",
@@ -314,6 +324,10 @@ fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
             "table": report.table,
             "status": report.status,
             "key_attribute": report.key_attribute,
+            "sort_key_attribute": report.sort_key_attribute,
+            "layout": report.layout.to_string(),
+            "replicas": report.replicas,
+            "replication": format!("{:?}", report.replication),
             "ttl_attribute": report.ttl_attribute,
             "billing_mode": report.billing_mode,
             "item_count": report.item_count,
@@ -323,7 +337,18 @@ fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
     }
     println!("table `{}`: {verdict}", report.table);
     println!("  status        {}", report.status);
+    println!("  layout        {}", report.layout);
     println!("  partition key {} (S)", report.key_attribute);
+    if let Some(sort_key) = &report.sort_key_attribute {
+        println!("  sort key      {sort_key} (S)");
+    }
+    if !report.replicas.is_empty() {
+        println!(
+            "  replicas      {} ({:?})",
+            report.replicas.join(", "),
+            report.replication
+        );
+    }
     match &report.ttl_attribute {
         Some(a) => println!("  TTL           on `{a}`"),
         None => println!(
@@ -368,6 +393,9 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     }
     if let Some(error) = &r.error {
         println!("error      {error}");
+    }
+    if let Some(region) = &r.completed_in {
+        println!("completed  in region {region}");
     }
     if r.claim_writes_in_effect {
         println!("claim-time writes are in effect");

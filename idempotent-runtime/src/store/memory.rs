@@ -212,6 +212,7 @@ pub(crate) fn claimed<'r>(
         replay_until_s: None,
         // Like DynamoDB's update, a plain claim leaves the attribute as it was.
         claim_writes_in_effect: with_writes || old.is_some_and(|o| o.claim_writes_in_effect),
+        completed_in: None,
     })
 }
 

@@ -51,6 +51,16 @@
 //! fix and that must be seen. A [`StoreError::RegionUnavailable`] from a nested routed store is
 //! passed on as it is.
 //!
+//! # Duplicates completed in another region
+//!
+//! A DynamoDB store that knows its region ([`DynamoDbStore::with_region`](crate::DynamoDbStore::with_region),
+//! set by [`RoutedStore::dynamodb`]) writes it into the records it completes (`completed_in`). When a
+//! claim finds its key COMPLETED in another region than the key's home — replication brought a record
+//! that was claimed and completed elsewhere: by failover, by a process with another region list, or by
+//! one without routing — the routed store logs a `warn` event and counts it in
+//! `dynamo_cross_region_duplicate_detected_total` (labels `home`, `completed_in`; with the `metrics`
+//! feature). The claim's outcome is unchanged: the stored response is replayed.
+
 //! # Failover (opt-in)
 //!
 //! [`RoutedStore::failover`] trades exactly-once for availability during an outage; see its
@@ -64,7 +74,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::config::Idempotency;
-use crate::record::Record;
+use crate::record::{Record, Status};
 use crate::store::{
     Change, ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition,
     WriteOutcome, Writes,
@@ -162,7 +172,11 @@ impl RoutedStore {
     }
 
     /// A store over the DynamoDB table `table` (a global table: the same name in every region), with
-    /// one client per region, each configured for its region.
+    /// one client per region, each configured for its region. Each region's store knows its region's
+    /// name ([`DynamoDbStore::with_region`](crate::DynamoDbStore::with_region)): completions record it,
+    /// and the global-table guard counts the store as routed. For another [`Layout`](crate::Layout) or
+    /// settings, build the region's stores yourself (with `with_region`) and pass them to
+    /// [`RoutedStore::new`].
     ///
     /// ```no_run
     /// # fn demo(config: &idempotent_runtime::aws_sdk_dynamodb::Config) -> Result<(), Box<dyn std::error::Error>> {
@@ -190,7 +204,10 @@ impl RoutedStore {
     ) -> Result<Self, RegionConfigError> {
         let table = table.into();
         Self::new(regions.into_iter().map(|(name, client)| {
-            let store: Arc<dyn Store> = Arc::new(crate::DynamoDbStore::new(client, table.clone()));
+            let name = name.into();
+            let store: Arc<dyn Store> = Arc::new(
+                crate::DynamoDbStore::new(client, table.clone()).with_region(name.clone()),
+            );
             (name, store)
         }))
     }
@@ -376,6 +393,18 @@ impl RoutedStore {
         }
     }
 
+    /// Logs and counts (see the [module docs](self)) a record a claim found COMPLETED in another
+    /// region than its key's home.
+    fn detect_cross_region(&self, record: &Record) {
+        if record.status != Status::Completed {
+            return;
+        }
+        let home = self.home(&record.key);
+        if let Some(completed_in) = record.completed_in.as_deref().filter(|r| *r != home) {
+            crate::telemetry::cross_region_duplicate(home, completed_in);
+        }
+    }
+
     fn unavailable(&self, region: usize, error: StoreError) -> StoreError {
         StoreError::RegionUnavailable {
             region: self.regions[region].name.clone(),
@@ -416,6 +445,9 @@ impl Store for RoutedStore {
             })
             .await?;
         self.pin(request.key, request.token, region);
+        if let ClaimOutcome::Existing(record) = &outcome {
+            self.detect_cross_region(record);
+        }
         Ok(outcome)
     }
 
@@ -462,6 +494,9 @@ impl Store for RoutedStore {
             )
             .await?;
         self.pin(request.key, request.token, region);
+        if let TransactOutcome::Rejected(Some(record)) = &outcome {
+            self.detect_cross_region(record);
+        }
         Ok(outcome)
     }
 

@@ -77,6 +77,7 @@ impl Store for Flaky {
                 error: Some("failed".to_owned()),
                 replay_until_s: None,
                 claim_writes_in_effect: false,
+                completed_in: None,
             }));
         }
         self.inner.claim(request).await

@@ -6,10 +6,15 @@
 //! [module docs](super) says which request carries which expression.
 //!
 //! Placeholders: `#pk` key, `#st` status, `#tk` token, `#at` attempt, `#lu` lease end, `#ex` expiry, `#fp`
-//! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect. Values:
-//! `:pending`, `:completed`, `:failed` (the [`Status`] texts), `:tk` (the fencing token), `:lu`, `:ex`,
-//! `:ru` (the new lease end, expiry and replay end), `:now_ms`, `:now_s` (the caller's clock less its
-//! clock-skew margin), `:fp`, `:rs`, `:er`, `:one` (1) and `:true`.
+//! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect, `#ci`
+//! the region that completed the record. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
+//! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
+//! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
+//! store's region), `:one` (1) and `:true`.
+//!
+//! `#pk` is always the *partition* key attribute: in a [`Layout`](super::Layout) with a sort key, every
+//! request names the item by its full primary key, and `attribute_not_exists(#pk)` holds exactly when
+//! no item with that full key exists.
 
 use std::collections::HashMap;
 
@@ -42,30 +47,39 @@ pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str {
     match (fingerprint, claim_writes) {
         (false, false) => {
-            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #ru, #fp"
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex ADD #at :one REMOVE #rs, #er, #ru, #ci, #fp"
         }
         (true, false) => {
-            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er, #ru"
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp ADD #at :one REMOVE #rs, #er, #ru, #ci"
         }
         (false, true) => {
-            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #cw = :true ADD #at :one REMOVE #rs, #er, #ru, #fp"
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #cw = :true ADD #at :one REMOVE #rs, #er, #ru, #ci, #fp"
         }
         (true, true) => {
-            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp, #cw = :true ADD #at :one REMOVE #rs, #er, #ru"
+            "SET #st = :pending, #tk = :tk, #lu = :lu, #ex = :ex, #fp = :fp, #cw = :true ADD #at :one REMOVE #rs, #er, #ru, #ci"
         }
     }
 }
 
 /// The completion's update: COMPLETED with a new expiry, the lease removed. `response`: the response is
 /// stored (else the record replays as too large); `replay_until`: with retention, the end of the
-/// replay window.
+/// replay window; `region`: the store knows its region, and records it as the one that completed the
+/// record.
 #[must_use]
-pub const fn complete_update(response: bool, replay_until: bool) -> &'static str {
-    match (response, replay_until) {
-        (true, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu",
-        (true, true) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu",
-        (false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs",
-        (false, true) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs",
+pub const fn complete_update(response: bool, replay_until: bool, region: bool) -> &'static str {
+    match (response, replay_until, region) {
+        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu",
+        (true, true, false) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu",
+        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs",
+        (false, true, false) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs",
+        (true, false, true) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu",
+        (true, true, true) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu"
+        }
+        (false, false, true) => "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs",
+        (false, true, true) => {
+            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs"
+        }
     }
 }
 
@@ -123,6 +137,7 @@ fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
         "#er" => &names.error,
         "#ru" => &names.replay_until,
         "#cw" => &names.claim_writes,
+        "#ci" => &names.completed_in,
         other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
     }
 }
@@ -174,7 +189,12 @@ impl RecordUpdate {
     }
 
     /// A fenced transition.
-    pub(super) fn transition(names: &AttributeNames, transition: &Transition<'_>) -> Self {
+    /// `region`: the store's region, recorded by a completion.
+    pub(super) fn transition(
+        names: &AttributeNames,
+        transition: &Transition<'_>,
+        region: Option<&str>,
+    ) -> Self {
         let mut values = HashMap::with_capacity(6);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":tk".to_owned(), s(transition.token));
@@ -192,7 +212,14 @@ impl RecordUpdate {
                 if let Some(until) = replay_until_s {
                     values.insert(":ru".to_owned(), n(until));
                 }
-                complete_update(response.is_some(), replay_until_s.is_some())
+                if let Some(region) = region {
+                    values.insert(":ci".to_owned(), s(region));
+                }
+                complete_update(
+                    response.is_some(),
+                    replay_until_s.is_some(),
+                    region.is_some(),
+                )
             }
             Change::Fail {
                 error,
@@ -318,7 +345,9 @@ mod tests {
                 token: "token",
                 change,
             };
-            assert_complete(&RecordUpdate::transition(&names, &transition));
+            for region in [None, Some("eu-west-1")] {
+                assert_complete(&RecordUpdate::transition(&names, &transition, region));
+            }
         }
     }
 

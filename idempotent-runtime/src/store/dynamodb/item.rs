@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::AttributeNames;
+use super::{AttributeNames, Layout};
 use crate::record::{Record, Status};
 use crate::store::StoreError;
 
@@ -44,10 +44,21 @@ fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
     value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
 }
 
-/// Turns a stored item into a [`Record`], or says what is wrong with it: [`StoreError::Corrupt`] for a
-/// missing or mistyped attribute, an unknown status, or a PENDING record without a lease.
+/// Turns a stored item of the default [`Layout::Key`] into a [`Record`] (see [`parse_record`]).
+#[cfg(test)]
 pub(crate) fn parse_item(
     names: &AttributeNames,
+    item: &HashMap<String, AttributeValue>,
+) -> Result<Record, StoreError> {
+    parse_record(names, &Layout::Key, item)
+}
+
+/// Turns a stored item of `layout` into a [`Record`], or says what is wrong with it:
+/// [`StoreError::Corrupt`] for a missing or mistyped attribute (the key attributes included), an unknown
+/// status, or a PENDING record without a lease.
+pub(crate) fn parse_record(
+    names: &AttributeNames,
+    layout: &Layout,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {
     let status_text = required(string(item, &names.status)?, &names.status)?;
@@ -75,7 +86,7 @@ pub(crate) fn parse_item(
         }
     };
     Ok(Record {
-        key: required(string(item, &names.key)?, &names.key)?,
+        key: layout.record_key(names, item)?,
         status,
         token: required(string(item, &names.token)?, &names.token)?,
         attempt: number(item, &names.attempt)?.unwrap_or(0),
@@ -95,5 +106,6 @@ pub(crate) fn parse_item(
                 )));
             }
         },
+        completed_in: string(item, &names.completed_in)?,
     })
 }

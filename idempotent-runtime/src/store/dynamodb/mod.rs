@@ -11,19 +11,26 @@
 //!
 //! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
 //! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
-//! end, `#cw` claim-time writes in effect). `:now_ms` is the caller's clock *less the clock-skew margin*
+//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record). `:now_ms` is the
+//! caller's clock *less the clock-skew margin*
 //! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
 //!
 //! | request | update | condition |
 //! |---|---|---|
-//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
+//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
 //! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
-//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl] REMOVE #lu[, #rs]` | `#st = PENDING AND #tk = :tk` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs]` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it) | `#st = PENDING AND #tk = :tk` |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | wait | consistent `GetItem` | — |
+//!
+//! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record
+//! key by default; `pk` = a constant and `sk` = the record key ([`Layout::StaticPartition`]); `pk` = the
+//! namespace and `sk` = the key's hash ([`Layout::Tenant`]). `#pk` is always the partition key
+//! attribute, and `attribute_not_exists(#pk)` holds exactly when no item with the request's full key
+//! exists: DynamoDB evaluates a condition on the one item the key names, not on its partition.
 //!
 //! A claim never touches `#cw` otherwise: claim-time writes stay in effect across a failure without
 //! compensation and across a takeover, so a claim with writes that finds such a record is refused, and the
@@ -48,6 +55,7 @@
 mod error; // SDK errors → `StoreError`, and `StoreError::code`
 pub mod expression; // every condition and update expression, and the placeholders
 mod item; // item → `Record`
+mod layout; // `Layout`: record key → the table's primary key
 mod request_token; // `ClientRequestToken`s of transactions
 mod size; // DynamoDB's size rules for staged writes
 mod table; // create/ensure/check the table, `TableReport`
@@ -75,14 +83,18 @@ use request_token::request_token;
 
 pub use crate::record::AttributeNames;
 pub(crate) use error::error_code;
+#[cfg(test)]
 pub(crate) use item::parse_item;
-pub use table::TableReport;
+use item::parse_record;
+pub use layout::{DEFAULT_STATIC_PARTITION, Layout, ParseLayoutError};
+pub use table::{Replication, TableReport};
 
-/// Idempotency records in a DynamoDB table (partition key only, type S).
+/// Idempotency records in a DynamoDB table, one item per key.
 ///
-/// Cheap to clone. Create the table with [`DynamoDbStore::create_table`] or by hand: partition key `pk`
-/// (String), any billing mode, TTL on `expires_at` (optional: expiry is enforced by the conditions, TTL
-/// only reclaims space).
+/// Cheap to clone. Create the table with [`DynamoDbStore::create_table`] or by hand: by default
+/// ([`Layout::Key`]) partition key `pk` (String) only; with [`with_layout`](Self::with_layout), the
+/// layout's key schema (partition key `pk` and sort key `sk`, both String). Any billing mode, TTL on
+/// `expires_at` (optional: expiry is enforced by the conditions, TTL only reclaims space).
 ///
 /// The client is used as it is configured (region, credentials, retries). [`with_retry_config`](Self::with_retry_config)
 /// overrides its retry policy for this store's calls only.
@@ -96,6 +108,12 @@ struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
+    /// How record keys map onto the table's primary key.
+    layout: Layout,
+    /// With [`DynamoDbStore::with_region`]: the region this store serves, written by completions.
+    region: Option<String>,
+    /// With [`DynamoDbStore::strict_replicas`]: a replicated table without routing is an error.
+    strict_replicas: bool,
     /// With [`DynamoDbStore::with_retry_config`]: the configuration override of every request, holding
     /// the store's retry policy and nothing else (unset settings keep the client's). Built once.
     retry_override: Option<aws_sdk_dynamodb::config::Builder>,
@@ -118,6 +136,9 @@ impl DynamoDbStore {
                 client,
                 table: table.into(),
                 names,
+                layout: Layout::Key,
+                region: None,
+                strict_replicas: false,
                 retry_override: None,
             }),
         }
@@ -142,13 +163,69 @@ impl DynamoDbStore {
     /// ```
     #[must_use]
     pub fn with_retry_config(self, retry: RetryConfig) -> Self {
-        let inner = Arc::unwrap_or_clone(self.inner);
+        let retry_override = Some(aws_sdk_dynamodb::Config::builder().retry_config(retry));
+        self.map_inner(|inner| Inner {
+            retry_override,
+            ..inner
+        })
+    }
+
+    /// The same store with records laid out as `layout` (see [`Layout`] and the README's "Table
+    /// layouts"); the table must have the layout's key schema, which [`ensure_table`](Self::ensure_table)
+    /// creates and [`check`](Self::check) verifies.
+    ///
+    /// ```
+    /// use idempotent_runtime::{DynamoDbStore, Layout};
+    /// # fn f(client: idempotent_runtime::aws_sdk_dynamodb::Client) {
+    /// // Every record in partition `orders`, the record key as the sort key.
+    /// let store = DynamoDbStore::new(client, "idempotency")
+    ///     .with_layout(Layout::static_partition("orders"));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_layout(self, layout: Layout) -> Self {
+        self.map_inner(|inner| Inner { layout, ..inner })
+    }
+
+    /// The same store, serving the region named `name` (as [`RoutedStore`](crate::RoutedStore) names
+    /// it): completions record it in the record's `completed_in` attribute, and the global-table guard
+    /// of [`check`](Self::check) counts the store as routed.
+    /// [`RoutedStore::dynamodb`](crate::RoutedStore::dynamodb) sets it on each region's store; set it
+    /// yourself on stores you give to [`RoutedStore::new`](crate::RoutedStore::new).
+    #[must_use]
+    pub fn with_region(self, name: impl Into<String>) -> Self {
+        let region = Some(name.into());
+        self.map_inner(|inner| Inner { region, ..inner })
+    }
+
+    /// Whether [`check`](Self::check) and [`ensure_table`](Self::ensure_table) refuse a global table
+    /// with replicas in several regions that this store uses without home-region routing (no
+    /// [`with_region`](Self::with_region)), and whose consistency is not multi-region strong (off by
+    /// default: such a table is logged as a `warn` event). See [`Replication`].
+    #[must_use]
+    pub fn strict_replicas(self, strict: bool) -> Self {
+        self.map_inner(|inner| Inner {
+            strict_replicas: strict,
+            ..inner
+        })
+    }
+
+    fn map_inner(self, change: impl FnOnce(Inner) -> Inner) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                retry_override: Some(aws_sdk_dynamodb::Config::builder().retry_config(retry)),
-                ..inner
-            }),
+            inner: Arc::new(change(Arc::unwrap_or_clone(self.inner))),
         }
+    }
+
+    /// The table layout in use.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// The region this store serves, if it was given one ([`with_region`](Self::with_region)).
+    #[must_use]
+    pub fn region(&self) -> Option<&str> {
+        self.inner.region.as_deref()
     }
 
     /// The table's name.
@@ -184,7 +261,7 @@ impl DynamoDbStore {
             .client
             .update_item()
             .table_name(&inner.table)
-            .key(&inner.names.key, key_value(key))
+            .set_key(Some(inner.layout.item_key(&inner.names, key)?))
             .update_expression(update.update)
             .condition_expression(update.condition)
             .set_expression_attribute_names(Some(update.names))
@@ -226,7 +303,8 @@ impl DynamoDbStore {
             }
             Err(err) => match rejected(&err).map(|e| e.item()) {
                 Some(item) => Ok(WriteOutcome::Rejected(
-                    item.map(|i| parse_item(&inner.names, i)).transpose()?,
+                    item.map(|i| parse_record(&inner.names, &inner.layout, i))
+                        .transpose()?,
                 )),
                 None => Err(classify(&inner.table, err)),
             },
@@ -237,7 +315,7 @@ impl DynamoDbStore {
     fn record_update(&self, key: &str, update: RecordUpdate) -> Result<Update, StoreError> {
         Update::builder()
             .table_name(&self.inner.table)
-            .key(&self.inner.names.key, key_value(key))
+            .set_key(Some(self.inner.layout.item_key(&self.inner.names, key)?))
             .update_expression(update.update)
             .condition_expression(update.condition)
             .set_expression_attribute_names(Some(update.names))
@@ -311,7 +389,7 @@ impl DynamoDbStore {
                 first
                     .item
                     .as_ref()
-                    .map(|item| parse_item(&inner.names, item))
+                    .map(|item| parse_record(&inner.names, &inner.layout, item))
                     .transpose()?,
             )),
             // A business condition, or a conflict or throttling that may pass: the caller decides.
@@ -324,7 +402,16 @@ impl DynamoDbStore {
     /// # Errors
     /// [`StoreError::Corrupt`] for a missing or mistyped attribute or an unknown status.
     pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
-        parse_item(&self.inner.names, item)
+        parse_record(&self.inner.names, &self.inner.layout, item)
+    }
+
+    /// The item key (the request's `Key`) of the record key `key` in this store's [`Layout`]: to read or
+    /// write a record's item directly.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] when the layout cannot place `key` (see [`Layout::item_key`]).
+    pub fn item_key(&self, key: &str) -> Result<HashMap<String, AttributeValue>, StoreError> {
+        self.inner.layout.item_key(&self.inner.names, key)
     }
 }
 
@@ -349,10 +436,6 @@ macro_rules! send {
 }
 use send;
 
-fn key_value(key: &str) -> AttributeValue {
-    AttributeValue::S(key.to_owned())
-}
-
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
@@ -370,7 +453,7 @@ impl Store for DynamoDbStore {
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.names, transition);
+        let update = RecordUpdate::transition(&self.inner.names, transition, self.region());
         let op = transition.change.op(false);
         self.conditional_update(op, None, transition.key, update)
             .await
@@ -381,7 +464,7 @@ impl Store for DynamoDbStore {
         transition: &Transition<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.names, transition);
+        let update = RecordUpdate::transition(&self.inner.names, transition, self.region());
         let record = self.record_update(transition.key, update)?;
         // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
         let token = request_token(
@@ -426,18 +509,26 @@ impl Store for DynamoDbStore {
                 .client
                 .get_item()
                 .table_name(&inner.table)
-                .key(&inner.names.key, key_value(key))
+                .set_key(Some(inner.layout.item_key(&inner.names, key)?))
                 .consistent_read(true)
         )
         .map_err(|e| classify(&inner.table, e))?;
         output
             .item()
-            .map(|item| parse_item(&inner.names, item))
+            .map(|item| parse_record(&inner.names, &inner.layout, item))
             .transpose()
     }
 
+    /// The common budget ([`Store::response_budget`]), less what this store's items carry besides: the
+    /// layout's sort key, and the region that completed the record.
     fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
-        crate::size::response_budget(&self.inner.names, key, fingerprint)
+        let inner = &self.inner;
+        let region = inner
+            .region
+            .as_ref()
+            .map_or(0, |r| inner.names.completed_in.len() + r.len());
+        crate::size::response_budget(&inner.names, key, fingerprint)
+            .saturating_sub(inner.layout.extra_key_bytes(&inner.names) + region)
     }
 
     fn kind(&self) -> &'static str {
