@@ -54,12 +54,14 @@ const FINGERPRINT: u8 = 1 << 2;
 const RESPONSE: u8 = 1 << 3;
 const ERROR: u8 = 1 << 4;
 const REPLAY_UNTIL: u8 = 1 << 5;
+/// In the first byte, beside the status: the record names the region that completed it.
+const COMPLETED_IN: u8 = 1 << 7;
 /// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
 const TOKEN_UUID: u8 = 1 << 6;
 /// The fingerprint is lowercase hex (every fingerprint this crate makes), held as the bytes it spells.
 const FINGERPRINT_HEX: u8 = 1 << 7;
 
-/// One record in one allocation: `[status, flags, varint key length, key, ...]`, see [`Packed::pack`].
+/// One record in one allocation: `[status (and COMPLETED_IN), flags, varint key length, key, ...]`, see [`Packed::pack`].
 /// Equal and hashed by its key alone, so that the set finds it by key.
 #[derive(Debug)]
 struct Packed(Box<[u8]>);
@@ -81,14 +83,16 @@ impl Packed {
             error,
             replay_until_s,
             claim_writes_in_effect,
+            completed_in,
         } = record;
         let texts = key.len()
             + token.len()
             + fingerprint.as_ref().map_or(0, String::len)
             + response.as_ref().map_or(0, Vec::len)
-            + error.as_ref().map_or(0, String::len);
-        // Two bytes of status and flags, at most 10 per varint (4 numbers and 5 lengths).
-        let mut out = Vec::with_capacity(2 + 9 * 10 + texts);
+            + error.as_ref().map_or(0, String::len)
+            + completed_in.as_ref().map_or(0, String::len);
+        // Two bytes of status and flags, at most 10 per varint (4 numbers and 6 lengths).
+        let mut out = Vec::with_capacity(2 + 10 * 10 + texts);
         let mut flags = 0;
         for (present, flag) in [
             (claim_writes_in_effect, CLAIM_WRITES),
@@ -116,7 +120,12 @@ impl Packed {
         if fingerprint_hex.is_some() {
             flags |= FINGERPRINT_HEX;
         }
-        out.push(status_byte(status));
+        let completed_in_flag = if completed_in.is_some() {
+            COMPLETED_IN
+        } else {
+            0
+        };
+        out.push(status_byte(status) | completed_in_flag);
         out.push(flags);
         put_bytes(&mut out, key.as_bytes());
         match &token_uuid {
@@ -135,6 +144,7 @@ impl Packed {
             fingerprint,
             response.as_deref(),
             error.as_deref().map(str::as_bytes),
+            completed_in.as_deref().map(str::as_bytes),
         ]
         .into_iter()
         .flatten()
@@ -173,9 +183,10 @@ impl Packed {
         });
         let response = (flags & RESPONSE != 0).then(|| reader.bytes().to_vec());
         let error = (flags & ERROR != 0).then(|| text(reader.bytes()).to_owned());
+        let completed_in = (status & COMPLETED_IN != 0).then(|| text(reader.bytes()).to_owned());
         Record {
             key,
-            status: match status {
+            status: match status & !COMPLETED_IN {
                 0 => Status::Pending,
                 1 => Status::Completed,
                 _ => Status::Failed,
@@ -189,6 +200,7 @@ impl Packed {
             error,
             replay_until_s,
             claim_writes_in_effect: flags & CLAIM_WRITES != 0,
+            completed_in,
         }
     }
 }
@@ -287,6 +299,7 @@ mod tests {
             error: None,
             replay_until_s: Some(1_800_000_000),
             claim_writes_in_effect: true,
+            completed_in: Some("eu-west-1".to_owned()),
         }
     }
 
@@ -300,6 +313,7 @@ mod tests {
             response: None,
             replay_until_s: None,
             claim_writes_in_effect: false,
+            completed_in: None,
             attempt: u64::MAX,
             expires_at_s: 0,
             ..record()
