@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 use crate::cache::Cached;
 use crate::codec;
 use crate::config::Idempotency;
-use tracing::Instrument as _;
 
 use crate::error::CancellationReason;
 use crate::error::Error;
@@ -317,26 +316,25 @@ enum Acquired<T> {
     Done(T, Outcome),
 }
 
-/// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
-/// in-flight call until it finishes or the wait runs out.
-async fn acquire<T: DeserializeOwned>(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-    token: &str,
+/// What a call's claim attempts need: the call, its fencing token and its durations.
+struct Attempt<'a> {
+    idem: &'a Idempotency,
+    plan: &'a Plan<'a>,
+    token: &'a str,
     lease: Duration,
     ttl: Duration,
-) -> Result<Acquired<T>, Error> {
-    let Plan {
-        call,
-        key,
-        fingerprint,
-        ..
-    } = *plan;
-    let namespace = call.namespace;
-    let store = idem.store();
-    let clock = idem.clock();
-    let margin = idem.clock_skew_margin();
-    let wait_until = call
+}
+
+/// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
+/// in-flight call until it finishes or the wait runs out.
+async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<T>, Error> {
+    // Read from `attempt` where used rather than copied into locals: this future is part of every
+    // call's, and each local that lives across an await makes it larger.
+    let Attempt {
+        idem, plan, token, ..
+    } = *attempt;
+    let wait_until = plan
+        .call
         .wait
         .filter(|w| !w.is_zero())
         .map(|w| tokio::time::Instant::now() + w);
@@ -346,22 +344,28 @@ async fn acquire<T: DeserializeOwned>(
     }
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
-    // two reads; each pass is a new claim attempt, with its own times.
+    // two reads; each pass is a new claim attempt, with its own times. (No record, and nothing decided
+    // from one, is held across an await: this future is part of every call's, and stays small.)
     let mut poll = FIRST_POLL;
-    let mut attempt = 0;
+    let mut number = 0;
     let mut took_over = false;
     'claim: loop {
-        attempt += 1;
-        tracing::Span::current().record("attempt", attempt);
-        let times = claim_times(clock.now_ms(), margin, lease, ttl);
+        number += 1;
+        tracing::Span::current().record("attempt", number);
+        let times = claim_times(
+            idem.clock().now_ms(),
+            idem.clock_skew_margin(),
+            attempt.lease,
+            attempt.ttl,
+        );
         let request = ClaimRequest {
-            key,
+            key: plan.key,
             token,
-            attempt,
+            attempt: number,
             now_ms: times.now_ms,
             lease_until_ms: times.lease_until_ms,
             expires_at_s: times.expires_at_s,
-            fingerprint,
+            fingerprint: plan.fingerprint,
         };
         let mut record = match claim(idem, plan, &request).await? {
             ClaimOutcome::Claimed => {
@@ -374,10 +378,10 @@ async fn acquire<T: DeserializeOwned>(
         };
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
-            let now_ms = judged_ms(clock.now_ms(), margin);
+            let now_ms = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
             let lease_until_ms = record.lease_until_ms;
             let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
-            match examine(call, record, token, fingerprint, now_ms)? {
+            let retry_after = match examine(plan.call, record, token, plan.fingerprint, now_ms)? {
                 Found::Ours => {
                     return Ok(Acquired::Held {
                         lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
@@ -388,40 +392,48 @@ async fn acquire<T: DeserializeOwned>(
                     return replay_record(idem, plan, record)
                         .map(|value| Acquired::Done(value, Outcome::Replayed));
                 }
-                Found::Claimable if attempt > CLAIMABLE_RETRIES => {
+                Found::Claimable if number > CLAIMABLE_RETRIES => {
                     return Err(Error::Contended {
-                        namespace: namespace.to_owned(),
-                        attempts: attempt,
+                        namespace: plan.call.namespace.to_owned(),
+                        attempts: number,
                     });
                 }
                 Found::Claimable => {
                     took_over = lapsed && !expired;
                     continue 'claim;
                 }
-                Found::InProgress(retry_after) => {
-                    let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now())
-                    else {
-                        return Err(Error::InProgress {
-                            namespace: namespace.to_owned(),
-                            retry_after,
-                            retry_hint: retry_after.min(idem.retry_hint()),
-                        });
-                    };
-                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll))
-                        .await;
-                    poll = (poll * 2).min(MAX_POLL);
-                    match telemetry::observe("get", store.get(key))
-                        .await
-                        .map_err(|e| store_error(namespace, e))?
-                    {
-                        Some(next) => record = next,
-                        // Deleted (by TTL or by hand): the key is new.
-                        None => continue 'claim,
-                    }
-                }
+                Found::InProgress(retry_after) => retry_after,
+            };
+            let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now()) else {
+                return Err(Error::InProgress {
+                    namespace: plan.call.namespace.to_owned(),
+                    retry_after,
+                    retry_hint: retry_after.min(idem.retry_hint()),
+                });
+            };
+            let pause = deadline.min(tokio::time::Instant::now() + poll);
+            poll = (poll * 2).min(MAX_POLL);
+            // Boxed: a timer and a read are large, and a call that finds no one in flight never waits.
+            match Box::pin(reread(idem, plan.call.namespace, plan.key, pause)).await? {
+                Some(next) => record = next,
+                // Deleted (by TTL or by hand): the key is new.
+                None => continue 'claim,
             }
         }
     }
+}
+
+/// Sleeps until `pause`, then reads the key's record again, for a call waiting on an in-flight one.
+async fn reread(
+    idem: &Idempotency,
+    namespace: &str,
+    key: &str,
+    pause: tokio::time::Instant,
+) -> Result<Option<Record>, Error> {
+    tokio::time::sleep_until(pause).await;
+    telemetry::observe("get", idem.store().get(key))
+        .await
+        .map_err(|e| store_error(namespace, e))
 }
 
 /// The local cache's answer, if it has one for the key.
@@ -477,31 +489,13 @@ fn replay_record<T: DeserializeOwned>(
     Ok(value)
 }
 
-/// Runs `body` at most once per key while its record lives, inside the call's `idempotent` span, which
-/// closes with the call's [`Outcome`].
+/// Runs `body` at most once per key while its record lives, and says how the call ended. The caller
+/// runs it inside the call's span ([`telemetry::call_span`]) and closes that with the [`Outcome`]
+/// ([`telemetry::finish`]): done there rather than here, so that this future (which the caller boxes)
+/// does not carry the span and a second copy of its arguments.
 pub(crate) async fn run<T, E, F>(
     idem: &Idempotency,
-    plan: Plan<'_>,
-    describe: impl FnOnce(&E) -> String,
-    body: F,
-) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-{
-    let namespace = plan.call.namespace;
-    let span = telemetry::call_span(namespace, plan.key);
-    let (result, outcome) = observed_run(idem, plan, describe, body)
-        .instrument(span.clone())
-        .await;
-    telemetry::finish(&span, namespace, outcome);
-    result
-}
-
-async fn observed_run<T, E, F>(
-    idem: &Idempotency,
-    plan: Plan<'_>,
+    plan: &Plan<'_>,
     describe: impl FnOnce(&E) -> String,
     body: F,
 ) -> (Result<T, E>, Outcome)
@@ -518,7 +512,14 @@ where
     let token: &str = uuid::Uuid::new_v4()
         .hyphenated()
         .encode_lower(&mut token_buffer);
-    let (lease_until_ms, took_over) = match acquire(idem, &plan, token, lease, ttl).await {
+    let attempt = Attempt {
+        idem,
+        plan,
+        token,
+        lease,
+        ttl,
+    };
+    let (lease_until_ms, took_over) = match acquire(&attempt).await {
         Ok(Acquired::Done(value, outcome)) => {
             crate::execution::record(crate::Execution::Replayed);
             return (Ok(value), outcome);
@@ -535,7 +536,7 @@ where
     tracing::debug!(namespace = call.namespace, "claimed; running the body");
     let claim = Held {
         idem,
-        plan: &plan,
+        plan,
         token,
         ttl,
     };
@@ -551,7 +552,9 @@ where
         };
         let mut persist = Persist::new(window);
         match outcome {
-            Ok(value) => match claim.complete(value, &mut persist).await {
+            // Each boxed on its own, so that no box of a call is above the allocator's small sizes
+            // (see `future_size`).
+            Ok(value) => match Box::pin(claim.complete(value, &mut persist)).await {
                 Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
                 Ok(value) => (Ok(value), Outcome::Executed),
                 Err(e) => {
@@ -560,15 +563,17 @@ where
                 }
             },
             Err(err) => {
-                claim.fail(&describe(&err), &mut persist).await;
+                Box::pin(claim.fail(&describe(&err), &mut persist)).await;
                 (Err(err), Outcome::Failed)
             }
         }
     };
+    // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
+    // not carry the body, the completion and the timer.
     let outcome = if idem.heartbeat() {
-        with_heartbeat(idem, plan.key, token, lease, ttl, work).await
+        Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
     } else {
-        work.await
+        Box::pin(work).await
     };
     // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
     // (which records first) does not mask the outer one.
@@ -622,7 +627,8 @@ impl Persist {
         let random = u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(millis(half) + 1))
             .unwrap_or(0);
         let pause = (half + Duration::from_millis(random)).min(self.deadline - now);
-        tokio::time::sleep(pause).await;
+        // Boxed: only a retry waits, and every completion's future would carry the timer otherwise.
+        Box::pin(tokio::time::sleep(pause)).await;
         self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
         true
     }
@@ -961,5 +967,79 @@ async fn with_heartbeat<F: Future>(
         biased;
         out = &mut work => out,
         _ = beat => unreachable!("the heartbeat never finishes"),
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+
+    /// A call's state machine is boxed once per call ([`Operation`](crate::Operation) does it). Up to
+    /// 1,024 bytes, the box comes from glibc's per-thread cache; above, every call takes the allocator's
+    /// slower path (and, for a large chunk, a consolidation of its free lists). The parts only a call
+    /// that runs its body needs (the body's completion, the heartbeat) and only a waiting call needs
+    /// (the timer, the re-read) are boxed on their own paths, so that a replay's stays under the line.
+    #[test]
+    fn a_calls_boxed_state_machine_stays_within_the_allocators_small_path() {
+        let idem =
+            crate::Idempotency::builder_arc(std::sync::Arc::new(crate::MemoryStore::new())).build();
+        let call = Call::new("bench::charge");
+        let plan = Plan {
+            call: &call,
+            key: "k",
+            fingerprint: None,
+            staging: None,
+            claim_writes: Writes::new(),
+            compensation: Writes::new(),
+        };
+        // A body holding a request of about the bench's size.
+        let request = [7_u8; 96];
+        let body = async move { Ok::<u32, Error>(u32::from(request[0])) };
+        let boxed = tracing::Instrument::instrument(
+            run(&idem, &plan, |e: &Error| e.to_string(), body),
+            tracing::Span::none(),
+        );
+        let size = std::mem::size_of_val(&boxed);
+        assert!(
+            size <= 1024,
+            "the boxed state machine is {size} bytes: box the new part on its own path"
+        );
+        let held = Held {
+            idem: &idem,
+            plan: &plan_for_held(&call),
+            token: "t",
+            ttl: Duration::ZERO,
+        };
+        let mut persist = Persist::new(Duration::ZERO);
+        let complete = std::mem::size_of_val(&held.complete(1_u32, &mut persist));
+        let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
+        // The body with the heartbeat: the body's own future, the boxed completion, and the timer.
+        let body = async move { [0_u8; 16].len() + usize::from(request[1]) };
+        let heartbeat = std::mem::size_of_val(&with_heartbeat(
+            &idem,
+            "k",
+            "t",
+            Duration::ZERO,
+            Duration::ZERO,
+            body,
+        ));
+        for (part, size) in [
+            ("completion", complete),
+            ("failure", fail),
+            ("heartbeat", heartbeat),
+        ] {
+            assert!(size <= 1024, "the boxed {part} is {size} bytes");
+        }
+    }
+
+    fn plan_for_held(call: &Call) -> Plan<'_> {
+        Plan {
+            call,
+            key: "k",
+            fingerprint: None,
+            staging: None,
+            claim_writes: Writes::new(),
+            compensation: Writes::new(),
+        }
     }
 }

@@ -43,22 +43,21 @@ fn canonical_json_via_value<T: Serialize + ?Sized>(
 }
 
 /// `prefix` followed by the hex SHA-256 of `json`.
-fn sha256_hex(json: &[u8], prefix: &str) -> String {
+fn sha256_hex(json: &[u8], prefix: &[&str]) -> String {
     let digest = Sha256::digest(json);
     let mut hex = [0_u8; 64];
     hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
-    let mut out = String::with_capacity(prefix.len() + hex.len());
-    out.push_str(prefix);
+    let mut out = String::with_capacity(prefix.iter().map(|p| p.len()).sum::<usize>() + hex.len());
+    for part in prefix {
+        out.push_str(part);
+    }
     out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
     out
 }
 
-/// `"{namespace}#{hex(sha256(json))}"`.
+/// `"{namespace}#{hex(sha256(json))}"`, in one allocation.
 fn record_key(namespace: &str, json: &[u8]) -> String {
-    let mut prefix = String::with_capacity(namespace.len() + 1);
-    prefix.push_str(namespace);
-    prefix.push('#');
-    sha256_hex(json, &prefix)
+    sha256_hex(json, &[namespace, "#"])
 }
 
 /// The record key for `key` in `namespace`: fixed length past the namespace, no personal data, and two
@@ -88,7 +87,7 @@ pub fn derive_key<T: Serialize + ?Sized>(
 /// # Errors
 /// `serde_json`'s error when `payload` does not serialize.
 pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_json::Error> {
-    Ok(sha256_hex(&canonical_json(payload)?, ""))
+    Ok(sha256_hex(&canonical_json(payload)?, &[]))
 }
 
 /// The fingerprint of `call`'s payload ([`fingerprint`]), a payload that does not serialize reported as

@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
 
 use crate::handler::{self, Call, Plan};
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
+use crate::telemetry;
 use crate::{Error, Idempotency, MissingKey};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
@@ -363,14 +365,20 @@ impl<'a, H> Operation<'a, H> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
         };
-        // Boxed: the state machine's future is tens of kilobytes, and callers' futures should not
-        // carry it.
-        let run = Box::pin(handler::run(&idem, plan, describe, body));
+        let namespace = self.call.namespace;
+        let span = telemetry::call_span(namespace, &key);
+        // Boxed, so that callers' futures do not carry the state machine's (about 1 KB; the parts only
+        // a call that runs its body needs are boxed again inside, so that a replay's stays small enough
+        // for the allocator's per-thread cache).
+        let run = Box::pin(handler::run(&idem, &plan, describe, body).instrument(span.clone()));
         if !H::CHANGES {
-            return run.await;
+            let (result, outcome) = run.await;
+            telemetry::finish(&span, namespace, outcome);
+            return result;
         }
         // What happened is recorded again for the caller's own `observe`, which the one here hides.
-        let (result, execution) = crate::execution::observe(run).await;
+        let ((result, outcome), execution) = crate::execution::observe(run).await;
+        telemetry::finish(&span, namespace, outcome);
         let Some(execution) = execution else {
             return result;
         };

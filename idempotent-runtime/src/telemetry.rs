@@ -79,13 +79,20 @@ impl Outcome {
     }
 }
 
+/// The first 12 digits of a record key's hash. A record key ends with its key's 64-digit hash
+/// (`"{namespace}#{hash}"`), so the hash is found from the end, without scanning the namespace; any
+/// other text gives its own first 12 characters, or all of it.
+fn short_hash(key: &str) -> &str {
+    let hash = key.get(key.len().saturating_sub(64)..).unwrap_or(key);
+    hash.get(..12).unwrap_or(hash)
+}
+
 /// The span of one call. Its key field is a short prefix of the key's hash, never the key itself.
 pub(crate) fn call_span(namespace: &'static str, key: &str) -> tracing::Span {
-    let hash = key.rsplit('#').next().unwrap_or(key);
     tracing::info_span!(
         "idempotent",
         namespace,
-        key = &hash[..hash.len().min(12)],
+        key = short_hash(key),
         attempt = tracing::field::Empty,
         outcome = tracing::field::Empty,
     )
@@ -292,5 +299,22 @@ impl Observed for crate::store::TransactOutcome {
 impl Observed for Option<crate::Record> {
     fn result(&self) -> (&'static str, Option<&str>) {
         ("ok", None)
+    }
+}
+
+#[cfg(test)]
+mod short_hash_tests {
+    use super::short_hash;
+
+    #[test]
+    fn the_span_shows_the_start_of_the_hash_and_never_the_key() {
+        let key = crate::derive_key("billing::charge#v2", &("acme", 42)).expect("derives");
+        let hash = &key[key.len() - 64..];
+        assert_eq!(short_hash(&key), &hash[..12]);
+        assert_eq!(short_hash("short"), "short");
+        // Text that is not a record key never panics, whatever its characters.
+        assert_eq!(short_hash("ééééééééé"), "éééééé");
+        let odd = format!("é{}", "a".repeat(64));
+        assert_eq!(short_hash(&odd), "aaaaaaaaaaaa");
     }
 }

@@ -279,7 +279,10 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// default is DynamoDB's 400 KB limit with the default attribute names, so that every store accepts
     /// and refuses the same responses.
     fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
-        crate::size::response_budget(&crate::record::AttributeNames::default(), key, fingerprint)
+        // Built once: this is asked for on every completion.
+        static DEFAULT_NAMES: std::sync::LazyLock<crate::record::AttributeNames> =
+            std::sync::LazyLock::new(crate::record::AttributeNames::default);
+        crate::size::response_budget(&DEFAULT_NAMES, key, fingerprint)
     }
 
     /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).

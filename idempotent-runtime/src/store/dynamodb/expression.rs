@@ -160,7 +160,7 @@ impl RecordUpdate {
     /// A claim; `with_writes`: a claim with business writes (`claim_with`), which marks them as in
     /// effect and is refused while earlier ones are.
     pub(super) fn claim(
-        names: &AttributeNames,
+        names: &PreparedNames,
         request: &ClaimRequest<'_>,
         with_writes: bool,
     ) -> Self {
@@ -179,26 +179,26 @@ impl RecordUpdate {
         if with_writes {
             values.insert(":true".to_owned(), AttributeValue::Bool(true));
         }
-        let update = claim_update(request.fingerprint.is_some(), with_writes);
-        let condition = if with_writes {
-            CLAIMABLE_WITH_WRITES
-        } else {
-            CLAIMABLE
-        };
-        Self::new(names, update, condition, values)
+        let (update, condition, names) = names.claim(request.fingerprint.is_some(), with_writes);
+        Self {
+            update,
+            condition,
+            names: names.clone(),
+            values,
+        }
     }
 
     /// A fenced transition.
     /// `region`: the store's region, recorded by a completion.
     pub(super) fn transition(
-        names: &AttributeNames,
+        names: &PreparedNames,
         transition: &Transition<'_>,
         region: Option<&str>,
     ) -> Self {
         let mut values = HashMap::with_capacity(6);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":tk".to_owned(), s(transition.token));
-        let update = match transition.change {
+        let (update, names) = match transition.change {
             Change::Complete {
                 response,
                 expires_at_s,
@@ -215,7 +215,7 @@ impl RecordUpdate {
                 if let Some(region) = region {
                     values.insert(":ci".to_owned(), s(region));
                 }
-                complete_update(
+                names.complete(
                     response.is_some(),
                     replay_until_s.is_some(),
                     region.is_some(),
@@ -229,7 +229,7 @@ impl RecordUpdate {
                 values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                fail_update(release_claim_writes)
+                names.fail(release_claim_writes)
             }
             Change::ExtendLease {
                 lease_until_ms,
@@ -237,24 +237,100 @@ impl RecordUpdate {
             } => {
                 values.insert(":lu".to_owned(), n(lease_until_ms));
                 values.insert(":ex".to_owned(), n(expires_at_s));
-                EXTEND_LEASE
+                names.extend_lease()
             }
         };
-        Self::new(names, update, HELD_BY_TOKEN, values)
-    }
-
-    fn new(
-        names: &AttributeNames,
-        update: &'static str,
-        condition: &'static str,
-        values: HashMap<String, AttributeValue>,
-    ) -> Self {
         Self {
             update,
-            condition,
-            names: attribute_names(names, &[update, condition]),
+            condition: HELD_BY_TOKEN,
+            names: names.clone(),
             values,
         }
+    }
+}
+
+/// The `ExpressionAttributeNames` of every record update a store sends, built once per store from its
+/// [`AttributeNames`] and cloned into each request: parsing the expressions and hashing their
+/// placeholders anew for every request costs more than the copy.
+#[derive(Debug, Clone)]
+pub(super) struct PreparedNames {
+    /// By `fingerprint as usize | (claim_writes as usize) << 1`.
+    claim: [HashMap<String, String>; 4],
+    /// By `response as usize | (replay_until as usize) << 1 | (region as usize) << 2`.
+    complete: [HashMap<String, String>; 8],
+    /// By `release_claim_writes as usize`.
+    fail: [HashMap<String, String>; 2],
+    extend_lease: HashMap<String, String>,
+}
+
+impl PreparedNames {
+    pub(super) fn new(names: &AttributeNames) -> Self {
+        let bit = |index: usize, bit: usize| index & (1 << bit) != 0;
+        Self {
+            claim: std::array::from_fn(|i| {
+                let writes = bit(i, 1);
+                let condition = if writes {
+                    CLAIMABLE_WITH_WRITES
+                } else {
+                    CLAIMABLE
+                };
+                attribute_names(names, &[claim_update(bit(i, 0), writes), condition])
+            }),
+            complete: std::array::from_fn(|i| {
+                let update = complete_update(bit(i, 0), bit(i, 1), bit(i, 2));
+                attribute_names(names, &[update, HELD_BY_TOKEN])
+            }),
+            fail: std::array::from_fn(|i| {
+                attribute_names(names, &[fail_update(bit(i, 0)), HELD_BY_TOKEN])
+            }),
+            extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
+        }
+    }
+
+    /// A claim's update, its condition and their names.
+    fn claim(
+        &self,
+        fingerprint: bool,
+        claim_writes: bool,
+    ) -> (&'static str, &'static str, &HashMap<String, String>) {
+        let condition = if claim_writes {
+            CLAIMABLE_WITH_WRITES
+        } else {
+            CLAIMABLE
+        };
+        (
+            claim_update(fingerprint, claim_writes),
+            condition,
+            &self.claim[usize::from(fingerprint) | usize::from(claim_writes) << 1],
+        )
+    }
+
+    /// A completion's update and the names of it and [`HELD_BY_TOKEN`].
+    fn complete(
+        &self,
+        response: bool,
+        replay_until: bool,
+        region: bool,
+    ) -> (&'static str, &HashMap<String, String>) {
+        let index =
+            usize::from(response) | usize::from(replay_until) << 1 | usize::from(region) << 2;
+        (
+            complete_update(response, replay_until, region),
+            &self.complete[index],
+        )
+    }
+
+    /// A failure's update and the names of it and [`HELD_BY_TOKEN`].
+    fn fail(&self, release_claim_writes: bool) -> (&'static str, &HashMap<String, String>) {
+        (
+            fail_update(release_claim_writes),
+            &self.fail[usize::from(release_claim_writes)],
+        )
+    }
+
+    /// The heartbeat's update and the names of it and [`HELD_BY_TOKEN`].
+    fn extend_lease(&self) -> (&'static str, &HashMap<String, String>) {
+        (EXTEND_LEASE, &self.extend_lease)
     }
 }
 
@@ -304,7 +380,7 @@ mod tests {
 
     #[test]
     fn every_request_defines_exactly_the_names_and_values_it_uses() {
-        let names = AttributeNames::default();
+        let names = PreparedNames::new(&AttributeNames::default());
         for fingerprint in [None, Some("fp")] {
             for with_writes in [false, true] {
                 let request = ClaimRequest {
@@ -367,5 +443,31 @@ mod tests {
                 ("#ex".to_owned(), "expires_at".to_owned()),
             ])
         );
+    }
+
+    #[test]
+    fn prepared_names_are_the_configured_ones_for_every_request() {
+        let names = AttributeNames {
+            status: "state".to_owned(),
+            token: "fence".to_owned(),
+            ..AttributeNames::default()
+        };
+        let prepared = PreparedNames::new(&names);
+        let transition = Transition {
+            key: "ns#k",
+            token: "token",
+            change: Change::Fail {
+                error: "declined",
+                expires_at_s: 2,
+                release_claim_writes: false,
+            },
+        };
+        let update = RecordUpdate::transition(&prepared, &transition, None);
+        assert_eq!(
+            update.names,
+            attribute_names(&names, &[update.update, update.condition])
+        );
+        assert_eq!(update.names["#st"], "state");
+        assert_eq!(update.names["#tk"], "fence");
     }
 }

@@ -78,7 +78,7 @@ use super::{
 use crate::record::Record;
 pub(crate) use error::classify;
 use error::{canceled, cancellation_reasons, rejected};
-use expression::RecordUpdate;
+use expression::{PreparedNames, RecordUpdate};
 use request_token::request_token;
 
 pub use crate::record::AttributeNames;
@@ -108,6 +108,8 @@ struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
+    /// The `ExpressionAttributeNames` of every record update, from `names`.
+    prepared: PreparedNames,
     /// How record keys map onto the table's primary key.
     layout: Layout,
     /// With [`DynamoDbStore::with_region`]: the region this store serves, written by completions.
@@ -135,6 +137,7 @@ impl DynamoDbStore {
             inner: Arc::new(Inner {
                 client,
                 table: table.into(),
+                prepared: PreparedNames::new(&names),
                 names,
                 layout: Layout::Key,
                 region: None,
@@ -439,7 +442,7 @@ use send;
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.names, request, false);
+        let update = RecordUpdate::claim(&self.inner.prepared, request, false);
         let outcome = self
             .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
             .await?;
@@ -453,7 +456,7 @@ impl Store for DynamoDbStore {
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.names, transition, self.region());
+        let update = RecordUpdate::transition(&self.inner.prepared, transition, self.region());
         let op = transition.change.op(false);
         self.conditional_update(op, None, transition.key, update)
             .await
@@ -464,7 +467,7 @@ impl Store for DynamoDbStore {
         transition: &Transition<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.names, transition, self.region());
+        let update = RecordUpdate::transition(&self.inner.prepared, transition, self.region());
         let record = self.record_update(transition.key, update)?;
         // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
         let token = request_token(
@@ -488,7 +491,7 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.names, request, true);
+        let update = RecordUpdate::claim(&self.inner.prepared, request, true);
         let record = self.record_update(request.key, update)?;
         let token = request_token(
             "claim",

@@ -23,7 +23,8 @@ pub(super) struct Records {
 impl Records {
     /// The record at `key`, unpacked.
     pub(super) fn get(&self, key: &str) -> Option<Record> {
-        self.packed.get(key).map(Packed::unpack)
+        // Found by the key's bytes: no UTF-8 check of the stored key on the way.
+        self.packed.get(key.as_bytes()).map(|p| p.unpack_at(key))
     }
 
     /// Writes `record` at its key, replacing the one there.
@@ -33,7 +34,7 @@ impl Records {
 
     /// Every record, unpacked, in no particular order.
     pub(super) fn all(&self) -> Vec<Record> {
-        self.packed.iter().map(Packed::unpack).collect()
+        self.packed.iter().map(|p| p.unpack_at(p.key())).collect()
     }
 
     /// How many records are held.
@@ -43,7 +44,7 @@ impl Records {
 
     /// Keeps the records for which `keep` holds.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Record) -> bool) {
-        self.packed.retain(|p| keep(&p.unpack()));
+        self.packed.retain(|p| keep(&p.unpack_at(p.key())));
     }
 }
 
@@ -67,7 +68,7 @@ const FINGERPRINT_HEX: u8 = 1 << 7;
 struct Packed(Box<[u8]>);
 
 impl Packed {
-    /// The record, in the order [`Packed::unpack`] reads it: status, flags, the key (its length first,
+    /// The record, in the order [`Packed::unpack_at`] reads it: status, flags, the key (its length first,
     /// so the key can be read without the rest), the token, then the present optional texts and
     /// numbers.
     fn pack(record: Record) -> Self {
@@ -155,16 +156,23 @@ impl Packed {
         Packed(out.into_boxed_slice())
     }
 
-    /// The key: read without unpacking the rest.
-    fn key(&self) -> &str {
-        let mut reader = Reader(&self.0[2..]);
-        text(reader.bytes())
+    /// The key's bytes: read without unpacking the rest.
+    fn key_bytes(&self) -> &[u8] {
+        Reader(&self.0[2..]).bytes()
     }
 
-    fn unpack(&self) -> Record {
+    /// The key, as text.
+    fn key(&self) -> &str {
+        text(self.key_bytes())
+    }
+
+    /// The record, whose key is `key` (the caller has it already, as text).
+    fn unpack_at(&self, key: &str) -> Record {
         let (status, flags) = (self.0[0], self.0[1]);
         let mut reader = Reader(&self.0[2..]);
-        let key = text(reader.bytes()).to_owned();
+        let stored_key = reader.bytes();
+        debug_assert_eq!(stored_key, key.as_bytes());
+        let key = key.to_owned();
         let token = match reader.bytes() {
             uuid if flags & TOKEN_UUID != 0 => (*uuid::Uuid::from_slice(uuid)
                 .expect("16 bytes packed from a UUID")
@@ -262,15 +270,15 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl Borrow<str> for Packed {
-    fn borrow(&self) -> &str {
-        self.key()
+impl Borrow<[u8]> for Packed {
+    fn borrow(&self) -> &[u8] {
+        self.key_bytes()
     }
 }
 
 impl PartialEq for Packed {
     fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
+        self.key_bytes() == other.key_bytes()
     }
 }
 
@@ -278,7 +286,7 @@ impl Eq for Packed {}
 
 impl Hash for Packed {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
+        self.key_bytes().hash(state);
     }
 }
 
@@ -338,7 +346,9 @@ mod tests {
             ..record()
         };
         for r in [full, pending, failed, foreign, odd] {
-            assert_eq!(Packed::pack(r.clone()).unpack(), r);
+            let packed = Packed::pack(r.clone());
+            assert_eq!(packed.key(), r.key);
+            assert_eq!(packed.unpack_at(&r.key), r);
         }
     }
 
