@@ -322,12 +322,16 @@ impl<'a, H> Operation<'a, H> {
     /// and the attribute's generated code: the kill switch, then the handle, key and payload (the first
     /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
     /// `staging` holds the writes a body stages; `describe` gives the text stored for its error.
-    pub(crate) async fn drive<T, E, Fut>(
+    ///
+    /// The checks are made here, when the call's future is built; the future then holds only what the
+    /// call needs (a future holds each argument of an `async fn` twice, and every caller's future
+    /// holds this one).
+    pub(crate) fn drive<T, E, Fut>(
         self,
         staging: Option<&Staged>,
         describe: impl FnOnce(&E) -> String,
         body: Fut,
-    ) -> Result<T, E>
+    ) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -336,56 +340,68 @@ impl<'a, H> Operation<'a, H> {
     {
         // Writes that can only commit together with a record: never run without one.
         let stages_writes = staging.is_some() || !self.claim_writes.is_empty();
+        let Operation {
+            idem,
+            call,
+            key,
+            fingerprint,
+            claim_writes,
+            compensation,
+            on_replay,
+        } = self;
         // Switched off: the body alone, unless its writes can only commit with the record.
-        // (The body is boxed on the paths that run it alone too: awaited in place, it would be carried
-        // by this future a second time.)
-        if !stages_writes && crate::config::disabled() {
-            return Box::pin(body).await;
-        }
-        let prepared = (|| {
-            let idem = self.idem?;
-            let key = self.key?;
-            let fingerprint = self.fingerprint.transpose()?;
-            Ok::<_, Error>(
-                key.resolve(&self.call, stages_writes)?
-                    .map(|key| (idem, key, fingerprint)),
-            )
-        })();
-        let (idem, key, fingerprint) = match prepared {
-            Ok(Some(prepared)) => prepared,
-            // A missing key under `MissingKey::Skip`: the body alone.
-            Ok(None) => return Box::pin(body).await,
-            Err(e) => return Err(e.into()),
+        let prepared = if !stages_writes && crate::config::disabled() {
+            Ok(None)
+        } else {
+            (|| {
+                let idem = idem?;
+                let key = key?;
+                let fingerprint = fingerprint.transpose()?;
+                Ok::<_, Error>(
+                    key.resolve(&call, stages_writes)?
+                        .map(|key| (idem, key, fingerprint)),
+                )
+            })()
         };
-        let plan = Plan {
-            call: &self.call,
-            key: &key,
-            fingerprint: fingerprint.as_deref(),
-            staging,
-            claim_writes: self.claim_writes,
-            compensation: self.compensation,
-        };
-        let namespace = self.call.namespace;
-        let span = telemetry::call_span(namespace, &key);
-        // Boxed, so that callers' futures do not carry the state machine's (about 1 KB; the parts only
-        // a call that runs its body needs are boxed again inside, so that a replay's stays small enough
-        // for the allocator's per-thread cache).
-        let run = Box::pin(handler::run(&idem, &plan, describe, body).instrument(span.clone()));
-        if !H::CHANGES {
-            let (result, outcome) = run.await;
+        async move {
+            let (idem, key, fingerprint) = match prepared {
+                Ok(Some(prepared)) => prepared,
+                // Switched off, or a missing key under `MissingKey::Skip`: the body alone. (Boxed:
+                // awaited in place, it would be carried by this future a second time.)
+                Ok(None) => return Box::pin(body).await,
+                Err(e) => return Err(e.into()),
+            };
+            let plan = Plan {
+                call: &call,
+                key: &key,
+                fingerprint: fingerprint.as_deref(),
+                staging,
+                claim_writes,
+                compensation,
+            };
+            let namespace = call.namespace;
+            let span = telemetry::call_span(namespace, &key);
+            // Boxed, so that callers' futures do not carry the state machine's (under 1 KB: the parts
+            // only a call that runs its body needs are boxed again inside, so that a replay's stays
+            // small enough for the allocator's per-thread cache).
+            let run = Box::pin(handler::run(&idem, &plan, describe, body).instrument(span.clone()));
+            if !H::CHANGES {
+                let (result, outcome) = run.await;
+                telemetry::finish(&span, namespace, outcome);
+                return result;
+            }
+            // What happened is recorded again for the caller's own `observe`, which the one here
+            // hides.
+            let ((result, outcome), execution) = crate::execution::observe(run).await;
             telemetry::finish(&span, namespace, outcome);
-            return result;
-        }
-        // What happened is recorded again for the caller's own `observe`, which the one here hides.
-        let ((result, outcome), execution) = crate::execution::observe(run).await;
-        telemetry::finish(&span, namespace, outcome);
-        let Some(execution) = execution else {
-            return result;
-        };
-        crate::execution::record(execution);
-        match result {
-            Ok(value) if execution.is_replay() => Ok(self.on_replay.on_replay(value)),
-            other => other,
+            let Some(execution) = execution else {
+                return result;
+            };
+            crate::execution::record(execution);
+            match result {
+                Ok(value) if execution.is_replay() => Ok(on_replay.on_replay(value)),
+                other => other,
+            }
         }
     }
 }

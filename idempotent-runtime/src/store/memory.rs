@@ -217,7 +217,9 @@ pub(crate) fn claimed<'r>(
 }
 
 /// The record after `transition`, or `None` when `old` is not PENDING under the transition's token: the
-/// one rule behind both [`Store::transition`] and `Store::transact_transition`.
+/// rule of `Store::transact_transition` and the model's (`Store::transition` applies the same
+/// [`fenced`] and [`applied`] to the record it unpacked, without copying it again).
+#[cfg(any(test, feature = "emulator"))]
 pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
     old.filter(|r| fenced(r, transition))
         .map(|r| applied(r.clone(), transition))
