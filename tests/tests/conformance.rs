@@ -12,7 +12,8 @@ use idempotent_runtime::store::{
 use idempotent_runtime::{MemoryStore, Status};
 use idempotent_tests::{RecordsOnly, create_plain_table, dynamodb_store, unique_table};
 
-const NOW: u64 = 1_800_000_000_000;
+/// 2100-01-01: never in the past, so no TTL sweeper ever deletes a record a case wrote.
+const NOW: u64 = 4_102_444_800_000;
 const LEASE: u64 = 60_000;
 
 /// A memory store with a business table for the transaction cases.

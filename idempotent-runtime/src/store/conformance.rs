@@ -26,7 +26,7 @@
 //! whole run, so one broken rule does not hide the others. [`Report::assert_passed`] panics with every
 //! failed case's name and reason; [`Report::assert_complete`] also refuses skipped cases. The suite needs a
 //! Tokio runtime (each case runs in its own task, so a case that panics is reported as failed) and uses
-//! fixed times in 2027 (`now_ms` = 1 800 000 000 000), so a store must take every time from the request,
+//! fixed times in 2100 (`now_ms` = 4 102 444 800 000), so a store must take every time from the request,
 //! never from its own clock — which the contract requires anyway.
 //!
 //! # Records: [`RECORD_CASES`]
@@ -101,8 +101,9 @@ use std::time::Duration;
 use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
 use crate::record::{Record, Status};
 
-/// The requests' clock: 2027-01-15, in epoch milliseconds.
-const NOW: u64 = 1_800_000_000_000;
+/// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
+/// never expires by the wall clock either (a table's TTL sweeper would delete it during the case).
+const NOW: u64 = 4_102_444_800_000;
 /// The requests' lease.
 const LEASE: u64 = 60_000;
 /// How long one case may take before it is reported as hanging.
