@@ -244,6 +244,10 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
     }
 }
 
+/// The longest duration an argument may give: the runtime's `MAX_DURATION` (100 years), which the
+/// macro cannot import (it does not depend on the runtime).
+const MAX_DURATION: Duration = Duration::from_hours(100 * 365 * 24);
+
 /// Parses a duration with `humantime`, held to the documented grammar: one or more groups of digits
 /// and a unit among `ms`, `s`, `m`, `h` and `d`, like "24h" or "1h30m".
 ///
@@ -339,6 +343,14 @@ fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<
         diag.error(
             literal,
             format!("`{name}` must be longer than zero, like {example}"),
+        );
+        return None;
+    }
+    // The runtime's `MAX_DURATION`: a longer one would be saturated there without a word.
+    if parsed > MAX_DURATION {
+        diag.error(
+            literal,
+            format!("`{name}` is {text:?}; at most 100 years (\"36500d\") is supported"),
         );
         return None;
     }
