@@ -48,7 +48,7 @@ use proc_macro::TokenStream;
 /// `"1h30m"`. Nothing else is accepted: not a number without a unit, a fraction, a space, a unit spelled
 /// out (`"24hours"`, `"1 day"`), nor weeks, months or years; the compile error then gives the same
 /// duration as it is written here (`"90"`: did you mean `"90s"`? `"24hours"`: `"24h"`; `"1.5h"`:
-/// `"1h30m"`).
+/// `"1h30m"`). The longest is 100 years (`"36500d"`), the runtime's `MAX_DURATION`.
 ///
 /// ## `key = <expr>`
 ///
