@@ -228,9 +228,6 @@ const MAX_POLL: Duration = Duration::from_secs(1);
 pub(crate) const CLAIMABLE_RETRIES: u32 = 3;
 /// The most bytes of the body's error text stored on a FAILED record.
 pub(crate) const MAX_ERROR_BYTES: usize = 4096;
-/// What a record's update adds to a transaction besides its key, fingerprint and response, counted
-/// generously.
-const RECORD_UPDATE_BYTES: usize = 512;
 
 /// Everything about one call except the body.
 pub(crate) struct Plan<'a> {
@@ -253,9 +250,8 @@ async fn claim(
 ) -> Result<ClaimOutcome, Error> {
     let namespace = plan.call.namespace;
     if !plan.claim_writes.is_empty() {
-        let record_bytes =
-            RECORD_UPDATE_BYTES + plan.key.len() + plan.fingerprint.map_or(0, str::len);
-        if let Err(detail) = plan.claim_writes.check_limits(plan.key, record_bytes) {
+        let fingerprint = plan.fingerprint.map_or(0, str::len);
+        if let Err(detail) = plan.claim_writes.check_limits(plan.key, fingerprint) {
             return Err(Error::TooManyWrites {
                 namespace: namespace.to_owned(),
                 detail,
@@ -780,15 +776,14 @@ impl Held<'_> {
             },
         };
         let writes = staging.map(Staged::take).unwrap_or_default();
-        if !writes.is_empty() {
-            let record_bytes = RECORD_UPDATE_BYTES + key.len() + response.map_or(0, <[u8]>::len);
-            if let Err(detail) = writes.check_limits(key, record_bytes) {
-                self.fail(&detail, persist).await;
-                return Err(Error::TooManyWrites {
-                    namespace: namespace.to_owned(),
-                    detail,
-                });
-            }
+        if !writes.is_empty()
+            && let Err(detail) = writes.check_limits(key, response.map_or(0, <[u8]>::len))
+        {
+            self.fail(&detail, persist).await;
+            return Err(Error::TooManyWrites {
+                namespace: namespace.to_owned(),
+                detail,
+            });
         }
         match self.store(&transition, &writes, persist).await {
             Stored::Applied => {}

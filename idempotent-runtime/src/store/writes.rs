@@ -65,8 +65,8 @@ impl Writes {
 #[cfg(not(feature = "dynamodb"))]
 impl Writes {
     #[allow(clippy::unused_self, clippy::unnecessary_wraps)]
-    pub(crate) fn check_limits(&self, record_key: &str, record_bytes: usize) -> Result<(), String> {
-        let _ = (record_key, record_bytes);
+    pub(crate) fn check_limits(&self, record_key: &str, record_value: usize) -> Result<(), String> {
+        let _ = (record_key, record_value);
         Ok(())
     }
 }

@@ -86,12 +86,20 @@ impl Transaction {
 /// Most bytes one transaction may carry (DynamoDB's aggregate limit).
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 
+/// What a record's update adds to a transaction besides its key and its largest value (the fingerprint
+/// of a claim, the response of a completion), counted generously.
+const RECORD_UPDATE_BYTES: usize = 512;
+
 impl Writes {
     /// Checks DynamoDB's limits of one transaction before anything is sent: at most
-    /// [`MAX_STAGED_WRITES`] writes, at most [`MAX_TRANSACTION_BYTES`] in all (the record's own update,
-    /// `record_bytes`, included), and no two actions on one item (the record's own, keyed by
-    /// `record_key`, included). The reason when they do not fit.
-    pub(crate) fn check_limits(&self, record_key: &str, record_bytes: usize) -> Result<(), String> {
+    /// [`MAX_STAGED_WRITES`] writes, at most [`MAX_TRANSACTION_BYTES`] in all (the record's own update
+    /// included: its key, `record_value` bytes of fingerprint or response, and the rest of the update
+    /// counted generously), and no two actions on one item (the record's own, keyed by `record_key`,
+    /// included). The reason when they do not fit.
+    pub(crate) fn check_limits(&self, record_key: &str, record_value: usize) -> Result<(), String> {
+        let record_bytes = RECORD_UPDATE_BYTES
+            .saturating_add(record_key.len())
+            .saturating_add(record_value);
         let writes = self.items();
         if writes.len() > MAX_STAGED_WRITES {
             return Err(format!(
