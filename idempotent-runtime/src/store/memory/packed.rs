@@ -86,14 +86,6 @@ impl Packed {
             claim_writes_in_effect,
             completed_in,
         } = record;
-        let texts = key.len()
-            + token.len()
-            + fingerprint.as_ref().map_or(0, String::len)
-            + response.as_ref().map_or(0, Vec::len)
-            + error.as_ref().map_or(0, String::len)
-            + completed_in.as_ref().map_or(0, String::len);
-        // Two bytes of status and flags, at most 10 per varint (4 numbers and 6 lengths).
-        let mut out = Vec::with_capacity(2 + 10 * 10 + texts);
         let mut flags = 0;
         for (present, flag) in [
             (claim_writes_in_effect, CLAIM_WRITES),
@@ -126,32 +118,47 @@ impl Packed {
         } else {
             0
         };
-        out.push(status_byte(status) | completed_in_flag);
-        out.push(flags);
-        put_bytes(&mut out, key.as_bytes());
-        match &token_uuid {
-            Some(uuid) => put_bytes(&mut out, uuid.as_bytes()),
-            None => put_bytes(&mut out, token.as_bytes()),
-        }
-        put_varint(&mut out, attempt);
-        put_varint(&mut out, expires_at_s);
-        for number in [lease_until_ms, replay_until_s].into_iter().flatten() {
-            put_varint(&mut out, number);
-        }
+        let token: &[u8] = token_uuid
+            .as_ref()
+            .map_or(token.as_bytes(), |uuid| uuid.as_bytes());
         let fingerprint = fingerprint_hex
             .as_deref()
             .or(fingerprint.as_deref().map(str::as_bytes));
-        for text in [
+        let numbers = [
+            Some(attempt),
+            Some(expires_at_s),
+            lease_until_ms,
+            replay_until_s,
+        ];
+        let texts = [
             fingerprint,
             response.as_deref(),
             error.as_deref().map(str::as_bytes),
             completed_in.as_deref().map(str::as_bytes),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        ];
+        // Allocated at its exact length: no shrinking afterwards, which would leave a free fragment
+        // behind every record.
+        let len = 2
+            + bytes_len(key.as_bytes())
+            + bytes_len(token)
+            + numbers
+                .iter()
+                .flatten()
+                .map(|&n| varint_len(n))
+                .sum::<usize>()
+            + texts.iter().flatten().map(|t| bytes_len(t)).sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        out.push(status_byte(status) | completed_in_flag);
+        out.push(flags);
+        put_bytes(&mut out, key.as_bytes());
+        put_bytes(&mut out, token);
+        for number in numbers.into_iter().flatten() {
+            put_varint(&mut out, number);
+        }
+        for text in texts.into_iter().flatten() {
             put_bytes(&mut out, text);
         }
+        debug_assert_eq!(out.len(), len);
         // Exactly as long as it needs to be: the slot holds the allocation for the record's life.
         Packed(out.into_boxed_slice())
     }
@@ -237,6 +244,17 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
         }
         out.push(low | 0x80);
     }
+}
+
+/// How many bytes [`put_varint`] writes for `value`.
+fn varint_len(value: u64) -> usize {
+    // Seven bits a byte; zero takes one.
+    (64 - value.leading_zeros()).max(1).div_ceil(7) as usize
+}
+
+/// How many bytes [`put_bytes`] writes for `bytes`.
+fn bytes_len(bytes: &[u8]) -> usize {
+    varint_len(u64::try_from(bytes.len()).unwrap_or(u64::MAX)) + bytes.len()
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -349,6 +367,16 @@ mod tests {
             let packed = Packed::pack(r.clone());
             assert_eq!(packed.key(), r.key);
             assert_eq!(packed.unpack_at(&r.key), r);
+        }
+    }
+
+    #[test]
+    fn a_varint_takes_the_bytes_its_length_says() {
+        for value in [0, 1, 127, 128, 16_383, 16_384, 1 << 35, u64::MAX] {
+            let mut out = Vec::new();
+            put_varint(&mut out, value);
+            assert_eq!(out.len(), varint_len(value), "{value}");
+            assert_eq!(Reader(&out).varint(), value);
         }
     }
 
