@@ -90,6 +90,7 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
     proxy.set_rules([Rule::new(Fault::DropResponse)
         .operation("TransactWriteItems")
         .nth(1)]);
+    let reads_before = proxy.stats().operation("GetItem").requests;
     let waiter = tokio::spawn({
         let (idem, shop) = (h.idem.clone(), shop.clone());
         async move {
@@ -101,9 +102,14 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
         }
     });
     // Release the holder only once the waiter's first attempt was refused (after its SDK retry), however
-    // slow the machine.
+    // slow the machine: once the waiter polls the record, which it does only after the refusal came
+    // back. (Both attempts reaching the proxy is not enough: released then, the holder's failure can
+    // land before DynamoDB evaluates the retry, which then commits as attempt 1.)
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
-    while proxy.request_tokens().len() < 2 && tokio::time::Instant::now() < until {
+    while (proxy.request_tokens().len() < 2
+        || proxy.stats().operation("GetItem").requests == reads_before)
+        && tokio::time::Instant::now() < until
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     gate.release();
