@@ -1001,7 +1001,7 @@ mod future_size {
         );
         let held = Held {
             idem: &idem,
-            plan: &plan_for_held(&call),
+            plan: &plan,
             token: "t",
             ttl: Duration::ZERO,
         };
@@ -1024,17 +1024,6 @@ mod future_size {
             ("heartbeat", heartbeat),
         ] {
             assert!(size <= 1024, "the boxed {part} is {size} bytes");
-        }
-    }
-
-    fn plan_for_held(call: &Call) -> Plan<'_> {
-        Plan {
-            call,
-            key: "k",
-            fingerprint: None,
-            staging: None,
-            claim_writes: Writes::new(),
-            compensation: Writes::new(),
         }
     }
 }

@@ -25,8 +25,8 @@ mod packed;
 /// Records are never evicted by time: like a DynamoDB table whose TTL has not run yet, an expired record
 /// stays readable and simply counts as absent. Call [`MemoryStore::purge_expired`] to drop them. Each
 /// record is held packed in one allocation (its key once, its numbers as variable-length integers): a
-/// record with a 79-byte key, a token, a fingerprint and a 100-byte response takes about 360 resident
-/// bytes.
+/// record with a 79-byte key, a token, a fingerprint and a 100-byte response takes about 280 resident
+/// bytes (measured in `BENCHMARKS.md`).
 ///
 /// With the `emulator` feature (on by default) it also holds business tables, so that functions with
 /// `transact = tx` (and claims with business writes) can be unit-tested: create each table with

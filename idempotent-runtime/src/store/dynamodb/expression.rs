@@ -254,9 +254,9 @@ impl RecordUpdate {
 /// placeholders anew for every request costs more than the copy.
 #[derive(Debug, Clone)]
 pub(super) struct PreparedNames {
-    /// By `fingerprint as usize | (claim_writes as usize) << 1`.
+    /// By [`claim_index`].
     claim: [HashMap<String, String>; 4],
-    /// By `response as usize | (replay_until as usize) << 1 | (region as usize) << 2`.
+    /// By [`complete_index`].
     complete: [HashMap<String, String>; 8],
     /// By `release_claim_writes as usize`.
     fail: [HashMap<String, String>; 2],
@@ -265,26 +265,33 @@ pub(super) struct PreparedNames {
 
 impl PreparedNames {
     pub(super) fn new(names: &AttributeNames) -> Self {
-        let bit = |index: usize, bit: usize| index & (1 << bit) != 0;
-        Self {
-            claim: std::array::from_fn(|i| {
-                let writes = bit(i, 1);
-                let condition = if writes {
-                    CLAIMABLE_WITH_WRITES
-                } else {
-                    CLAIMABLE
-                };
-                attribute_names(names, &[claim_update(bit(i, 0), writes), condition])
-            }),
-            complete: std::array::from_fn(|i| {
-                let update = complete_update(bit(i, 0), bit(i, 1), bit(i, 2));
-                attribute_names(names, &[update, HELD_BY_TOKEN])
-            }),
-            fail: std::array::from_fn(|i| {
-                attribute_names(names, &[fail_update(bit(i, 0)), HELD_BY_TOKEN])
-            }),
+        let mut prepared = Self {
+            claim: Default::default(),
+            complete: Default::default(),
+            fail: Default::default(),
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
+        };
+        for fingerprint in [false, true] {
+            for claim_writes in [false, true] {
+                let (update, condition) = claim_expressions(fingerprint, claim_writes);
+                prepared.claim[claim_index(fingerprint, claim_writes)] =
+                    attribute_names(names, &[update, condition]);
+            }
         }
+        for response in [false, true] {
+            for replay_until in [false, true] {
+                for region in [false, true] {
+                    let update = complete_update(response, replay_until, region);
+                    prepared.complete[complete_index(response, replay_until, region)] =
+                        attribute_names(names, &[update, HELD_BY_TOKEN]);
+                }
+            }
+        }
+        for release_claim_writes in [false, true] {
+            prepared.fail[usize::from(release_claim_writes)] =
+                attribute_names(names, &[fail_update(release_claim_writes), HELD_BY_TOKEN]);
+        }
+        prepared
     }
 
     /// A claim's update, its condition and their names.
@@ -293,15 +300,11 @@ impl PreparedNames {
         fingerprint: bool,
         claim_writes: bool,
     ) -> (&'static str, &'static str, &HashMap<String, String>) {
-        let condition = if claim_writes {
-            CLAIMABLE_WITH_WRITES
-        } else {
-            CLAIMABLE
-        };
+        let (update, condition) = claim_expressions(fingerprint, claim_writes);
         (
-            claim_update(fingerprint, claim_writes),
+            update,
             condition,
-            &self.claim[usize::from(fingerprint) | usize::from(claim_writes) << 1],
+            &self.claim[claim_index(fingerprint, claim_writes)],
         )
     }
 
@@ -312,11 +315,9 @@ impl PreparedNames {
         replay_until: bool,
         region: bool,
     ) -> (&'static str, &HashMap<String, String>) {
-        let index =
-            usize::from(response) | usize::from(replay_until) << 1 | usize::from(region) << 2;
         (
             complete_update(response, replay_until, region),
-            &self.complete[index],
+            &self.complete[complete_index(response, replay_until, region)],
         )
     }
 
@@ -332,6 +333,26 @@ impl PreparedNames {
     fn extend_lease(&self) -> (&'static str, &HashMap<String, String>) {
         (EXTEND_LEASE, &self.extend_lease)
     }
+}
+
+/// A claim's update and condition (a claim with business writes has its own condition).
+fn claim_expressions(fingerprint: bool, claim_writes: bool) -> (&'static str, &'static str) {
+    let condition = if claim_writes {
+        CLAIMABLE_WITH_WRITES
+    } else {
+        CLAIMABLE
+    };
+    (claim_update(fingerprint, claim_writes), condition)
+}
+
+/// Where [`PreparedNames`] keeps a claim's names.
+fn claim_index(fingerprint: bool, claim_writes: bool) -> usize {
+    usize::from(fingerprint) | usize::from(claim_writes) << 1
+}
+
+/// Where [`PreparedNames`] keeps a completion's names.
+fn complete_index(response: bool, replay_until: bool, region: bool) -> usize {
+    usize::from(response) | usize::from(replay_until) << 1 | usize::from(region) << 2
 }
 
 fn n(value: u64) -> AttributeValue {

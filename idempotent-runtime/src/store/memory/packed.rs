@@ -201,11 +201,7 @@ impl Packed {
         let completed_in = (status & COMPLETED_IN != 0).then(|| text(reader.bytes()).to_owned());
         Record {
             key,
-            status: match status & !COMPLETED_IN {
-                0 => Status::Pending,
-                1 => Status::Completed,
-                _ => Status::Failed,
-            },
+            status: status_of(status & !COMPLETED_IN),
             token,
             attempt,
             lease_until_ms,
@@ -225,6 +221,15 @@ fn status_byte(status: Status) -> u8 {
         Status::Pending => 0,
         Status::Completed => 1,
         Status::Failed => 2,
+    }
+}
+
+/// The status [`status_byte`] wrote.
+fn status_of(byte: u8) -> Status {
+    match byte {
+        0 => Status::Pending,
+        1 => Status::Completed,
+        _ => Status::Failed,
     }
 }
 
