@@ -84,7 +84,8 @@ struct Args {
     #[arg(long)]
     memory_keys: Option<usize>,
     /// Instead of DynamoDB Local, answer every request in-process at once (a null DynamoDB): client CPU
-    /// per call with no server and no network, for `first` and `duplicate` at concurrency 1.
+    /// per call with no server and no network, for `first` and `duplicate` at concurrency 1 (those of
+    /// `--workload`).
     #[arg(long)]
     null_dynamodb: bool,
     /// An experiment, not part of `scripts/bench`: send the baseline's requests through
@@ -637,7 +638,12 @@ fn null_client() -> (null::NullDynamoDb, RequestCounter, Client) {
 }
 
 /// Client CPU per call with no server: `first` and `duplicate`, one caller, `calls` calls each.
-async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Cell>, BoxError> {
+async fn null_cells(
+    calls: usize,
+    warmup: usize,
+    only: &[Impl],
+    workloads: &[Workload],
+) -> Result<Vec<Cell>, BoxError> {
     // Interleaved rounds, each variant's figure the median over rounds: other processes on the machine
     // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
     const ROUNDS: usize = 10;
@@ -665,7 +671,10 @@ async fn null_cells(calls: usize, warmup: usize, only: &[Impl]) -> Result<Vec<Ce
     let item = completed_item(&dup)?;
     let per_round = calls.div_ceil(ROUNDS).max(1);
     let mut results = Vec::new();
-    for workload in [Workload::First, Workload::Duplicate] {
+    for workload in [Workload::First, Workload::Duplicate]
+        .into_iter()
+        .filter(|w| workloads.contains(w))
+    {
         null.reject_with((workload == Workload::Duplicate).then(|| item.clone()));
         let make: Arc<dyn Fn(usize) -> Op + Send + Sync> = Arc::new(move |i| match workload {
             Workload::Duplicate => Op::Duplicate {
@@ -1109,7 +1118,13 @@ async fn memory(bench: &Bench, idem: &Idempotency, keys: usize) -> Result<Memory
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     if args.null_dynamodb {
-        let cells = null_cells(args.calls.max(1), args.warmup, &args.implementation).await?;
+        let cells = null_cells(
+            args.calls.max(1),
+            args.warmup,
+            &args.implementation,
+            &args.workload,
+        )
+        .await?;
         for cell in &cells {
             append_json(args.json.as_ref(), cell)?;
         }
