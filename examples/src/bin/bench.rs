@@ -92,6 +92,10 @@ struct Args {
     /// `customize().config_override(..)` with an empty override, as the store does, to measure its cost.
     #[arg(long)]
     baseline_config_override: bool,
+    /// DynamoDB Local's process id (`scripts/bench` passes it): the server's CPU time, all its threads,
+    /// is read around each implementation's rounds, for the server's CPU per call beside the client's.
+    #[arg(long)]
+    server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -744,6 +748,7 @@ async fn null_cells(
                 p99_ms: percentile_ms(&latencies[v], 0.99),
                 requests_per_call: ratio(requests[v], per_round * ROUNDS),
                 cpu_us_per_call: median(|r| r.1),
+                server_cpu_us_per_call: None,
             });
         }
     }
@@ -762,6 +767,21 @@ fn cpu_time() -> Duration {
             + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
     };
     tv(usage.user_time()) + tv(usage.system_time())
+}
+
+/// CPU time of the process `pid` so far, every thread's: the sum of the first field (time on the CPU,
+/// in nanoseconds) of each `/proc/PID/task/*/schedstat`. `None` when the process cannot be read. A
+/// thread that exits between two readings takes its time with it; DynamoDB Local's request threads are
+/// a pool that lives as long as the server.
+fn process_cpu_time(pid: u32) -> Option<Duration> {
+    let mut total = 0_u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+            continue; // exited meanwhile
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
 /// Peak resident set size of the process so far, in bytes (`ru_maxrss`, KiB on Linux).
@@ -795,6 +815,9 @@ struct Cell {
     p99_ms: f64,
     requests_per_call: f64,
     cpu_us_per_call: f64,
+    /// The server's CPU time per call (every thread of the `--server-pid` process), when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_cpu_us_per_call: Option<f64>,
 }
 
 #[allow(clippy::cast_precision_loss)] // counts far below 2^52
@@ -825,6 +848,8 @@ struct Run {
     first_error: Option<String>,
     elapsed: Duration,
     cpu: Duration,
+    /// The server's, when its process id is known and readable at every round.
+    server_cpu: Option<Duration>,
     requests: u64,
     body_runs: usize,
 }
@@ -839,6 +864,7 @@ impl Default for Run {
             first_error: None,
             elapsed: Duration::ZERO,
             cpu: Duration::ZERO,
+            server_cpu: Some(Duration::ZERO),
             requests: 0,
             body_runs: 0,
         }
@@ -850,6 +876,7 @@ struct Bench {
     counter: RequestCounter,
     run: String,
     seed_keys: usize,
+    server_pid: Option<u32>,
 }
 
 impl Bench {
@@ -896,12 +923,20 @@ impl Bench {
                     Arc::new(move |i| op(workload, &prefix, offset + i, seed_keys));
                 let body_runs = BODY_RUNS.load(Ordering::Relaxed);
                 self.counter.take();
+                let server0 = self.server_pid.and_then(process_cpu_time);
                 let cpu0 = cpu_time();
                 let t0 = Instant::now();
                 let (latencies, errors, first_error) =
                     drive(&self.ctx, run.imp, concurrency, per_round, make, true).await;
                 run.elapsed += t0.elapsed();
                 run.cpu += cpu_time().saturating_sub(cpu0);
+                let server1 = self.server_pid.and_then(process_cpu_time);
+                run.server_cpu = match (run.server_cpu, server0, server1) {
+                    (Some(sum), Some(before), Some(after)) => {
+                        Some(sum + after.saturating_sub(before))
+                    }
+                    _ => None,
+                };
                 run.requests += self.counter.take();
                 run.body_runs += BODY_RUNS.load(Ordering::Relaxed) - body_runs;
                 run.latencies.extend(latencies);
@@ -950,6 +985,7 @@ impl Bench {
                 p99_ms: percentile_ms(&run.latencies, 0.99),
                 requests_per_call: ratio(run.requests, calls),
                 cpu_us_per_call: run.cpu.as_secs_f64() * 1e6 / calls_f,
+                server_cpu_us_per_call: run.server_cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / calls_f),
             });
         }
         Ok(out)
@@ -1139,6 +1175,11 @@ async fn main() -> Result<(), BoxError> {
             "no DynamoDB endpoint: start DynamoDB Local with `scripts/dynamodb-local start` and pass \
              --endpoint or set IDEMPOTENT_DYNAMODB_ENDPOINT to the URL it prints (or run `scripts/bench`)",
         )?;
+    if let Some(pid) = args.server_pid
+        && process_cpu_time(pid).is_none()
+    {
+        return Err(format!("--server-pid {pid}: /proc/{pid}/task cannot be read").into());
+    }
     let counter = RequestCounter::default();
     let client = client_at(&endpoint, &counter);
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
@@ -1163,6 +1204,7 @@ async fn main() -> Result<(), BoxError> {
         }),
         counter,
         run,
+        server_pid: args.server_pid,
         seed_keys: args.seed_keys.max(1),
     };
 
