@@ -96,6 +96,11 @@ struct Args {
     /// is read around each implementation's rounds, for the server's CPU per call beside the client's.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// With --null-dynamodb: only these variants, comma-separated (`baseline`, `ours`,
+    /// `baseline+config_override`, `ours-no-heartbeat`; default: every variant of --implementation), so
+    /// that one can be counted alone (`scripts/bench-count`).
+    #[arg(long, value_delimiter = ',')]
+    variant: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -646,11 +651,13 @@ async fn null_cells(
     calls: usize,
     warmup: usize,
     only: &[Impl],
+    named: &[String],
     workloads: &[Workload],
 ) -> Result<Vec<Cell>, BoxError> {
-    // Interleaved rounds, each variant's figure the median over rounds: other processes on the machine
-    // shift the CPU cost per call over a run, and this keeps that drift out of the comparison.
-    const ROUNDS: usize = 10;
+    // Many short interleaved rounds, in an order that reverses every round (A B C D, D C B A, ...): the
+    // machine's speed drifts over seconds (other processes, the hypervisor), so each variant is compared
+    // with the baseline within the same round, and its ratio is the median of those per-round ratios.
+    const ROUNDS: usize = 40;
     let (null, counter, client) = null_client();
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     let ours = Idempotency::builder(store.clone()).build();
@@ -669,8 +676,20 @@ async fn null_cells(
         ),
     ]
     .into_iter()
-    .filter(|(imp, _, _, _)| only.contains(imp))
+    .filter(|&(imp, _, label, _)| {
+        only.contains(&imp) && (named.is_empty() || named.iter().any(|n| n == label))
+    })
     .collect();
+    if let Some(unknown) = named
+        .iter()
+        .find(|n| !variants.iter().any(|&(_, _, label, _)| label == n.as_str()))
+    {
+        return Err(format!(
+            "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
+             ours-no-heartbeat (of the implementations --implementation names)"
+        )
+        .into());
+    }
     let dup = ChargeRequest::new("null-duplicate".to_owned());
     let item = completed_item(&dup)?;
     let per_round = calls.div_ceil(ROUNDS).max(1);
@@ -708,8 +727,14 @@ async fn null_cells(
         let mut rounds: Vec<Vec<(f64, f64)>> = vec![Vec::new(); variants.len()];
         let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
         let mut requests = vec![0_u64; variants.len()];
-        for _ in 0..ROUNDS {
-            for (v, (ctx, &(imp, _, label, handle))) in contexts.iter().zip(&variants).enumerate() {
+        for round in 0..ROUNDS {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..variants.len()).collect()
+            } else {
+                (0..variants.len()).rev().collect()
+            };
+            for v in order {
+                let (ctx, &(imp, _, label, handle)) = (&contexts[v], &variants[v]);
                 handle.inspect(|h| h.install());
                 counter.take();
                 let cpu0 = cpu_time();
@@ -728,12 +753,27 @@ async fn null_cells(
                 latencies[v].extend(lat);
             }
         }
+        let baseline = variants
+            .iter()
+            .position(|&(imp, config_override, _, _)| imp == Impl::Baseline && !config_override);
         for (v, &(_, _, label, _)) in variants.iter().enumerate() {
             let median = |pick: fn(&(f64, f64)) -> f64| {
                 let mut xs: Vec<f64> = rounds[v].iter().map(pick).collect();
                 xs.sort_by(f64::total_cmp);
                 xs[xs.len() / 2]
             };
+            // This variant's CPU per call over the baseline's, round by round: the median and the
+            // quartiles.
+            let vs_baseline = baseline.map(|b| {
+                let mut xs: Vec<f64> = rounds[v]
+                    .iter()
+                    .zip(&rounds[b])
+                    .map(|(ours, base)| ours.1 / base.1)
+                    .collect();
+                xs.sort_by(f64::total_cmp);
+                let at = |q: usize| xs[(xs.len() - 1) * q / 4];
+                (at(2), at(1), at(3))
+            });
             latencies[v].sort_unstable();
             results.push(Cell {
                 kind: "null",
@@ -749,6 +789,8 @@ async fn null_cells(
                 requests_per_call: ratio(requests[v], per_round * ROUNDS),
                 cpu_us_per_call: median(|r| r.1),
                 server_cpu_us_per_call: None,
+                cpu_vs_baseline: vs_baseline.map(|r| r.0),
+                cpu_vs_baseline_quartiles: vs_baseline.map(|r| (r.1, r.2)),
             });
         }
     }
@@ -818,6 +860,13 @@ struct Cell {
     /// The server's CPU time per call (every thread of the `--server-pid` process), when measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     server_cpu_us_per_call: Option<f64>,
+    /// Null DynamoDB: the median over rounds of this variant's CPU per call over the baseline's in the
+    /// same round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_vs_baseline: Option<f64>,
+    /// Null DynamoDB: the first and third quartiles of those per-round ratios.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_vs_baseline_quartiles: Option<(f64, f64)>,
 }
 
 #[allow(clippy::cast_precision_loss)] // counts far below 2^52
@@ -986,6 +1035,8 @@ impl Bench {
                 requests_per_call: ratio(run.requests, calls),
                 cpu_us_per_call: run.cpu.as_secs_f64() * 1e6 / calls_f,
                 server_cpu_us_per_call: run.server_cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / calls_f),
+                cpu_vs_baseline: None,
+                cpu_vs_baseline_quartiles: None,
             });
         }
         Ok(out)
@@ -1158,6 +1209,7 @@ async fn main() -> Result<(), BoxError> {
             args.calls.max(1),
             args.warmup,
             &args.implementation,
+            &args.variant,
             &args.workload,
         )
         .await?;
