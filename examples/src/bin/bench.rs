@@ -646,6 +646,47 @@ fn null_client() -> (null::NullDynamoDb, RequestCounter, Client) {
     (null, counter, Client::from_conf(config))
 }
 
+/// One variant of the null DynamoDB: its implementation, whether the baseline sends through a config
+/// override, its name, and ours' handle.
+type NullVariant<'h> = (Impl, bool, &'static str, Option<&'h Idempotency>);
+
+/// The null DynamoDB's variants of the implementations in `only`, and of those only the ones `named`
+/// names when it names any.
+fn null_variants<'h>(
+    ours: &'h Idempotency,
+    ours_no_heartbeat: &'h Idempotency,
+    only: &[Impl],
+    named: &[String],
+) -> Result<Vec<NullVariant<'h>>, BoxError> {
+    let variants: Vec<NullVariant<'h>> = [
+        (Impl::Baseline, false, "baseline", None),
+        (Impl::Ours, false, "ours", Some(ours)),
+        (Impl::Baseline, true, "baseline+config_override", None),
+        (
+            Impl::Ours,
+            false,
+            "ours-no-heartbeat",
+            Some(ours_no_heartbeat),
+        ),
+    ]
+    .into_iter()
+    .filter(|&(imp, _, label, _)| {
+        only.contains(&imp) && (named.is_empty() || named.iter().any(|n| n == label))
+    })
+    .collect();
+    match named
+        .iter()
+        .find(|n| !variants.iter().any(|&(_, _, label, _)| label == n.as_str()))
+    {
+        Some(unknown) => Err(format!(
+            "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
+             ours-no-heartbeat (of the implementations --implementation names)"
+        )
+        .into()),
+        None => Ok(variants),
+    }
+}
+
 /// Client CPU per call with no server: `first` and `duplicate`, one caller, `calls` calls each.
 async fn null_cells(
     calls: usize,
@@ -664,32 +705,7 @@ async fn null_cells(
     // The same handle without the lease heartbeat: what the heartbeat's timer costs a call.
     let ours_no_heartbeat = Idempotency::builder(store).heartbeat(false).build();
     ours.install();
-    let variants: Vec<_> = [
-        (Impl::Baseline, false, "baseline", None),
-        (Impl::Ours, false, "ours", Some(&ours)),
-        (Impl::Baseline, true, "baseline+config_override", None),
-        (
-            Impl::Ours,
-            false,
-            "ours-no-heartbeat",
-            Some(&ours_no_heartbeat),
-        ),
-    ]
-    .into_iter()
-    .filter(|&(imp, _, label, _)| {
-        only.contains(&imp) && (named.is_empty() || named.iter().any(|n| n == label))
-    })
-    .collect();
-    if let Some(unknown) = named
-        .iter()
-        .find(|n| !variants.iter().any(|&(_, _, label, _)| label == n.as_str()))
-    {
-        return Err(format!(
-            "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
-             ours-no-heartbeat (of the implementations --implementation names)"
-        )
-        .into());
-    }
+    let variants = null_variants(&ours, &ours_no_heartbeat, only, named)?;
     let dup = ChargeRequest::new("null-duplicate".to_owned());
     let item = completed_item(&dup)?;
     let per_round = calls.div_ceil(ROUNDS).max(1);
@@ -728,12 +744,7 @@ async fn null_cells(
         let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
         let mut requests = vec![0_u64; variants.len()];
         for round in 0..ROUNDS {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..variants.len()).collect()
-            } else {
-                (0..variants.len()).rev().collect()
-            };
-            for v in order {
+            for v in interleaved(round, variants.len()) {
                 let (ctx, &(imp, _, label, handle)) = (&contexts[v], &variants[v]);
                 handle.inspect(|h| h.install());
                 counter.take();
@@ -757,23 +768,10 @@ async fn null_cells(
             .iter()
             .position(|&(imp, config_override, _, _)| imp == Impl::Baseline && !config_override);
         for (v, &(_, _, label, _)) in variants.iter().enumerate() {
-            let median = |pick: fn(&(f64, f64)) -> f64| {
-                let mut xs: Vec<f64> = rounds[v].iter().map(pick).collect();
-                xs.sort_by(f64::total_cmp);
-                xs[xs.len() / 2]
-            };
-            // This variant's CPU per call over the baseline's, round by round: the median and the
-            // quartiles.
-            let vs_baseline = baseline.map(|b| {
-                let mut xs: Vec<f64> = rounds[v]
-                    .iter()
-                    .zip(&rounds[b])
-                    .map(|(ours, base)| ours.1 / base.1)
-                    .collect();
-                xs.sort_by(f64::total_cmp);
-                let at = |q: usize| xs[(xs.len() - 1) * q / 4];
-                (at(2), at(1), at(3))
-            });
+            let median = |pick: fn(&(f64, f64)) -> f64| quartiles(rounds[v].iter().map(pick)).0;
+            // This variant's CPU per call over the baseline's, round by round.
+            let vs_baseline = baseline
+                .map(|b| quartiles(rounds[v].iter().zip(&rounds[b]).map(|(v, b)| v.1 / b.1)));
             latencies[v].sort_unstable();
             results.push(Cell {
                 kind: "null",
@@ -799,6 +797,24 @@ async fn null_cells(
 
 // ---------------------------------------------------------------------------------------------------------
 // Measuring.
+
+/// The order of `n` implementations in round `round`: forward, then backward (A B, B A, ...), so that a
+/// drift over the run favours none of them.
+fn interleaved(round: usize, n: usize) -> Vec<usize> {
+    if round.is_multiple_of(2) {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
+}
+
+/// The median, first and third quartiles of `values` (not empty).
+fn quartiles(values: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let mut xs: Vec<f64> = values.collect();
+    xs.sort_by(f64::total_cmp);
+    let at = |q: usize| xs[(xs.len() - 1) * q / 4];
+    (at(2), at(1), at(3))
+}
 
 /// User + system CPU time of the whole process (every thread), from `getrusage(RUSAGE_SELF)`.
 fn cpu_time() -> Duration {
@@ -960,12 +976,7 @@ impl Bench {
             });
         }
         for round in 0..ROUNDS {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..runs.len()).collect()
-            } else {
-                (0..runs.len()).rev().collect()
-            };
-            for k in order {
+            for k in interleaved(round, runs.len()) {
                 let run = &mut runs[k];
                 let (prefix, offset) = (run.prefix.clone(), round * per_round);
                 let make: Arc<dyn Fn(usize) -> Op + Send + Sync> =
@@ -980,12 +991,10 @@ impl Bench {
                 run.elapsed += t0.elapsed();
                 run.cpu += cpu_time().saturating_sub(cpu0);
                 let server1 = self.server_pid.and_then(process_cpu_time);
-                run.server_cpu = match (run.server_cpu, server0, server1) {
-                    (Some(sum), Some(before), Some(after)) => {
-                        Some(sum + after.saturating_sub(before))
-                    }
-                    _ => None,
-                };
+                run.server_cpu = run
+                    .server_cpu
+                    .zip(server0.zip(server1))
+                    .map(|(sum, (before, after))| sum + after.saturating_sub(before));
                 run.requests += self.counter.take();
                 run.body_runs += BODY_RUNS.load(Ordering::Relaxed) - body_runs;
                 run.latencies.extend(latencies);
