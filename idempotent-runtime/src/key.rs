@@ -180,7 +180,8 @@ impl DerivedKey {
 fn is_missing(json: &[u8]) -> bool {
     match json {
         b"null" => true,
-        [b'[', ..] => has_null_element(json),
+        // Without an `n` anywhere (one vectorized search), there is no `null` to find.
+        [b'[', ..] => json.contains(&b'n') && has_null_element(json),
         _ => false,
     }
 }
