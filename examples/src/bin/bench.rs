@@ -954,7 +954,7 @@ impl Bench {
         concurrency: usize,
         calls: usize,
     ) -> Result<Vec<Cell>, BoxError> {
-        const ROUNDS: usize = 4;
+        const ROUNDS: usize = 8;
         let per_round = calls.div_ceil(ROUNDS).max(1);
         let calls = per_round * ROUNDS;
         let seed_keys = self.seed_keys.min(calls).max(1);
