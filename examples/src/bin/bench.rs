@@ -1309,3 +1309,51 @@ async fn main() -> Result<(), BoxError> {
     print_table(&cells);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_alternate_their_order() {
+        assert_eq!(interleaved(0, 3), [0, 1, 2]);
+        assert_eq!(interleaved(1, 3), [2, 1, 0]);
+        assert_eq!(interleaved(2, 3), [0, 1, 2]);
+    }
+
+    #[test]
+    fn quartiles_are_taken_from_the_sorted_values() {
+        assert_eq!(
+            quartiles([5.0, 1.0, 4.0, 2.0, 3.0].into_iter()),
+            (3.0, 2.0, 4.0)
+        );
+        assert_eq!(quartiles([7.0].into_iter()), (7.0, 7.0, 7.0));
+    }
+
+    #[test]
+    fn a_process_cpu_time_grows_with_the_work_of_its_threads() {
+        let pid = std::process::id();
+        let before = process_cpu_time(pid).expect("this process's own /proc entry");
+        // Busy on this thread (which outlives the readings) until the reading moves by 20 ms, or give up
+        // after 10 s of wall time.
+        let started = Instant::now();
+        let mut x = 0_u64;
+        let moved = loop {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            let now = process_cpu_time(pid).expect("this process's own /proc entry");
+            if now >= before + Duration::from_millis(20) {
+                break true;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                break false;
+            }
+        };
+        assert!(
+            moved,
+            "10 s of busy work did not move the process's CPU time by 20 ms"
+        );
+        assert_eq!(process_cpu_time(u32::MAX), None, "no such process");
+    }
+}
