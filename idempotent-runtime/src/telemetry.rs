@@ -147,32 +147,34 @@ impl<T: Observed> Observed for Result<T, StoreError> {
 }
 
 /// Runs one store request `op`: logs its result and latency, and counts it.
+///
+/// The clock is read only when the latency has a taker: the `metrics` histogram, or a subscriber that
+/// takes this debug event. Otherwise the event (which a `log` bridge may still take) has no
+/// `elapsed_us`: two reads of the clock are a measurable part of a call on the memory store.
 pub(crate) async fn observe<T: Observed>(op: &'static str, request: impl Future<Output = T>) -> T {
-    let started = Instant::now();
+    let started =
+        (cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG)).then(Instant::now);
     let outcome = request.await;
-    let elapsed = started.elapsed();
+    let elapsed = started.map(|started| started.elapsed());
+    let elapsed_us = elapsed.map(|elapsed| elapsed.as_micros());
     let (result, code) = outcome.result();
     if let Some(code) = code {
         tracing::debug!(
             op,
             result,
             dynamo_error_code = code,
-            elapsed_us = elapsed.as_micros(),
+            elapsed_us,
             "store request"
         );
     } else {
-        tracing::debug!(
-            op,
-            result,
-            elapsed_us = elapsed.as_micros(),
-            "store request"
-        );
+        tracing::debug!(op, result, elapsed_us, "store request");
     }
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("idempotency_store_requests_total", "op" => op, "result" => result)
             .increment(1);
-        metrics::histogram!("idempotency_store_seconds", "op" => op).record(elapsed.as_secs_f64());
+        metrics::histogram!("idempotency_store_seconds", "op" => op)
+            .record(elapsed.unwrap_or_default().as_secs_f64());
     }
     outcome
 }
@@ -316,5 +318,88 @@ mod short_hash_tests {
         assert_eq!(short_hash("ééééééééé"), "éééééé");
         let odd = format!("é{}", "a".repeat(64));
         assert_eq!(short_hash(&odd), "aaaaaaaaaaaa");
+    }
+}
+
+#[cfg(test)]
+mod observe_tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    use super::observe;
+    use crate::store::StoreError;
+
+    /// A subscriber that takes events up to `max` and keeps the field names of each "store request".
+    struct Events {
+        max: Level,
+        seen: Arc<Mutex<Vec<Vec<&'static str>>>>,
+    }
+
+    struct Names(Vec<&'static str>);
+
+    impl Visit for Names {
+        fn record_debug(&mut self, field: &Field, _: &dyn std::fmt::Debug) {
+            self.0.push(field.name());
+        }
+    }
+
+    impl Subscriber for Events {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            *metadata.level() <= self.max
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut names = Names(Vec::new());
+            event.record(&mut names);
+            self.seen.lock().expect("not poisoned").push(names.0);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    /// The field names of the events a store request logs under a subscriber taking up to `max`.
+    fn logged(max: Level) -> Vec<Vec<&'static str>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = Events {
+            max,
+            seen: Arc::clone(&seen),
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let request = async { Ok::<_, StoreError>(None::<crate::Record>) };
+            let outcome = futures_executor_lite(observe("get", request));
+            assert!(matches!(outcome, Ok(None)));
+        });
+        let seen = seen.lock().expect("not poisoned");
+        seen.clone()
+    }
+
+    /// Polls a future that is ready at once (no runtime needed).
+    fn futures_executor_lite<F: std::future::Future>(future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => panic!("the request was ready at once"),
+        }
+    }
+
+    #[test]
+    fn a_debug_subscriber_gets_each_store_requests_latency() {
+        let mut events = logged(Level::DEBUG);
+        assert_eq!(events.len(), 1, "one event per store request");
+        events[0].sort_unstable();
+        assert_eq!(events[0], ["elapsed_us", "message", "op", "result"]);
+    }
+
+    #[test]
+    fn without_a_taker_for_debug_events_no_store_request_is_logged() {
+        assert!(logged(Level::INFO).is_empty());
     }
 }
