@@ -44,14 +44,9 @@ fn canonical_json_via_value<T: Serialize + ?Sized>(
 
 /// `prefix` followed by the hex SHA-256 of `json`.
 fn sha256_hex(json: &[u8], prefix: &[&str]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(json);
-    // Two digits a byte, written in place (fixed sizes: no bounds checks, no error path).
     let mut hex = [0_u8; 64];
-    for (pair, byte) in hex.chunks_exact_mut(2).zip(digest) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0x0f)];
-    }
+    hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
     let mut out = String::with_capacity(prefix.iter().map(|p| p.len()).sum::<usize>() + hex.len());
     for part in prefix {
         out.push_str(part);
