@@ -158,17 +158,14 @@ pub(crate) async fn observe<T: Observed>(op: &'static str, request: impl Future<
     let elapsed = started.map(|started| started.elapsed());
     let elapsed_us = elapsed.map(|elapsed| elapsed.as_micros());
     let (result, code) = outcome.result();
-    if let Some(code) = code {
-        tracing::debug!(
-            op,
-            result,
-            dynamo_error_code = code,
-            elapsed_us,
-            "store request"
-        );
-    } else {
-        tracing::debug!(op, result, elapsed_us, "store request");
-    }
+    // Fields that are `None` (no error code, no latency) are left out of the event.
+    tracing::debug!(
+        op,
+        result,
+        dynamo_error_code = code,
+        elapsed_us,
+        "store request"
+    );
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("idempotency_store_requests_total", "op" => op, "result" => result)
@@ -364,42 +361,42 @@ mod observe_tests {
         fn exit(&self, _: &Id) {}
     }
 
-    /// The field names of the events a store request logs under a subscriber taking up to `max`.
-    fn logged(max: Level) -> Vec<Vec<&'static str>> {
+    /// The field names of the events a store request with `outcome` logs under a subscriber taking up
+    /// to `max`.
+    async fn logged(
+        max: Level,
+        outcome: Result<Option<crate::Record>, StoreError>,
+    ) -> Vec<Vec<&'static str>> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let subscriber = Events {
             max,
             seen: Arc::clone(&seen),
         };
-        tracing::subscriber::with_default(subscriber, || {
-            let request = async { Ok::<_, StoreError>(None::<crate::Record>) };
-            let outcome = futures_executor_lite(observe("get", request));
-            assert!(matches!(outcome, Ok(None)));
-        });
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let ok = outcome.is_ok();
+        assert_eq!(observe("get", async { outcome }).await.is_ok(), ok);
         let seen = seen.lock().expect("not poisoned");
         seen.clone()
     }
 
-    /// Polls a future that is ready at once (no runtime needed).
-    fn futures_executor_lite<F: std::future::Future>(future: F) -> F::Output {
-        let mut future = std::pin::pin!(future);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match future.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(output) => output,
-            std::task::Poll::Pending => panic!("the request was ready at once"),
-        }
-    }
-
-    #[test]
-    fn a_debug_subscriber_gets_each_store_requests_latency() {
-        let mut events = logged(Level::DEBUG);
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_debug_subscriber_gets_each_store_requests_latency() {
+        let mut events = logged(Level::DEBUG, Ok(None)).await;
         assert_eq!(events.len(), 1, "one event per store request");
         events[0].sort_unstable();
         assert_eq!(events[0], ["elapsed_us", "message", "op", "result"]);
+        // With DynamoDB's error code, when the error has one.
+        let missing = StoreError::TableNotFound("idempotency".to_owned());
+        let mut events = logged(Level::DEBUG, Err(missing)).await;
+        events[0].sort_unstable();
+        assert_eq!(
+            events[0],
+            ["dynamo_error_code", "elapsed_us", "message", "op", "result"]
+        );
     }
 
-    #[test]
-    fn without_a_taker_for_debug_events_no_store_request_is_logged() {
-        assert!(logged(Level::INFO).is_empty());
+    #[tokio::test(flavor = "current_thread")]
+    async fn without_a_taker_for_debug_events_no_store_request_is_logged() {
+        assert!(logged(Level::INFO, Ok(None)).await.is_empty());
     }
 }
