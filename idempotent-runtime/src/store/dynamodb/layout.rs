@@ -113,15 +113,17 @@ impl Layout {
         }
     }
 
-    /// The record key of a stored item, from its key attributes (the inverse of
-    /// [`item_key`](Self::item_key)).
+    /// The record key of a stored item, from the values of its key attributes (the inverse of
+    /// [`item_key`](Self::item_key)): `key` of [`AttributeNames::key`], `sort_key` of
+    /// [`AttributeNames::sort_key`].
     pub(super) fn record_key(
         &self,
         names: &AttributeNames,
-        item: &HashMap<String, AttributeValue>,
+        key: Option<AttributeValue>,
+        sort_key: Option<AttributeValue>,
     ) -> Result<String, StoreError> {
-        let string = |name: &str| match item.get(name) {
-            Some(AttributeValue::S(v)) => Ok(v.as_str()),
+        let string = |value: Option<AttributeValue>, name: &str| match value {
+            Some(AttributeValue::S(v)) => Ok(v),
             Some(_) => Err(StoreError::Corrupt(format!(
                 "attribute `{name}` is not a string"
             ))),
@@ -130,13 +132,13 @@ impl Layout {
             ))),
         };
         match self {
-            Layout::Key => string(&names.key).map(str::to_owned),
-            Layout::StaticPartition { .. } => string(&names.sort_key).map(str::to_owned),
-            Layout::Tenant => Ok(format!(
-                "{}#{}",
-                string(&names.key)?,
-                string(&names.sort_key)?
-            )),
+            Layout::Key => string(key, &names.key),
+            Layout::StaticPartition { .. } => string(sort_key, &names.sort_key),
+            Layout::Tenant => {
+                let namespace = string(key, &names.key)?;
+                let hash = string(sort_key, &names.sort_key)?;
+                Ok(format!("{namespace}#{hash}"))
+            }
         }
     }
 
@@ -218,7 +220,12 @@ mod tests {
         ] {
             let item = layout.item_key(&names, KEY).unwrap();
             assert_eq!(item.len(), if layout.has_sort_key() { 2 } else { 1 });
-            assert_eq!(layout.record_key(&names, &item).unwrap(), KEY, "{layout}");
+            let (key, sort_key) = (item.get("pk").cloned(), item.get("sk").cloned());
+            assert_eq!(
+                layout.record_key(&names, key, sort_key).unwrap(),
+                KEY,
+                "{layout}"
+            );
         }
         let tenant = Layout::Tenant.item_key(&names, KEY).unwrap();
         assert_eq!(tenant["pk"], AttributeValue::S("billing::charge".into()));
