@@ -41,8 +41,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::config::{
     BehaviorVersion, ConfigBag, Credentials, Intercept, Region, RuntimeComponents,
+    StalledStreamProtectionConfig,
 };
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
@@ -101,6 +103,14 @@ struct Args {
     /// that one can be counted alone (`scripts/bench-count`).
     #[arg(long, value_delimiter = ',')]
     variant: Vec<String>,
+    /// An experiment, not part of `scripts/bench`: build the SDK client (both sides use the same one)
+    /// with stalled-stream protection off, to measure what its per-response timer costs a request.
+    #[arg(long)]
+    no_stalled_stream_protection: bool,
+    /// An experiment, not part of `scripts/bench`: give the SDK client an operation attempt timeout of
+    /// this many milliseconds (none by default), to measure what its per-attempt timer costs.
+    #[arg(long)]
+    attempt_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -632,18 +642,19 @@ fn base64_encode(bytes: &[u8]) -> String {
 }
 
 /// A client whose requests the null DynamoDB answers, counting them.
-fn null_client() -> (null::NullDynamoDb, RequestCounter, Client) {
+fn null_client(sdk: SdkOptions) -> (null::NullDynamoDb, RequestCounter, Client) {
     let null = null::NullDynamoDb::default();
     let counter = RequestCounter::default();
-    let config = aws_sdk_dynamodb::Config::builder()
+    let mut config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .endpoint_url("http://127.0.0.1:9")
         .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
         .http_client(null.client())
         .interceptor(counter.clone())
-        .build();
-    (null, counter, Client::from_conf(config))
+        .stalled_stream_protection(sdk.stalled_stream());
+    config.set_timeout_config(sdk.timeouts());
+    (null, counter, Client::from_conf(config.build()))
 }
 
 /// One variant of the null DynamoDB: its implementation, whether the baseline sends through a config
@@ -694,12 +705,13 @@ async fn null_cells(
     only: &[Impl],
     named: &[String],
     workloads: &[Workload],
+    sdk: SdkOptions,
 ) -> Result<Vec<Cell>, BoxError> {
     // Many short interleaved rounds, in an order that reverses every round (A B C D, D C B A, ...): the
     // machine's speed drifts over seconds (other processes, the hypervisor), so each variant is compared
     // with the baseline within the same round, and its ratio is the median of those per-round ratios.
     const ROUNDS: usize = 40;
-    let (null, counter, client) = null_client();
+    let (null, counter, client) = null_client(sdk);
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     let ours = Idempotency::builder(store.clone()).build();
     // The same handle without the lease heartbeat: what the heartbeat's timer costs a call.
@@ -1135,15 +1147,51 @@ fn append_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> std::io::Resu
     writeln!(file, "{line}")
 }
 
-fn client_at(endpoint: &str, counter: &RequestCounter) -> Client {
-    let config = aws_sdk_dynamodb::Config::builder()
+fn client_at(endpoint: &str, counter: &RequestCounter, sdk: SdkOptions) -> Client {
+    let mut config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
         .interceptor(counter.clone())
-        .build();
-    Client::from_conf(config)
+        .stalled_stream_protection(sdk.stalled_stream());
+    config.set_timeout_config(sdk.timeouts());
+    Client::from_conf(config.build())
+}
+
+/// The SDK client's settings that the experiments change (both sides share the client).
+#[derive(Debug, Clone, Copy)]
+struct SdkOptions {
+    /// Stalled-stream protection: on is the SDK's default.
+    stalled_stream_protection: bool,
+    /// An operation attempt timeout: none is the SDK's default.
+    attempt_timeout: Option<Duration>,
+}
+
+impl SdkOptions {
+    fn of(args: &Args) -> Self {
+        Self {
+            stalled_stream_protection: !args.no_stalled_stream_protection,
+            attempt_timeout: args.attempt_timeout_ms.map(Duration::from_millis),
+        }
+    }
+
+    fn stalled_stream(self) -> StalledStreamProtectionConfig {
+        if self.stalled_stream_protection {
+            StalledStreamProtectionConfig::enabled().build()
+        } else {
+            StalledStreamProtectionConfig::disabled()
+        }
+    }
+
+    /// Set only for an attempt timeout, so that the SDK's default timeouts stay as they are otherwise.
+    fn timeouts(self) -> Option<TimeoutConfig> {
+        self.attempt_timeout.map(|timeout| {
+            TimeoutConfig::builder()
+                .operation_attempt_timeout(timeout)
+                .build()
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -1220,6 +1268,7 @@ async fn main() -> Result<(), BoxError> {
             &args.implementation,
             &args.variant,
             &args.workload,
+            SdkOptions::of(&args),
         )
         .await?;
         for cell in &cells {
@@ -1242,7 +1291,7 @@ async fn main() -> Result<(), BoxError> {
         return Err(format!("--server-pid {pid}: /proc/{pid}/task cannot be read").into());
     }
     let counter = RequestCounter::default();
-    let client = client_at(&endpoint, &counter);
+    let client = client_at(&endpoint, &counter, SdkOptions::of(&args));
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     store.create_table().await?;
     DynamoDbStore::new(client.clone(), "bench-baseline")
