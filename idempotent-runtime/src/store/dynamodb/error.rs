@@ -6,15 +6,14 @@
 //! an error but an outcome ([`rejected`]), and a canceled transaction is read per action
 //! ([`cancellation_reasons`]).
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::get_item::GetItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_dynamodb::types::error::TransactionCanceledException;
+use aws_sdk_dynamodb::types::error::{
+    ConditionalCheckFailedException, TransactionCanceledException,
+};
 
 use crate::CancellationReason;
 use crate::store::StoreError;
@@ -73,22 +72,13 @@ where
     }
 }
 
-/// The old item a failed condition carries (`None` when there was no item), or the error back when it
-/// is not a failed condition. The item is moved out of the error, not copied.
-// The error goes straight on to `classify`: boxing it would allocate for nothing.
-#[allow(clippy::result_large_err)]
+/// The failed condition, when that is what the error is (it carries the old item, if there was one).
 pub(super) fn rejected<R>(
-    err: SdkError<UpdateItemError, R>,
-) -> Result<Option<HashMap<String, AttributeValue>>, SdkError<UpdateItemError, R>> {
-    match err {
-        SdkError::ServiceError(service) => match service.err() {
-            UpdateItemError::ConditionalCheckFailedException(_) => match service.into_err() {
-                UpdateItemError::ConditionalCheckFailedException(e) => Ok(e.item),
-                _ => unreachable!("the error was a failed condition a line above"),
-            },
-            _ => Err(SdkError::ServiceError(service)),
-        },
-        other => Err(other),
+    err: &SdkError<UpdateItemError, R>,
+) -> Option<&ConditionalCheckFailedException> {
+    match err.as_service_error()? {
+        UpdateItemError::ConditionalCheckFailedException(e) => Some(e),
+        _ => None,
     }
 }
 

@@ -9,93 +9,39 @@ use super::{AttributeNames, Layout};
 use crate::record::{Record, Status};
 use crate::store::StoreError;
 
-/// The attributes a record is read from, in the order of [`Attributes::names`].
-const KEY: usize = 0;
-const SORT_KEY: usize = 1;
-const STATUS: usize = 2;
-const TOKEN: usize = 3;
-const ATTEMPT: usize = 4;
-const LEASE_UNTIL: usize = 5;
-const EXPIRES_AT: usize = 6;
-const FINGERPRINT: usize = 7;
-const RESPONSE: usize = 8;
-const ERROR: usize = 9;
-const REPLAY_UNTIL: usize = 10;
-const CLAIM_WRITES: usize = 11;
-const COMPLETED_IN: usize = 12;
-const FIELDS: usize = 13;
-
-/// A record's attributes, moved out of an item in one pass over it: no attribute name is hashed and no
-/// value copied (an item has a handful of attributes, and each is compared with the configured names,
-/// which mostly differ in length). Attributes that are not the record's are dropped.
-struct Attributes<'n> {
-    names: [&'n str; FIELDS],
-    values: [Option<AttributeValue>; FIELDS],
+fn attr<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a AttributeValue> {
+    item.get(name)
 }
 
-impl<'n> Attributes<'n> {
-    fn take(names: &'n AttributeNames, item: HashMap<String, AttributeValue>) -> Self {
-        let names = [
-            names.key.as_str(),
-            &names.sort_key,
-            &names.status,
-            &names.token,
-            &names.attempt,
-            &names.lease_until,
-            &names.expires_at,
-            &names.fingerprint,
-            &names.response,
-            &names.error,
-            &names.replay_until,
-            &names.claim_writes,
-            &names.completed_in,
-        ];
-        let mut values = [const { None }; FIELDS];
-        for (name, value) in item {
-            let mut fields = (0..FIELDS).filter(|&i| names[i] == name);
-            if let Some(first) = fields.next() {
-                // Names set to the same attribute (no table can hold such records) each read it.
-                for other in fields {
-                    values[other] = Some(value.clone());
-                }
-                values[first] = Some(value);
-            }
-        }
-        Self { names, values }
+fn string(
+    item: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<Option<String>, StoreError> {
+    match attr(item, name) {
+        None => Ok(None),
+        Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+        Some(_) => Err(StoreError::Corrupt(format!(
+            "attribute `{name}` is not a string"
+        ))),
     }
+}
 
-    fn value(&mut self, field: usize) -> (Option<AttributeValue>, &'n str) {
-        (self.values[field].take(), self.names[field])
+fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<u64>, StoreError> {
+    match attr(item, name) {
+        None => Ok(None),
+        Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
+            StoreError::Corrupt(format!(
+                "attribute `{name}` is not a non-negative integer: {v}"
+            ))
+        }),
+        Some(_) => Err(StoreError::Corrupt(format!(
+            "attribute `{name}` is not a number"
+        ))),
     }
+}
 
-    fn string(&mut self, field: usize) -> Result<Option<String>, StoreError> {
-        match self.value(field) {
-            (None, _) => Ok(None),
-            (Some(AttributeValue::S(v)), _) => Ok(Some(v)),
-            (Some(_), name) => Err(StoreError::Corrupt(format!(
-                "attribute `{name}` is not a string"
-            ))),
-        }
-    }
-
-    fn number(&mut self, field: usize) -> Result<Option<u64>, StoreError> {
-        match self.value(field) {
-            (None, _) => Ok(None),
-            (Some(AttributeValue::N(v)), name) => v.parse().map(Some).map_err(|_| {
-                StoreError::Corrupt(format!(
-                    "attribute `{name}` is not a non-negative integer: {v}"
-                ))
-            }),
-            (Some(_), name) => Err(StoreError::Corrupt(format!(
-                "attribute `{name}` is not a number"
-            ))),
-        }
-    }
-
-    fn required<T>(&self, value: Option<T>, field: usize) -> Result<T, StoreError> {
-        let name = self.names[field];
-        value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
-    }
+fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
+    value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
 }
 
 /// Turns a stored item of the default [`Layout::Key`] into a [`Record`] (see [`parse_record`]).
@@ -104,71 +50,63 @@ pub(crate) fn parse_item(
     names: &AttributeNames,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {
-    parse_record(names, &Layout::Key, item.clone())
+    parse_record(names, &Layout::Key, item)
 }
 
 /// Turns a stored item of `layout` into a [`Record`], or says what is wrong with it:
 /// [`StoreError::Corrupt`] for a missing or mistyped attribute (the key attributes included), an unknown
-/// status, or a PENDING record without a lease. The item is taken apart: the record keeps its values.
+/// status, or a PENDING record without a lease.
 pub(crate) fn parse_record(
     names: &AttributeNames,
     layout: &Layout,
-    item: HashMap<String, AttributeValue>,
+    item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {
-    let mut a = Attributes::take(names, item);
-    let status_text = a.string(STATUS)?;
-    let status_text = a.required(status_text, STATUS)?;
+    let status_text = required(string(item, &names.status)?, &names.status)?;
     let status = Status::parse(&status_text).ok_or_else(|| {
         StoreError::Corrupt(format!(
             "unknown status `{status_text}` in `{}`",
             names.status
         ))
     })?;
-    let lease_until_ms = a.number(LEASE_UNTIL)?;
+    let lease_until_ms = number(item, &names.lease_until)?;
     if status == Status::Pending && lease_until_ms.is_none() {
         return Err(StoreError::Corrupt(format!(
             "a PENDING record without `{}`",
             names.lease_until
         )));
     }
-    let response = match a.value(RESPONSE) {
-        (None, _) => None,
-        (Some(AttributeValue::B(b)), _) => Some(b.into_inner()),
-        (Some(_), name) => {
+    let response = match attr(item, &names.response) {
+        None => None,
+        Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
+        Some(_) => {
             return Err(StoreError::Corrupt(format!(
-                "attribute `{name}` is not binary"
+                "attribute `{}` is not binary",
+                names.response
             )));
         }
     };
-    // In the order the attributes were always checked in, so that a record wrong in two ways is
-    // reported the same.
-    let key = layout.record_key(names, a.value(KEY).0, a.value(SORT_KEY).0)?;
-    let token = a.string(TOKEN)?;
-    let token = a.required(token, TOKEN)?;
-    let attempt = a.number(ATTEMPT)?.unwrap_or(0);
-    let expires_at_s = a.number(EXPIRES_AT)?;
-    let expires_at_s = a.required(expires_at_s, EXPIRES_AT)?;
     Ok(Record {
-        key,
+        key: layout.record_key(names, item)?,
         status,
-        token,
-        attempt,
+        token: required(string(item, &names.token)?, &names.token)?,
+        attempt: number(item, &names.attempt)?.unwrap_or(0),
         lease_until_ms,
-        expires_at_s,
-        fingerprint: a.string(FINGERPRINT)?,
+        expires_at_s: required(number(item, &names.expires_at)?, &names.expires_at)?,
+        fingerprint: string(item, &names.fingerprint)?,
         response,
-        error: a.string(ERROR)?,
-        replay_until_s: a.number(REPLAY_UNTIL)?,
-        claim_writes_in_effect: match a.value(CLAIM_WRITES) {
-            (None, _) => false,
-            (Some(AttributeValue::Bool(b)), _) => b,
-            (Some(_), name) => {
+        error: string(item, &names.error)?,
+        replay_until_s: number(item, &names.replay_until)?,
+        claim_writes_in_effect: match attr(item, &names.claim_writes) {
+            None => false,
+            Some(AttributeValue::Bool(b)) => *b,
+            Some(_) => {
                 return Err(StoreError::Corrupt(format!(
-                    "attribute `{name}` is not a boolean"
+                    "attribute `{}` is not a boolean",
+                    names.claim_writes
                 )));
             }
         },
-        completed_in: a.string(COMPLETED_IN)?,
+        completed_in: string(item, &names.completed_in)?,
     })
 }
 
@@ -228,7 +166,7 @@ mod tests {
     #[test]
     fn every_attribute_is_read_under_the_configured_names_and_others_are_ignored() {
         let names = names();
-        let record = parse_record(&names, &Layout::Key, full_item(&names)).unwrap();
+        let record = parse_record(&names, &Layout::Key, &full_item(&names)).unwrap();
         assert_eq!(
             record,
             Record {
@@ -250,7 +188,7 @@ mod tests {
         let mut item = full_item(&names);
         item.insert(names.key.clone(), s("billing::charge"));
         item.insert(names.sort_key.clone(), s("00ff"));
-        let record = parse_record(&names, &Layout::Tenant, item).unwrap();
+        let record = parse_record(&names, &Layout::Tenant, &item).unwrap();
         assert_eq!(record.key, "billing::charge#00ff");
     }
 
@@ -261,14 +199,14 @@ mod tests {
         item.remove(&names.token);
         item.insert(names.expires_at.clone(), s("soon"));
         assert!(matches!(
-            parse_record(&names, &Layout::Key, item),
+            parse_record(&names, &Layout::Key, &item),
             Err(StoreError::Corrupt(m)) if m == "attribute `tk` is missing"
         ));
         let mut item = full_item(&names);
         item.insert(names.attempt.clone(), s("3"));
         item.insert(names.claim_writes.clone(), s("yes"));
         assert!(matches!(
-            parse_record(&names, &Layout::Key, item),
+            parse_record(&names, &Layout::Key, &item),
             Err(StoreError::Corrupt(m)) if m == "attribute `at` is not a number"
         ));
     }
@@ -277,7 +215,7 @@ mod tests {
     fn names_set_to_the_same_attribute_each_read_it() {
         let mut names = names();
         names.error = names.completed_in.clone();
-        let record = parse_record(&names, &Layout::Key, full_item(&names)).unwrap();
+        let record = parse_record(&names, &Layout::Key, &full_item(&names)).unwrap();
         assert_eq!(record.error.as_deref(), Some("eu-west-1"));
         assert_eq!(record.completed_in.as_deref(), Some("eu-west-1"));
     }

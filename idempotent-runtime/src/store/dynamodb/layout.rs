@@ -113,17 +113,15 @@ impl Layout {
         }
     }
 
-    /// The record key of a stored item, from the values of its key attributes (the inverse of
-    /// [`item_key`](Self::item_key)): `key` of [`AttributeNames::key`], `sort_key` of
-    /// [`AttributeNames::sort_key`].
+    /// The record key of a stored item, from its key attributes (the inverse of
+    /// [`item_key`](Self::item_key)).
     pub(super) fn record_key(
         &self,
         names: &AttributeNames,
-        key: Option<AttributeValue>,
-        sort_key: Option<AttributeValue>,
+        item: &HashMap<String, AttributeValue>,
     ) -> Result<String, StoreError> {
-        let string = |value: Option<AttributeValue>, name: &str| match value {
-            Some(AttributeValue::S(v)) => Ok(v),
+        let string = |name: &str| match item.get(name) {
+            Some(AttributeValue::S(v)) => Ok(v.as_str()),
             Some(_) => Err(StoreError::Corrupt(format!(
                 "attribute `{name}` is not a string"
             ))),
@@ -132,13 +130,13 @@ impl Layout {
             ))),
         };
         match self {
-            Layout::Key => string(key, &names.key),
-            Layout::StaticPartition { .. } => string(sort_key, &names.sort_key),
-            Layout::Tenant => {
-                let namespace = string(key, &names.key)?;
-                let hash = string(sort_key, &names.sort_key)?;
-                Ok(format!("{namespace}#{hash}"))
-            }
+            Layout::Key => string(&names.key).map(str::to_owned),
+            Layout::StaticPartition { .. } => string(&names.sort_key).map(str::to_owned),
+            Layout::Tenant => Ok(format!(
+                "{}#{}",
+                string(&names.key)?,
+                string(&names.sort_key)?
+            )),
         }
     }
 
@@ -220,12 +218,7 @@ mod tests {
         ] {
             let item = layout.item_key(&names, KEY).unwrap();
             assert_eq!(item.len(), if layout.has_sort_key() { 2 } else { 1 });
-            let (key, sort_key) = (item.get("pk").cloned(), item.get("sk").cloned());
-            assert_eq!(
-                layout.record_key(&names, key, sort_key).unwrap(),
-                KEY,
-                "{layout}"
-            );
+            assert_eq!(layout.record_key(&names, &item).unwrap(), KEY, "{layout}");
         }
         let tenant = Layout::Tenant.item_key(&names, KEY).unwrap();
         assert_eq!(tenant["pk"], AttributeValue::S("billing::charge".into()));

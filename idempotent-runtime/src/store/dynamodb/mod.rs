@@ -304,12 +304,12 @@ impl DynamoDbStore {
                 let _ = (op, claimed_at_s, output);
                 Ok(WriteOutcome::Applied)
             }
-            Err(err) => match rejected(err) {
-                Ok(item) => Ok(WriteOutcome::Rejected(
+            Err(err) => match rejected(&err).map(|e| e.item()) {
+                Some(item) => Ok(WriteOutcome::Rejected(
                     item.map(|i| parse_record(&inner.names, &inner.layout, i))
                         .transpose()?,
                 )),
-                Err(err) => Err(classify(&inner.table, err)),
+                None => Err(classify(&inner.table, err)),
             },
         }
     }
@@ -386,12 +386,12 @@ impl DynamoDbStore {
             }
             return Err(classify(&inner.table, err));
         };
-        let mut reasons = cancellation_reasons(canceled);
+        let reasons = cancellation_reasons(canceled);
         match reasons.first() {
             Some(first) if first.code == "ConditionalCheckFailed" => Ok(TransactOutcome::Rejected(
-                reasons
-                    .swap_remove(0)
+                first
                     .item
+                    .as_ref()
                     .map(|item| parse_record(&inner.names, &inner.layout, item))
                     .transpose()?,
             )),
@@ -405,7 +405,7 @@ impl DynamoDbStore {
     /// # Errors
     /// [`StoreError::Corrupt`] for a missing or mistyped attribute or an unknown status.
     pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
-        parse_record(&self.inner.names, &self.inner.layout, item.clone())
+        parse_record(&self.inner.names, &self.inner.layout, item)
     }
 
     /// The item key (the request's `Key`) of the record key `key` in this store's [`Layout`]: to read or
@@ -517,7 +517,7 @@ impl Store for DynamoDbStore {
         )
         .map_err(|e| classify(&inner.table, e))?;
         output
-            .item
+            .item()
             .map(|item| parse_record(&inner.names, &inner.layout, item))
             .transpose()
     }
