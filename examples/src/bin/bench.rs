@@ -645,15 +645,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 fn null_client(sdk: SdkOptions) -> (null::NullDynamoDb, RequestCounter, Client) {
     let null = null::NullDynamoDb::default();
     let counter = RequestCounter::default();
-    let mut config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url("http://127.0.0.1:9")
-        .credentials_provider(Credentials::new("local", "local", None, None, "bench"))
-        .http_client(null.client())
-        .interceptor(counter.clone())
-        .stalled_stream_protection(sdk.stalled_stream());
-    config.set_timeout_config(sdk.timeouts());
+    let config = client_config("http://127.0.0.1:9", &counter, sdk).http_client(null.client());
     (null, counter, Client::from_conf(config.build()))
 }
 
@@ -1148,6 +1140,16 @@ fn append_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> std::io::Resu
 }
 
 fn client_at(endpoint: &str, counter: &RequestCounter, sdk: SdkOptions) -> Client {
+    Client::from_conf(client_config(endpoint, counter, sdk).build())
+}
+
+/// The SDK client's configuration both sides share, for DynamoDB Local at `endpoint` (or the null
+/// DynamoDB, which adds its HTTP client): local credentials, the request counter, and `sdk`'s settings.
+fn client_config(
+    endpoint: &str,
+    counter: &RequestCounter,
+    sdk: SdkOptions,
+) -> aws_sdk_dynamodb::config::Builder {
     let mut config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
@@ -1156,7 +1158,7 @@ fn client_at(endpoint: &str, counter: &RequestCounter, sdk: SdkOptions) -> Clien
         .interceptor(counter.clone())
         .stalled_stream_protection(sdk.stalled_stream());
     config.set_timeout_config(sdk.timeouts());
-    Client::from_conf(config.build())
+    config
 }
 
 /// The SDK client's settings that the experiments change (both sides share the client).
