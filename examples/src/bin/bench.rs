@@ -25,12 +25,16 @@
 //! `--null-dynamodb` runs `first` and `duplicate` against an in-process HTTP client that answers every
 //! request at once (success, or the failed condition with the completed record): the client's own CPU per
 //! call, with no server sharing the cores and no network. Baseline, ours, the baseline sent through
-//! `customize().config_override(..)` (as the store sends its requests when given a retry policy), and ours
-//! without the lease heartbeat (what its timer costs).
+//! `customize().config_override(..)` (as the store sends its requests when given a retry policy), ours
+//! without the lease heartbeat (what its timer costs), and two steps between the baseline and ours that
+//! split the difference: the baseline's calls made through ours' `DynamoDbStore` (`baseline+store`), and
+//! those with the protocol's own work added, key derivation, the payload's fingerprint and the response's
+//! serialization or decoding (`baseline+store+protocol`).
 //!
 //! `--memory-keys N` instead measures memory: the process's peak RSS over N distinct first calls on
 //! DynamoDB, then the [`MemoryStore`](idempotent_runtime::MemoryStore)'s resident bytes per key.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -50,7 +54,10 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use clap::{Parser, ValueEnum};
 use idempotent_runtime::store::dynamodb::expression::{self, CLAIMABLE, HELD_BY_TOKEN};
-use idempotent_runtime::{AttributeNames, DynamoDbStore, Error, Idempotency, idempotent};
+use idempotent_runtime::store::{Change, ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
+use idempotent_runtime::{
+    AttributeNames, DynamoDbStore, Error, Idempotency, Status, Store, idempotent,
+};
 use serde::{Deserialize, Serialize};
 
 /// End-to-end benchmark of `#[idempotent]` on DynamoDB Local, beside a bare-SDK baseline.
@@ -99,8 +106,9 @@ struct Args {
     #[arg(long)]
     server_pid: Option<u32>,
     /// With --null-dynamodb: only these variants, comma-separated (`baseline`, `ours`,
-    /// `baseline+config_override`, `ours-no-heartbeat`; default: every variant of --implementation), so
-    /// that one can be counted alone (`scripts/bench-count`).
+    /// `baseline+config_override`, `ours-no-heartbeat`, `baseline+store`, `baseline+store+protocol`;
+    /// default: every variant of --implementation), so that one can be counted alone
+    /// (`scripts/bench-count`).
     #[arg(long, value_delimiter = ',')]
     variant: Vec<String>,
     /// An experiment, not part of `scripts/bench`: build the SDK client (both sides use the same one)
@@ -286,7 +294,27 @@ struct Baseline {
     /// A stand-in for the payload's fingerprint (64 hex digits, like ours).
     fingerprint: String,
     tokens: AtomicU64,
-    config_override: bool,
+    floor: Floor,
+    /// Ours' store on the same client, for [`Floor::Store`] and [`Floor::StoreProtocol`].
+    store: DynamoDbStore,
+}
+
+/// How the baseline makes its calls: the bare requests, or steps from them towards ours, so that the
+/// difference between the two is split by what each step adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Floor {
+    /// The bare fluent requests.
+    Bare,
+    /// The bare requests through `customize().config_override(..)`, with an empty override.
+    ConfigOverride,
+    /// The same claims and completions through ours' [`DynamoDbStore`], called as a `dyn Store` as ours'
+    /// handle calls it: its request building and its parsing of the returned record, nothing else.
+    Store,
+    /// [`Floor::Store`] plus the protocol's own work: the key derived from `(tenant, order_id)`, the
+    /// payload's fingerprint (for a duplicate, compared with the record's, whose status is checked), and
+    /// the response serialized (first call) or decoded (duplicate). What ours adds beyond this is its
+    /// state machine, the macro's expansion and the call's span.
+    StoreProtocol,
 }
 
 fn s(v: &str) -> AttributeValue {
@@ -306,7 +334,8 @@ fn now_ms() -> u64 {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Baseline {
-    fn new(client: Client, table: String, config_override: bool) -> Self {
+    fn new(client: Client, table: String, floor: Floor) -> Self {
+        let store = DynamoDbStore::new(client.clone(), table.clone());
         let receipt = Receipt::for_request(&ChargeRequest::new("0".repeat(24)));
         Self {
             client,
@@ -324,7 +353,8 @@ impl Baseline {
                 .into(),
             fingerprint: "f".repeat(64),
             tokens: AtomicU64::new(0),
-            config_override,
+            floor,
+            store,
         }
     }
 
@@ -367,7 +397,7 @@ impl Baseline {
             .set_expression_attribute_names(Some(self.claim_names.clone()))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        let result = if self.config_override {
+        let result = if self.floor == Floor::ConfigOverride {
             request
                 .customize()
                 .config_override(aws_sdk_dynamodb::config::Builder::new())
@@ -416,7 +446,7 @@ impl Baseline {
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        if self.config_override {
+        if self.floor == Floor::ConfigOverride {
             request
                 .customize()
                 .config_override(aws_sdk_dynamodb::config::Builder::new())
@@ -430,6 +460,9 @@ impl Baseline {
 
     /// A first call: claim, then complete (or fail, claim again and complete).
     async fn first(&self, id: &str, fail_first: bool) -> Result<(), BoxError> {
+        if matches!(self.floor, Floor::Store | Floor::StoreProtocol) {
+            return self.first_through_store(id, fail_first).await;
+        }
         let key = Self::key(id);
         let mut fail = fail_first;
         loop {
@@ -447,6 +480,9 @@ impl Baseline {
 
     /// A duplicate: the one failed conditional claim that returns the stored response.
     async fn duplicate(&self, id: &str) -> Result<usize, BoxError> {
+        if matches!(self.floor, Floor::Store | Floor::StoreProtocol) {
+            return self.duplicate_through_store(id).await;
+        }
         let key = Self::key(id);
         let token = self.token();
         match self.claim(&key, &token).await? {
@@ -456,6 +492,116 @@ impl Baseline {
             },
             None => Err(format!("baseline: duplicate {key} was claimable").into()),
         }
+    }
+
+    /// The claim request of a call at `now`, as ours makes it (one attempt; no clock-skew margin).
+    fn claim_request<'a>(
+        key: &'a str,
+        token: &'a str,
+        attempt: u32,
+        fingerprint: &'a str,
+        now: u64,
+    ) -> ClaimRequest<'a> {
+        ClaimRequest {
+            key,
+            token,
+            attempt,
+            now_ms: now,
+            lease_until_ms: now + 60_000,
+            expires_at_s: now / 1000 + 60 + 86_400,
+            fingerprint: Some(fingerprint),
+        }
+    }
+
+    /// The key and the fingerprint of the call on `id`: derived from the request with
+    /// [`Floor::StoreProtocol`], the baseline's stand-ins otherwise.
+    fn key_and_fingerprint(&self, id: &str) -> Result<(String, Cow<'_, str>), BoxError> {
+        if self.floor == Floor::StoreProtocol {
+            let req = ChargeRequest::new(id.to_owned());
+            let key =
+                idempotent_runtime::derive_key("bench::charge", &(req.tenant, &req.order_id))?;
+            Ok((key, Cow::Owned(idempotent_runtime::fingerprint(&req)?)))
+        } else {
+            Ok((Self::key(id), Cow::Borrowed(&self.fingerprint)))
+        }
+    }
+
+    /// [`Baseline::first`] through ours' store: a claim and a fenced completion (or failure) as `dyn
+    /// Store` calls.
+    async fn first_through_store(&self, id: &str, fail_first: bool) -> Result<(), BoxError> {
+        let store: &dyn Store = &self.store;
+        let (key, fingerprint) = self.key_and_fingerprint(id)?;
+        let serialized;
+        let response: &[u8] = if self.floor == Floor::StoreProtocol {
+            serialized =
+                serde_json::to_vec(&Receipt::for_request(&ChargeRequest::new(id.to_owned())))?;
+            &serialized
+        } else {
+            self.response.as_ref()
+        };
+        let mut fail = fail_first;
+        for attempt in 1.. {
+            let token = self.token();
+            let now = now_ms();
+            let claim = Self::claim_request(&key, &token, attempt, &fingerprint, now);
+            if store.claim(&claim).await? != ClaimOutcome::Claimed {
+                return Err(format!("baseline+store: key {key} was already claimed").into());
+            }
+            let change = if fail {
+                Change::Fail {
+                    error: "declined by the gateway",
+                    expires_at_s: now / 1000 + 60,
+                    release_claim_writes: false,
+                }
+            } else {
+                Change::Complete {
+                    response: Some(response),
+                    expires_at_s: now / 1000 + 86_400,
+                    replay_until_s: None,
+                }
+            };
+            let transition = Transition {
+                key: &key,
+                token: &token,
+                change,
+            };
+            if store.transition(&transition).await? != WriteOutcome::Applied {
+                return Err(format!("baseline+store: {key} was not ours to settle").into());
+            }
+            if !fail {
+                break;
+            }
+            fail = false;
+        }
+        Ok(())
+    }
+
+    /// [`Baseline::duplicate`] through ours' store: the claim as a `dyn Store` call, which returns the
+    /// blocking record parsed.
+    async fn duplicate_through_store(&self, id: &str) -> Result<usize, BoxError> {
+        let store: &dyn Store = &self.store;
+        let (key, fingerprint) = self.key_and_fingerprint(id)?;
+        let token = self.token();
+        let claim = Self::claim_request(&key, &token, 1, &fingerprint, now_ms());
+        let ClaimOutcome::Existing(record) = store.claim(&claim).await? else {
+            return Err(format!("baseline+store: duplicate {key} was claimable").into());
+        };
+        let Some(response) = record.response else {
+            return Err(format!("baseline+store: {key} has no stored response").into());
+        };
+        if self.floor != Floor::StoreProtocol {
+            return Ok(response.len());
+        }
+        if record.status != Status::Completed
+            || record.fingerprint.as_deref() != Some(&*fingerprint)
+        {
+            return Err(format!(
+                "baseline+store+protocol: {key} is not a completed call of this payload"
+            )
+            .into());
+        }
+        let receipt: Receipt = serde_json::from_slice(&response)?;
+        Ok(receipt.charge_id.len())
     }
 }
 
@@ -649,9 +795,9 @@ fn null_client(sdk: SdkOptions) -> (null::NullDynamoDb, RequestCounter, Client) 
     (null, counter, Client::from_conf(config.build()))
 }
 
-/// One variant of the null DynamoDB: its implementation, whether the baseline sends through a config
-/// override, its name, and ours' handle.
-type NullVariant<'h> = (Impl, bool, &'static str, Option<&'h Idempotency>);
+/// One variant of the null DynamoDB: its implementation, how the baseline makes its calls, its name, and
+/// ours' handle.
+type NullVariant<'h> = (Impl, Floor, &'static str, Option<&'h Idempotency>);
 
 /// The null DynamoDB's variants of the implementations in `only`, and of those only the ones `named`
 /// names when it names any.
@@ -662,14 +808,26 @@ fn null_variants<'h>(
     named: &[String],
 ) -> Result<Vec<NullVariant<'h>>, BoxError> {
     let variants: Vec<NullVariant<'h>> = [
-        (Impl::Baseline, false, "baseline", None),
-        (Impl::Ours, false, "ours", Some(ours)),
-        (Impl::Baseline, true, "baseline+config_override", None),
+        (Impl::Baseline, Floor::Bare, "baseline", None),
+        (Impl::Ours, Floor::Bare, "ours", Some(ours)),
+        (
+            Impl::Baseline,
+            Floor::ConfigOverride,
+            "baseline+config_override",
+            None,
+        ),
         (
             Impl::Ours,
-            false,
+            Floor::Bare,
             "ours-no-heartbeat",
             Some(ours_no_heartbeat),
+        ),
+        (Impl::Baseline, Floor::Store, "baseline+store", None),
+        (
+            Impl::Baseline,
+            Floor::StoreProtocol,
+            "baseline+store+protocol",
+            None,
         ),
     ]
     .into_iter()
@@ -683,7 +841,8 @@ fn null_variants<'h>(
     {
         Some(unknown) => Err(format!(
             "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
-             ours-no-heartbeat (of the implementations --implementation names)"
+             ours-no-heartbeat, baseline+store, baseline+store+protocol (of the implementations \
+             --implementation names)"
         )
         .into()),
         None => Ok(variants),
@@ -730,13 +889,9 @@ async fn null_cells(
         });
         let contexts: Vec<_> = variants
             .iter()
-            .map(|&(_, config_override, _, _)| {
+            .map(|&(_, floor, _, _)| {
                 Arc::new(Ctx {
-                    baseline: Baseline::new(
-                        client.clone(),
-                        "bench-baseline".to_owned(),
-                        config_override,
-                    ),
+                    baseline: Baseline::new(client.clone(), "bench-baseline".to_owned(), floor),
                 })
             })
             .collect();
@@ -770,7 +925,7 @@ async fn null_cells(
         }
         let baseline = variants
             .iter()
-            .position(|&(imp, config_override, _, _)| imp == Impl::Baseline && !config_override);
+            .position(|&(imp, floor, _, _)| imp == Impl::Baseline && floor == Floor::Bare);
         for (v, &(_, _, label, _)) in variants.iter().enumerate() {
             let median = |pick: fn(&(f64, f64)) -> f64| quartiles(rounds[v].iter().map(pick)).0;
             // This variant's CPU per call over the baseline's, round by round.
@@ -1170,6 +1325,16 @@ struct SdkOptions {
     attempt_timeout: Option<Duration>,
 }
 
+impl Default for SdkOptions {
+    /// The SDK's defaults.
+    fn default() -> Self {
+        Self {
+            stalled_stream_protection: true,
+            attempt_timeout: None,
+        }
+    }
+}
+
 impl SdkOptions {
     fn of(args: &Args) -> Self {
         Self {
@@ -1311,7 +1476,11 @@ async fn main() -> Result<(), BoxError> {
             baseline: Baseline::new(
                 client,
                 "bench-baseline".to_owned(),
-                args.baseline_config_override,
+                if args.baseline_config_override {
+                    Floor::ConfigOverride
+                } else {
+                    Floor::Bare
+                },
             ),
         }),
         counter,
@@ -1379,6 +1548,76 @@ mod tests {
             (3.0, 2.0, 4.0)
         );
         assert_eq!(quartiles([7.0].into_iter()), (7.0, 7.0, 7.0));
+    }
+
+    #[test]
+    fn the_steps_between_the_baseline_and_ours_are_variants_of_their_own() {
+        let (_, _, client) = null_client(SdkOptions::default());
+        let idem = Idempotency::builder(DynamoDbStore::new(client, "t")).build();
+        let named = [
+            "baseline+store".to_owned(),
+            "baseline+store+protocol".to_owned(),
+        ];
+        let variants = null_variants(&idem, &idem, &[Impl::Baseline, Impl::Ours], &named).unwrap();
+        let floors: Vec<_> = variants
+            .iter()
+            .map(|&(imp, floor, label, _)| (imp, floor, label))
+            .collect();
+        assert_eq!(
+            floors,
+            [
+                (Impl::Baseline, Floor::Store, "baseline+store"),
+                (
+                    Impl::Baseline,
+                    Floor::StoreProtocol,
+                    "baseline+store+protocol"
+                ),
+            ]
+        );
+        let unknown =
+            null_variants(&idem, &idem, &[Impl::Baseline], &["store".to_owned()]).unwrap_err();
+        assert!(
+            unknown.to_string().contains("baseline+store+protocol"),
+            "{unknown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_store_steps_make_the_baselines_requests_and_check_what_they_get() {
+        let (null, counter, client) = null_client(SdkOptions::default());
+        for floor in [Floor::Store, Floor::StoreProtocol] {
+            let baseline = Baseline::new(client.clone(), "t".to_owned(), floor);
+            // A first call: one claim and one completion; one that fails first: two of each.
+            null.reject_with(None);
+            baseline.first("a", false).await.unwrap();
+            assert_eq!(counter.take(), 2, "{floor:?}");
+            baseline.first("b", true).await.unwrap();
+            assert_eq!(counter.take(), 4, "{floor:?}");
+            // A duplicate: one failed claim, which returns the completed record.
+            let dup = ChargeRequest::new("dup".to_owned());
+            null.reject_with(Some(completed_item(&dup).unwrap()));
+            let response = serde_json::to_vec(&Receipt::for_request(&dup)).unwrap();
+            let got = baseline.duplicate("dup").await.unwrap();
+            assert_eq!(counter.take(), 1, "{floor:?}");
+            match floor {
+                // The stored response's length, as the bare baseline returns.
+                Floor::Store => assert_eq!(got, response.len()),
+                // The decoded receipt's id.
+                _ => assert_eq!(got, Receipt::for_request(&dup).charge_id.len()),
+            }
+            // Another payload under the record: only the protocol's step compares fingerprints.
+            let other = baseline.duplicate("other").await;
+            assert_eq!(counter.take(), 1, "{floor:?}");
+            match floor {
+                Floor::Store => assert_eq!(other.unwrap(), response.len()),
+                _ => assert!(
+                    other
+                        .unwrap_err()
+                        .to_string()
+                        .contains("not a completed call of this payload")
+                ),
+            }
+        }
     }
 
     #[test]
