@@ -313,7 +313,7 @@ enum Floor {
     /// [`Floor::Store`] plus the protocol's own work: the key derived from `(tenant, order_id)`, the
     /// payload's fingerprint (for a duplicate, compared with the record's, whose status is checked), and
     /// the response serialized (first call) or decoded (duplicate). What ours adds beyond this is its
-    /// state machine, the macro's expansion and the call's span.
+    /// state machine, the macro's expansion, the call's span and the lease heartbeat.
     StoreProtocol,
 }
 
