@@ -2,6 +2,7 @@
 //! condition, is listed in the docs of [`DynamoDbStore`](crate::store::dynamodb::DynamoDbStore)'s module.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -537,7 +538,37 @@ where
         ttl,
     };
     // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
-    let work = async {
+    let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
+    // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
+    // not carry the body, the completion and the timer.
+    let outcome = if idem.heartbeat() {
+        Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
+    } else {
+        Box::pin(work).await
+    };
+    // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
+    // (which records first) does not mask the outer one.
+    crate::execution::record(crate::Execution::Executed);
+    outcome
+}
+
+/// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
+/// boxes it, with the heartbeat beside it; `lease_until_ms` and `took_over` are the claim's.
+fn finish<T, E, F>(
+    claim: Held<'_>,
+    body: F,
+    describe: impl FnOnce(&E) -> String,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> impl Future<Output = (Result<T, E>, Outcome)>
+where
+    T: Serialize,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    async move {
+        let idem = claim.idem;
         let outcome = body.await;
         // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
         // extend it, so a whole lease from now; without them, what is left of it).
@@ -563,18 +594,7 @@ where
                 (Err(err), Outcome::Failed)
             }
         }
-    };
-    // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
-    // not carry the body, the completion and the timer.
-    let outcome = if idem.heartbeat() {
-        Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
-    } else {
-        Box::pin(work).await
-    };
-    // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
-    // (which records first) does not mask the outer one.
-    crate::execution::record(crate::Execution::Executed);
-    outcome
+    }
 }
 
 /// Decodes a stored response.
@@ -748,7 +768,7 @@ impl Held<'_> {
         let (bytes, fits) = match self.encode(&value) {
             Ok(encoded) => encoded,
             Err(source) => {
-                self.fail(
+                self.fail_boxed(
                     &format!("the response did not serialize: {source}"),
                     persist,
                 )
@@ -779,7 +799,7 @@ impl Held<'_> {
         if !writes.is_empty()
             && let Err(detail) = writes.check_limits(key, response.map_or(0, <[u8]>::len))
         {
-            self.fail(&detail, persist).await;
+            self.fail_boxed(&detail, persist).await;
             return Err(Error::TooManyWrites {
                 namespace: namespace.to_owned(),
                 detail,
@@ -793,7 +813,7 @@ impl Held<'_> {
                     namespace: namespace.to_owned(),
                     reasons,
                 };
-                self.fail(&format!("transaction canceled: {error}"), persist)
+                self.fail_boxed(&format!("transaction canceled: {error}"), persist)
                     .await;
                 return Err(error);
             }
@@ -802,7 +822,7 @@ impl Held<'_> {
                     namespace: namespace.to_owned(),
                     source,
                 };
-                self.fail(&error.to_string(), persist).await;
+                self.fail_boxed(&error.to_string(), persist).await;
                 return Err(error);
             }
             Stored::GaveUp(last) => {
@@ -815,7 +835,7 @@ impl Held<'_> {
             // Without its writes the result must not be stored: the failure is recorded instead (with no
             // writes), so that the key is free at once rather than blocked until the lease runs out.
             Stored::Unsupported(error) => {
-                self.fail(&error.to_string(), persist).await;
+                self.fail_boxed(&error.to_string(), persist).await;
                 return Err(error);
             }
             Stored::Failed(error) => return Err(error),
@@ -824,6 +844,12 @@ impl Held<'_> {
             remember(self.idem, key, bytes, fingerprint, replay_until_s);
         }
         Ok(value)
+    }
+
+    /// [`Held::fail`] on a completion's error paths, boxed: awaited in place, its future would be part of
+    /// every completion's, which the response already makes large (see `future_size`).
+    async fn fail_boxed(&self, error: &str, persist: &mut Persist) {
+        Box::pin(self.fail(error, persist)).await;
     }
 
     /// The response as stored (JSON, compressed when large), and whether it fits in the record.
@@ -926,42 +952,98 @@ fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 
 /// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
 /// of it, so a live worker is never taken over.
-async fn with_heartbeat<F: Future>(
-    idem: &Idempotency,
-    key: &str,
-    token: &str,
+fn with_heartbeat<'a, F: Future>(
+    idem: &'a Idempotency,
+    key: &'a str,
+    token: &'a str,
     lease: Duration,
     ttl: Duration,
     work: F,
-) -> F::Output {
-    let beat = async {
-        let every = (lease / 3).max(Duration::from_millis(1));
-        loop {
-            tokio::time::sleep(every).await;
-            let now_ms = idem.clock().now_ms();
-            let transition = Transition {
-                key,
-                token,
-                change: Change::ExtendLease {
-                    lease_until_ms: now_ms.saturating_add(millis(lease)),
-                    expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
-                },
-            };
-            match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
-                Ok(WriteOutcome::Applied) => {}
-                Ok(WriteOutcome::Rejected(_)) => {
-                    // Lost, or already completed: the completion reports which. Stop beating.
-                    std::future::pending::<()>().await;
-                }
-                Err(e) => tracing::warn!(error = %e, "lease heartbeat failed; will retry"),
-            }
+) -> WithHeartbeat<'a, F> {
+    WithHeartbeat {
+        work,
+        beat: None,
+        lease: Lease {
+            idem,
+            key,
+            token,
+            lease,
+            ttl,
+        },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `work`, with the lease heartbeat beside it while it is pending ([`with_heartbeat`]). A future of its
+    /// own rather than an `async fn` around `select!`, which would hold `work` twice (the argument, and
+    /// the pinned local it is moved into) in the box every call that runs its body takes (see
+    /// `future_size`). The heartbeat is boxed when first needed, that is when `work` did not finish at its
+    /// first poll, so that its timer and request are not part of that box either.
+    struct WithHeartbeat<'a, F> {
+        #[pin]
+        work: F,
+        beat: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+        lease: Lease<'a>,
+    }
+}
+
+/// What the heartbeat extends: the claim on `key` held by `token`.
+#[derive(Clone, Copy)]
+struct Lease<'a> {
+    idem: &'a Idempotency,
+    key: &'a str,
+    token: &'a str,
+    lease: Duration,
+    ttl: Duration,
+}
+
+impl<F: Future> Future for WithHeartbeat<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        // The work first: once it is done, the heartbeat stops (it is dropped with this future).
+        if let std::task::Poll::Ready(out) = this.work.poll(cx) {
+            return std::task::Poll::Ready(out);
         }
-    };
-    tokio::pin!(work);
-    tokio::select! {
-        biased;
-        out = &mut work => out,
-        _ = beat => unreachable!("the heartbeat never finishes"),
+        let Lease {
+            idem,
+            key,
+            token,
+            lease,
+            ttl,
+        } = *this.lease;
+        let beat = this
+            .beat
+            .get_or_insert_with(|| Box::pin(heartbeats(idem, key, token, lease, ttl)));
+        // The heartbeat never finishes; polled here to arm its timer and send its requests.
+        let _ = beat.as_mut().poll(cx);
+        std::task::Poll::Pending
+    }
+}
+
+/// Extends the lease every third of it, until the claim is found lost or completed; never returns.
+async fn heartbeats(idem: &Idempotency, key: &str, token: &str, lease: Duration, ttl: Duration) {
+    let every = (lease / 3).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let now_ms = idem.clock().now_ms();
+        let transition = Transition {
+            key,
+            token,
+            change: Change::ExtendLease {
+                lease_until_ms: now_ms.saturating_add(millis(lease)),
+                expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
+            },
+        };
+        match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
+            Ok(WriteOutcome::Applied) => {}
+            Ok(WriteOutcome::Rejected(_)) => {
+                // Lost, or already completed: the completion reports which. Stop beating.
+                std::future::pending::<()>().await;
+            }
+            Err(e) => tracing::warn!(error = %e, "lease heartbeat failed; will retry"),
+        }
     }
 }
 
@@ -1005,23 +1087,42 @@ mod future_size {
             token: "t",
             ttl: Duration::ZERO,
         };
+        // A value of the bench's receipt's size (three strings and a number): the completion holds it.
+        type Receipt = (String, u64, String, String);
+        let receipt = || (String::new(), 0, String::new(), String::new());
         let mut persist = Persist::new(Duration::ZERO);
-        let complete = std::mem::size_of_val(&held.complete(1_u32, &mut persist));
+        let complete = std::mem::size_of_val(&held.complete(receipt(), &mut persist));
         let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
-        // The body with the heartbeat: the body's own future, the boxed completion, and the timer.
-        let body = async move { [0_u8; 16].len() + usize::from(request[1]) };
+        // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
+        // the heartbeat beside them.
+        let body = async move {
+            Ok::<Receipt, Error>((
+                String::new(),
+                u64::from(request[1]),
+                String::new(),
+                String::new(),
+            ))
+        };
+        let work = finish(
+            held,
+            body,
+            |e: &Error| e.to_string(),
+            Duration::ZERO,
+            0,
+            false,
+        );
         let heartbeat = std::mem::size_of_val(&with_heartbeat(
             &idem,
             "k",
             "t",
             Duration::ZERO,
             Duration::ZERO,
-            body,
+            work,
         ));
         for (part, size) in [
             ("completion", complete),
             ("failure", fail),
-            ("heartbeat", heartbeat),
+            ("body with its heartbeat", heartbeat),
         ] {
             assert!(size <= 1024, "the boxed {part} is {size} bytes");
         }
