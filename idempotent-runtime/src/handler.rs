@@ -490,66 +490,72 @@ fn replay_record<T: DeserializeOwned>(
 /// runs it inside the call's span ([`telemetry::call_span`]) and closes that with the [`Outcome`]
 /// ([`telemetry::finish`]): done there rather than here, so that this future (which the caller boxes)
 /// does not carry the span and a second copy of its arguments.
-pub(crate) async fn run<T, E, F>(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the body's twice, in the box every call takes (see `future_size`)"
+)]
+pub(crate) fn run<T, E, F>(
     idem: &Idempotency,
     plan: &Plan<'_>,
     describe: impl FnOnce(&E) -> String,
     body: F,
-) -> (Result<T, E>, Outcome)
+) -> impl Future<Output = (Result<T, E>, Outcome)>
 where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    let call = plan.call;
-    let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
-    let lease = call.lease.unwrap_or_else(|| idem.default_lease());
-    // Written into a buffer in the call's own future: a token lives exactly as long as its call.
-    let mut token_buffer = uuid::Uuid::encode_buffer();
-    let token: &str = uuid::Uuid::new_v4()
-        .hyphenated()
-        .encode_lower(&mut token_buffer);
-    let attempt = Attempt {
-        idem,
-        plan,
-        token,
-        lease,
-        ttl,
-    };
-    let (lease_until_ms, took_over) = match acquire(&attempt).await {
-        Ok(Acquired::Done(value, outcome)) => {
-            crate::execution::record(crate::Execution::Replayed);
-            return (Ok(value), outcome);
-        }
-        Ok(Acquired::Held {
-            lease_until_ms,
-            took_over,
-        }) => (lease_until_ms, took_over),
-        Err(e) => {
-            let outcome = Outcome::of(&e);
-            return (Err(e.into()), outcome);
-        }
-    };
-    tracing::debug!(namespace = call.namespace, "claimed; running the body");
-    let claim = Held {
-        idem,
-        plan,
-        token,
-        ttl,
-    };
-    // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
-    let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
-    // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
-    // not carry the body, the completion and the timer.
-    let outcome = if idem.heartbeat() {
-        Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
-    } else {
-        Box::pin(work).await
-    };
-    // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
-    // (which records first) does not mask the outer one.
-    crate::execution::record(crate::Execution::Executed);
-    outcome
+    async move {
+        let call = plan.call;
+        let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
+        let lease = call.lease.unwrap_or_else(|| idem.default_lease());
+        // Written into a buffer in the call's own future: a token lives exactly as long as its call.
+        let mut token_buffer = uuid::Uuid::encode_buffer();
+        let token: &str = uuid::Uuid::new_v4()
+            .hyphenated()
+            .encode_lower(&mut token_buffer);
+        let attempt = Attempt {
+            idem,
+            plan,
+            token,
+            lease,
+            ttl,
+        };
+        let (lease_until_ms, took_over) = match acquire(&attempt).await {
+            Ok(Acquired::Done(value, outcome)) => {
+                crate::execution::record(crate::Execution::Replayed);
+                return (Ok(value), outcome);
+            }
+            Ok(Acquired::Held {
+                lease_until_ms,
+                took_over,
+            }) => (lease_until_ms, took_over),
+            Err(e) => {
+                let outcome = Outcome::of(&e);
+                return (Err(e.into()), outcome);
+            }
+        };
+        tracing::debug!(namespace = call.namespace, "claimed; running the body");
+        let claim = Held {
+            idem,
+            plan,
+            token,
+            ttl,
+        };
+        // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
+        let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
+        // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
+        // not carry the body, the completion and the timer.
+        let outcome = if idem.heartbeat() {
+            Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
+        } else {
+            Box::pin(work).await
+        };
+        // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
+        // (which records first) does not mask the outer one.
+        crate::execution::record(crate::Execution::Executed);
+        outcome
+    }
 }
 
 /// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
@@ -1087,6 +1093,22 @@ mod future_size {
         assert!(
             size <= 1024,
             "the boxed state machine is {size} bytes: box the new part on its own path"
+        );
+        // The body is in it once: a body 512 bytes larger makes it 512 bytes larger, not 1,024 (an
+        // `async fn` keeps its arguments beside the locals they are moved into).
+        let large = [7_u8; 96 + 512];
+        let larger =
+            std::mem::size_of_val(&run(&idem, &plan, |e: &Error| e.to_string(), async move {
+                Ok::<u32, Error>(u32::from(large[0]))
+            }));
+        let small =
+            std::mem::size_of_val(&run(&idem, &plan, |e: &Error| e.to_string(), async move {
+                Ok::<u32, Error>(u32::from(request[0]))
+            }));
+        assert!(
+            larger - small <= 512 + 16,
+            "a body 512 bytes larger made the state machine {} bytes larger",
+            larger - small
         );
         let held = Held {
             idem: &idem,
