@@ -269,22 +269,50 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<St
 /// found before the body (no store, a key that does not serialize, a missing key the call rejects) come
 /// back through `E: From<Error>`, and the body does not run. A missing key with [`MissingKey::Skip`]
 /// runs the body alone, without the store.
-pub async fn execute<R, F, D>(
+///
+/// A plain function returning [`Map`]s rather than an `async fn` around `async` blocks: those hold their
+/// argument again beside each local it is moved into, and the body's future was three times in the
+/// caller's (see the test below).
+pub fn execute<R, F, D>(
     handle: Result<Idempotency, Error>,
     call: &Call,
     key: Result<DerivedKey, Error>,
     fingerprint: Option<Result<String, Error>>,
     describe: D,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     R: Output,
     F: Future<Output = R>,
     D: FnOnce(&R::Err) -> String,
 {
     let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    let body = async move { body.await.into_result() };
-    R::from_result(operation.drive(None, describe, body).await)
+    let body = Map {
+        future: body,
+        map: R::into_result,
+    };
+    Map {
+        future: operation.drive(None, describe, body),
+        map: R::from_result,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `future`, its output passed through `map`: a future with no state of its own.
+    pub struct Map<Fut, M> {
+        #[pin]
+        future: Fut,
+        map: M,
+    }
+}
+
+impl<Fut: Future, M: Fn(Fut::Output) -> T, T> Future for Map<Fut, M> {
+    type Output = T;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let this = self.project();
+        this.future.poll(cx).map(|out| (this.map)(out))
+    }
 }
 
 /// Wraps the code generated for `transact = ..`: passes it through when this crate has the `dynamodb`
@@ -370,5 +398,47 @@ pub trait DescribeOther {
 impl<E> DescribeOther for &Describe<'_, E> {
     fn describe(&self) -> String {
         format!("an error of type `{}`", std::any::type_name::<E>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The future a caller holds for an `#[idempotent]` call has the body's future in it once: a body
+    /// 512 bytes larger makes it 512 bytes larger.
+    #[test]
+    fn a_callers_future_holds_the_body_once() {
+        static CALL: Call = Call::new("x");
+        fn missing<T>() -> Result<T, Error> {
+            Err(Error::NotInstalled {
+                namespace: String::new(),
+            })
+        }
+        let small = [1_u8; 96];
+        let large = [1_u8; 96 + 512];
+        let size = |body_size: usize| match body_size {
+            96 => std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
+                missing(),
+                &CALL,
+                missing(),
+                None,
+                |e: &Error| e.to_string(),
+                async move { Ok(u32::from(small[0])) },
+            )),
+            _ => std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
+                missing(),
+                &CALL,
+                missing(),
+                None,
+                |e: &Error| e.to_string(),
+                async move { Ok(u32::from(large[0])) },
+            )),
+        };
+        let grew = size(96 + 512) - size(96);
+        assert!(
+            grew <= 512 + 16,
+            "a body 512 bytes larger made the caller's future {grew} bytes larger"
+        );
     }
 }
