@@ -270,7 +270,7 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<St
 /// back through `E: From<Error>`, and the body does not run. A missing key with [`MissingKey::Skip`]
 /// runs the body alone, without the store.
 ///
-/// A plain function returning [`Map`]s rather than an `async fn` around `async` blocks: those hold their
+/// A plain function returning `Map`s rather than an `async fn` around `async` blocks: those hold their
 /// argument again beside each local it is moved into, and the body's future was three times in the
 /// caller's (see the test below).
 pub fn execute<R, F, D>(
@@ -299,7 +299,7 @@ where
 
 pin_project_lite::pin_project! {
     /// `future`, its output passed through `map`: a future with no state of its own.
-    pub struct Map<Fut, M> {
+    struct Map<Fut, M> {
         #[pin]
         future: Fut,
         map: M,
@@ -415,27 +415,20 @@ mod tests {
                 namespace: String::new(),
             })
         }
+        fn size<B: Future<Output = Result<u32, Error>>>(body: B) -> usize {
+            std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
+                missing(),
+                &CALL,
+                missing(),
+                None,
+                |e: &Error| e.to_string(),
+                body,
+            ))
+        }
         let small = [1_u8; 96];
         let large = [1_u8; 96 + 512];
-        let size = |body_size: usize| match body_size {
-            96 => std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
-                missing(),
-                &CALL,
-                missing(),
-                None,
-                |e: &Error| e.to_string(),
-                async move { Ok(u32::from(small[0])) },
-            )),
-            _ => std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
-                missing(),
-                &CALL,
-                missing(),
-                None,
-                |e: &Error| e.to_string(),
-                async move { Ok(u32::from(large[0])) },
-            )),
-        };
-        let grew = size(96 + 512) - size(96);
+        let grew = size(async move { Ok(u32::from(large[0])) })
+            - size(async move { Ok(u32::from(small[0])) });
         assert!(
             grew <= 512 + 16,
             "a body 512 bytes larger made the caller's future {grew} bytes larger"
