@@ -12,11 +12,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
-use crate::handler::{self, Call, Plan};
+use crate::handler::{self, Call};
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
 use crate::telemetry;
+use crate::telemetry::Outcome;
 use crate::{Error, Idempotency, MissingKey};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
@@ -323,9 +324,10 @@ impl<'a, H> Operation<'a, H> {
     /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
     /// `staging` holds the writes a body stages; `describe` gives the text stored for its error.
     ///
-    /// The checks are made here, when the call's future is built; the future then holds only what the
-    /// call needs (a future holds each argument of an `async fn` twice, and every caller's future
-    /// holds this one).
+    /// The checks are made here, and the state machine built, when the call's future is built: the
+    /// future is a [`Drive`], which holds the state machine in place, with the body's future once (an
+    /// `async` block holds what it captures beside what it moves it into), and allocates no box of
+    /// its own on a call's path (every caller's future holds this one).
     pub(crate) fn drive<T, E, Fut>(
         self,
         staging: Option<&Staged>,
@@ -363,44 +365,124 @@ impl<'a, H> Operation<'a, H> {
                 )
             })()
         };
-        async move {
-            let (idem, key, fingerprint) = match prepared {
-                Ok(Some(prepared)) => prepared,
-                // Switched off, or a missing key under `MissingKey::Skip`: the body alone. (Boxed:
-                // awaited in place, it would be carried by this future a second time.)
-                Ok(None) => return Box::pin(body).await,
-                Err(e) => return Err(e.into()),
-            };
-            let plan = Plan {
-                call: &call,
-                key: &key,
-                fingerprint: fingerprint.as_deref(),
-                staging,
-                claim_writes,
-                compensation,
-            };
-            let namespace = call.namespace;
-            let span = telemetry::call_span(namespace, &key);
-            // Boxed, so that callers' futures do not carry the state machine's (under 1 KB: the parts
-            // only a call that runs its body needs are boxed again inside, so that a replay's stays
-            // small enough for the allocator's per-thread cache).
-            let run = Box::pin(handler::run(&idem, &plan, describe, body).instrument(span.clone()));
-            if !H::CHANGES {
-                let (result, outcome) = run.await;
-                telemetry::finish(&span, namespace, outcome);
-                return result;
+        let (idem, key, fingerprint) = match prepared {
+            Ok(Some(prepared)) => prepared,
+            // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
+            Ok(None) => return Drive::Body { body },
+            Err(e) => {
+                return Drive::Failed {
+                    error: Some(e.into()),
+                };
             }
-            // What happened is recorded again for the caller's own `observe`, which the one here
-            // hides.
-            let ((result, outcome), execution) = crate::execution::observe(run).await;
-            telemetry::finish(&span, namespace, outcome);
-            let Some(execution) = execution else {
-                return result;
+        };
+        let namespace = call.namespace;
+        let span = telemetry::call_span(namespace, &key);
+        let parts = handler::Parts {
+            idem,
+            call,
+            key,
+            fingerprint,
+            staging,
+            claim_writes,
+            compensation,
+        };
+        let run = handler::run(parts, describe, body).instrument(span.clone());
+        if !<H as OnReplay<T>>::CHANGES {
+            return Drive::Run {
+                run,
+                span,
+                namespace,
             };
-            crate::execution::record(execution);
-            match result {
-                Ok(value) if execution.is_replay() => Ok(on_replay.on_replay(value)),
-                other => other,
+        }
+        // What happened is recorded again for the caller's own `observe`, which this one hides. Boxed:
+        // `observe` is an `async fn`, which would hold the call's future more than once.
+        Drive::Observed {
+            run: crate::execution::observe(Box::pin(run)),
+            span,
+            namespace,
+            on_replay: Some(on_replay),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Operation::drive`]: built whole before it is first polled, so that a caller's
+    /// future holds the state machine (and the body's future in it) in place and once.
+    #[project = DriveProj]
+    pub(crate) enum Drive<R, O, B, H, E> {
+        /// The state machine in the call's span; its outcome closes the span.
+        Run {
+            #[pin]
+            run: R,
+            span: tracing::Span,
+            namespace: &'static str,
+        },
+        /// The same, telling replays apart for an `on_replay` that may change their value.
+        Observed {
+            #[pin]
+            run: O,
+            span: tracing::Span,
+            namespace: &'static str,
+            on_replay: Option<H>,
+        },
+        /// Switched off, or a missing key under `MissingKey::Skip`: the body alone.
+        Body {
+            #[pin]
+            body: B,
+        },
+        /// The call could not start (the handle, the key or the payload).
+        Failed {
+            error: Option<E>,
+        },
+    }
+}
+
+impl<R, O, B, H, T, E> Future for Drive<R, O, B, H, E>
+where
+    R: Future<Output = (Result<T, E>, Outcome)>,
+    O: Future<Output = ((Result<T, E>, Outcome), Option<crate::Execution>)>,
+    B: Future<Output = Result<T, E>>,
+    H: OnReplay<T>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T, E>> {
+        use std::task::{Poll, ready};
+        match self.project() {
+            DriveProj::Run {
+                run,
+                span,
+                namespace,
+            } => {
+                let (result, outcome) = ready!(run.poll(cx));
+                telemetry::finish(span, namespace, outcome);
+                Poll::Ready(result)
+            }
+            DriveProj::Observed {
+                run,
+                span,
+                namespace,
+                on_replay,
+            } => {
+                let ((result, outcome), execution) = ready!(run.poll(cx));
+                telemetry::finish(span, namespace, outcome);
+                let Some(execution) = execution else {
+                    return Poll::Ready(result);
+                };
+                crate::execution::record(execution);
+                Poll::Ready(match (result, on_replay.take()) {
+                    (Ok(value), Some(on_replay)) if execution.is_replay() => {
+                        Ok(on_replay.on_replay(value))
+                    }
+                    (other, _) => other,
+                })
+            }
+            DriveProj::Body { body } => body.poll(cx),
+            DriveProj::Failed { error } => {
+                Poll::Ready(Err(error.take().expect("a failed call is polled once")))
             }
         }
     }
