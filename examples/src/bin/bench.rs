@@ -115,10 +115,21 @@ struct Args {
     /// with stalled-stream protection off, to measure what its per-response timer costs a request.
     #[arg(long)]
     no_stalled_stream_protection: bool,
+    /// The runtime the null DynamoDB's calls run on. `multi-thread` (tokio's, a worker per core) is an
+    /// experiment, not part of `scripts/bench`: the scheduler's cross-thread work then counts too.
+    #[arg(long, value_enum, default_value_t = NullRuntime::CurrentThread)]
+    null_runtime: NullRuntime,
     /// An experiment, not part of `scripts/bench`: give the SDK client an operation attempt timeout of
     /// this many milliseconds (none by default), to measure what its per-attempt timer costs.
     #[arg(long)]
     attempt_timeout_ms: Option<u64>,
+}
+
+/// The runtime of `--null-dynamodb`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum NullRuntime {
+    CurrentThread,
+    MultiThread,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -861,7 +872,7 @@ async fn null_cells(
     // Many short interleaved rounds, in an order that reverses every round (A B C D, D C B A, ...): the
     // machine's speed drifts over seconds (other processes, the hypervisor), so each variant is compared
     // with the baseline within the same round, and its ratio is the median of those per-round ratios.
-    const ROUNDS: usize = 40;
+    const ROUNDS: usize = 100;
     let (null, counter, client) = null_client(sdk);
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     let ours = Idempotency::builder(store.clone()).build();
@@ -1425,25 +1436,42 @@ async fn memory(bench: &Bench, idem: &Idempotency, keys: usize) -> Result<Memory
     })
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
+fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     if args.null_dynamodb {
-        let cells = null_cells(
+        // The null DynamoDB's calls run on one thread: each call's CPU is then the client's own work.
+        // On the multi-thread runtime, the second worker's wake-ups and searches for work also count
+        // (about a third of the floor's CPU per call on the bench's machine, the same for every
+        // variant), and how many there are varies from process to process, which widened the spread
+        // of a process's ratios two to three times (`--null-runtime multi-thread` measures that way).
+        let runtime = match args.null_runtime {
+            NullRuntime::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+            NullRuntime::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+        }
+        .enable_all()
+        .build()?;
+        let cells = runtime.block_on(null_cells(
             args.calls.max(1),
             args.warmup,
             &args.implementation,
             &args.variant,
             &args.workload,
             SdkOptions::of(&args),
-        )
-        .await?;
+        ))?;
         for cell in &cells {
             append_json(args.json.as_ref(), cell)?;
         }
         print_table(&cells);
         return Ok(());
     }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(against_dynamodb(&args))
+}
+
+/// The cells (or the memory measurement) against DynamoDB Local.
+async fn against_dynamodb(args: &Args) -> Result<(), BoxError> {
     let endpoint = args
         .endpoint
         .clone()
@@ -1458,7 +1486,7 @@ async fn main() -> Result<(), BoxError> {
         return Err(format!("--server-pid {pid}: /proc/{pid}/task cannot be read").into());
     }
     let counter = RequestCounter::default();
-    let client = client_at(&endpoint, &counter, SdkOptions::of(&args));
+    let client = client_at(&endpoint, &counter, SdkOptions::of(args));
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     store.create_table().await?;
     DynamoDbStore::new(client.clone(), "bench-baseline")
