@@ -305,6 +305,9 @@ struct Baseline {
     /// A stand-in for the payload's fingerprint (64 hex digits, like ours).
     fingerprint: String,
     tokens: AtomicU64,
+    /// The process id, read once: `std::process::id()` is a system call (`getpid`), which a token made
+    /// per call would pay and ours' do not.
+    pid: u32,
     floor: Floor,
     /// Ours' store on the same client, for [`Floor::Store`] and [`Floor::StoreProtocol`].
     store: DynamoDbStore,
@@ -364,6 +367,7 @@ impl Baseline {
                 .into(),
             fingerprint: "f".repeat(64),
             tokens: AtomicU64::new(0),
+            pid: std::process::id(),
             floor,
             store,
         }
@@ -377,7 +381,7 @@ impl Baseline {
     /// A 36-character token, like a UUID, without a random source.
     fn token(&self) -> String {
         let n = self.tokens.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id())
+        format!("{:08x}-0000-4000-8000-{n:012x}", self.pid)
     }
 
     /// The conditional claim: `None` when claimed, the blocking item otherwise.
