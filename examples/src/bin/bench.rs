@@ -873,7 +873,7 @@ async fn null_cells(
     workloads: &[Workload],
     sdk: SdkOptions,
 ) -> Result<Vec<Cell>, BoxError> {
-    // Many short interleaved rounds, in an order that reverses every round (A B C D, D C B A, ...): the
+    // Many short interleaved rounds, in an order that rotates every round (A B C D, B C D A, ...): the
     // machine's speed drifts over seconds (other processes, the hypervisor), so each variant is compared
     // with the baseline within the same round, and its ratio is the median of those per-round ratios.
     const ROUNDS: usize = 100;
@@ -972,14 +972,13 @@ async fn null_cells(
 // ---------------------------------------------------------------------------------------------------------
 // Measuring.
 
-/// The order of `n` implementations in round `round`: forward, then backward (A B, B A, ...), so that a
-/// drift over the run favours none of them.
+/// The order of `n` implementations in round `round`: rotated by one every round (A B C, B C A, C A B,
+/// ...; for two, A B, B A), so that over `n` rounds each takes every place once and a drift over the
+/// run favours none of them. Not reversed every round (A B C, C B A): for three or more, that runs the
+/// first and the last twice in a row at every other boundary between rounds, the second time on caches
+/// they have just warmed, an advantage the others never get.
 fn interleaved(round: usize, n: usize) -> Vec<usize> {
-    if round.is_multiple_of(2) {
-        (0..n).collect()
-    } else {
-        (0..n).rev().collect()
-    }
+    (0..n).map(|i| (round + i) % n).collect()
 }
 
 /// The median, first and third quartiles of `values` (not empty).
@@ -1567,10 +1566,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rounds_alternate_their_order() {
+    fn rounds_rotate_their_order() {
+        assert_eq!(interleaved(0, 2), [0, 1]);
+        assert_eq!(interleaved(1, 2), [1, 0]);
         assert_eq!(interleaved(0, 3), [0, 1, 2]);
-        assert_eq!(interleaved(1, 3), [2, 1, 0]);
-        assert_eq!(interleaved(2, 3), [0, 1, 2]);
+        assert_eq!(interleaved(1, 3), [1, 2, 0]);
+        assert_eq!(interleaved(2, 3), [2, 0, 1]);
+        for n in 3..8 {
+            for round in 0..3 * n {
+                // No implementation runs twice in a row across two rounds.
+                assert_ne!(
+                    interleaved(round, n).last(),
+                    interleaved(round + 1, n).first(),
+                    "{n} implementations, rounds {round} and {}",
+                    round + 1
+                );
+            }
+            // Over n rounds, each takes every place once.
+            for place in 0..n {
+                let mut at: Vec<usize> = (0..n).map(|round| interleaved(round, n)[place]).collect();
+                at.sort_unstable();
+                assert_eq!(at, (0..n).collect::<Vec<_>>());
+            }
+        }
     }
 
     #[test]
