@@ -1041,16 +1041,10 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
         if let std::task::Poll::Ready(out) = this.work.poll(cx) {
             return std::task::Poll::Ready(out);
         }
-        let Heartbeat {
-            idem,
-            key,
-            token,
-            lease,
-            ttl,
-        } = *this.heartbeat;
+        let heartbeat = *this.heartbeat;
         let beat = this
             .beat
-            .get_or_insert_with(|| Box::pin(heartbeats(idem, key, token, lease, ttl)));
+            .get_or_insert_with(|| Box::pin(heartbeats(heartbeat)));
         // The heartbeat never finishes; polled here to arm its timer and send its requests.
         let _ = beat.as_mut().poll(cx);
         std::task::Poll::Pending
@@ -1058,20 +1052,21 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
 }
 
 /// Extends the lease every third of it, until the claim is found lost or completed; never returns.
-async fn heartbeats(idem: &Idempotency, key: &str, token: &str, lease: Duration, ttl: Duration) {
-    let every = (lease / 3).max(Duration::from_millis(1));
+async fn heartbeats(heartbeat: Heartbeat<'_>) {
+    let every = (heartbeat.lease / 3).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(every).await;
-        let now_ms = idem.clock().now_ms();
+        let now_ms = heartbeat.idem.clock().now_ms();
         let transition = Transition {
-            key,
-            token,
+            key: heartbeat.key,
+            token: heartbeat.token,
             change: Change::ExtendLease {
-                lease_until_ms: now_ms.saturating_add(millis(lease)),
-                expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
+                lease_until_ms: now_ms.saturating_add(millis(heartbeat.lease)),
+                expires_at_s: expiry_s(now_ms, heartbeat.lease.saturating_add(heartbeat.ttl)),
             },
         };
-        match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
+        match telemetry::observe("heartbeat", heartbeat.idem.store().transition(&transition)).await
+        {
             Ok(WriteOutcome::Applied) => {}
             Ok(WriteOutcome::Rejected(_)) => {
                 // Lost, or already completed: the completion reports which. Stop beating.

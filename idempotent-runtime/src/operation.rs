@@ -16,8 +16,7 @@ use crate::handler::{self, Call};
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
-use crate::telemetry;
-use crate::telemetry::Outcome;
+use crate::telemetry::{self, Outcome};
 use crate::{Error, Idempotency, MissingKey};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
