@@ -1441,36 +1441,42 @@ async fn memory(bench: &Bench, idem: &Idempotency, keys: usize) -> Result<Memory
 
 fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    if args.null_dynamodb {
-        // The null DynamoDB's calls run on one thread: each call's CPU is then the client's own work.
-        // On the multi-thread runtime, the second worker's wake-ups and searches for work also count
-        // (about a third of the floor's CPU per call on the bench's machine, the same for every
-        // variant), and how many there are varies from process to process, which widened the spread
-        // of a process's ratios two to three times (`--null-runtime multi-thread` measures that way).
-        let runtime = match args.null_runtime {
-            NullRuntime::MultiThread => tokio::runtime::Builder::new_multi_thread(),
-            NullRuntime::CurrentThread => tokio::runtime::Builder::new_current_thread(),
-        }
-        .enable_all()
-        .build()?;
-        let cells = runtime.block_on(null_cells(
-            args.calls.max(1),
-            args.warmup,
-            &args.implementation,
-            &args.variant,
-            &args.workload,
-            SdkOptions::of(&args),
-        ))?;
-        for cell in &cells {
-            append_json(args.json.as_ref(), cell)?;
-        }
-        print_table(&cells);
-        return Ok(());
+    // The null DynamoDB's calls run on one thread: each call's CPU is then the client's own work. On
+    // the multi-thread runtime, the second worker's wake-ups and searches for work also count (about a
+    // third of the floor's CPU per call on the bench's machine, the same for every variant), and how
+    // many there are varies from process to process, which widened the spread of a process's ratios
+    // two to three times (`--null-runtime multi-thread` measures that way).
+    let one_thread = args.null_dynamodb && args.null_runtime == NullRuntime::CurrentThread;
+    let runtime = if one_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(against_dynamodb(&args))
+    .enable_all()
+    .build()?;
+    if args.null_dynamodb {
+        runtime.block_on(without_a_server(&args))
+    } else {
+        runtime.block_on(against_dynamodb(&args))
+    }
+}
+
+/// The null DynamoDB's cells.
+async fn without_a_server(args: &Args) -> Result<(), BoxError> {
+    let cells = null_cells(
+        args.calls.max(1),
+        args.warmup,
+        &args.implementation,
+        &args.variant,
+        &args.workload,
+        SdkOptions::of(args),
+    )
+    .await?;
+    for cell in &cells {
+        append_json(args.json.as_ref(), cell)?;
+    }
+    print_table(&cells);
+    Ok(())
 }
 
 /// The cells (or the memory measurement) against DynamoDB Local.
