@@ -4,7 +4,7 @@
 //! ```text
 //! scripts/dynamodb-local start            # prints the endpoint
 //! IDEMPOTENT_DYNAMODB_ENDPOINT=http://127.0.0.1:PORT \
-//!     cargo run --release -p idempotent-examples --bin bench
+//!     cargo run --profile bench -p idempotent-examples --bin bench
 //! ```
 //!
 //! For every concurrency (1, 8, 64) and workload it prints calls/s, p50/p99 latency, DynamoDB requests per
