@@ -373,15 +373,27 @@ impl Baseline {
         }
     }
 
-    /// The record key: as long as ours (`namespace#` + 64 characters), without hashing.
+    /// The record key: as long as ours (`namespace#` + 64 characters), without hashing; `id` left-padded
+    /// with zeros, as `format!("bench::charge#{id:0>64}")` gives it. Copied, not formatted: the floor
+    /// builds its strings the cheapest way (`format!` pads one character at a time, and took about 4,500
+    /// instructions per duplicate for the key and the token together, a tenth of ours' extra work).
     fn key(id: &str) -> String {
-        format!("bench::charge#{id:0>64}")
+        const PREFIX: &str = "bench::charge#";
+        const ZEROS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+        let pad = ZEROS.len().saturating_sub(id.chars().count());
+        let mut key = String::with_capacity(PREFIX.len() + pad + id.len());
+        key.push_str(PREFIX);
+        key.push_str(&ZEROS[..pad]);
+        key.push_str(id);
+        key
     }
 
-    /// A 36-character token, like a UUID, without a random source.
+    /// A 36-character token, like a UUID, without a random source: the process id and a counter, as
+    /// `format!("{pid:08x}-0000-4000-8000-{n:012x}")` gives them (for counters below 16^12), with each
+    /// hex digit written into place rather than formatted.
     fn token(&self) -> String {
         let n = self.tokens.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}-0000-4000-8000-{n:012x}", self.pid)
+        token_text(self.pid, n)
     }
 
     /// The conditional claim: `None` when claimed, the blocking item otherwise.
@@ -618,6 +630,20 @@ impl Baseline {
         let receipt: Receipt = serde_json::from_slice(&response)?;
         Ok(receipt.charge_id.len())
     }
+}
+
+/// See [`Baseline::token`].
+fn token_text(pid: u32, n: u64) -> String {
+    fn hex(out: &mut [u8], mut value: u64) {
+        for digit in out.iter_mut().rev() {
+            *digit = b"0123456789abcdef"[(value & 0xf) as usize];
+            value >>= 4;
+        }
+    }
+    let mut token = *b"00000000-0000-4000-8000-000000000000";
+    hex(&mut token[..8], u64::from(pid));
+    hex(&mut token[24..], n);
+    String::from_utf8(token.to_vec()).expect("hex digits and dashes are ASCII")
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1570,6 +1596,21 @@ async fn against_dynamodb(args: &Args) -> Result<(), BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The baseline's key and token are the very strings `format!` gave them before they were copied
+    /// into place instead.
+    #[test]
+    fn the_baselines_key_and_token_are_what_format_gives() {
+        for id in ["", "1", "run-7-seed-42", &"x".repeat(64), &"y".repeat(70)] {
+            assert_eq!(Baseline::key(id), format!("bench::charge#{id:0>64}"));
+        }
+        for (pid, n) in [(0, 0), (1, 15), (4_194_304, 16), (u32::MAX, (1 << 48) - 1)] {
+            assert_eq!(
+                token_text(pid, n),
+                format!("{pid:08x}-0000-4000-8000-{n:012x}")
+            );
+        }
+    }
 
     #[test]
     fn rounds_rotate_their_order() {
