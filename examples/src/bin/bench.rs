@@ -123,6 +123,11 @@ struct Args {
     /// this many milliseconds (none by default), to measure what its per-attempt timer costs.
     #[arg(long)]
     attempt_timeout_ms: Option<u64>,
+    /// An experiment, not part of `scripts/bench`: with --null-dynamodb, answer each request only after
+    /// yielding to the runtime this many times, so that every request wakes its call and polls it again
+    /// from the top this many times more, as a response over a network does (none by default).
+    #[arg(long, default_value_t = 0)]
+    null_yields: usize,
 }
 
 /// The runtime of `--null-dynamodb`.
@@ -769,9 +774,19 @@ mod null {
     #[derive(Debug, Clone, Default)]
     pub(super) struct NullDynamoDb {
         rejecting: Arc<RwLock<Option<Arc<str>>>>,
+        /// How many times each answer yields to the runtime first (`--null-yields`).
+        yields: usize,
     }
 
     impl NullDynamoDb {
+        /// Answers each request after yielding to the runtime `yields` times.
+        pub(super) fn yielding(yields: usize) -> Self {
+            Self {
+                yields,
+                ..Self::default()
+            }
+        }
+
         /// From now on, fail every condition and return `item` (DynamoDB JSON of the attribute map).
         pub(super) fn reject_with(&self, item: Option<String>) {
             let body = item.map(|item| {
@@ -801,7 +816,16 @@ mod null {
             response
                 .headers_mut()
                 .insert("content-type", "application/x-amz-json-1.0");
-            HttpConnectorFuture::ready(Ok(response))
+            if self.yields == 0 {
+                return HttpConnectorFuture::ready(Ok(response));
+            }
+            let yields = self.yields;
+            HttpConnectorFuture::new(async move {
+                for _ in 0..yields {
+                    tokio::task::yield_now().await;
+                }
+                Ok(response)
+            })
         }
     }
 }
@@ -829,8 +853,8 @@ fn base64_encode(bytes: &[u8]) -> String {
 }
 
 /// A client whose requests the null DynamoDB answers, counting them.
-fn null_client(sdk: SdkOptions) -> (null::NullDynamoDb, RequestCounter, Client) {
-    let null = null::NullDynamoDb::default();
+fn null_client(sdk: SdkOptions, yields: usize) -> (null::NullDynamoDb, RequestCounter, Client) {
+    let null = null::NullDynamoDb::yielding(yields);
     let counter = RequestCounter::default();
     let config = client_config("http://127.0.0.1:9", &counter, sdk).http_client(null.client());
     (null, counter, Client::from_conf(config.build()))
@@ -898,12 +922,13 @@ async fn null_cells(
     named: &[String],
     workloads: &[Workload],
     sdk: SdkOptions,
+    yields: usize,
 ) -> Result<Vec<Cell>, BoxError> {
     // Many short interleaved rounds, in an order that rotates every round (A B C D, B C D A, ...): the
     // machine's speed drifts over seconds (other processes, the hypervisor), so each variant is compared
     // with the baseline within the same round, and its ratio is the median of those per-round ratios.
     const ROUNDS: usize = 100;
-    let (null, counter, client) = null_client(sdk);
+    let (null, counter, client) = null_client(sdk, yields);
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     let ours = Idempotency::builder(store.clone()).build();
     // The same handle without the lease heartbeat: what the heartbeat's timer costs a call.
@@ -1496,6 +1521,7 @@ async fn without_a_server(args: &Args) -> Result<(), BoxError> {
         &args.variant,
         &args.workload,
         SdkOptions::of(args),
+        args.null_yields,
     )
     .await?;
     for cell in &cells {
@@ -1649,7 +1675,7 @@ mod tests {
 
     #[test]
     fn the_steps_between_the_baseline_and_ours_are_variants_of_their_own() {
-        let (_, _, client) = null_client(SdkOptions::default());
+        let (_, _, client) = null_client(SdkOptions::default(), 0);
         let idem = Idempotency::builder(DynamoDbStore::new(client, "t")).build();
         let named = [
             "baseline+store".to_owned(),
@@ -1681,7 +1707,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_store_steps_make_the_baselines_requests_and_check_what_they_get() {
-        let (null, counter, client) = null_client(SdkOptions::default());
+        let (null, counter, client) = null_client(SdkOptions::default(), 0);
         for floor in [Floor::Store, Floor::StoreProtocol] {
             let baseline = Baseline::new(client.clone(), "t".to_owned(), floor);
             // A first call: one claim and one completion; one that fails first: two of each.
@@ -1715,6 +1741,42 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// `--null-yields N`: the same answers and requests, each request polling its call N times more.
+    #[tokio::test]
+    async fn a_yielding_null_dynamodb_answers_the_same_after_more_polls() {
+        async fn polled<F: Future>(future: F) -> (F::Output, usize) {
+            let mut future = std::pin::pin!(future);
+            let mut polls = 0;
+            let output = std::future::poll_fn(|cx| {
+                polls += 1;
+                future.as_mut().poll(cx)
+            })
+            .await;
+            (output, polls)
+        }
+        let mut polls = Vec::new();
+        for yields in [0, 3] {
+            let (null, counter, client) = null_client(SdkOptions::default(), yields);
+            let baseline = Baseline::new(client, "t".to_owned(), Floor::Bare);
+            null.reject_with(None);
+            let (first, first_polls) = polled(baseline.first("a", false)).await;
+            first.unwrap();
+            assert_eq!(counter.take(), 2);
+            let dup = ChargeRequest::new("dup".to_owned());
+            null.reject_with(Some(completed_item(&dup).unwrap()));
+            let (got, dup_polls) = polled(baseline.duplicate("dup")).await;
+            let response = serde_json::to_vec(&Receipt::for_request(&dup)).unwrap();
+            assert_eq!(got.unwrap(), response.len());
+            assert_eq!(counter.take(), 1);
+            polls.push((first_polls, dup_polls));
+        }
+        let [(first, dup), (first_yielding, dup_yielding)] = polls[..] else {
+            unreachable!("two runs")
+        };
+        assert!(first_yielding >= first + 2 * 3, "{polls:?}");
+        assert!(dup_yielding >= dup + 3, "{polls:?}");
     }
 
     #[test]
