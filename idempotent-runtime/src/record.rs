@@ -141,6 +141,37 @@ pub struct AttributeNames {
     pub completed_in: String,
 }
 
+// Used by the DynamoDB store, which reads a returned item by these names.
+#[cfg(feature = "dynamodb")]
+impl AttributeNames {
+    /// Every name, in the order of the fields.
+    fn all(&self) -> [&str; 13] {
+        [
+            &self.key,
+            &self.sort_key,
+            &self.status,
+            &self.token,
+            &self.attempt,
+            &self.lease_until,
+            &self.expires_at,
+            &self.fingerprint,
+            &self.response,
+            &self.error,
+            &self.replay_until,
+            &self.claim_writes,
+            &self.completed_in,
+        ]
+    }
+
+    /// Whether no two of the names are the same attribute.
+    pub(crate) fn are_distinct(&self) -> bool {
+        let all = self.all();
+        all.iter()
+            .enumerate()
+            .all(|(i, name)| !all[i + 1..].contains(name))
+    }
+}
+
 impl Default for AttributeNames {
     fn default() -> Self {
         Self {

@@ -9,39 +9,110 @@ use super::{AttributeNames, Layout};
 use crate::record::{Record, Status};
 use crate::store::StoreError;
 
-fn attr<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> Option<&'a AttributeValue> {
-    item.get(name)
+/// A stored item being read into a [`Record`]: borrowed (each value read is copied), or owned and taken
+/// apart (each value read is moved out, and once every attribute is read the rest are known to be absent
+/// without a look-up). Owned only when the store's attribute names are distinct: an attribute named
+/// twice must be read twice.
+pub(crate) enum Item<'a> {
+    /// Read in place.
+    Borrowed(&'a HashMap<String, AttributeValue>),
+    /// Taken apart as it is read.
+    Owned(HashMap<String, AttributeValue>),
 }
 
-fn string(
-    item: &HashMap<String, AttributeValue>,
-    name: &str,
-) -> Result<Option<String>, StoreError> {
-    match attr(item, name) {
-        None => Ok(None),
-        Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
-        Some(_) => Err(StoreError::Corrupt(format!(
-            "attribute `{name}` is not a string"
-        ))),
+/// One attribute's value: moved out of an owned item, or seen in a borrowed one.
+enum Attr<'a> {
+    Moved(AttributeValue),
+    Seen(&'a AttributeValue),
+}
+
+impl Attr<'_> {
+    fn value(&self) -> &AttributeValue {
+        match self {
+            Attr::Moved(v) => v,
+            Attr::Seen(v) => v,
+        }
     }
 }
 
-fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Result<Option<u64>, StoreError> {
-    match attr(item, name) {
-        None => Ok(None),
-        Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
-            StoreError::Corrupt(format!(
-                "attribute `{name}` is not a non-negative integer: {v}"
-            ))
-        }),
-        Some(_) => Err(StoreError::Corrupt(format!(
-            "attribute `{name}` is not a number"
-        ))),
+impl Item<'_> {
+    /// The attribute `name`: seen in a borrowed item, moved out of an owned one.
+    fn take(&mut self, name: &str) -> Option<Attr<'_>> {
+        match self {
+            Item::Borrowed(item) => item.get(name).map(Attr::Seen),
+            // An emptied item has nothing left to look up (and a look-up would hash `name` first).
+            Item::Owned(item) if item.is_empty() => None,
+            Item::Owned(item) => item.remove(name).map(Attr::Moved),
+        }
     }
+
+    fn string(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Moved(AttributeValue::S(v))) => Ok(Some(v)),
+            Some(Attr::Seen(AttributeValue::S(v))) => Ok(Some(v.clone())),
+            Some(_) => Err(not_a(name, "a string")),
+        }
+    }
+
+    fn number(&mut self, name: &str) -> Result<Option<u64>, StoreError> {
+        match self.take(name).as_ref().map(Attr::value) {
+            None => Ok(None),
+            Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
+                StoreError::Corrupt(format!(
+                    "attribute `{name}` is not a non-negative integer: {v}"
+                ))
+            }),
+            Some(_) => Err(not_a(name, "a number")),
+        }
+    }
+
+    fn binary(&mut self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Moved(AttributeValue::B(b))) => Ok(Some(b.into_inner())),
+            Some(Attr::Seen(AttributeValue::B(b))) => Ok(Some(b.as_ref().to_vec())),
+            Some(_) => Err(not_a(name, "binary")),
+        }
+    }
+
+    fn boolean(&mut self, name: &str) -> Result<Option<bool>, StoreError> {
+        match self.take(name).as_ref().map(Attr::value) {
+            None => Ok(None),
+            Some(AttributeValue::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(not_a(name, "a boolean")),
+        }
+    }
+
+    /// A key attribute's text (see [`Layout::record_key`]).
+    pub(super) fn key_part(&mut self, name: &str) -> Result<String, StoreError> {
+        self.string(name)?.ok_or_else(|| missing(name))
+    }
+
+    /// The status, read without copying its text.
+    fn status(&mut self, name: &str) -> Result<Status, StoreError> {
+        let attr = self.take(name).ok_or_else(|| missing(name))?;
+        let AttributeValue::S(text) = attr.value() else {
+            return Err(not_a(name, "a string"));
+        };
+        Status::parse(text)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown status `{text}` in `{name}`")))
+    }
+}
+
+/// `what`: "a string", "binary", ..
+#[cold]
+fn not_a(name: &str, what: &str) -> StoreError {
+    StoreError::Corrupt(format!("attribute `{name}` is not {what}"))
+}
+
+#[cold]
+fn missing(name: &str) -> StoreError {
+    StoreError::Corrupt(format!("attribute `{name}` is missing"))
 }
 
 fn required<T>(value: Option<T>, name: &str) -> Result<T, StoreError> {
-    value.ok_or_else(|| StoreError::Corrupt(format!("attribute `{name}` is missing")))
+    value.ok_or_else(|| missing(name))
 }
 
 /// Turns a stored item of the default [`Layout::Key`] into a [`Record`] (see [`parse_record`]).
@@ -50,63 +121,47 @@ pub(crate) fn parse_item(
     names: &AttributeNames,
     item: &HashMap<String, AttributeValue>,
 ) -> Result<Record, StoreError> {
-    parse_record(names, &Layout::Key, item)
+    parse_record(names, &Layout::Key, Item::Borrowed(item))
 }
 
 /// Turns a stored item of `layout` into a [`Record`], or says what is wrong with it:
 /// [`StoreError::Corrupt`] for a missing or mistyped attribute (the key attributes included), an unknown
 /// status, or a PENDING record without a lease.
+///
+/// The attributes are read in the order a completed record holds them, the ones only other records hold
+/// last: an owned item of a completed record is empty by then, and its absent attributes cost nothing.
 pub(crate) fn parse_record(
     names: &AttributeNames,
     layout: &Layout,
-    item: &HashMap<String, AttributeValue>,
+    mut item: Item<'_>,
 ) -> Result<Record, StoreError> {
-    let status_text = required(string(item, &names.status)?, &names.status)?;
-    let status = Status::parse(&status_text).ok_or_else(|| {
-        StoreError::Corrupt(format!(
-            "unknown status `{status_text}` in `{}`",
-            names.status
-        ))
-    })?;
-    let lease_until_ms = number(item, &names.lease_until)?;
+    let status = item.status(&names.status)?;
+    let lease_until_ms = item.number(&names.lease_until)?;
     if status == Status::Pending && lease_until_ms.is_none() {
         return Err(StoreError::Corrupt(format!(
             "a PENDING record without `{}`",
             names.lease_until
         )));
     }
-    let response = match attr(item, &names.response) {
-        None => None,
-        Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
-        Some(_) => {
-            return Err(StoreError::Corrupt(format!(
-                "attribute `{}` is not binary",
-                names.response
-            )));
-        }
-    };
+    let key = layout.record_key(names, &mut item)?;
+    let token = required(item.string(&names.token)?, &names.token)?;
+    let attempt = item.number(&names.attempt)?.unwrap_or(0);
+    let expires_at_s = required(item.number(&names.expires_at)?, &names.expires_at)?;
+    let fingerprint = item.string(&names.fingerprint)?;
+    let response = item.binary(&names.response)?;
     Ok(Record {
-        key: layout.record_key(names, item)?,
+        key,
         status,
-        token: required(string(item, &names.token)?, &names.token)?,
-        attempt: number(item, &names.attempt)?.unwrap_or(0),
+        token,
+        attempt,
         lease_until_ms,
-        expires_at_s: required(number(item, &names.expires_at)?, &names.expires_at)?,
-        fingerprint: string(item, &names.fingerprint)?,
+        expires_at_s,
+        fingerprint,
         response,
-        error: string(item, &names.error)?,
-        replay_until_s: number(item, &names.replay_until)?,
-        claim_writes_in_effect: match attr(item, &names.claim_writes) {
-            None => false,
-            Some(AttributeValue::Bool(b)) => *b,
-            Some(_) => {
-                return Err(StoreError::Corrupt(format!(
-                    "attribute `{}` is not a boolean",
-                    names.claim_writes
-                )));
-            }
-        },
-        completed_in: string(item, &names.completed_in)?,
+        error: item.string(&names.error)?,
+        replay_until_s: item.number(&names.replay_until)?,
+        claim_writes_in_effect: item.boolean(&names.claim_writes)?.unwrap_or(false),
+        completed_in: item.string(&names.completed_in)?,
     })
 }
 
@@ -163,10 +218,26 @@ mod tests {
         ])
     }
 
+    /// The record of `item` read both ways: borrowed, and owned (taken apart); both must agree.
+    fn parse_both(
+        names: &AttributeNames,
+        layout: &Layout,
+        item: &HashMap<String, AttributeValue>,
+    ) -> Result<Record, StoreError> {
+        let borrowed = parse_record(names, layout, Item::Borrowed(item));
+        let owned = parse_record(names, layout, Item::Owned(item.clone()));
+        match (&borrowed, &owned) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b),
+            (Err(StoreError::Corrupt(a)), Err(StoreError::Corrupt(b))) => assert_eq!(a, b),
+            _ => panic!("borrowed {borrowed:?} but owned {owned:?}"),
+        }
+        borrowed
+    }
+
     #[test]
     fn every_attribute_is_read_under_the_configured_names_and_others_are_ignored() {
         let names = names();
-        let record = parse_record(&names, &Layout::Key, &full_item(&names)).unwrap();
+        let record = parse_both(&names, &Layout::Key, &full_item(&names)).unwrap();
         assert_eq!(
             record,
             Record {
@@ -188,8 +259,34 @@ mod tests {
         let mut item = full_item(&names);
         item.insert(names.key.clone(), s("billing::charge"));
         item.insert(names.sort_key.clone(), s("00ff"));
-        let record = parse_record(&names, &Layout::Tenant, &item).unwrap();
+        let record = parse_both(&names, &Layout::Tenant, &item).unwrap();
         assert_eq!(record.key, "billing::charge#00ff");
+    }
+
+    #[test]
+    fn a_completed_record_taken_apart_reads_the_same_as_in_place() {
+        // What a duplicate gets back: a completed record, without the attributes only other records
+        // hold, so the owned item is empty before they are looked up.
+        let names = names();
+        let mut item = full_item(&names);
+        for absent in [
+            &names.lease_until,
+            &names.error,
+            &names.replay_until,
+            &names.claim_writes,
+            &names.completed_in,
+        ] {
+            item.remove(absent);
+        }
+        item.remove("status");
+        item.remove("business");
+        let record = parse_both(&names, &Layout::Key, &item).unwrap();
+        assert_eq!(record.lease_until_ms, None);
+        assert_eq!(record.error, None);
+        assert_eq!(record.replay_until_s, None);
+        assert!(!record.claim_writes_in_effect);
+        assert_eq!(record.completed_in, None);
+        assert_eq!(record.response.as_deref(), Some(&b"{}"[..]));
     }
 
     #[test]
@@ -199,23 +296,49 @@ mod tests {
         item.remove(&names.token);
         item.insert(names.expires_at.clone(), s("soon"));
         assert!(matches!(
-            parse_record(&names, &Layout::Key, &item),
+            parse_both(&names, &Layout::Key, &item),
             Err(StoreError::Corrupt(m)) if m == "attribute `tk` is missing"
         ));
         let mut item = full_item(&names);
         item.insert(names.attempt.clone(), s("3"));
         item.insert(names.claim_writes.clone(), s("yes"));
         assert!(matches!(
-            parse_record(&names, &Layout::Key, &item),
+            parse_both(&names, &Layout::Key, &item),
             Err(StoreError::Corrupt(m)) if m == "attribute `at` is not a number"
         ));
+        let mut item = full_item(&names);
+        item.insert(names.status.clone(), s("DONE"));
+        assert!(matches!(
+            parse_both(&names, &Layout::Key, &item),
+            Err(StoreError::Corrupt(m)) if m == "unknown status `DONE` in `st`"
+        ));
+        for (name, value, message) in [
+            (&names.response, s("x"), "attribute `rs` is not binary"),
+            (
+                &names.claim_writes,
+                s("x"),
+                "attribute `cw` is not a boolean",
+            ),
+            (&names.token, n(1), "attribute `tk` is not a string"),
+            (&names.status, n(1), "attribute `st` is not a string"),
+        ] {
+            let mut item = full_item(&names);
+            item.insert(name.clone(), value);
+            assert!(matches!(
+                parse_both(&names, &Layout::Key, &item),
+                Err(StoreError::Corrupt(m)) if m == message
+            ));
+        }
     }
 
     #[test]
     fn names_set_to_the_same_attribute_each_read_it() {
         let mut names = names();
         names.error = names.completed_in.clone();
-        let record = parse_record(&names, &Layout::Key, &full_item(&names)).unwrap();
+        assert!(!names.are_distinct());
+        assert!(super::super::AttributeNames::default().are_distinct());
+        let record =
+            parse_record(&names, &Layout::Key, Item::Borrowed(&full_item(&names))).unwrap();
         assert_eq!(record.error.as_deref(), Some("eu-west-1"));
         assert_eq!(record.completed_in.as_deref(), Some("eu-west-1"));
     }

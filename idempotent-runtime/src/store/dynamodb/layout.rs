@@ -9,6 +9,7 @@ use std::str::FromStr;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::AttributeNames;
+use super::item::Item;
 use crate::store::StoreError;
 
 /// The constant partition key value of [`Layout::StaticPartition`] when none is given (`static-pk` on
@@ -118,25 +119,16 @@ impl Layout {
     pub(super) fn record_key(
         &self,
         names: &AttributeNames,
-        item: &HashMap<String, AttributeValue>,
+        item: &mut Item<'_>,
     ) -> Result<String, StoreError> {
-        let string = |name: &str| match item.get(name) {
-            Some(AttributeValue::S(v)) => Ok(v.as_str()),
-            Some(_) => Err(StoreError::Corrupt(format!(
-                "attribute `{name}` is not a string"
-            ))),
-            None => Err(StoreError::Corrupt(format!(
-                "attribute `{name}` is missing"
-            ))),
-        };
         match self {
-            Layout::Key => string(&names.key).map(str::to_owned),
-            Layout::StaticPartition { .. } => string(&names.sort_key).map(str::to_owned),
-            Layout::Tenant => Ok(format!(
-                "{}#{}",
-                string(&names.key)?,
-                string(&names.sort_key)?
-            )),
+            Layout::Key => item.key_part(&names.key),
+            Layout::StaticPartition { .. } => item.key_part(&names.sort_key),
+            Layout::Tenant => {
+                let namespace = item.key_part(&names.key)?;
+                let hash = item.key_part(&names.sort_key)?;
+                Ok(format!("{namespace}#{hash}"))
+            }
         }
     }
 
@@ -218,7 +210,20 @@ mod tests {
         ] {
             let item = layout.item_key(&names, KEY).unwrap();
             assert_eq!(item.len(), if layout.has_sort_key() { 2 } else { 1 });
-            assert_eq!(layout.record_key(&names, &item).unwrap(), KEY, "{layout}");
+            let borrowed = layout.record_key(&names, &mut Item::Borrowed(&item));
+            assert_eq!(borrowed.unwrap(), KEY, "{layout}");
+            let mut owned = Item::Owned(item.clone());
+            assert_eq!(
+                layout.record_key(&names, &mut owned).unwrap(),
+                KEY,
+                "{layout}"
+            );
+            // Taken out, but for the static partition value, which is not part of the record key.
+            let left = usize::from(matches!(layout, Layout::StaticPartition { .. }));
+            assert!(
+                matches!(owned, Item::Owned(rest) if rest.len() == left),
+                "{layout}"
+            );
         }
         let tenant = Layout::Tenant.item_key(&names, KEY).unwrap();
         assert_eq!(tenant["pk"], AttributeValue::S("billing::charge".into()));

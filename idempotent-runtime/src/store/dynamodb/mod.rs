@@ -67,6 +67,7 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata as _;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
@@ -85,7 +86,7 @@ pub use crate::record::AttributeNames;
 pub(crate) use error::error_code;
 #[cfg(test)]
 pub(crate) use item::parse_item;
-use item::parse_record;
+use item::{Item, parse_record};
 pub use layout::{DEFAULT_STATIC_PARTITION, Layout, ParseLayoutError};
 pub use table::{Replication, TableReport};
 
@@ -108,6 +109,9 @@ struct Inner {
     client: Client,
     table: String,
     names: AttributeNames,
+    /// No two of `names` are the same attribute, so a returned item can be taken apart as its record
+    /// is read ([`Item::Owned`]).
+    distinct_names: bool,
     /// The `ExpressionAttributeNames` of every record update, from `names`.
     prepared: PreparedNames,
     /// How record keys map onto the table's primary key.
@@ -119,6 +123,17 @@ struct Inner {
     /// With [`DynamoDbStore::with_retry_config`]: the configuration override of every request, holding
     /// the store's retry policy and nothing else (unset settings keep the client's). Built once.
     retry_override: Option<aws_sdk_dynamodb::config::Builder>,
+}
+
+impl Inner {
+    /// The record of an item the store was handed back, taken apart as it is read when the names allow.
+    fn parse_owned(&self, item: HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
+        if self.distinct_names {
+            parse_record(&self.names, &self.layout, Item::Owned(item))
+        } else {
+            parse_record(&self.names, &self.layout, Item::Borrowed(&item))
+        }
+    }
 }
 
 impl DynamoDbStore {
@@ -138,6 +153,7 @@ impl DynamoDbStore {
                 client,
                 table: table.into(),
                 prepared: PreparedNames::new(&names),
+                distinct_names: names.are_distinct(),
                 names,
                 layout: Layout::Key,
                 region: None,
@@ -304,13 +320,16 @@ impl DynamoDbStore {
                 let _ = (op, claimed_at_s, output);
                 Ok(WriteOutcome::Applied)
             }
-            Err(err) => match rejected(&err).map(|e| e.item()) {
-                Some(item) => Ok(WriteOutcome::Rejected(
-                    item.map(|i| parse_record(&inner.names, &inner.layout, i))
-                        .transpose()?,
-                )),
-                None => Err(classify(&inner.table, err)),
-            },
+            Err(err) if rejected(&err).is_some() => {
+                let item = match err.into_service_error() {
+                    UpdateItemError::ConditionalCheckFailedException(e) => e.item,
+                    _ => None,
+                };
+                Ok(WriteOutcome::Rejected(
+                    item.map(|item| inner.parse_owned(item)).transpose()?,
+                ))
+            }
+            Err(err) => Err(classify(&inner.table, err)),
         }
     }
 
@@ -392,7 +411,7 @@ impl DynamoDbStore {
                 first
                     .item
                     .as_ref()
-                    .map(|item| parse_record(&inner.names, &inner.layout, item))
+                    .map(|item| parse_record(&inner.names, &inner.layout, Item::Borrowed(item)))
                     .transpose()?,
             )),
             // A business condition, or a conflict or throttling that may pass: the caller decides.
@@ -405,7 +424,7 @@ impl DynamoDbStore {
     /// # Errors
     /// [`StoreError::Corrupt`] for a missing or mistyped attribute or an unknown status.
     pub fn parse_item(&self, item: &HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
-        parse_record(&self.inner.names, &self.inner.layout, item)
+        parse_record(&self.inner.names, &self.inner.layout, Item::Borrowed(item))
     }
 
     /// The item key (the request's `Key`) of the record key `key` in this store's [`Layout`]: to read or
@@ -516,10 +535,7 @@ impl Store for DynamoDbStore {
                 .consistent_read(true)
         )
         .map_err(|e| classify(&inner.table, e))?;
-        output
-            .item()
-            .map(|item| parse_record(&inner.names, &inner.layout, item))
-            .transpose()
+        output.item.map(|item| inner.parse_owned(item)).transpose()
     }
 
     /// The common budget ([`Store::response_budget`]), less what this store's items carry besides: the
@@ -536,5 +552,58 @@ impl Store for DynamoDbStore {
 
     fn kind(&self) -> &'static str {
         "dynamodb"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::primitives::Blob;
+
+    use super::*;
+    use crate::record::Status;
+
+    fn client() -> Client {
+        Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .build(),
+        )
+    }
+
+    fn s(v: &str) -> AttributeValue {
+        AttributeValue::S(v.to_owned())
+    }
+
+    #[test]
+    fn a_returned_item_is_taken_apart_only_when_no_attribute_is_named_twice() {
+        let item = |names: &AttributeNames| {
+            HashMap::from([
+                (names.key.clone(), s("ns#00ff")),
+                (names.status.clone(), s("FAILED")),
+                (names.token.clone(), s("t-1")),
+                (names.expires_at.clone(), AttributeValue::N("90".into())),
+                (names.response.clone(), AttributeValue::B(Blob::new(*b"{}"))),
+                (names.error.clone(), s("declined")),
+            ])
+        };
+        let distinct = DynamoDbStore::new(client(), "t");
+        assert!(distinct.inner.distinct_names);
+        let record = distinct
+            .inner
+            .parse_owned(item(&AttributeNames::default()))
+            .unwrap();
+        assert_eq!(record.status, Status::Failed);
+        assert_eq!(record.error.as_deref(), Some("declined"));
+        // The error and the completing region in one attribute: both read it, which taking the
+        // attribute out at its first read would not allow.
+        let names = AttributeNames {
+            completed_in: "error".into(),
+            ..AttributeNames::default()
+        };
+        let shared = DynamoDbStore::with_attribute_names(client(), "t", names.clone());
+        assert!(!shared.inner.distinct_names);
+        let record = shared.inner.parse_owned(item(&names)).unwrap();
+        assert_eq!(record.error.as_deref(), Some("declined"));
+        assert_eq!(record.completed_in.as_deref(), Some("declined"));
     }
 }
