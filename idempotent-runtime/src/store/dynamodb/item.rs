@@ -86,7 +86,7 @@ impl Item<'_> {
 
     /// A key attribute's text (see [`Layout::record_key`]).
     pub(super) fn key_part(&mut self, name: &str) -> Result<String, StoreError> {
-        self.string(name)?.ok_or_else(|| missing(name))
+        required(self.string(name)?, name)
     }
 
     /// The status, read without copying its text.
