@@ -73,6 +73,7 @@ impl Call {
 }
 
 /// Maps a store failure to the crate's error, naming the namespace.
+#[cold]
 pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
     let namespace = namespace.to_owned();
     match err {
@@ -115,8 +116,8 @@ pub(crate) fn expiry_s(now_ms: u64, extra: Duration) -> u64 {
 pub(crate) enum Found {
     /// Our own claim (a retried write whose first response was lost).
     Ours,
-    /// A stored response to return.
-    Replay(Record),
+    /// The record's stored response is to be returned.
+    Replay,
     /// Another call is running; its lease (plus the skew margin) ends in this long.
     InProgress(Duration),
     /// The record became claimable after all; try to claim again.
@@ -127,10 +128,34 @@ pub(crate) enum Found {
 /// have a payload fingerprint, and they differ.
 fn same_payload(namespace: &str, stored: Option<&str>, ours: Option<&str>) -> Result<(), Error> {
     match (stored, ours) {
-        (Some(stored), Some(ours)) if stored != ours => Err(Error::PayloadMismatch {
-            namespace: namespace.to_owned(),
-        }),
+        (Some(stored), Some(ours)) if stored != ours => Err(payload_mismatch(namespace)),
         _ => Ok(()),
+    }
+}
+
+/// [`Error::PayloadMismatch`]. Out of line and `#[cold]`, like the other error constructors of this
+/// module: the code a call runs stays dense in the instruction cache, which the store's client evicts
+/// between calls, and the compiler lays the error paths out of the way.
+#[cold]
+fn payload_mismatch(namespace: &str) -> Error {
+    Error::PayloadMismatch {
+        namespace: namespace.to_owned(),
+    }
+}
+
+/// [`Error::Expired`].
+#[cold]
+fn expired(namespace: &str) -> Error {
+    Error::Expired {
+        namespace: namespace.to_owned(),
+    }
+}
+
+/// [`Error::ResponseTooLarge`].
+#[cold]
+fn response_too_large(namespace: &str) -> Error {
+    Error::ResponseTooLarge {
+        namespace: namespace.to_owned(),
     }
 }
 
@@ -138,7 +163,7 @@ fn same_payload(namespace: &str, stored: Option<&str>, ours: Option<&str>) -> Re
 /// as in the claim condition).
 pub(crate) fn examine(
     call: &Call,
-    record: Record,
+    record: &Record,
     token: &str,
     fingerprint: Option<&str>,
     now_ms: u64,
@@ -156,14 +181,10 @@ pub(crate) fn examine(
                 .replay_until_s
                 .is_some_and(|until| until < now_ms / 1000) =>
         {
-            Err(Error::Expired {
-                namespace: call.namespace.to_owned(),
-            })
+            Err(expired(call.namespace))
         }
-        Status::Completed if record.response.is_none() => Err(Error::ResponseTooLarge {
-            namespace: call.namespace.to_owned(),
-        }),
-        Status::Completed => Ok(Found::Replay(record)),
+        Status::Completed if record.response.is_none() => Err(response_too_large(call.namespace)),
+        Status::Completed => Ok(Found::Replay),
         Status::Pending => Ok(Found::InProgress(Duration::from_millis(
             record
                 .lease_until_ms
@@ -261,8 +282,27 @@ async fn claim(
     plan: &Plan<'_>,
     request: &ClaimRequest<'_>,
 ) -> Result<ClaimOutcome, Error> {
-    let namespace = plan.call.namespace;
-    if !plan.claim_writes.is_empty() {
+    if !plan.claim_writes.is_empty()
+        && let Some(decided) = claim_with_writes(idem, plan, request).await?
+    {
+        return Ok(decided);
+    }
+    telemetry::observe("claim", idem.store().claim(request))
+        .await
+        .map_err(|e| store_error(plan.call.namespace, e))
+}
+
+/// A claim with claim-time writes, as a transaction; `None` when the key is to be taken with a plain
+/// claim instead. Boxed and out of line: most calls have no claim-time writes, and their claim's code
+/// stays dense in the instruction cache.
+#[cold]
+fn claim_with_writes<'a>(
+    idem: &'a Idempotency,
+    plan: &'a Plan<'_>,
+    request: &'a ClaimRequest<'_>,
+) -> Pin<Box<dyn Future<Output = Result<Option<ClaimOutcome>, Error>> + Send + 'a>> {
+    Box::pin(async move {
+        let namespace = plan.call.namespace;
         let fingerprint = plan.fingerprint.map_or(0, str::len);
         if let Err(detail) = plan.claim_writes.check_limits(plan.key, fingerprint) {
             return Err(Error::TooManyWrites {
@@ -272,7 +312,7 @@ async fn claim(
         }
         let claimed = idem.store().claim_transaction(request, plan.claim_writes);
         match telemetry::observe("claim_transaction", claimed).await {
-            Ok(TransactOutcome::Committed) => return Ok(ClaimOutcome::Claimed),
+            Ok(TransactOutcome::Committed) => Ok(Some(ClaimOutcome::Claimed)),
             // Claimable, but its claim-time writes are still in effect (a failure without compensation,
             // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
             // twice.
@@ -283,34 +323,24 @@ async fn claim(
                     namespace,
                     "claim-time writes still in effect; claiming without applying them again"
                 );
+                Ok(None)
             }
-            Ok(TransactOutcome::Rejected(Some(record))) => {
-                return Ok(ClaimOutcome::Existing(record));
-            }
-            Ok(TransactOutcome::Rejected(None)) => {
-                return Err(Error::CorruptRecord {
-                    namespace: namespace.to_owned(),
-                    detail: "the claim condition failed but no item was returned".into(),
-                });
-            }
-            Ok(TransactOutcome::Canceled(reasons)) => {
-                return Err(Error::TransactionCanceled {
-                    namespace: namespace.to_owned(),
-                    reasons,
-                });
-            }
-            Err(StoreError::Invalid(source)) => {
-                return Err(Error::WriteRejected {
-                    namespace: namespace.to_owned(),
-                    source,
-                });
-            }
-            Err(e) => return Err(store_error(namespace, e)),
+            Ok(TransactOutcome::Rejected(Some(record))) => Ok(Some(ClaimOutcome::Existing(record))),
+            Ok(TransactOutcome::Rejected(None)) => Err(Error::CorruptRecord {
+                namespace: namespace.to_owned(),
+                detail: "the claim condition failed but no item was returned".into(),
+            }),
+            Ok(TransactOutcome::Canceled(reasons)) => Err(Error::TransactionCanceled {
+                namespace: namespace.to_owned(),
+                reasons,
+            }),
+            Err(StoreError::Invalid(source)) => Err(Error::WriteRejected {
+                namespace: namespace.to_owned(),
+                source,
+            }),
+            Err(e) => Err(store_error(namespace, e)),
         }
-    }
-    telemetry::observe("claim", idem.store().claim(request))
-        .await
-        .map_err(|e| store_error(namespace, e))
+    })
 }
 
 /// How the claim phase ended.
@@ -390,22 +420,19 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             let now_ms = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
             let lease_until_ms = record.lease_until_ms;
             let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
-            let retry_after = match examine(plan.call, record, token, plan.fingerprint, now_ms)? {
+            let retry_after = match examine(plan.call, &record, token, plan.fingerprint, now_ms)? {
                 Found::Ours => {
                     return Ok(Acquired::Held {
                         lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
                         took_over,
                     });
                 }
-                Found::Replay(record) => {
+                Found::Replay => {
                     return replay_record(idem, plan, record)
                         .map(|value| Acquired::Done(value, Outcome::Replayed));
                 }
                 Found::Claimable if number > CLAIMABLE_RETRIES => {
-                    return Err(Error::Contended {
-                        namespace: plan.call.namespace.to_owned(),
-                        attempts: number,
-                    });
+                    return Err(contended(plan.call.namespace, number));
                 }
                 Found::Claimable => {
                     took_over = lapsed && !expired;
@@ -414,11 +441,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 Found::InProgress(retry_after) => retry_after,
             };
             let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now()) else {
-                return Err(Error::InProgress {
-                    namespace: plan.call.namespace.to_owned(),
-                    retry_after,
-                    retry_hint: retry_after.min(idem.retry_hint()),
-                });
+                return Err(in_progress(idem, plan.call.namespace, retry_after));
             };
             let pause = deadline.min(tokio::time::Instant::now() + poll);
             poll = (poll * 2).min(MAX_POLL);
@@ -429,6 +452,25 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 None => continue 'claim,
             }
         }
+    }
+}
+
+/// [`Error::Contended`].
+#[cold]
+fn contended(namespace: &str, attempts: u32) -> Error {
+    Error::Contended {
+        namespace: namespace.to_owned(),
+        attempts,
+    }
+}
+
+/// [`Error::InProgress`].
+#[cold]
+fn in_progress(idem: &Idempotency, namespace: &str, retry_after: Duration) -> Error {
+    Error::InProgress {
+        namespace: namespace.to_owned(),
+        retry_after,
+        retry_hint: retry_after.min(idem.retry_hint()),
     }
 }
 
@@ -634,16 +676,20 @@ where
 
 /// Decodes a stored response.
 fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8]) -> Result<T, Error> {
-    codec::decode(response).map_err(|e| {
-        let namespace = namespace.to_owned();
-        match e {
-            codec::DecodeError::Json(source) => Error::Deserialize { namespace, source },
-            codec::DecodeError::Compression(e) => Error::CorruptRecord {
-                namespace,
-                detail: format!("the stored response does not decompress: {e}"),
-            },
-        }
-    })
+    codec::decode(response).map_err(|e| undecodable(namespace, e))
+}
+
+/// The error of a stored response that does not decode.
+#[cold]
+fn undecodable(namespace: &str, e: codec::DecodeError) -> Error {
+    let namespace = namespace.to_owned();
+    match e {
+        codec::DecodeError::Json(source) => Error::Deserialize { namespace, source },
+        codec::DecodeError::Compression(e) => Error::CorruptRecord {
+            namespace,
+            detail: format!("the stored response does not decompress: {e}"),
+        },
+    }
 }
 
 /// Retries of a write that must land once the body has run (its result is in memory and the claim is

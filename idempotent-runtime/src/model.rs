@@ -321,7 +321,7 @@ impl Protocol {
     }
 
     /// What `worker` does with a record that blocked its claim (or that it polled).
-    fn examine(&self, state: &mut State, worker: usize, record: Record) {
+    fn examine(&self, state: &mut State, worker: usize, record: &Record) {
         let judged = handler::judged_ms(state.clock_ms(worker), self.margin);
         let found = handler::examine(&CALL, record, &token(worker), None, judged);
         let w = &mut state.workers[worker];
@@ -330,7 +330,7 @@ impl Protocol {
                 state.ghost.ran[worker] = true;
                 Phase::Running { beating: true }
             }
-            Ok(Found::Replay(record)) => {
+            Ok(Found::Replay) => {
                 let bytes = record.response.clone().unwrap_or_default();
                 let author = worker_of(&record.token);
                 if record.status != Status::Completed
@@ -359,7 +359,7 @@ impl Protocol {
             }
             // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
             Some(_) if lost => return false,
-            Some(blocking) => self.examine(state, worker, blocking),
+            Some(blocking) => self.examine(state, worker, &blocking),
         }
         true
     }
@@ -503,7 +503,7 @@ impl Model for Protocol {
                 self.send_claim(&mut state, i, times, false);
             }
             Action::Poll(i) => match state.record.clone() {
-                Some(record) => self.examine(&mut state, i, record),
+                Some(record) => self.examine(&mut state, i, &record),
                 // Deleted by TTL: the key is new.
                 None => state.workers[i].phase = Phase::Claiming,
             },

@@ -43,14 +43,19 @@ use crate::{Error, Idempotency, MissingKey};
 pub struct Operation<'a, H = Unchanged> {
     /// The handle, or why there is none (the attribute's `store = ..` or installed default): reported
     /// by `run` with the key's and payload's errors, after the kill switch.
-    idem: Result<Cow<'a, Idempotency>, Error>,
+    idem: Early<Cow<'a, Idempotency>>,
     call: Call,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
     claim_writes: Writes,
     compensation: Writes,
     on_replay: H,
 }
+
+/// What a call evaluates before it starts (its handle, key and payload fingerprint), or the error that
+/// `run` reports for it. The error is boxed: an [`Error`] is 64 bytes, and a call moves these values
+/// through several layers, where the boxed error keeps each move a word or two.
+pub type Early<T> = Result<T, Box<Error>>;
 
 /// What an [`Operation`] does to a value it replays, before returning it: any `FnOnce(T) -> T`, or
 /// [`Unchanged`].
@@ -92,7 +97,7 @@ impl Idempotency {
         key: &K,
     ) -> Operation<'_> {
         let call = Call::new(namespace);
-        let key = DerivedKey::for_call(&call, key);
+        let key = DerivedKey::for_call(&call, key).map_err(Box::new);
         Operation::from_parts(Ok(Cow::Borrowed(self)), call, key, None)
     }
 }
@@ -101,10 +106,10 @@ impl<'a> Operation<'a> {
     /// An operation from what the attribute's generated code evaluated: the handle (or why there is
     /// none), the call's settings, the key and the payload's fingerprint.
     pub(crate) fn from_parts(
-        idem: Result<Cow<'a, Idempotency>, Error>,
+        idem: Early<Cow<'a, Idempotency>>,
         call: Call,
-        key: Result<DerivedKey, Error>,
-        fingerprint: Option<Result<String, Error>>,
+        key: Early<DerivedKey>,
+        fingerprint: Option<Early<String>>,
     ) -> Self {
         Operation {
             idem,
@@ -237,7 +242,7 @@ impl<'a, H> Operation<'a, H> {
 
     /// Rejects the key with another payload ([`Error::PayloadMismatch`]).
     pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
-        self.fingerprint = Some(crate::key::fingerprint_for(&self.call, payload));
+        self.fingerprint = Some(crate::key::fingerprint_for(&self.call, payload).map_err(Box::new));
         self
     }
 
@@ -358,7 +363,7 @@ impl<'a, H> Operation<'a, H> {
                 let idem = idem?;
                 let key = key?;
                 let fingerprint = fingerprint.transpose()?;
-                Ok::<_, Error>(
+                Ok::<_, Box<Error>>(
                     key.resolve(&call, stages_writes)?
                         .map(|key| (idem, key, fingerprint)),
                 )
@@ -370,7 +375,7 @@ impl<'a, H> Operation<'a, H> {
             Ok(None) => return Drive::Body { body },
             Err(e) => {
                 return Drive::Failed {
-                    error: Some(e.into()),
+                    error: Some((*e).into()),
                 };
             }
         };

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::handler::{Call, MissingKey};
 pub use crate::key::DerivedKey;
+pub use crate::operation::Early;
 use crate::{Error, Idempotency, Operation};
 
 // The checks below exist for the compile errors. Generated code calls each through its trait's path
@@ -243,26 +244,28 @@ impl<T: Handle + ?Sized> Handle for Arc<T> {
 
 /// The handle given with `store = ..`.
 #[inline]
-pub fn handle<S: Handle + ?Sized>(store: &S) -> Result<Idempotency, Error> {
+pub fn handle<S: Handle + ?Sized>(store: &S) -> Early<Idempotency> {
     Ok(store.idempotency().clone())
 }
 
 /// The installed default handle.
-pub fn installed(call: &Call) -> Result<Idempotency, Error> {
-    Idempotency::installed().ok_or_else(|| Error::NotInstalled {
-        namespace: call.namespace.to_owned(),
+pub fn installed(call: &Call) -> Early<Idempotency> {
+    Idempotency::installed().ok_or_else(|| {
+        Box::new(Error::NotInstalled {
+            namespace: call.namespace.to_owned(),
+        })
     })
 }
 
 /// The record key for the attribute's `key` expression; whether it may be used is decided with the
 /// call's [`MissingKey`] policy when the call runs.
-pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Result<DerivedKey, Error> {
-    DerivedKey::for_call(call, key)
+pub fn key<K: Serialize + ?Sized>(call: &Call, key: &K) -> Early<DerivedKey> {
+    DerivedKey::for_call(call, key).map_err(Box::new)
 }
 
 /// The fingerprint of the attribute's `payload` expression.
-pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<String, Error> {
-    crate::key::fingerprint_for(call, payload)
+pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Early<String> {
+    crate::key::fingerprint_for(call, payload).map_err(Box::new)
 }
 
 /// Runs the state machine around `body`, through [`Operation`](crate::Operation)'s one path. Errors
@@ -274,10 +277,10 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Result<St
 /// argument again beside each local it is moved into, and the body's future was three times in the
 /// caller's (see the test below).
 pub fn execute<R, F, D>(
-    handle: Result<Idempotency, Error>,
+    handle: Early<Idempotency>,
     call: &Call,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
     describe: D,
     body: F,
 ) -> impl Future<Output = R>
@@ -351,10 +354,10 @@ pub fn transaction() -> crate::Transaction {
 /// (the attribute refuses that combination at compile time).
 #[cfg(feature = "dynamodb")]
 pub async fn execute_transact<R, F, D>(
-    handle: Result<Idempotency, Error>,
+    handle: Early<Idempotency>,
     call: &Call,
-    key: Result<DerivedKey, Error>,
-    fingerprint: Option<Result<String, Error>>,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
     transaction: crate::Transaction,
     describe: D,
     body: F,
@@ -405,15 +408,27 @@ impl<E> DescribeOther for &Describe<'_, E> {
 mod tests {
     use super::*;
 
+    /// What a call evaluates before it starts (its handle, key and fingerprint) is moved through several
+    /// layers before the state machine takes it apart: a possible error is boxed, so that each value is
+    /// no larger than what it holds on success plus a word (an `Error` is 64 bytes).
+    #[test]
+    fn what_a_call_evaluates_first_is_not_inflated_by_its_error() {
+        use std::mem::size_of;
+        assert!(size_of::<Error>() > 3 * size_of::<usize>());
+        assert!(size_of::<Early<Idempotency>>() <= size_of::<Idempotency>() + 8);
+        assert!(size_of::<Early<DerivedKey>>() <= size_of::<DerivedKey>() + 8);
+        assert!(size_of::<Option<Early<String>>>() <= size_of::<String>() + 8);
+    }
+
     /// The future a caller holds for an `#[idempotent]` call has the body's future in it once: a body
     /// 512 bytes larger makes it 512 bytes larger.
     #[test]
     fn a_callers_future_holds_the_body_once() {
         static CALL: Call = Call::new("x");
-        fn missing<T>() -> Result<T, Error> {
-            Err(Error::NotInstalled {
+        fn missing<T>() -> Early<T> {
+            Err(Box::new(Error::NotInstalled {
                 namespace: String::new(),
-            })
+            }))
         }
         fn size<B: Future<Output = Result<u32, Error>>>(body: B) -> usize {
             std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(

@@ -49,6 +49,7 @@ pub(crate) fn error_code<'e>(err: &'e (dyn std::error::Error + 'static)) -> Opti
 }
 
 /// Sorts an SDK error into the store's error kinds.
+#[cold]
 pub(crate) fn classify<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
