@@ -276,22 +276,6 @@ pub(crate) struct Parts<'s, I> {
     pub(crate) compensation: Writes,
 }
 
-/// One claim attempt: a plain conditional write, or a transaction when business writes go with it.
-async fn claim(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-    request: &ClaimRequest<'_>,
-) -> Result<ClaimOutcome, Error> {
-    if !plan.claim_writes.is_empty()
-        && let Some(decided) = claim_with_writes(idem, plan, request).await?
-    {
-        return Ok(decided);
-    }
-    telemetry::observe("claim", idem.store().claim(request))
-        .await
-        .map_err(|e| store_error(plan.call.namespace, e))
-}
-
 /// A claim with claim-time writes, as a transaction; `None` when the key is to be taken with a plain
 /// claim instead. Boxed and out of line: most calls have no claim-time writes, and their claim's code
 /// stays dense in the instruction cache.
@@ -406,14 +390,32 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             expires_at_s: times.expires_at_s,
             fingerprint: plan.fingerprint,
         };
-        let mut record = match claim(idem, plan, &request).await? {
-            ClaimOutcome::Claimed => {
-                return Ok(Acquired::Held {
-                    lease_until_ms: request.lease_until_ms,
-                    took_over,
-                });
+        // One claim attempt: a plain conditional write, or first a transaction when business writes go
+        // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
+        // each layer it passed through would move it again.
+        let mut record = 'blocked: {
+            if !plan.claim_writes.is_empty() {
+                match claim_with_writes(idem, plan, &request).await? {
+                    Some(ClaimOutcome::Claimed) => {
+                        return Ok(Acquired::Held {
+                            lease_until_ms: request.lease_until_ms,
+                            took_over,
+                        });
+                    }
+                    Some(ClaimOutcome::Existing(record)) => break 'blocked record,
+                    None => {}
+                }
             }
-            ClaimOutcome::Existing(record) => record,
+            match telemetry::observe("claim", idem.store().claim(&request)).await {
+                Ok(ClaimOutcome::Claimed) => {
+                    return Ok(Acquired::Held {
+                        lease_until_ms: request.lease_until_ms,
+                        took_over,
+                    });
+                }
+                Ok(ClaimOutcome::Existing(record)) => record,
+                Err(e) => return Err(store_error(plan.call.namespace, e)),
+            }
         };
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
