@@ -1,4 +1,4 @@
-"""The bench binary as scripts/bench-count and scripts/bench-allocators measure it (a module they import).
+"""The bench binary as scripts/bench-count, scripts/bench-lines and scripts/bench-allocators measure it (a module they import).
 
 Built with cargo's `bench` profile (release with fat LTO and one codegen unit, as scripts/bench builds
 it), in CARGO_TARGET_DIR or target/; cargo puts that profile's output in release/.
