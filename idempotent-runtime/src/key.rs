@@ -87,13 +87,9 @@ fn canonical_json_via_value<T: Serialize + ?Sized>(
 
 /// `prefix` followed by the hex SHA-256 of `json`.
 fn sha256_hex(json: &[u8], prefix: &[&str]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(json);
     let mut hex = [0_u8; 64];
-    for (i, byte) in digest.iter().enumerate() {
-        hex[2 * i] = DIGITS[usize::from(byte >> 4)];
-        hex[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
-    }
+    hex::encode_to_slice(digest, &mut hex).expect("64 hex digits for 32 bytes");
     let mut out = String::with_capacity(prefix.iter().map(|p| p.len()).sum::<usize>() + hex.len());
     for part in prefix {
         out.push_str(part);
