@@ -464,12 +464,9 @@ impl ser::SerializeSeq for Seq<'_> {
             self.out.bytes.push(b',');
         }
         self.first = false;
-        if !self.top {
-            return value.serialize(Canonical::nested(self.out));
-        }
         let from = self.out.bytes.len();
         value.serialize(Canonical::nested(self.out))?;
-        if self.out.bytes[from..] == *b"null" {
+        if self.top && self.out.bytes[from..] == *b"null" {
             self.out.null_element = true;
         }
         Ok(())
