@@ -494,3 +494,173 @@ fn cross_region_duplicates(home: &str, completed_in: &str) -> u64 {
         .map(|(_, _, n)| n)
         .sum()
 }
+
+/// A routed store with failover on whose region `home` is reached through a fault proxy and whose
+/// region `other` directly; `names` are the test's own, so that its failovers are counted apart from
+/// the other tests'.
+fn behind_proxy(regions: &Regions, proxy: &FaultProxy, names: [&'static str; 2]) -> RoutedStore {
+    RoutedStore::dynamodb(
+        &regions.table,
+        [
+            (names[0], faulty_client(proxy.endpoint()).0),
+            (names[1], client_at(&regions.endpoints[1]).0),
+        ],
+    )
+    .unwrap()
+    .failover(true)
+}
+
+/// Every failover counted from `from`, whatever its destination or kind of request.
+fn failovers_from(from: &str) -> u64 {
+    counters()
+        .into_iter()
+        .filter(|(name, labels, _)| {
+            name == "idempotency_region_failovers_total" && labels["from"] == from
+        })
+        .map(|(_, _, n)| n)
+        .sum()
+}
+
+/// Failover moves claims only: a call claimed at home whose heartbeat meets a short outage there (three
+/// HTTP 500s, one heartbeat's every attempt) keeps beating at home, where its claim is, instead of
+/// sending the heartbeat to a region that has no claim (which rejects it, so the call stops beating and
+/// a duplicate takes the key over after the lease while the body still runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_failover_a_heartbeat_outage_at_home_is_retried_at_home() {
+    const NS: &str = "regions::heartbeat";
+    const NAMES: [&str; 2] = ["beat-home", "beat-other"];
+    const LEASE: Duration = Duration::from_secs(2);
+    recorder();
+    let regions = Regions::new().await;
+    let proxy = FaultProxy::start(&regions.endpoints[0]).await;
+    let store = behind_proxy(&regions, &proxy, NAMES);
+    let at_home = homed(&store, NS, NAMES[0]);
+    let idem = Idempotency::builder(store).default_lease(LEASE).build();
+    // The first heartbeat (a third of the lease in) fails, every attempt.
+    proxy.set_rules([Rule::new(Fault::ServerError)
+        .operation("UpdateItem")
+        .body_contains("SET #lu = :lu, #ex = :ex")
+        .first(3)]);
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = |wait: Duration| {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        async move {
+            idem.operation(NS, &at_home)
+                .wait(wait)
+                .run(|| async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    // Over two leases: only heartbeats keep the claim.
+                    tokio::time::sleep(LEASE * 5 / 2).await;
+                    Ok::<_, AppError>(run)
+                })
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let first = tokio::spawn(call(Duration::ZERO));
+    // After the lease and the skew margin: the key is taken over unless the heartbeats got through.
+    tokio::time::sleep(LEASE + Duration::from_millis(1_500)).await;
+    let duplicate = call(Duration::from_secs(10)).await;
+    let first = first.await.unwrap();
+
+    assert_eq!(proxy.stats().operation("UpdateItem").server_errors, 3);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "first {first:?}, duplicate {duplicate:?}"
+    );
+    assert_eq!(first, Ok(1));
+    assert_eq!(
+        duplicate,
+        Ok(1),
+        "the duplicate waits for the first call's result"
+    );
+    let key = derive_key(NS, &at_home).unwrap();
+    let record = regions.direct(0).get(&key).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert!(regions.direct(1).get(&key).await.unwrap().is_none());
+    assert_eq!(failovers_from(NAMES[0]), 0, "nothing left the home region");
+}
+
+/// A completion that meets an outage at home (its first two attempts' every SDK attempt gets an HTTP
+/// 500) is retried at home and stored there; it never goes to a region without the claim, where it
+/// would be rejected (`LeaseLost`) and leave the home record PENDING, so that a retry after the lease
+/// would run the body again.
+#[tokio::test]
+async fn with_failover_a_completion_outage_at_home_is_retried_at_home() {
+    const NS: &str = "regions::complete";
+    const NAMES: [&str; 2] = ["done-home", "done-other"];
+    recorder();
+    let regions = Regions::new().await;
+    let proxy = FaultProxy::start(&regions.endpoints[0]).await;
+    let store = behind_proxy(&regions, &proxy, NAMES);
+    let at_home = homed(&store, NS, NAMES[0]);
+    let idem = Idempotency::builder(store).build();
+    proxy.set_rules([Rule::new(Fault::ServerError)
+        .operation("UpdateItem")
+        .body_contains(":completed")
+        .first(6)]);
+
+    let runs = AtomicUsize::new(0);
+    let call = || {
+        idem.operation(NS, &at_home)
+            .run(|| async { Ok::<_, AppError>(runs.fetch_add(1, Ordering::SeqCst) + 1) })
+    };
+    let first = call().await.map_err(|e| e.to_string());
+    assert_eq!(first, Ok(1));
+    assert_eq!(proxy.stats().operation("UpdateItem").server_errors, 6);
+    let key = derive_key(NS, &at_home).unwrap();
+    let record = regions.direct(0).get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        record.status,
+        Status::Completed,
+        "stored in the home region"
+    );
+    assert!(regions.direct(1).get(&key).await.unwrap().is_none());
+    // A retry is a replay.
+    assert_eq!(call().await.map_err(|e| e.to_string()), Ok(1));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(failovers_from(NAMES[0]), 0, "nothing left the home region");
+}
+
+/// A failure that meets an outage at home is retried there and lands as FAILED, so the key is free at
+/// once: a retry runs the body again right away instead of finding the key PENDING for the lease.
+#[tokio::test]
+async fn with_failover_a_failure_outage_at_home_is_retried_at_home() {
+    const NS: &str = "regions::fail";
+    const NAMES: [&str; 2] = ["fail-home", "fail-other"];
+    recorder();
+    let regions = Regions::new().await;
+    let proxy = FaultProxy::start(&regions.endpoints[0]).await;
+    let store = behind_proxy(&regions, &proxy, NAMES);
+    let at_home = homed(&store, NS, NAMES[0]);
+    let idem = Idempotency::builder(store).build();
+    proxy.set_rules([Rule::new(Fault::ServerError)
+        .operation("UpdateItem")
+        .body_contains(":er")
+        .first(3)]);
+
+    let runs = AtomicUsize::new(0);
+    let call = |fail: bool| {
+        let runs = &runs;
+        idem.operation(NS, &at_home).run(move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            if fail {
+                return Err(AppError::Declined);
+            }
+            Ok::<_, AppError>(7)
+        })
+    };
+    let err = call(true).await.unwrap_err();
+    assert!(matches!(err, AppError::Declined), "{err:?}");
+    assert_eq!(proxy.stats().operation("UpdateItem").server_errors, 3);
+    let key = derive_key(NS, &at_home).unwrap();
+    let record = regions.direct(0).get(&key).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Failed, "the failure landed at home");
+    assert!(regions.direct(1).get(&key).await.unwrap().is_none());
+    // The key is free at once.
+    assert_eq!(call(false).await.map_err(|e| e.to_string()), Ok(7));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(failovers_from(NAMES[0]), 0, "nothing left the home region");
+}

@@ -64,7 +64,9 @@
 //! # Failover (opt-in)
 //!
 //! [`RoutedStore::failover`] trades exactly-once for availability during an outage; see its
-//! documentation for what that costs.
+//! documentation for what that costs. Only a claim fails over: every later request of a call (its
+//! heartbeats, completion and failure) goes where its claim was answered, and waits there for the
+//! region to come back (a unit property test checks this over generated calls and region failures).
 
 use std::fmt;
 use std::future::Future;
@@ -82,8 +84,8 @@ use crate::store::{
 
 /// How many failed-over calls a store with [`failover`](RoutedStore::failover) remembers at once, so
 /// that their later requests follow their claims (see [`RoutedStore::failover`]). More than this many
-/// calls running at once on failed-over claims is not expected; an evicted call's completion goes to
-/// the key's first reachable region again (where it is fenced if its claim is not there).
+/// calls running at once on failed-over claims is not expected; an evicted call's later requests go to
+/// the key's home (where they are fenced if its claim is not there).
 const REMEMBERED_FAILOVERS: usize = 16_384;
 
 /// A region's definition was refused by [`RoutedStore::new`] (and the constructors built on it).
@@ -230,12 +232,20 @@ impl RoutedStore {
     ///   the body again.
     ///
     /// So the body must tolerate running twice (be idempotent by nature, or guarded downstream), and the
-    /// result a duplicate gets may be another execution's. What failover does guarantee: the requests of
-    /// one call stay together (a call whose claim failed over completes, heartbeats and fails in the
-    /// region that holds its claim, even if the home region comes back meanwhile), and only an
-    /// *unavailable* region is skipped, never a throttling or misconfigured one (see the [module
-    /// docs](self)). If every region is unavailable, the call fails with
-    /// [`Error::RegionUnavailable`](crate::Error::RegionUnavailable) naming the home region.
+    /// result a duplicate gets may be another execution's. What failover does guarantee:
+    ///
+    /// - Only a claim fails over. The requests of one call stay together: once its claim is answered,
+    ///   its heartbeats, its completion and its failure (with or without business writes) go to the
+    ///   region that answered it, and only there — the home region, or the region its claim failed
+    ///   over to, even if the home comes back meanwhile. When that region does not answer, the request
+    ///   fails with [`StoreError::RegionUnavailable`] naming it, and the runtime retries it there while
+    ///   the lease allows (a heartbeat at its next beat), so a short outage at home during a call
+    ///   claimed at home costs a retry, never a second execution. Sending it elsewhere would find no
+    ///   claim there: the call would stop beating, or lose its result, and a duplicate would run the
+    ///   body again once the claim at home lapsed.
+    /// - Only an *unavailable* region is skipped, never a throttling or misconfigured one (see the
+    ///   [module docs](self)). If every region is unavailable, the claim fails with
+    ///   [`Error::RegionUnavailable`](crate::Error::RegionUnavailable) naming the home region.
     ///
     /// Each request sent to another region than the key's home is logged (a `warn` event when the home
     /// region failed) and counted in `idempotency_region_failovers_total` (labels `op`, `from`, `to`;
@@ -338,7 +348,39 @@ impl RoutedStore {
         }
     }
 
-    /// Sends one request for `key` where it belongs (see [`failover`](Self::failover)); returns the
+    /// Sends a request of a call that holds a claim (its heartbeats, its completion or failure, with
+    /// or without business writes) to the region that answered the claim, and only there: the home,
+    /// or with failover the region the claim went to. It never fails over: no other region has this
+    /// call's claim, so it would reject the request (the call would stop beating, or lose its result)
+    /// while the claim where it is lapses, and a duplicate runs the body again. A region that does not
+    /// answer is [`StoreError::RegionUnavailable`], a transient error the runtime retries while the
+    /// lease allows.
+    async fn follow<'a, T: Send + 'a>(
+        &'a self,
+        op: &'static str,
+        key: &'a str,
+        token: &'a str,
+        send: impl Fn(&'a dyn Store) -> Pending<'a, T> + Send + Sync + 'a,
+    ) -> Result<T, StoreError> {
+        let home = self.home_index(key);
+        let region = match self.pinned(key, token) {
+            Some(region) => {
+                crate::telemetry::region_failover(
+                    op,
+                    &self.regions[home].name,
+                    &self.regions[region].name,
+                    None,
+                );
+                region
+            }
+            None => home,
+        };
+        self.send_to(region, &send).await
+    }
+
+    /// Sends a claim (or, with no `token`, a read) for `key` where it belongs: its home, or with
+    /// [`failover`](Self::failover), when the home is unavailable, the next region that answers (a
+    /// claim retried with the token of a claim that failed over goes where that one went). Returns the
     /// answer and the index of the region that gave it.
     async fn route<'a, T: Send + 'a>(
         &'a self,
@@ -453,8 +495,8 @@ impl Store for RoutedStore {
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let op = transition.change.op(false);
-        let (outcome, _) = self
-            .route(op, transition.key, Some(transition.token), |store| {
+        let outcome = self
+            .follow(op, transition.key, transition.token, |store| {
                 store.transition(transition)
             })
             .await?;
@@ -468,8 +510,8 @@ impl Store for RoutedStore {
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let op = transition.change.op(true);
-        let (outcome, _) = self
-            .route(op, transition.key, Some(transition.token), |store| {
+        let outcome = self
+            .follow(op, transition.key, transition.token, |store| {
                 store.transact_transition(transition, writes)
             })
             .await?;
@@ -884,5 +926,258 @@ mod tests {
             matches!(&err, StoreError::RegionUnavailable { region, .. } if region == "a"),
             "{err:?}"
         );
+    }
+
+    /// What a [`Scripted`] region does with a request.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Fault {
+        /// Answers.
+        Up,
+        /// Does not answer: nothing is applied.
+        Down,
+        /// Applies the request, then its answer is lost.
+        Lost,
+    }
+
+    /// A request as a [`Scripted`] region received it.
+    #[derive(Debug, Clone)]
+    struct Sent {
+        region: usize,
+        op: &'static str,
+        token: String,
+        answered: bool,
+    }
+
+    /// A region's memory store that fails requests as a script says (the n-th request sent to any
+    /// region gets the n-th fault; past the script's end every region is up) and records each one.
+    #[derive(Debug)]
+    struct Scripted {
+        index: usize,
+        store: MemoryStore,
+        script: Arc<std::sync::Mutex<std::collections::VecDeque<Fault>>>,
+        log: Arc<std::sync::Mutex<Vec<Sent>>>,
+    }
+
+    impl Scripted {
+        async fn serve<T>(
+            &self,
+            op: &'static str,
+            token: &str,
+            request: impl Future<Output = Result<T, StoreError>>,
+        ) -> Result<T, StoreError> {
+            let fault = self.script.lock().unwrap().pop_front().unwrap_or(Fault::Up);
+            self.log.lock().unwrap().push(Sent {
+                region: self.index,
+                op,
+                token: token.to_owned(),
+                answered: fault == Fault::Up,
+            });
+            match fault {
+                Fault::Up => request.await,
+                Fault::Down => Err(StoreError::Unavailable("scripted outage".into())),
+                Fault::Lost => {
+                    let _ = request.await;
+                    Err(StoreError::Unavailable("scripted lost response".into()))
+                }
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Scripted {
+        async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+            self.serve("claim", request.token, self.store.claim(request))
+                .await
+        }
+        async fn transition(&self, t: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+            self.serve(t.change.op(false), t.token, self.store.transition(t))
+                .await
+        }
+        async fn transact_transition(
+            &self,
+            t: &Transition<'_>,
+            writes: &Writes,
+        ) -> Result<TransactOutcome, StoreError> {
+            let request = self.store.transact_transition(t, writes);
+            self.serve(t.change.op(true), t.token, request).await
+        }
+        async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+            self.serve("get", "", self.store.get(key)).await
+        }
+        fn kind(&self) -> &'static str {
+            "scripted"
+        }
+    }
+
+    /// One step of a generated run: what a call sends next.
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        Claim(usize),
+        Beat(usize),
+        Complete(usize),
+        Fail(usize),
+        /// A completion with business writes.
+        CompleteTransaction(usize),
+    }
+
+    const CALLS: usize = 4;
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        (0..5_u8, 0..CALLS).prop_map(|(kind, call)| match kind {
+            0 => Step::Claim(call),
+            1 => Step::Beat(call),
+            2 => Step::Complete(call),
+            3 => Step::Fail(call),
+            _ => Step::CompleteTransaction(call),
+        })
+    }
+
+    fn fault() -> impl proptest::strategy::Strategy<Value = Fault> {
+        use proptest::prelude::*;
+        prop_oneof![3 => Just(Fault::Up), 2 => Just(Fault::Down), 1 => Just(Fault::Lost)]
+    }
+
+    /// Runs `steps` on three scripted regions (calls 0 and 2 on one key, 1 and 3 on another, homed
+    /// elsewhere) and checks that the requests of one call stay together: once a call's claim is
+    /// answered by a region, every later request of that call goes to that region, and only there,
+    /// whatever fails; a request that cannot reach it fails as that region's
+    /// [`StoreError::RegionUnavailable`]. Without failover, everything goes to the key's home.
+    async fn stays_together(failover: bool, steps: &[Step], script: &[Fault]) {
+        let script = Arc::new(std::sync::Mutex::new(script.iter().copied().collect()));
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let names = ["a", "b", "c"];
+        let store = RoutedStore::new(names.iter().enumerate().map(|(index, &name)| {
+            let region: Arc<dyn Store> = Arc::new(Scripted {
+                index,
+                store: MemoryStore::new(),
+                script: script.clone(),
+                log: log.clone(),
+            });
+            (name, region)
+        }))
+        .unwrap()
+        .failover(failover);
+        let keys = [homed(&store, "a"), homed(&store, "b")];
+        let tokens: Vec<String> = (0..CALLS).map(|c| format!("call-{c}")).collect();
+        // Per call: the region that answered its claim; whether its outcome is stored.
+        let mut claimed: [Option<usize>; CALLS] = [None; CALLS];
+        let mut finished = [false; CALLS];
+        for &step in steps {
+            let (Step::Claim(call)
+            | Step::Beat(call)
+            | Step::Complete(call)
+            | Step::Fail(call)
+            | Step::CompleteTransaction(call)) = step;
+            let (key, token) = (keys[call % 2].as_str(), tokens[call].as_str());
+            let home = store.home_index(key);
+            let before = log.lock().unwrap().len();
+            let change = match step {
+                Step::Claim(_) => {
+                    if claimed[call].is_some() {
+                        continue;
+                    }
+                    if store.claim(&claim(key, token)).await.is_ok() {
+                        let log = log.lock().unwrap();
+                        let answered = log[before..].iter().rev().find(|s| s.answered).unwrap();
+                        claimed[call] = Some(answered.region);
+                        if !failover {
+                            assert_eq!(answered.region, home, "{step:?}: a claim went away");
+                        }
+                    }
+                    continue;
+                }
+                _ if claimed[call].is_none() || finished[call] => continue,
+                Step::Beat(_) => Change::ExtendLease {
+                    lease_until_ms: 90_000,
+                    expires_at_s: 200_000,
+                },
+                Step::Complete(_) | Step::CompleteTransaction(_) => Change::Complete {
+                    response: Some(b"1"),
+                    expires_at_s: 200_000,
+                    replay_until_s: None,
+                },
+                Step::Fail(_) => Change::Fail {
+                    error: "no",
+                    expires_at_s: 200_000,
+                    release_claim_writes: false,
+                },
+            };
+            let transition = Transition { key, token, change };
+            let result = if matches!(step, Step::CompleteTransaction(_)) {
+                store
+                    .transact_transition(&transition, &Writes::new())
+                    .await
+                    .map(|o| !matches!(o, TransactOutcome::Canceled(_)))
+            } else {
+                store.transition(&transition).await.map(|_| true)
+            };
+            let region = claimed[call].unwrap();
+            let sent: Vec<usize> = log.lock().unwrap()[before..]
+                .iter()
+                .map(|s| s.region)
+                .collect();
+            assert_eq!(
+                sent,
+                [region],
+                "{step:?} (claimed in {region}, home {home}): sent to {sent:?}"
+            );
+            match result {
+                // Stored (or settled) unless canceled: the call sends nothing more but its failure.
+                Ok(done) => finished[call] = done && !matches!(change, Change::ExtendLease { .. }),
+                Err(StoreError::RegionUnavailable { region: name, .. }) => {
+                    assert_eq!(name, names[region], "{step:?}");
+                }
+                Err(StoreError::Unsupported { .. }) => {}
+                Err(e) => panic!("{step:?}: {e:?}"),
+            }
+        }
+        // Every request of a call after its claim's answer went to the claim's region.
+        let log = log.lock().unwrap();
+        for (call, token) in tokens.iter().enumerate() {
+            let Some(region) = claimed[call] else {
+                continue;
+            };
+            let answered = log
+                .iter()
+                .position(|s| {
+                    s.token == *token && s.op == "claim" && s.answered && s.region == region
+                })
+                .unwrap();
+            for sent in log[answered..].iter().filter(|s| s.token == *token) {
+                assert_eq!(
+                    sent.region, region,
+                    "call {call}: {sent:?} after its claim in {region}"
+                );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// The routed store's promise, over generated calls and region failures: the requests of one
+        /// call stay together.
+        #[test]
+        fn the_requests_of_one_call_stay_together(
+            failover: bool,
+            steps in proptest::collection::vec(step(), 1..40),
+            script in proptest::collection::vec(fault(), 0..60),
+        ) {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(stays_together(failover, &steps, &script));
+        }
+    }
+
+    /// The case that broke the promise: a call claimed at home whose heartbeat (or completion, or
+    /// failure) meets an outage there was sent to another region, which has no claim and rejects it.
+    #[tokio::test]
+    async fn a_call_claimed_at_home_never_leaves_it() {
+        use Fault::{Down, Up};
+        for last in [Step::Beat(0), Step::Complete(0), Step::Fail(0)] {
+            stays_together(true, &[Step::Claim(0), last], &[Up, Down]).await;
+        }
     }
 }
