@@ -36,28 +36,80 @@
 //! replay its result, one store round trip each), never side by side, where all but one would fail with
 //! [`Error::InProgress`] and be delivered again for nothing. Messages with different keys run
 //! concurrently, up to the bound. Each message's outcome is found with [`observe`](crate::observe).
+//!
+//! What each message's outcome means for the queue:
+//!
+//! | the message | outcome | redelivered |
+//! |---|---|---|
+//! | its work ran now and succeeded | [`Outcome::Executed`] | no |
+//! | an earlier delivery's stored result is replayed | [`Outcome::Replayed`] | no |
+//! | an earlier delivery did the work, but its result cannot be replayed: too large to store ([`Error::ResponseTooLarge`]), or expired with only its tombstone retained ([`Error::Expired`], [`Builder::retain`](crate::Builder::retain)) | [`Outcome::Done`] | no |
+//! | the handler failed, or panicked (`panicked: <message>`; the other messages go on) | [`Outcome::Failed`] | yes |
+//! | its key was used with another body ([`payload`](Batch::payload)): [`Error::PayloadMismatch`] | [`Outcome::Failed`] | yes |
+//! | another delivery of the key is in flight, or the store failed | [`Outcome::Failed`] | yes |
 
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt::{self, Display};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt as _, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Execution, Idempotency};
+use crate::{Error, Execution, Idempotency, Operation};
 
-/// A batch consumer: the namespace of its records and how many messages it runs at once. Start with
-/// [`Idempotency::batch`].
-#[derive(Debug, Clone)]
+/// A batch consumer: the namespace of its records, how many messages it runs at once, and what of a
+/// message is its payload. Start with [`Idempotency::batch`].
+///
+/// `P` says what of a message is checked against the stored payload: [`NoPayload`] unless
+/// [`payload`](Self::payload) gave a function.
+#[derive(Clone)]
 #[must_use = "a batch does nothing until `process` is awaited"]
-pub struct Batch<'a> {
+pub struct Batch<'a, P = NoPayload> {
     idem: &'a Idempotency,
     namespace: &'static str,
     concurrency: usize,
     ttl: Option<Duration>,
     lease: Option<Duration>,
+    payload: P,
+}
+
+impl<P> fmt::Debug for Batch<'_, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("idem", self.idem)
+            .field("namespace", &self.namespace)
+            .field("concurrency", &self.concurrency)
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default of [`Batch`]: messages are not checked against a payload, only their keys matter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPayload;
+
+/// What of a message is its payload, whose fingerprint is stored with its record and checked on every
+/// later message with its key: [`NoPayload`], or any `Fn(&M) -> P` with `P: Serialize` (see
+/// [`Batch::payload`]).
+pub trait Payload<M> {
+    /// `operation`, with `message`'s payload when there is one.
+    fn apply<'o>(&self, message: &M, operation: Operation<'o>) -> Operation<'o>;
+}
+
+impl<M> Payload<M> for NoPayload {
+    fn apply<'o>(&self, _: &M, operation: Operation<'o>) -> Operation<'o> {
+        operation
+    }
+}
+
+impl<M, P: Serialize, F: Fn(&M) -> P> Payload<M> for F {
+    fn apply<'o>(&self, message: &M, operation: Operation<'o>) -> Operation<'o> {
+        operation.payload(&self(message))
+    }
 }
 
 /// The default bound on messages processed at once.
@@ -72,6 +124,7 @@ impl Idempotency {
             concurrency: DEFAULT_CONCURRENCY,
             ttl: None,
             lease: None,
+            payload: NoPayload,
         }
     }
 }
@@ -85,9 +138,16 @@ pub enum Outcome {
     Executed,
     /// An earlier delivery's stored result was used; the handler did not run.
     Replayed,
-    /// The handler failed, or the message could not be processed (another delivery in flight, a store
-    /// failure): the message should be delivered again. The text is the error's.
+    /// The handler failed or panicked (`panicked: <message>`), or the message could not be processed
+    /// (another delivery in flight, a different payload, a store failure): the message should be
+    /// delivered again. The text is the error's.
     Failed(String),
+    /// The work was done by an earlier delivery, but its result cannot be replayed: it was too large
+    /// to store ([`Error::ResponseTooLarge`]), or it expired and only its tombstone is retained
+    /// ([`Error::Expired`]). The handler did not run; the message is done and is not delivered again
+    /// (delivering it again would only end the same way, until it is dead-lettered). The text is the
+    /// error's, which says which.
+    Done(String),
 }
 
 /// One message's line in a [`Report`].
@@ -149,7 +209,51 @@ impl Report {
     }
 }
 
-impl Batch<'_> {
+impl<'a> Batch<'a> {
+    /// Checks each message's payload, as [`Operation::payload`] does: `payload` gives what of a
+    /// message is its payload (its body, say), whose fingerprint is stored with the record. A later
+    /// message with the same key and another payload — in this batch or a later one — is not replayed
+    /// another message's result: it fails alone with [`Error::PayloadMismatch`] (its
+    /// [`Outcome::Failed`] says so). `payload` returns an owned value (or a `&'static` one); annotate
+    /// the message's type:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// use idempotent_runtime::batch::Outcome;
+    ///
+    /// struct Msg { id: &'static str, order: u32, body: String }
+    /// let msg = |id, body: &str| Msg { id, order: 7, body: body.to_owned() };
+    /// let idem = Idempotency::in_memory();
+    /// let report = idem
+    ///     .batch("orders::ship")
+    ///     .payload(|m: &Msg| m.body.clone())
+    ///     .process([msg("m1", "2 boxes"), msg("m2", "3 boxes")], |m| m.id.to_owned(), |m| m.order, |m| async move {
+    ///         Ok::<_, Error>(format!("shipped {}", m.body))
+    ///     })
+    ///     .await;
+    /// assert_eq!(report.items[0].outcome, Outcome::Executed);
+    /// assert!(matches!(&report.items[1].outcome, Outcome::Failed(why) if why.contains("different payload")));
+    /// # }
+    /// ```
+    pub fn payload<M, P, F>(self, payload: F) -> Batch<'a, F>
+    where
+        F: Fn(&M) -> P,
+        P: Serialize,
+    {
+        Batch {
+            idem: self.idem,
+            namespace: self.namespace,
+            concurrency: self.concurrency,
+            ttl: self.ttl,
+            lease: self.lease,
+            payload,
+        }
+    }
+}
+
+impl<P> Batch<'_, P> {
     /// At most `n` messages processed at once (default [`DEFAULT_CONCURRENCY`]; 0 counts as 1).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
@@ -173,7 +277,8 @@ impl Batch<'_> {
     /// Processes `messages`: `id` names a message for the report, `key` says which work it is (two
     /// messages with equal keys are one piece of work), `handler` does the work. The result of a
     /// successful handler is stored and replayed to duplicates; a failed one lets the next delivery run
-    /// again. Never fails as a whole: every problem is one message's [`Outcome::Failed`].
+    /// again. Never fails as a whole: every problem is one message's [`Outcome::Failed`], a handler
+    /// that panics included (the panic is caught, and the other messages go on).
     pub async fn process<M, K, T, E, Fut>(
         &self,
         messages: impl IntoIterator<Item = M>,
@@ -186,6 +291,7 @@ impl Batch<'_> {
         T: Serialize + DeserializeOwned,
         E: From<Error> + Display,
         Fut: Future<Output = Result<T, E>>,
+        P: Payload<M>,
     {
         // Group by record key, keeping the batch's order within each group.
         let mut groups: Vec<Vec<(usize, String, K, M)>> = Vec::new();
@@ -206,7 +312,13 @@ impl Batch<'_> {
             .map(|group| async move {
                 let mut done = Vec::with_capacity(group.len());
                 for (index, id, key, message) in group {
-                    let outcome = self.one(&key, || handler(message)).await;
+                    // A panic is this message's failure: caught here, so that the other messages
+                    // (the rest of this group included) go on. Nothing of this batch's is left
+                    // half-updated by it: each message's state is its own future's, dropped with it.
+                    let outcome = AssertUnwindSafe(self.one(&key, message, handler))
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|panic| Outcome::Failed(panicked(&*panic)));
                     done.push((index, Item { id, outcome }));
                 }
                 futures_util::stream::iter(done)
@@ -221,12 +333,18 @@ impl Batch<'_> {
         }
     }
 
-    async fn one<K, T, E, Fut>(&self, key: &K, body: impl FnOnce() -> Fut) -> Outcome
+    async fn one<M, K, T, E, Fut>(
+        &self,
+        key: &K,
+        message: M,
+        handler: &impl Fn(M) -> Fut,
+    ) -> Outcome
     where
         K: Serialize,
         T: Serialize + DeserializeOwned,
         E: From<Error> + Display,
         Fut: Future<Output = Result<T, E>>,
+        P: Payload<M>,
     {
         let mut operation = self.idem.operation(self.namespace, key);
         if let Some(ttl) = self.ttl {
@@ -235,10 +353,87 @@ impl Batch<'_> {
         if let Some(lease) = self.lease {
             operation = operation.lease(lease);
         }
+        let operation = self.payload.apply(&message, operation);
+        // The handler's errors are kept apart from the library's, so that work an earlier delivery
+        // did is told from a failure.
+        let body = || async move { handler(message).await.map_err(Failure::Handler) };
         match crate::observe(operation.run(body)).await {
             (Ok(_), Some(Execution::Replayed)) => Outcome::Replayed,
             (Ok(_), _) => Outcome::Executed,
-            (Err(e), _) => Outcome::Failed(e.to_string()),
+            (
+                Err(Failure::Library(e @ (Error::ResponseTooLarge { .. } | Error::Expired { .. }))),
+                _,
+            ) => Outcome::Done(e.to_string()),
+            (Err(Failure::Library(e)), _) => Outcome::Failed(E::from(e).to_string()),
+            (Err(Failure::Handler(e)), _) => Outcome::Failed(e.to_string()),
         }
+    }
+}
+
+/// A message's failure: its handler's error, or the library's (not yet converted into the handler's
+/// error type, so that it can be told apart). Displays as the error it holds: the text stored on a
+/// FAILED record is the handler's error's.
+enum Failure<E> {
+    Handler(E),
+    Library(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(e: Error) -> Self {
+        Failure::Library(e)
+    }
+}
+
+impl<E: Display> Display for Failure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Handler(e) => e.fmt(f),
+            Failure::Library(e) => e.fmt(f),
+        }
+    }
+}
+
+/// The text of a message whose handler panicked: `panicked: <message>`, as the runtime stores it.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    format!("panicked: {message}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both kinds of panic payload give their message: a literal's `&str` and a formatted `String`.
+    #[tokio::test]
+    async fn a_panic_is_reported_with_its_message() {
+        let idem = Idempotency::in_memory();
+        let report = idem
+            .batch("batch::panics")
+            .process(
+                [1_u8, 2, 3],
+                ToString::to_string,
+                |m| *m,
+                |m| async move {
+                    match m {
+                        1 => panic!("a literal"),
+                        2 => std::panic::panic_any(format!("formatted {m}")),
+                        _ => Ok::<_, Error>(m),
+                    }
+                },
+            )
+            .await;
+        let outcomes: Vec<&Outcome> = report.items.iter().map(|i| &i.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                &Outcome::Failed("panicked: a literal".into()),
+                &Outcome::Failed("panicked: formatted 2".into()),
+                &Outcome::Executed,
+            ]
+        );
     }
 }

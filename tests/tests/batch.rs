@@ -162,3 +162,223 @@ async fn concurrency_stays_within_its_bound() {
     assert_eq!(report.count(&Outcome::Executed), 7);
     assert_eq!(most.load(Ordering::SeqCst), 3, "three at once, never more");
 }
+
+/// 100,000 random 16-hex-digit strings: 1.9 MB of JSON that gzip cannot shrink below DynamoDB's 400 KB.
+fn too_large() -> Vec<String> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..100_000)
+        .map(|_| {
+            // xorshift64: incompressible enough, and the same every run.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{x:016x}")
+        })
+        .collect()
+}
+
+/// A redelivered message whose work is done but whose result cannot be replayed (too large to store,
+/// or expired with only its tombstone retained) is done: it is not reported for redelivery, where it
+/// would come back until it is dead-lettered.
+#[tokio::test]
+async fn work_done_by_an_earlier_delivery_is_never_reported_for_redelivery() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::with(backend, |b| b.retain(Duration::from_hours(7 * 24))).await;
+        let runs = AtomicUsize::new(0);
+        let batch = h.idem.batch("orders::done").ttl(Duration::from_hours(1));
+        let process = |messages: Vec<(&'static str, u32)>| {
+            batch.process(
+                messages,
+                |m| m.0.to_owned(),
+                |m| m.1,
+                |m| {
+                    let runs = &runs;
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(if m.1 == 1 { too_large() } else { Vec::new() })
+                    }
+                },
+            )
+        };
+
+        // m3 is a duplicate of m1, whose response was too large to store.
+        let first = process(vec![("m1", 1), ("m2", 2), ("m3", 1)]).await;
+        assert_eq!(first.items[0].outcome, Outcome::Executed, "{backend:?}");
+        assert_eq!(first.items[1].outcome, Outcome::Executed, "{backend:?}");
+        assert!(
+            first.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {first:?}"
+        );
+        // Both records outlive their ttl as tombstones; the queue brings both orders again.
+        h.clock.advance(Duration::from_hours(2));
+        let second = process(vec![("m4", 2), ("m5", 1)]).await;
+        assert!(
+            second.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {second:?}"
+        );
+        assert_eq!(second.count(&Outcome::Failed(String::new())), 0);
+        assert!(
+            matches!(&first.items[2].outcome, Outcome::Done(why) if why.contains("too large")),
+            "{backend:?}: {first:?}"
+        );
+        for item in &second.items {
+            assert!(
+                matches!(&item.outcome, Outcome::Done(why) if why.contains("expired")),
+                "{backend:?}: {second:?}"
+            );
+        }
+        assert_eq!(second.count(&Outcome::Done(String::new())), 2);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "{backend:?}: each order ran once"
+        );
+    }
+}
+
+/// A message with a body of its own.
+#[derive(Debug, Clone)]
+struct Delivery {
+    id: &'static str,
+    order: &'static str,
+    body: &'static str,
+}
+
+fn delivery(id: &'static str, order: &'static str, body: &'static str) -> Delivery {
+    Delivery { id, order, body }
+}
+
+/// With a payload, a message whose key was used with another body fails alone, as a payload mismatch,
+/// within a batch and across batches; the same body is replayed.
+#[tokio::test]
+async fn a_changed_body_with_the_same_key_is_a_payload_mismatch() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::new(backend).await;
+        let shipped = Mutex::new(Vec::new());
+        let batch = h
+            .idem
+            .batch("orders::payload")
+            .payload(|m: &Delivery| m.body);
+        let process = |messages: Vec<Delivery>| {
+            batch.process(
+                messages,
+                |m| m.id.to_owned(),
+                |m| m.order,
+                |m| {
+                    let shipped = &shipped;
+                    async move {
+                        shipped.lock().unwrap().push(m.body);
+                        Ok::<_, Error>(format!("shipped {}", m.body))
+                    }
+                },
+            )
+        };
+        let first = process(vec![
+            delivery("m1", "order-a", "2 boxes"),
+            delivery("m2", "order-a", "2 boxes"),
+            delivery("m3", "order-a", "3 boxes"),
+            delivery("m4", "order-b", "1 box"),
+        ])
+        .await;
+        let outcomes: Vec<&Outcome> = first.items.iter().map(|i| &i.outcome).collect();
+        assert_eq!(outcomes[0], &Outcome::Executed, "{backend:?}");
+        assert_eq!(outcomes[1], &Outcome::Replayed, "{backend:?}");
+        assert!(
+            matches!(outcomes[2], Outcome::Failed(why) if why.contains("different payload")),
+            "{backend:?}: {outcomes:?}"
+        );
+        assert_eq!(outcomes[3], &Outcome::Executed, "{backend:?}");
+        assert_eq!(
+            first.batch_response().batch_item_failures,
+            vec![ItemFailure {
+                item_identifier: "m3".into()
+            }]
+        );
+        // Across batches too.
+        let second = process(vec![
+            delivery("m5", "order-a", "3 boxes"),
+            delivery("m6", "order-a", "2 boxes"),
+        ])
+        .await;
+        assert!(
+            matches!(&second.items[0].outcome, Outcome::Failed(why) if why.contains("different payload")),
+            "{backend:?}: {second:?}"
+        );
+        assert_eq!(second.items[1].outcome, Outcome::Replayed, "{backend:?}");
+        assert_eq!(
+            *shipped.lock().unwrap(),
+            ["2 boxes", "1 box"],
+            "{backend:?}"
+        );
+    }
+}
+
+/// A handler that panics fails its own message; the batch goes on with the others, including the
+/// messages with the same key after it.
+#[tokio::test]
+async fn a_panicking_message_fails_alone_and_the_batch_goes_on() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::new(backend).await;
+        let shipper = Shipper::default();
+        let report = h
+            .idem
+            .batch("orders::panic")
+            .concurrency(2)
+            .process(
+                vec![
+                    msg("m1", "order-a"),
+                    msg("m2", "order-boom"),
+                    msg("m3", "order-b"),
+                    msg("m4", "order-boom"),
+                    msg("m5", "order-c"),
+                ],
+                |m| m.id.to_owned(),
+                |m| m.order,
+                |m| {
+                    let shipper = &shipper;
+                    async move {
+                        if m.order == "order-boom" {
+                            std::panic::panic_any(format!(
+                                "the label printer caught fire on {}",
+                                m.order
+                            ));
+                        }
+                        shipper.ship(m).await
+                    }
+                },
+            )
+            .await;
+        let outcomes: Vec<(&str, &Outcome)> = report
+            .items
+            .iter()
+            .map(|i| (i.id.as_str(), &i.outcome))
+            .collect();
+        assert_eq!(outcomes[0], ("m1", &Outcome::Executed), "{backend:?}");
+        assert!(
+            matches!(outcomes[1], ("m2", Outcome::Failed(why))
+                if why.contains("panicked") && why.contains("the label printer caught fire on order-boom")),
+            "{backend:?}: {outcomes:?}"
+        );
+        assert_eq!(outcomes[2], ("m3", &Outcome::Executed), "{backend:?}");
+        assert!(
+            matches!(outcomes[3], ("m4", Outcome::Failed(_))),
+            "{backend:?}: {outcomes:?}"
+        );
+        assert_eq!(outcomes[4], ("m5", &Outcome::Executed), "{backend:?}");
+        let failed: Vec<String> = report
+            .batch_response()
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect();
+        assert_eq!(failed, ["m2", "m4"], "{backend:?}");
+        assert_eq!(
+            (
+                shipper.runs("order-a"),
+                shipper.runs("order-b"),
+                shipper.runs("order-c")
+            ),
+            (1, 1, 1)
+        );
+    }
+}
