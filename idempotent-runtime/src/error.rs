@@ -114,8 +114,8 @@ pub enum Error {
     /// another region, and a call that failed claiming did not run its body. Retry later; or, to trade
     /// exactly-once for availability during outages, see
     /// [`RoutedStore::failover`](crate::RoutedStore::failover) (with it, this error means that every
-    /// region was unavailable, and names the home region; or that the region holding the call's
-    /// failed-over claim was).
+    /// region was unavailable, and names the home region; or, for a request after the claim, that
+    /// the region holding the call's claim was: only claims fail over).
     #[error(
         "`{namespace}`: region `{region}`, which serves this key, is unavailable ({}); retry later (each key is served by one region, so that it runs once)",
         chain(source.as_ref())
