@@ -407,6 +407,31 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
 mod tests {
     use super::*;
 
+    /// A report's JSON: a done message says why, and is not among the failures.
+    #[test]
+    fn a_done_message_is_reported_and_not_redelivered() {
+        let report = Report {
+            items: vec![
+                Item {
+                    id: "m1".into(),
+                    outcome: Outcome::Done("too large".into()),
+                },
+                Item {
+                    id: "m2".into(),
+                    outcome: Outcome::Failed("no".into()),
+                },
+            ],
+        };
+        assert_eq!(
+            serde_json::to_value(&report.items[0]).unwrap(),
+            serde_json::json!({ "id": "m1", "outcome": "done", "error": "too large" })
+        );
+        assert_eq!(
+            serde_json::to_value(report.batch_response()).unwrap(),
+            serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "m2" }] })
+        );
+    }
+
     /// Both kinds of panic payload give their message: a literal's `&str` and a formatted `String`.
     #[tokio::test]
     async fn a_panic_is_reported_with_its_message() {
