@@ -679,7 +679,14 @@ impl Settings {
                 tracing::error!(namespace = self.namespace, panic = %message, "the handler panicked; recorded as failed");
                 panicked()
             }
-            (Err(Failure::Idempotency(e)), _) => error_response(&e),
+            // The handler ran, but its response was not stored (the claim was taken over, or the store
+            // stayed down for the whole lease): the client still gets what the handler answered, which
+            // tells it what happened better than a 5xx inviting it to run the request again.
+            (Err(Failure::Idempotency(e)), Some(original)) => {
+                tracing::warn!(namespace = self.namespace, error = %e, "the handler's response could not be stored; sent to its caller only");
+                Response::from_parts(original.parts, Body::new(original.body))
+            }
+            (Err(Failure::Idempotency(e)), None) => error_response(&e),
         }
     }
 

@@ -17,8 +17,8 @@ use axum::routing::post;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use idempotent_runtime::Status;
-use idempotent_runtime::http::IdempotencyLayer;
+use idempotent_runtime::http::{Final, IdempotencyLayer};
+use idempotent_runtime::{MemoryStore, Status, Store, StoreError};
 use idempotent_tests::{Backend, Harness};
 use serde_json::Value;
 
@@ -52,6 +52,9 @@ on_both_stores!(
     representation_headers_are_replayed,
     a_client_that_hangs_up_does_not_cancel_the_handler,
     a_panicking_handler_answers_500_and_leaves_the_key_free,
+    a_final_rejection_and_a_configured_status_are_stored,
+    cancel_with_client_stops_the_handler_with_its_client,
+    the_request_and_stored_response_limits_are_separate_settings,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -649,4 +652,201 @@ async fn a_panicking_handler_answers_500_and_leaves_the_key_free(backend: Backen
         "{retry:?}"
     );
     assert_eq!(retry.header("idempotent-replayed"), None);
+}
+
+/// A route at `path` answering `status` (marked [`Final`] when `mark`), counting its runs.
+fn answering(runs: &Runs, status: StatusCode, mark: bool) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move || {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            let mut response = (status, format!("run {run}")).into_response();
+            if mark {
+                response = (Final, response).into_response();
+            }
+            response
+        }
+    })
+}
+
+// A rejection the handler marks final, and a status the layer is told to store, are stored and replayed.
+async fn a_final_rejection_and_a_configured_status_are_stored(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new()
+        .route(
+            "/frozen",
+            answering(&runs, StatusCode::FORBIDDEN, true).layer(layer(&harness)),
+        )
+        .route(
+            "/cancelled",
+            answering(&runs, StatusCode::NOT_FOUND, false)
+                .layer(layer(&harness).store_status(StatusCode::NOT_FOUND, true)),
+        )
+        .route(
+            "/accepted",
+            answering(&runs, StatusCode::ACCEPTED, false)
+                .layer(layer(&harness).store_status(StatusCode::ACCEPTED, false)),
+        )
+        .route(
+            "/forbidden",
+            answering(&runs, StatusCode::FORBIDDEN, false).layer(layer(&harness)),
+        );
+    let server = Server::start(harness, router).await;
+    for (path, status, stored) in [
+        ("/frozen", StatusCode::FORBIDDEN, true),
+        ("/cancelled", StatusCode::NOT_FOUND, true),
+        ("/accepted", StatusCode::ACCEPTED, false),
+        ("/forbidden", StatusCode::FORBIDDEN, false),
+    ] {
+        let before = runs.count();
+        let first = server.post(path, path, "{}").await;
+        let again = server.post(path, path, "{}").await;
+        assert_eq!((first.status, again.status), (status, status), "{path}");
+        assert_eq!(
+            again.header("idempotent-replayed").is_some(),
+            stored,
+            "{path}: {again:?}"
+        );
+        assert_eq!(runs.count() - before, if stored { 1 } else { 2 }, "{path}");
+        let record = server.record(path).await.expect("a record");
+        let expected = if stored {
+            Status::Completed
+        } else {
+            Status::Failed
+        };
+        assert_eq!(record.status, expected, "{path}");
+    }
+}
+
+// The opt-out: a handler that must stop with its client is cancelled when the client hangs up, and its
+// key stays PENDING (it may have had effects) until the lease runs out.
+async fn cancel_with_client_stops_the_handler_with_its_client(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
+    let (started, finished) = (Runs::default(), Runs::default());
+    let handler = {
+        let (started, finished) = (started.clone(), finished.clone());
+        post(move || {
+            let (started, finished) = (started.clone(), finished.clone());
+            async move {
+                started.next();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                finished.next();
+                StatusCode::CREATED
+            }
+        })
+    };
+    let router = Router::new().route(
+        "/exports",
+        handler.layer(layer(&harness).cancel_with_client()),
+    );
+    let server = Server::start(harness, router).await;
+    post_and_hang_up(server.addr, "/exports", "x-1", || started.count() == 1).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        (started.count(), finished.count()),
+        (1, 0),
+        "cancelled mid-run"
+    );
+    let record = server.record("x-1").await.expect("a record");
+    assert_eq!(record.status, Status::Pending);
+    let duplicate = server.post("/exports", "x-1", "{}").await;
+    assert_problem(&duplicate, StatusCode::CONFLICT);
+}
+
+// The request limit (413) and the largest stored response are two settings.
+async fn the_request_and_stored_response_limits_are_separate_settings(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move |body: Bytes| {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                (StatusCode::CREATED, body.repeat(100))
+            }
+        })
+    };
+    let limited = layer(&harness)
+        .max_request_bytes(64)
+        .max_stored_response_bytes(1_000);
+    let router = Router::new().route("/echo", handler.layer(limited));
+    let server = Server::start(harness, router).await;
+
+    let too_large = server.post("/echo", "e-1", &"r".repeat(65)).await;
+    assert_problem(&too_large, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(runs.count(), 0);
+    assert!(server.record("e-1").await.is_none());
+
+    // 64 bytes in, 6,400 out: over the stored limit, so processed without its body.
+    let first = server.post("/echo", "e-2", &"r".repeat(64)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.bytes().len(), 6_400);
+    let retry = server.post("/echo", "e-2", &"r".repeat(64)).await;
+    assert_processed_not_replayable(&retry, Some(201));
+    // 5 bytes in, 500 out: stored and replayed.
+    let small = server.post("/echo", "e-3", "small").await;
+    let again = server.post("/echo", "e-3", "small").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.bytes(), small.bytes());
+    assert_eq!(runs.count(), 2);
+}
+
+/// A memory store whose completions never land (the store down for them), so that a call's result
+/// cannot be stored.
+#[derive(Debug, Default)]
+struct CompletionsDown(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for CompletionsDown {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, StoreError> {
+        if matches!(
+            transition.change,
+            idempotent_runtime::store::Change::Complete { .. }
+        ) {
+            return Err(StoreError::Unavailable("the table is unreachable".into()));
+        }
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "completions-down"
+    }
+}
+
+// A handler that ran but whose response could not be stored (the store down for the whole lease): the
+// client gets the handler's own 201, not a 500 inviting it to run the request again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
+    let harness = Harness::over(
+        Arc::new(CompletionsDown::default()),
+        idempotent_tests::RequestCounter::default(),
+        |b| b.default_lease(Duration::from_millis(300)),
+    );
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server.post("/payments", "down", "{}").await;
+    assert_eq!(
+        (first.status, first.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..]),
+        "{first:?}"
+    );
+    assert_eq!(runs.count(), 1);
 }
