@@ -48,7 +48,7 @@
 //! The record key is `(identity, Idempotency-Key)`, so two callers that happen to send the same key
 //! value never see each other's responses: the identity function is a required argument for that
 //! reason. The request fingerprint is the method, the path and query *as the client sent them* (axum's
-//! [`OriginalUri`](axum::extract::OriginalUri), so a layer inside [`Router::nest`](axum::Router::nest)
+//! [`OriginalUri`], so a layer inside [`Router::nest`](axum::Router::nest)
 //! sees the prefix that `nest` strips: `/accounts/A/payments` and `/accounts/B/payments`, or one API
 //! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body. A key reused on
 //! another endpoint or with another body is a 422, never a replay of something else.

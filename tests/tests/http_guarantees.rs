@@ -255,17 +255,18 @@ async fn a_nested_router_never_replays_another_prefixes_response(backend: Backen
     assert_eq!(runs.count(), 2, "A's payment and the test mode's");
 }
 
+/// The byte at `i` of a [`chunked`] body.
+fn letter(i: usize) -> u8 {
+    b"abcdefghijklmnopqrstuvwxyz"[i % 26]
+}
+
 /// A body of `len` bytes in chunks of 64 KiB, as a handler streaming a large answer sends it.
 fn chunked(len: usize) -> Body {
     let chunks: Vec<Result<Bytes, std::io::Error>> = (0..len)
         .step_by(64 << 10)
         .map(|at| {
             let end = (at + (64 << 10)).min(len);
-            Ok(Bytes::from(
-                (at..end)
-                    .map(|i| b'a' + (i % 26) as u8)
-                    .collect::<Vec<u8>>(),
-            ))
+            Ok(Bytes::from((at..end).map(letter).collect::<Vec<u8>>()))
         })
         .collect();
     Body::from_stream(futures_util::stream::iter(chunks))
@@ -305,11 +306,7 @@ async fn a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_cal
         len,
         "the whole body, streamed past what is buffered"
     );
-    assert!(
-        body.iter()
-            .enumerate()
-            .all(|(i, b)| *b == b'a' + (i % 26) as u8)
-    );
+    assert!(body.iter().enumerate().all(|(i, b)| *b == letter(i)));
     let record = server.record("big").await.expect("a record");
     assert_eq!(record.status, Status::Completed, "{record:?}");
 
@@ -743,7 +740,7 @@ async fn cancel_with_client_stops_the_handler_with_its_client(backend: Backend) 
     );
     let server = Server::start(harness, router).await;
     post_and_hang_up(server.addr, "/exports", "x-1", || started.count() == 1).await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         (started.count(), finished.count()),
         (1, 0),
