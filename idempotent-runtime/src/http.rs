@@ -99,7 +99,9 @@
 //! the handler and the storing of its response on a task of their own ([`tokio::spawn`]); the service's
 //! future only awaits that task. A client that leaves drops the waiter, not the work: the response is
 //! stored as usual, and the retry gets it with `Idempotent-Replayed: true`. This needs a Tokio runtime
-//! (axum's), and costs a task per request with a key.
+//! (axum's), and costs a task per request with a key. Put timeouts *in front of* the layer, where they
+//! drop only the waiter: one between the layer and the handler cancels the handler itself, and its 408
+//! or 503 is not stored, so the retry runs the handler again whatever the cancelled run had done.
 //!
 //! Handlers that must stop when their client is gone opt out with
 //! [`cancel_with_client`](IdempotencyLayer::cancel_with_client): the handler then runs in the service's
@@ -108,10 +110,11 @@
 //!
 //! # Panics
 //!
-//! A handler that panics (or whose response body panics while it is read) is a failure: the record
-//! becomes FAILED with the text `panicked: <message>`, so the key is free at once, and the client gets a
-//! 500 `application/problem+json`. The panic does not reach hyper, which would close the connection
-//! without an answer.
+//! A handler that panics is a failure: the record becomes FAILED with the text `panicked: <message>`,
+//! so the key is free at once, and the client gets a 500 `application/problem+json`. The panic does not
+//! reach hyper, which would close the connection without an answer. A response *body* that panics after
+//! the handler answered with a stored status is a body that failed mid-stream: the outcome is final, as
+//! [above](#responses-that-cannot-be-stored).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

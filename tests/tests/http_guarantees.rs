@@ -52,6 +52,7 @@ on_both_stores!(
     representation_headers_are_replayed,
     a_client_that_hangs_up_does_not_cancel_the_handler,
     a_panicking_handler_answers_500_and_leaves_the_key_free,
+    a_body_that_panics_after_a_stored_status_is_final,
     a_final_rejection_and_a_configured_status_are_stored,
     cancel_with_client_stops_the_handler_with_its_client,
     the_request_and_stored_response_limits_are_separate_settings,
@@ -792,9 +793,12 @@ async fn the_request_and_stored_response_limits_are_separate_settings(backend: B
 }
 
 /// A memory store whose completions never land (the store down for them), so that a call's result
-/// cannot be stored.
+/// cannot be stored; with `panics`, a completion panics instead.
 #[derive(Debug, Default)]
-struct CompletionsDown(MemoryStore);
+struct CompletionsDown {
+    records: MemoryStore,
+    panics: bool,
+}
 
 #[async_trait::async_trait]
 impl Store for CompletionsDown {
@@ -802,7 +806,7 @@ impl Store for CompletionsDown {
         &self,
         request: &idempotent_runtime::store::ClaimRequest<'_>,
     ) -> Result<idempotent_runtime::store::ClaimOutcome, StoreError> {
-        self.0.claim(request).await
+        self.records.claim(request).await
     }
 
     async fn transition(
@@ -813,13 +817,14 @@ impl Store for CompletionsDown {
             transition.change,
             idempotent_runtime::store::Change::Complete { .. }
         ) {
+            assert!(!self.panics, "the store's client panicked");
             return Err(StoreError::Unavailable("the table is unreachable".into()));
         }
-        self.0.transition(transition).await
+        self.records.transition(transition).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
-        self.0.get(key).await
+        self.records.get(key).await
     }
 
     fn kind(&self) -> &'static str {
@@ -845,5 +850,75 @@ async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
         (StatusCode::CREATED, &b"charge 1"[..]),
         "{first:?}"
     );
+    assert_eq!(runs.count(), 1);
+}
+
+// A response body that panics after the handler answered 201 is a body that failed mid-stream: the
+// outcome is final (COMPLETED without the body), the retry gets the 410, and the handler ran once.
+async fn a_body_that_panics_after_a_stored_status_is_final(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move || {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                let stream = futures_util::stream::poll_fn(
+                    |_| -> std::task::Poll<Option<Result<Bytes, std::io::Error>>> {
+                        panic!("the export's serializer panicked")
+                    },
+                );
+                (StatusCode::CREATED, Body::from_stream(stream))
+            }
+        })
+    };
+    let router = Router::new().route("/exports", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .send(
+            server
+                .request("/exports", "p-1")
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await;
+    if let Ok(first) = &first {
+        assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+        assert!(first.body.is_err(), "{first:?}");
+    }
+    let record = server.record("p-1").await.expect("a record");
+    assert_eq!(record.status, Status::Completed, "{record:?}");
+    let retry = server.post("/exports", "p-1", "{}").await;
+    assert_processed_not_replayable(&retry, Some(201));
+    assert_eq!(runs.count(), 1);
+}
+
+// A panic outside the handler (here in the store's client, after the handler ran) ends the request's
+// task: the service still answers 500 problem+json instead of a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_outside_the_handler_still_answers_500() {
+    let store = CompletionsDown {
+        panics: true,
+        ..CompletionsDown::default()
+    };
+    let harness = Harness::over(
+        Arc::new(store),
+        idempotent_tests::RequestCounter::default(),
+        |b| b,
+    );
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .send(
+            server
+                .request("/payments", "store-panic")
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&first, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.count(), 1);
 }
