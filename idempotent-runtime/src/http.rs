@@ -102,6 +102,11 @@
 //! (axum's), and costs a task per request with a key. Put timeouts *in front of* the layer, where they
 //! drop only the waiter: one between the layer and the handler cancels the handler itself, and its 408
 //! or 503 is not stored, so the retry runs the handler again whatever the cancelled run had done.
+//! Likewise a concurrency limit in front of the layer counts waiters, not running handlers (a client
+//! that hangs up frees its slot while its handler runs on): to bound the handlers, put the limit
+//! between the layer and the handler. On its own task, the handler sees the request's extensions and
+//! the current `tracing` span, but not the task-locals (`tokio::task_local!`) that a layer in front
+//! set; pass such context in the request's extensions.
 //!
 //! Handlers that must stop when their client is gone opt out with
 //! [`cancel_with_client`](IdempotencyLayer::cancel_with_client): the handler then runs in the service's
