@@ -23,13 +23,15 @@
 //!
 //! | request | response |
 //! |---|---|
-//! | first with its key | the handler's response; it is stored unless it is a 5xx, 408, 409, 425 or 429 |
+//! | first with its key | the handler's own response, whole (headers, and a body of any size, streamed); it is stored unless [it is not final](#which-responses-are-stored) |
 //! | same key, same request, done | the stored status, [headers that matter](IdempotencyLayer::replay_header) and body, plus `Idempotent-Replayed: true` |
+//! | same key, done, but its response could not be stored (too large, or its body failed while it was sent) | 410, saying the request was processed and its response cannot be sent again, plus `Idempotent-Replayed: true` ([below](#responses-that-cannot-be-stored)) |
 //! | same key, still in flight | 409, `Retry-After` from the handle's retry hint |
-//! | same key, another request (method, path or body) | 422 |
+//! | same key, another request (method, path and query, or body) | 422 |
 //! | no `Idempotency-Key` (or an empty or malformed one) | 400, unless [`optional`](IdempotencyLayer::optional) |
 //! | no caller identity | 401 |
-//! | a body over the limit | 413 |
+//! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
+//! | the handler panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
 //!
 //! Errors are `application/problem+json` (RFC 9457). `GET`, `HEAD`, `OPTIONS` and `TRACE` pass through:
@@ -41,27 +43,107 @@
 //! `IntoResponse`), covers a route, a group of routes or a whole router with one line, and works for any
 //! tower service whose body is axum's.
 //!
-//! **Scoping.** The record key is `(identity, Idempotency-Key)`, so two callers that happen to send the
-//! same key value never see each other's responses: the identity function is a required argument for
-//! that reason. The request fingerprint is `(method, path and query, SHA-256 of the body)`, so a key
-//! reused on another endpoint or with another body is a 422, never a replay of something else.
+//! # Scoping
+//!
+//! The record key is `(identity, Idempotency-Key)`, so two callers that happen to send the same key
+//! value never see each other's responses: the identity function is a required argument for that
+//! reason. The request fingerprint is the method, the path and query *as the client sent them* (axum's
+//! [`OriginalUri`], so a layer inside [`Router::nest`](axum::Router::nest)
+//! sees the prefix that `nest` strips: `/accounts/A/payments` and `/accounts/B/payments`, or one API
+//! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body. A key reused on
+//! another endpoint or with another body is a 422, never a replay of something else.
+//!
+//! Anything else that selects the resource or the account a request acts on must be in the identity
+//! the function returns: the `Host` when one service answers for several sites, an account or
+//! environment header (`Stripe-Account`-style), a tenant taken from the TLS client certificate. What is
+//! in neither the identity nor the fingerprint cannot tell two requests apart, and the second would get
+//! the first one's response.
+//!
+//! # Which responses are stored
+//!
+//! A response is the operation's final outcome, stored and replayed, when the handler began to act on
+//! the request: 2xx, 3xx, and 4xx that are business outcomes (402 Payment Required, 410 Gone, ...).
+//! Not stored, so a corrected or later retry with the same key runs again:
+//!
+//! - server errors (5xx) and the statuses that say "try again" (408, 409, 425, 429);
+//! - rejections of the request's form, mostly answered before the handler ran (axum's extractors
+//!   answer 400, 413, 415 and 422): 400, 401, 403, 404, 405, 406, 407, 411, 412, 413, 414, 415, 416,
+//!   417, 421, 422, 426, 428 and 431. As Stripe puts it, a result is saved once the endpoint started
+//!   executing.
+//!
+//! A handler whose rejection is final after all (it had effects, or the answer must not change) marks
+//! its response with [`Final`]; [`IdempotencyLayer::store_status`] changes the rule for a status.
+//!
+//! # Responses that cannot be stored
+//!
+//! Once the handler has answered with a status that is stored, its outcome is final, whatever happens to
+//! its body: the handler never runs again for the key while the record lives. Its body is read into
+//! memory for the record up to [`max_stored_response_bytes`](IdempotencyLayer::max_stored_response_bytes);
+//! a larger body, one whose stream fails while it is read, or one over DynamoDB's item limit even
+//! compressed ([`MAX_ITEM_BYTES`](crate::MAX_ITEM_BYTES)) is recorded as COMPLETED without it. The first
+//! caller still gets the handler's own response, its body streamed through beyond what was buffered (a
+//! failing body fails for it as it did for the handler). A retry gets **410 Gone**, an
+//! `application/problem+json` body saying that the request was processed and its response cannot be
+//! sent again, its `original_status` (and `location`, when the handler sent one) when they were stored,
+//! and `Idempotent-Replayed: true`. 410 because it is final (a retry with the same key gets the same
+//! answer; the 5xx "try again" would be a lie) and unlike every other answer of the layer; a client
+//! that needs the resource reads it where it lives (`location`). The alternative, running the handler
+//! again, is what the key exists to prevent.
+//!
+//! # A client that hangs up
+//!
+//! Hyper drops a handler's future when its client disconnects (an HTTP/1 connection's EOF, an HTTP/2
+//! `RST_STREAM`), and so do timeouts in front of the service. Dropped mid-handler, the work would stop
+//! at an arbitrary await, nothing would be stored, and the retry the client sends next would run the
+//! handler again after the lease. So once a request has been read and checked, the layer runs the claim,
+//! the handler and the storing of its response on a task of their own ([`tokio::spawn`]); the service's
+//! future only awaits that task. A client that leaves drops the waiter, not the work: the response is
+//! stored as usual, and the retry gets it with `Idempotent-Replayed: true`. This needs a Tokio runtime
+//! (axum's), and costs a task per request with a key. Put timeouts *in front of* the layer, where they
+//! drop only the waiter: one between the layer and the handler cancels the handler itself, and its 408
+//! or 503 is not stored, so the retry runs the handler again whatever the cancelled run had done.
+//! Likewise a concurrency limit in front of the layer counts waiters, not running handlers (a client
+//! that hangs up frees its slot while its handler runs on): to bound the handlers, put the limit
+//! between the layer and the handler. On its own task, the handler sees the request's extensions and
+//! the current `tracing` span, but not the task-locals (`tokio::task_local!`) that a layer in front
+//! set; pass such context in the request's extensions.
+//!
+//! Handlers that must stop when their client is gone opt out with
+//! [`cancel_with_client`](IdempotencyLayer::cancel_with_client): the handler then runs in the service's
+//! future, as without the layer. A handler dropped mid-run that way leaves its key PENDING until the
+//! lease runs out (it may have had effects; running it again early would be worse).
+//!
+//! # Panics
+//!
+//! A handler that panics is a failure: the record becomes FAILED with the text `panicked: <message>`,
+//! so the key is free at once, and the client gets a 500 `application/problem+json`. The panic does not
+//! reach hyper, which would close the connection without an answer. A response *body* that panics after
+//! the handler answered with a stored status is a body that failed mid-stream: the outcome is final, as
+//! [above](#responses-that-cannot-be-stored).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::OriginalUri;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::request::Parts;
 use axum::http::{Request, Response, StatusCode};
+use axum::response::{IntoResponseParts, ResponseParts};
+use futures_util::FutureExt as _;
+use http_body::{Frame, SizeHint};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tracing::Instrument as _;
 
-use crate::{Error, Execution, Idempotency};
+use crate::{Error, Idempotency};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -69,12 +151,41 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest key accepted, in bytes (longer ones are a 400).
 pub const MAX_KEY_BYTES: usize = 255;
-/// The default limit on request and response bodies (1 MiB); see [`IdempotencyLayer::max_body_bytes`].
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// The default limit on request bodies (1 MiB); see [`IdempotencyLayer::max_request_bytes`].
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The default limit on the response bodies that are stored (1 MiB); see
+/// [`IdempotencyLayer::max_stored_response_bytes`].
+pub const DEFAULT_MAX_STORED_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Who is asking: returns the caller's identity (a tenant, an account, an API key's owner) from the
 /// request, or `None` when there is none (the request is refused with 401).
 type Identity = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// Marks a handler's response as final: stored and replayed whatever its status, also one that the
+/// layer would not store by default (a rejection such as 403, or a 5xx). See
+/// [which responses are stored](self#which-responses-are-stored).
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use idempotent_runtime::http::Final;
+///
+/// // The refusal is the operation's outcome (the account was frozen by this very request's checks):
+/// // a retry with the same key gets the same 403.
+/// async fn transfer() -> (StatusCode, Final, &'static str) {
+///     (StatusCode::FORBIDDEN, Final, "account frozen")
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Final;
+
+impl IntoResponseParts for Final {
+    type Error = Infallible;
+
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Infallible> {
+        parts.extensions_mut().insert(self);
+        Ok(parts)
+    }
+}
 
 /// A tower layer that makes the services it wraps idempotent per `Idempotency-Key` header and caller.
 /// See the [module docs](self).
@@ -88,8 +199,13 @@ struct Settings {
     identity: Box<Identity>,
     namespace: &'static str,
     required: bool,
-    max_body_bytes: usize,
+    max_request_bytes: usize,
+    max_stored_response_bytes: usize,
     replay_headers: Vec<HeaderName>,
+    /// Statuses whose storing [`IdempotencyLayer::store_status`] decided, the last word first.
+    statuses: Vec<(StatusCode, bool)>,
+    /// Whether the work runs on a task of its own (not cancelled with its client).
+    detached: bool,
     ttl: Option<Duration>,
     lease: Option<Duration>,
     wait: Option<Duration>,
@@ -101,8 +217,11 @@ impl fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("namespace", &s.namespace)
             .field("required", &s.required)
-            .field("max_body_bytes", &s.max_body_bytes)
+            .field("max_request_bytes", &s.max_request_bytes)
+            .field("max_stored_response_bytes", &s.max_stored_response_bytes)
             .field("replay_headers", &s.replay_headers)
+            .field("statuses", &s.statuses)
+            .field("detached", &s.detached)
             .field("ttl", &s.ttl)
             .field("lease", &s.lease)
             .field("wait", &s.wait)
@@ -114,7 +233,9 @@ impl IdempotencyLayer {
     /// A layer on `idem` whose keys are scoped by `identity`: the caller's identity from the request
     /// (typically what an authentication layer in front of this one put in the extensions), or `None` to
     /// refuse the request with 401. To share keys between all callers on purpose, return the same string
-    /// for all of them.
+    /// for all of them. Whatever else selects the resource a request acts on and is not in its method,
+    /// path, query or body (the `Host`, an account header) belongs in it too: see
+    /// [scoping](self#scoping).
     pub fn new(
         idem: Idempotency,
         identity: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -125,14 +246,25 @@ impl IdempotencyLayer {
                 identity: Box::new(identity),
                 namespace: "http",
                 required: true,
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+                max_stored_response_bytes: DEFAULT_MAX_STORED_RESPONSE_BYTES,
+                // The representation's own headers (RFC 9110 §8: what the body is and how it is
+                // encoded, without which the replayed bytes are read wrong), its validators, and where
+                // the created resource lives.
                 replay_headers: vec![
                     header::CONTENT_TYPE,
+                    header::CONTENT_ENCODING,
                     header::CONTENT_LANGUAGE,
+                    header::CONTENT_LOCATION,
+                    header::CONTENT_DISPOSITION,
+                    HeaderName::from_static("content-digest"),
+                    HeaderName::from_static("repr-digest"),
                     header::LOCATION,
                     header::ETAG,
                     header::LAST_MODIFIED,
                 ],
+                statuses: Vec::new(),
+                detached: true,
                 ttl: None,
                 lease: None,
                 wait: None,
@@ -166,27 +298,78 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The largest request body, and the largest response body that is stored (default
-    /// [`DEFAULT_MAX_BODY_BYTES`]). A larger request is a 413; a larger response is returned as a 500
-    /// and not stored, so the request can be retried.
+    /// The largest request body (default [`DEFAULT_MAX_REQUEST_BYTES`]): the layer reads it whole to
+    /// fingerprint it; a larger one is a 413, and nothing runs.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
     #[must_use]
-    pub fn max_body_bytes(mut self, limit: usize) -> Self {
-        self.settings().max_body_bytes = limit;
+    pub fn max_request_bytes(mut self, limit: usize) -> Self {
+        self.settings().max_request_bytes = limit;
         self
     }
 
-    /// One more response header to store and replay, besides `Content-Type`, `Content-Language`,
-    /// `Location`, `ETag` and `Last-Modified`. Headers about the connection or the moment (`Date`,
-    /// `Set-Cookie`, rate limits) are not replayed.
+    /// The largest response body that is stored for replay (default
+    /// [`DEFAULT_MAX_STORED_RESPONSE_BYTES`]): the most a request holds in memory for its record. A
+    /// larger response still goes to the first caller whole, and is recorded as processed without its
+    /// body: a retry gets the 410 described under
+    /// [responses that cannot be stored](self#responses-that-cannot-be-stored), and the handler does
+    /// not run again. Above about 400 KB a response is stored only if it compresses into DynamoDB's
+    /// item limit ([`MAX_ITEM_BYTES`](crate::MAX_ITEM_BYTES)); JSON usually does, several times over.
+    ///
+    /// # Panics
+    /// When the layer was cloned already (configure it first).
+    #[must_use]
+    pub fn max_stored_response_bytes(mut self, limit: usize) -> Self {
+        self.settings().max_stored_response_bytes = limit;
+        self
+    }
+
+    /// Whether responses with `status` are stored and replayed (`true`) or not, so that a retry with
+    /// the same key runs again (`false`), instead of the default rule (see
+    /// [which responses are stored](self#which-responses-are-stored)); the last call for a status
+    /// wins. A response marked [`Final`] is stored whatever its status.
+    ///
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use idempotent_runtime::{Idempotency, http::IdempotencyLayer};
+    ///
+    /// // This API's 404 means "that order was cancelled", an outcome to replay.
+    /// let layer = IdempotencyLayer::new(Idempotency::in_memory(), |_| Some("all".into()))
+    ///     .store_status(StatusCode::NOT_FOUND, true);
+    /// ```
+    ///
+    /// # Panics
+    /// When the layer was cloned already (configure it first).
+    #[must_use]
+    pub fn store_status(mut self, status: StatusCode, store: bool) -> Self {
+        self.settings().statuses.insert(0, (status, store));
+        self
+    }
+
+    /// One more response header to store and replay, besides the representation's (`Content-Type`,
+    /// `Content-Encoding`, `Content-Language`, `Content-Location`, `Content-Disposition`,
+    /// `Content-Digest`, `Repr-Digest`), `Location`, `ETag` and `Last-Modified`. Headers about the
+    /// connection or the moment (`Date`, `Set-Cookie`, rate limits) are not replayed.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
     #[must_use]
     pub fn replay_header(mut self, name: HeaderName) -> Self {
         self.settings().replay_headers.push(name);
+        self
+    }
+
+    /// The handler is cancelled when its client hangs up (its future is dropped with the service's),
+    /// instead of running to completion on a task of its own: for handlers that must stop when nobody
+    /// waits. A handler dropped mid-run leaves its key PENDING until the lease runs out; see
+    /// [a client that hangs up](self#a-client-that-hangs-up).
+    ///
+    /// # Panics
+    /// When the layer was cloned already (configure it first).
+    #[must_use]
+    pub fn cancel_with_client(mut self) -> Self {
+        self.settings().detached = false;
         self
     }
 
@@ -270,7 +453,7 @@ where
         let fresh = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, fresh);
         let settings = self.settings.clone();
-        Box::pin(async move { Ok(settings.handle(inner, request).await) })
+        Box::pin(async move { Ok(Settings::handle(settings, inner, request).await) })
     }
 }
 
@@ -282,17 +465,19 @@ struct StoredResponse {
     body: StoredBody,
 }
 
-/// A body as text when it is UTF-8 (JSON APIs: stored as is, readable in the table), hex otherwise.
+/// A body as text when it is UTF-8 (JSON APIs: stored as is, readable in the table), hex otherwise;
+/// or the mark of a body that was not stored (too large, or failed while it was read).
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum StoredBody {
     Text(String),
     Hex(String),
+    Unstored,
 }
 
 impl StoredBody {
-    fn new(bytes: Bytes) -> Self {
-        match String::from_utf8(bytes.into()) {
+    fn new(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
             Ok(text) => StoredBody::Text(text),
             Err(e) => StoredBody::Hex(hex::encode(e.into_bytes())),
         }
@@ -302,6 +487,7 @@ impl StoredBody {
         match self {
             StoredBody::Text(text) => Some(text.into_bytes()),
             StoredBody::Hex(hex) => hex::decode(hex).ok(),
+            StoredBody::Unstored => None,
         }
     }
 }
@@ -310,6 +496,8 @@ impl StoredBody {
 enum Failure {
     /// The handler's response is not one to replay (a 5xx, say): the client gets it, and may retry.
     NotStored(Response<Body>),
+    /// The handler panicked, with this message.
+    Panicked(String),
     Idempotency(Error),
 }
 
@@ -325,36 +513,51 @@ impl fmt::Display for Failure {
             Failure::NotStored(response) => {
                 write!(f, "the handler answered {}; not stored", response.status())
             }
+            Failure::Panicked(message) => write!(f, "panicked: {message}"),
             Failure::Idempotency(e) => e.fmt(f),
         }
     }
 }
 
-/// Responses stored for replay: everything but server errors and the statuses that say "try again"
-/// (408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many Requests), which a retry with the same
-/// key must be able to get past.
+/// Whether a response with `status` is the operation's final outcome by default (see
+/// [which responses are stored](self#which-responses-are-stored)): not a server error, not a status
+/// that says "try again" (408, 409, 425, 429), and not a rejection of the request's form.
 fn storable(status: StatusCode) -> bool {
     !status.is_server_error()
         && !matches!(
-            status,
-            StatusCode::REQUEST_TIMEOUT
-                | StatusCode::CONFLICT
-                | StatusCode::TOO_EARLY
-                | StatusCode::TOO_MANY_REQUESTS
+            status.as_u16(),
+            // Try again.
+            408 | 409 | 425 | 429
+            // The request's form: syntax, credentials, permissions, target, method, negotiation,
+            // framing, preconditions, size, media type, validation, protocol.
+            | 400 | 401 | 403 | 404 | 405 | 406 | 407 | 411 | 412 | 413 | 414 | 415 | 416 | 417
+            | 421 | 422 | 426 | 428 | 431
         )
 }
 
+/// What the first caller gets when its handler ran: its own status and headers, and its body (what was
+/// read for the record, then the rest of the stream or the error that ended it).
+struct Original {
+    parts: axum::http::response::Parts,
+    body: Passthrough,
+}
+
 impl Settings {
-    async fn handle<S>(&self, mut inner: S, request: Request<Body>) -> Response<Body>
+    /// The request's checks (key, identity, body, fingerprint), then the operation: on a task of its
+    /// own unless the layer cancels with the client.
+    async fn handle<S>(this: Arc<Self>, mut inner: S, request: Request<Body>) -> Response<Body>
     where
-        S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+        S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+            + Send
+            + 'static,
+        S::Future: Send,
     {
         if request.method().is_safe() {
             return pass(&mut inner, request).await;
         }
         let key = match idempotency_key(request.headers()) {
             Ok(Some(key)) => key,
-            Ok(None) if !self.required => return pass(&mut inner, request).await,
+            Ok(None) if !this.required => return pass(&mut inner, request).await,
             Ok(None) => {
                 return problem(
                     StatusCode::BAD_REQUEST,
@@ -364,36 +567,77 @@ impl Settings {
             Err(why) => return problem(StatusCode::BAD_REQUEST, why),
         };
         let (parts, body) = request.into_parts();
-        let Some(identity) = (self.identity)(&parts) else {
+        let Some(identity) = (this.identity)(&parts) else {
             return problem(
                 StatusCode::UNAUTHORIZED,
                 "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
             );
         };
-        let Ok(bytes) = axum::body::to_bytes(body, self.max_body_bytes).await else {
+        let Ok(bytes) = axum::body::to_bytes(body, this.max_request_bytes).await else {
             return problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!(
                     "the request body is over {} bytes, or could not be read",
-                    self.max_body_bytes
+                    this.max_request_bytes
                 ),
             );
         };
-        let target = parts
-            .uri
+        // The URI as the client sent it: a router that `nest`s this one stripped its prefix (the
+        // account, the mode) from `parts.uri`.
+        let uri = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or(&parts.uri, |original| &original.0);
+        let target = uri
             .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), ToString::to_string);
+            .map_or_else(|| uri.path().to_owned(), ToString::to_string);
         let fingerprint = (
             parts.method.as_str().to_owned(),
             target,
             hex::encode(Sha256::digest(&bytes)),
         );
         let request = Request::from_parts(parts, Body::from(bytes));
+        let scope = (identity, key);
+        if !this.detached {
+            return this.execute(inner, request, &scope, &fingerprint).await;
+        }
+        let settings = this.clone();
+        let work = async move { settings.execute(inner, request, &scope, &fingerprint).await };
+        // Dropping the handle (the client hung up) detaches the task; it runs on and stores its result.
+        match tokio::spawn(work.in_current_span()).await {
+            Ok(response) => response,
+            Err(e) if e.is_panic() => {
+                tracing::error!(namespace = this.namespace, error = %e, "idempotent request panicked");
+                panicked()
+            }
+            Err(e) => {
+                tracing::warn!(namespace = this.namespace, error = %e, "idempotent request cancelled");
+                with_retry_after(
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the service is shutting down; retry with the same key",
+                    ),
+                    Duration::from_secs(1),
+                )
+            }
+        }
+    }
 
+    /// The operation: claim, the handler, its response stored (or the stored one replayed).
+    async fn execute<S>(
+        &self,
+        mut inner: S,
+        request: Request<Body>,
+        scope: &(String, String),
+        fingerprint: &(String, String, String),
+    ) -> Response<Body>
+    where
+        S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    {
         let mut operation = self
             .idem
-            .operation(self.namespace, &(identity, key))
-            .payload(&fingerprint);
+            .operation(self.namespace, scope)
+            .payload(fingerprint);
         if let Some(ttl) = self.ttl {
             operation = operation.ttl(ttl);
         }
@@ -403,40 +647,67 @@ impl Settings {
         if let Some(wait) = self.wait {
             operation = operation.wait(wait);
         }
-        // The first caller gets the handler's response with all its headers, not only the stored ones.
-        let original: Mutex<Option<(StatusCode, HeaderMap)>> = Mutex::new(None);
+        // The first caller gets the handler's response as it was, not the stored copy: all its headers,
+        // and a body that may not have been stored at all.
+        let original: Mutex<Option<Original>> = Mutex::new(None);
         let run = operation.run(|| async {
-            let response = pass(&mut inner, request).await;
-            if !storable(response.status()) {
+            let response = match AssertUnwindSafe(pass(&mut inner, request))
+                .catch_unwind()
+                .await
+            {
+                Ok(response) => response,
+                Err(panic) => return Err(Failure::Panicked(panic_message(&*panic))),
+            };
+            if !self.stores(&response) {
                 return Err(Failure::NotStored(response));
             }
             let (parts, body) = response.into_parts();
-            let Ok(bytes) = axum::body::to_bytes(body, self.max_body_bytes).await else {
-                return Err(Failure::NotStored(problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the response could not be read in full, or is too large to store; it was not stored, so the request may be retried",
-                )));
-            };
+            let (body, whole) = Passthrough::read(body, self.max_stored_response_bytes).await;
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: self.stored_headers(&parts.headers),
-                body: StoredBody::new(bytes),
+                body: whole.map_or(StoredBody::Unstored, StoredBody::new),
             };
             *original.lock().unwrap_or_else(PoisonError::into_inner) =
-                Some((parts.status, parts.headers));
+                Some(Original { parts, body });
             Ok(stored)
         });
-        let (result, execution) = crate::observe(run).await;
-        match result {
-            Ok(stored) => {
-                let first = original
-                    .into_inner()
-                    .unwrap_or_else(PoisonError::into_inner);
-                respond(stored, first, execution)
+        let result = run.await;
+        let original = original
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (result, original) {
+            // The handler ran in this call: its own response.
+            (Ok(_), Some(original)) => {
+                Response::from_parts(original.parts, Body::new(original.body))
             }
-            Err(Failure::NotStored(response)) => response,
-            Err(Failure::Idempotency(e)) => error_response(&e),
+            (Ok(stored), None) => replay(stored),
+            (Err(Failure::NotStored(response)), _) => response,
+            (Err(Failure::Panicked(message)), _) => {
+                tracing::error!(namespace = self.namespace, panic = %message, "the handler panicked; recorded as failed");
+                panicked()
+            }
+            // The handler ran, but its response was not stored (the claim was taken over, or the store
+            // stayed down for the whole lease): the client still gets what the handler answered, which
+            // tells it what happened better than a 5xx inviting it to run the request again.
+            (Err(Failure::Idempotency(e)), Some(original)) => {
+                tracing::warn!(namespace = self.namespace, error = %e, "the handler's response could not be stored; sent to its caller only");
+                Response::from_parts(original.parts, Body::new(original.body))
+            }
+            (Err(Failure::Idempotency(e)), None) => error_response(&e),
         }
+    }
+
+    /// Whether `response` is stored: marked [`Final`], or its status is stored by the layer's rule.
+    fn stores(&self, response: &Response<Body>) -> bool {
+        if response.extensions().get::<Final>().is_some() {
+            return true;
+        }
+        let status = response.status();
+        self.statuses
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or_else(|| storable(status), |(_, store)| *store)
     }
 
     fn stored_headers(&self, headers: &HeaderMap) -> Vec<(String, String)> {
@@ -460,34 +731,199 @@ where
     }
 }
 
-/// The response for a stored value: the handler's own headers when it just ran, the stored ones and
-/// `Idempotent-Replayed: true` when replayed.
-fn respond(
-    stored: StoredResponse,
-    first: Option<(StatusCode, HeaderMap)>,
-    execution: Option<Execution>,
-) -> Response<Body> {
-    let Some(body) = stored.body.into_bytes() else {
-        return problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the stored response is unreadable",
-        );
-    };
-    let mut response = Response::new(Body::from(body));
-    if let Some((status, headers)) = first.filter(|_| execution != Some(Execution::Replayed)) {
-        *response.status_mut() = status;
-        *response.headers_mut() = headers;
-        // The body was buffered: its length is known again, whatever the handler streamed.
-        response.headers_mut().remove(header::CONTENT_LENGTH);
-        response.headers_mut().remove(header::TRANSFER_ENCODING);
-        return response;
+/// A panic's message, when it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The answer to a request whose handler panicked: it was recorded as failed, so the key is free.
+fn panicked() -> Response<Body> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the request failed unexpectedly and nothing was stored; it may be sent again with the same key",
+    )
+}
+
+/// A response body as the first caller gets it: the frames read for the record, then the rest of the
+/// handler's body (streamed, never buffered), or the error that ended it.
+struct Passthrough {
+    read: VecDeque<Frame<Bytes>>,
+    rest: Rest,
+}
+
+/// What follows the frames a [`Passthrough`] read.
+enum Rest {
+    /// The handler's body, not read to its end.
+    Body(Body),
+    /// The body failed while it was read: its error comes next, as it came to the layer.
+    Failed(Option<axum::Error>),
+    Done,
+}
+
+impl Passthrough {
+    /// Reads `body` until its end, its error, or `limit` bytes and more; with the bytes to store when
+    /// the body was read whole within `limit`. A body that panics ends as a failed one.
+    async fn read(mut body: Body, limit: usize) -> (Passthrough, Option<Vec<u8>>) {
+        let mut read = VecDeque::new();
+        let mut len = 0_usize;
+        let rest = AssertUnwindSafe(async {
+            loop {
+                if len > limit {
+                    return None;
+                }
+                match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                    None => return Some(Rest::Done),
+                    Some(Ok(frame)) => {
+                        len += frame.data_ref().map_or(0, Bytes::len);
+                        read.push_back(frame);
+                    }
+                    Some(Err(e)) => return Some(Rest::Failed(Some(e))),
+                }
+            }
+        })
+        .catch_unwind()
+        .await;
+        let rest = match rest {
+            Ok(Some(rest)) => rest,
+            Ok(None) => {
+                tracing::info!(
+                    bytes_over = limit,
+                    "response over `max_stored_response_bytes`: recorded as processed without its body"
+                );
+                Rest::Body(body)
+            }
+            Err(panic) => Rest::Failed(Some(axum::Error::new(std::io::Error::other(format!(
+                "the response body panicked: {}",
+                panic_message(&*panic)
+            ))))),
+        };
+        let whole = matches!(rest, Rest::Done).then(|| {
+            let mut bytes = Vec::with_capacity(len);
+            for data in read.iter().filter_map(Frame::data_ref) {
+                bytes.extend_from_slice(data);
+            }
+            bytes
+        });
+        if let Rest::Failed(Some(e)) = &rest {
+            tracing::warn!(error = %e, "the response body failed after the handler answered; recorded as processed without its body");
+        }
+        (Passthrough { read, rest }, whole)
     }
-    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+}
+
+impl HttpBody for Passthrough {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.read.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match &mut this.rest {
+            Rest::Body(body) => Pin::new(body).poll_frame(cx),
+            Rest::Failed(error) => Poll::Ready(error.take().map(Err)),
+            Rest::Done => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty()
+            && match &self.rest {
+                Rest::Body(body) => body.is_end_stream(),
+                Rest::Failed(error) => error.is_none(),
+                Rest::Done => true,
+            }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: usize = self
+            .read
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(Bytes::len)
+            .sum();
+        let read = u64::try_from(read).unwrap_or(u64::MAX);
+        match &self.rest {
+            Rest::Done => SizeHint::with_exact(read),
+            Rest::Body(body) => {
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
+            }
+            Rest::Failed(_) => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(read);
+                hint
+            }
+        }
+    }
+}
+
+/// A stored response, sent again with `Idempotent-Replayed: true`; one stored without its body is the
+/// 410 of [`not_replayable`].
+fn replay(stored: StoredResponse) -> Response<Body> {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let mut response = match stored.body {
+        StoredBody::Unstored => {
+            let location = stored
+                .headers
+                .iter()
+                .find(|(name, _)| name == header::LOCATION.as_str())
+                .map(|(_, value)| value.as_str());
+            return not_replayable(Some(status), location);
+        }
+        body => match body.into_bytes() {
+            Some(body) => Response::new(Body::from(body)),
+            None => {
+                return problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the stored response is unreadable",
+                );
+            }
+        },
+    };
+    *response.status_mut() = status;
     for (name, value) in stored.headers {
         if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
             response.headers_mut().append(name, value);
         }
     }
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// The answer to a retry of a request that was processed but whose response was not stored: 410, with
+/// the original status and location when they are known, and `Idempotent-Replayed: true`. See
+/// [responses that cannot be stored](self#responses-that-cannot-be-stored).
+fn not_replayable(original: Option<StatusCode>, location: Option<&str>) -> Response<Body> {
+    let status = StatusCode::GONE;
+    let mut body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Gone"),
+        "status": status.as_u16(),
+        "detail": "the request with this `Idempotency-Key` was processed, but its response could not be stored (too large, or its body failed while it was sent), so it cannot be sent again; the request will not be processed again with this key",
+    });
+    if let Some(original) = original {
+        body["original_status"] = original.as_u16().into();
+    }
+    if let Some(location) = location {
+        body["location"] = location.into();
+    }
+    let mut response = problem_response(status, &body);
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -562,6 +998,9 @@ fn error_response(error: &Error) -> Response<Body> {
             StatusCode::UNPROCESSABLE_ENTITY,
             "this `Idempotency-Key` was already used with a different request (method, path or body); use a new key for a new request",
         ),
+        // Stored as COMPLETED without its response (over DynamoDB's item limit even compressed): the
+        // request was processed, and is not run again.
+        Error::ResponseTooLarge { .. } => not_replayable(None, None),
         Error::Expired { .. } => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "this `Idempotency-Key` was used long ago and its response has expired; use a new key",
@@ -604,6 +1043,11 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
         "status": status.as_u16(),
         "detail": detail,
     });
+    problem_response(status, &body)
+}
+
+/// A response with `status` and the problem document `body`.
+fn problem_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -636,11 +1080,40 @@ mod tests {
     }
 
     #[test]
-    fn try_again_statuses_are_not_stored() {
+    fn try_again_statuses_and_rejections_of_the_form_are_not_stored() {
         assert!(storable(StatusCode::CREATED));
+        assert!(storable(StatusCode::SEE_OTHER));
         assert!(storable(StatusCode::PAYMENT_REQUIRED));
+        assert!(storable(StatusCode::GONE));
         assert!(!storable(StatusCode::INTERNAL_SERVER_ERROR));
         assert!(!storable(StatusCode::TOO_MANY_REQUESTS));
+        for status in [400, 401, 403, 404, 405, 406, 411, 413, 414, 415, 422, 431] {
+            assert!(!storable(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+    }
+
+    #[test]
+    fn a_final_mark_or_a_status_setting_overrides_the_rule() {
+        let layer = IdempotencyLayer::new(Idempotency::in_memory(), |_| Some("all".into()))
+            .store_status(StatusCode::NOT_FOUND, true)
+            .store_status(StatusCode::ACCEPTED, false)
+            .store_status(StatusCode::ACCEPTED, true)
+            .store_status(StatusCode::CREATED, false);
+        let with = |status: u16, mark: bool| {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = StatusCode::from_u16(status).unwrap();
+            if mark {
+                response.extensions_mut().insert(Final);
+            }
+            layer.settings.stores(&response)
+        };
+        assert!(with(404, false));
+        assert!(with(202, false), "the last setting for a status wins");
+        assert!(!with(201, false));
+        assert!(with(201, true));
+        assert!(with(403, true));
+        assert!(with(500, true));
+        assert!(!with(403, false));
     }
 
     #[test]

@@ -1,0 +1,924 @@
+//! What `IdempotencyLayer` promises when routing, responses or connections are not the plain case, over a
+//! real loopback connection on both stores: a nested router's prefix is part of the request, a response
+//! too large to store (or whose body fails) is final and never runs twice, rejections of the request's
+//! form are not stored, representation headers are replayed, a client that hangs up does not cancel the
+//! handler, and a panicking handler answers 500 and leaves its key free.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use idempotent_runtime::http::{Final, IdempotencyLayer};
+use idempotent_runtime::{MemoryStore, Status, Store, StoreError};
+use idempotent_tests::{Backend, Harness};
+use serde_json::Value;
+
+const NAMESPACE: &str = "http-guarantees";
+const TENANT: &str = "acme";
+
+/// `#[tokio::test]`s `memory` and `dynamodb` in a module named after `$test`, each calling
+/// `$test(Backend::..)`.
+macro_rules! on_both_stores {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$test(idempotent_tests::Backend::Memory).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dynamodb() {
+                super::$test(idempotent_tests::Backend::DynamoDb).await;
+            }
+        }
+    )*};
+}
+
+on_both_stores!(
+    a_nested_router_never_replays_another_prefixes_response,
+    a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_caller,
+    a_response_over_the_item_limit_replays_as_processed_never_retry,
+    a_response_body_that_fails_mid_stream_is_final,
+    rejections_of_the_requests_form_are_not_stored,
+    representation_headers_are_replayed,
+    a_client_that_hangs_up_does_not_cancel_the_handler,
+    a_panicking_handler_answers_500_and_leaves_the_key_free,
+    a_body_that_panics_after_a_stored_status_is_final,
+    a_final_rejection_and_a_configured_status_are_stored,
+    cancel_with_client_stops_the_handler_with_its_client,
+    the_request_and_stored_response_limits_are_separate_settings,
+);
+
+/// A router on `harness`'s handle, served on a free loopback port.
+struct Server {
+    addr: SocketAddr,
+    harness: Harness,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// What came back: the body, or the error that cut it short.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Result<Bytes, String>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn bytes(&self) -> &Bytes {
+        self.body.as_ref().expect("a whole body")
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(self.bytes()).unwrap_or(Value::Null)
+    }
+}
+
+/// The layer every test starts from: keys scoped by one tenant, in [`NAMESPACE`].
+fn layer(harness: &Harness) -> IdempotencyLayer {
+    IdempotencyLayer::new(harness.idem.clone(), |_: &axum::http::request::Parts| {
+        Some(TENANT.to_owned())
+    })
+    .namespace(NAMESPACE)
+}
+
+impl Server {
+    async fn start(harness: Harness, router: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        Self {
+            addr,
+            harness,
+            client,
+        }
+    }
+
+    fn request(&self, path: &str, key: &str) -> axum::http::request::Builder {
+        Request::post(format!("http://{}{path}", self.addr)).header("idempotency-key", key)
+    }
+
+    /// Sends `request`; `Err` when no response came at all.
+    async fn send(
+        &self,
+        request: axum::http::request::Builder,
+        body: &str,
+    ) -> Result<Reply, String> {
+        let request = request
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .map_err(|e| format!("{e:?}"));
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    async fn post(&self, path: &str, key: &str, body: &str) -> Reply {
+        self.send(
+            self.request(path, key)
+                .header(header::CONTENT_TYPE, "application/json"),
+            body,
+        )
+        .await
+        .expect("a response")
+    }
+
+    async fn record(&self, key: &str) -> Option<idempotent_runtime::Record> {
+        self.harness.record(NAMESPACE, &(TENANT, key)).await
+    }
+}
+
+/// Counts a handler's runs.
+#[derive(Debug, Default, Clone)]
+struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    /// Counts one more run; which one this is (1, 2, ...).
+    fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn assert_problem(reply: &Reply, status: StatusCode) {
+    assert_eq!(reply.status, status, "{reply:?}");
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json"),
+        "{reply:?}"
+    );
+    let body = reply.json();
+    assert_eq!(body["status"], status.as_u16(), "{reply:?}");
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()));
+}
+
+/// The answer to a retry of a request whose response was not stored: a clear "processed" answer, never
+/// an invitation to retry.
+fn assert_processed_not_replayable(reply: &Reply, original: Option<u16>) {
+    assert_problem(reply, StatusCode::GONE);
+    assert_eq!(
+        reply.header("idempotent-replayed"),
+        Some("true"),
+        "{reply:?}"
+    );
+    let body = reply.json();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("processed"), "{detail}");
+    assert!(!detail.contains("retry with the same key"), "{detail}");
+    assert_eq!(
+        body["original_status"].as_u64(),
+        original.map(u64::from),
+        "{reply:?}"
+    );
+}
+
+/// A handler that charges (counts a run) and answers 201 with its run number.
+fn charge(runs: &Runs) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move || {
+        let runs = runs.clone();
+        async move { (StatusCode::CREATED, format!("charge {}", runs.next())) }
+    })
+}
+
+// Issue 36, finding 1: the layer fingerprinted the path axum hands it, from which `nest` strips the
+// prefix, so account B's payment got account A's 201 replayed, and a live request the test mode's.
+async fn a_nested_router_never_replays_another_prefixes_response(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let accounts = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let modes = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let router = Router::new()
+        .nest("/accounts/{account}", accounts)
+        .nest("/test", modes.clone())
+        .nest("/live", modes);
+    let server = Server::start(harness, router).await;
+
+    let a = server.post("/accounts/A/payments", "k-1", "{}").await;
+    assert_eq!(
+        (a.status, a.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..])
+    );
+    let b = server.post("/accounts/B/payments", "k-1", "{}").await;
+    assert_eq!(
+        b.header("idempotent-replayed"),
+        None,
+        "A's response replayed to B: {b:?}"
+    );
+    assert_problem(&b, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let test = server.post("/test/payments", "k-2", "{}").await;
+    assert_eq!(test.status, StatusCode::CREATED);
+    let live = server.post("/live/payments", "k-2", "{}").await;
+    assert_eq!(
+        live.header("idempotent-replayed"),
+        None,
+        "test mode's response replayed live: {live:?}"
+    );
+    assert_problem(&live, StatusCode::UNPROCESSABLE_ENTITY);
+    // Each still replays its own.
+    let again = server.post("/accounts/A/payments", "k-1", "{}").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.bytes(), a.bytes());
+    assert_eq!(runs.count(), 2, "A's payment and the test mode's");
+}
+
+/// The byte at `i` of a [`chunked`] body.
+fn letter(i: usize) -> u8 {
+    b"abcdefghijklmnopqrstuvwxyz"[i % 26]
+}
+
+/// A body of `len` bytes in chunks of 64 KiB, as a handler streaming a large answer sends it.
+fn chunked(len: usize) -> Body {
+    let chunks: Vec<Result<Bytes, std::io::Error>> = (0..len)
+        .step_by(64 << 10)
+        .map(|at| {
+            let end = (at + (64 << 10)).min(len);
+            Ok(Bytes::from((at..end).map(letter).collect::<Vec<u8>>()))
+        })
+        .collect();
+    Body::from_stream(futures_util::stream::iter(chunks))
+}
+
+// Issue 35, item 1 (and 36.4): a 2 MiB answer, over the layer's 1 MiB default, became a 500, the record
+// FAILED, and the retry charged again.
+async fn a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_caller(
+    backend: Backend,
+) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let len = 2 << 20;
+    let handler = {
+        let runs = runs.clone();
+        post(move || {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                (
+                    StatusCode::CREATED,
+                    [(header::LOCATION, "/payments/pay_1")],
+                    chunked(len),
+                )
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    let first = server.post("/payments", "big", "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(first.header("location"), Some("/payments/pay_1"));
+    let body = first.bytes();
+    assert_eq!(
+        body.len(),
+        len,
+        "the whole body, streamed past what is buffered"
+    );
+    assert!(body.iter().enumerate().all(|(i, b)| *b == letter(i)));
+    let record = server.record("big").await.expect("a record");
+    assert_eq!(record.status, Status::Completed, "{record:?}");
+
+    let retry = server.post("/payments", "big", "{}").await;
+    assert_processed_not_replayable(&retry, Some(201));
+    assert_eq!(runs.count(), 1, "charged once");
+}
+
+// Issue 36, finding 4: a response under the layer's limit but over DynamoDB's 400 KB item is stored as
+// COMPLETED without a body; the retry got a 500 saying "retry with the same key" for 24 hours.
+async fn a_response_over_the_item_limit_replays_as_processed_never_retry(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    // 700 KiB that compress poorly (a pseudo-random byte sequence, stored as hex).
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let noise: Bytes = (0..700 << 10)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect::<Vec<u8>>()
+        .into();
+    let handler = {
+        let (runs, noise) = (runs.clone(), noise.clone());
+        post(move || {
+            let (runs, noise) = (runs.clone(), noise.clone());
+            async move {
+                runs.next();
+                (StatusCode::CREATED, noise)
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    let first = server.post("/payments", "700k", "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(first.bytes(), &noise);
+    let record = server.record("700k").await.expect("a record");
+    assert_eq!(record.status, Status::Completed);
+
+    let retry = server.post("/payments", "700k", "{}").await;
+    assert_processed_not_replayable(&retry, None);
+    assert_eq!(runs.count(), 1, "charged once");
+}
+
+// Issue 35, item 1: a body whose stream fails after the handler returned 201 became a 500, the record
+// FAILED, and the retry ran the handler again. Twice: a failure within what is read for the record (the
+// client gets the handler's broken response, which hyper may cut before its head), and one after 1.5 MiB
+// (the client gets the 201 and the first bytes, then the failure).
+async fn a_response_body_that_fails_mid_stream_is_final(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move |body: Bytes| {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                let before: usize = String::from_utf8_lossy(&body).parse().unwrap();
+                let mut chunks: Vec<Result<Bytes, std::io::Error>> = (0..before / 10_000)
+                    .map(|_| Ok(Bytes::from(vec![b'x'; 10_000])))
+                    .collect();
+                chunks.push(Err(std::io::Error::other("the report's disk went away")));
+                (
+                    StatusCode::CREATED,
+                    Body::from_stream(futures_util::stream::iter(chunks)),
+                )
+            }
+        })
+    };
+    let router = Router::new().route("/reports", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    for (key, before) in [("r-small", 10_000), ("r-large", 1_500_000)] {
+        let first = server
+            .send(
+                server
+                    .request("/reports", key)
+                    .header(header::CONTENT_TYPE, "application/json"),
+                &before.to_string(),
+            )
+            .await;
+        match &first {
+            // Hyper closed the connection on the body's error before it sent the head.
+            Err(e) => assert!(before < 1 << 20, "no head for {key}: {e}"),
+            Ok(first) => {
+                assert_eq!(
+                    first.status,
+                    StatusCode::CREATED,
+                    "the handler's own status: {first:?}"
+                );
+                assert!(
+                    first.body.is_err(),
+                    "the body fails as the handler's did: {first:?}"
+                );
+            }
+        }
+        if before > 1 << 20 {
+            assert!(first.is_ok(), "the head of a streamed response");
+        }
+        let record = server.record(key).await.expect("a record");
+        assert_eq!(record.status, Status::Completed, "{key}: {record:?}");
+
+        let retry = server.post("/reports", key, &before.to_string()).await;
+        assert_processed_not_replayable(&retry, Some(201));
+    }
+    assert_eq!(runs.count(), 2, "each ran once");
+}
+
+// Issue 36, finding 5: axum's 415 for a request without `Content-Type` was stored, and the corrected
+// retry with the same key got the 415 replayed; a 422 for a body that does not fit the type made the
+// corrected body a key reuse (422 from the layer). Business outcomes (402) stay stored.
+async fn rejections_of_the_requests_form_are_not_stored(backend: Backend) {
+    #[derive(serde::Deserialize)]
+    struct NewPayment {
+        amount: u64,
+    }
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move |axum::Json(new): axum::Json<NewPayment>| {
+            let runs = runs.clone();
+            async move {
+                let run = runs.next();
+                if new.amount > 1_000 {
+                    return (StatusCode::PAYMENT_REQUIRED, "declined").into_response();
+                }
+                (StatusCode::CREATED, format!("charge {run}")).into_response()
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    // No Content-Type: axum's 415, before the handler runs.
+    let bare = server
+        .send(server.request("/payments", "k-415"), r#"{"amount":5}"#)
+        .await
+        .unwrap();
+    assert_eq!(bare.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let fixed = server.post("/payments", "k-415", r#"{"amount":5}"#).await;
+    assert_eq!(
+        fixed.header("idempotent-replayed"),
+        None,
+        "the 415 replayed: {fixed:?}"
+    );
+    assert_eq!(
+        (fixed.status, fixed.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..])
+    );
+
+    // A body that is JSON but not a payment: axum's 422; the corrected body runs.
+    let wrong = server
+        .post("/payments", "k-422", r#"{"amount":"five"}"#)
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let fixed = server.post("/payments", "k-422", r#"{"amount":5}"#).await;
+    assert_eq!(
+        (fixed.status, fixed.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 2"[..]),
+        "{fixed:?}"
+    );
+
+    // A declined payment is the business's answer: stored and replayed.
+    let declined = server
+        .post("/payments", "k-402", r#"{"amount":5000}"#)
+        .await;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    let again = server
+        .post("/payments", "k-402", r#"{"amount":5000}"#)
+        .await;
+    assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(runs.count(), 3);
+}
+
+// Issue 36, finding 6: a gzip-encoded response was replayed without its `Content-Encoding`, so the
+// client read compressed bytes as the body.
+async fn representation_headers_are_replayed(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    // The first bytes of a gzip stream, and bytes that are not UTF-8 (stored as hex).
+    let encoded = Bytes::from_static(&[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe, 0x00, 0x41]);
+    let handler = {
+        let encoded = encoded.clone();
+        post(move || {
+            let encoded = encoded.clone();
+            async move {
+                (
+                    StatusCode::CREATED,
+                    [
+                        (header::CONTENT_TYPE, "application/json"),
+                        (header::CONTENT_ENCODING, "gzip"),
+                        (header::CONTENT_LANGUAGE, "de"),
+                        (header::CONTENT_LOCATION, "/payments/pay_1"),
+                    ],
+                    encoded,
+                )
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server.post("/payments", "gz", "{}").await;
+    let again = server.post("/payments", "gz", "{}").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    for reply in [&first, &again] {
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert_eq!(reply.bytes(), &encoded);
+        assert_eq!(reply.header("content-encoding"), Some("gzip"), "{reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+        assert_eq!(reply.header("content-language"), Some("de"));
+        assert_eq!(reply.header("content-location"), Some("/payments/pay_1"));
+    }
+}
+
+/// Sends a POST with `key` over a connection of its own, and closes the connection 100 ms after the
+/// handler started (`started`), without waiting for the answer, as a client that times out does.
+async fn post_and_hang_up(addr: SocketAddr, path: &str, key: &str, started: impl Fn() -> bool) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::post(format!("http://{addr}{path}"))
+        .header("idempotency-key", key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let patience = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !started() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the handler never started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::select! {
+        answer = sender.send_request(request) => panic!("the handler answered: {answer:?}"),
+        () = patience => {}
+    }
+    // Dropping the connection's task closes the socket: the server reads EOF.
+    connection.abort();
+    drop(sender);
+}
+
+// Issue 30, item 1: a client that timed out and hung up made hyper drop the handler's future; nothing
+// was stored, the heartbeat stopped, and the retry after the lease charged a second time.
+async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(1))).await;
+    let charges = Runs::default();
+    let handler = {
+        let charges = charges.clone();
+        post(move || {
+            let charges = charges.clone();
+            async move {
+                // The charge is sent; the gateway's answer takes 800 ms.
+                let charge = charges.next();
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                (StatusCode::CREATED, format!("charge {charge}"))
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    post_and_hang_up(server.addr, "/payments", "hang-up", || charges.count() == 1).await;
+    // Give the handler the time it needs, then let the lease lapse for anything still PENDING.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline
+        && server
+            .record("hang-up")
+            .await
+            .is_none_or(|r| r.status != Status::Completed)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.harness.clock.advance(Duration::from_secs(3));
+
+    let retry = server.post("/payments", "hang-up", "{}").await;
+    assert_eq!(charges.count(), 1, "charged twice: {retry:?}");
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes().as_ref(), b"charge 1");
+}
+
+// Issue 30, item 4: a panicking handler dropped the connection without an answer and left its key
+// PENDING for the whole lease.
+async fn a_panicking_handler_answers_500_and_leaves_the_key_free(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move || {
+            let runs = runs.clone();
+            async move {
+                let run = runs.next();
+                assert!(run > 1, "the gateway client panicked on run {run}");
+                Response::builder()
+                    .status(StatusCode::CREATED)
+                    .body(Body::from(format!("charge {run}")))
+                    .unwrap()
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    let first = server
+        .send(
+            server
+                .request("/payments", "boom")
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await;
+    let first = first.expect("an answer, not a dropped connection");
+    assert_problem(&first, StatusCode::INTERNAL_SERVER_ERROR);
+    let record = server.record("boom").await.expect("a record");
+    assert_eq!(record.status, Status::Failed, "{record:?}");
+    assert!(
+        record
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("panicked")),
+        "{record:?}"
+    );
+
+    let retry = server.post("/payments", "boom", "{}").await;
+    assert_eq!(
+        (retry.status, retry.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 2"[..]),
+        "{retry:?}"
+    );
+    assert_eq!(retry.header("idempotent-replayed"), None);
+}
+
+/// A route at `path` answering `status` (marked [`Final`] when `mark`), counting its runs.
+fn answering(runs: &Runs, status: StatusCode, mark: bool) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move || {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            let mut response = (status, format!("run {run}")).into_response();
+            if mark {
+                response = (Final, response).into_response();
+            }
+            response
+        }
+    })
+}
+
+// A rejection the handler marks final, and a status the layer is told to store, are stored and replayed.
+async fn a_final_rejection_and_a_configured_status_are_stored(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new()
+        .route(
+            "/frozen",
+            answering(&runs, StatusCode::FORBIDDEN, true).layer(layer(&harness)),
+        )
+        .route(
+            "/cancelled",
+            answering(&runs, StatusCode::NOT_FOUND, false)
+                .layer(layer(&harness).store_status(StatusCode::NOT_FOUND, true)),
+        )
+        .route(
+            "/accepted",
+            answering(&runs, StatusCode::ACCEPTED, false)
+                .layer(layer(&harness).store_status(StatusCode::ACCEPTED, false)),
+        )
+        .route(
+            "/forbidden",
+            answering(&runs, StatusCode::FORBIDDEN, false).layer(layer(&harness)),
+        );
+    let server = Server::start(harness, router).await;
+    for (path, status, stored) in [
+        ("/frozen", StatusCode::FORBIDDEN, true),
+        ("/cancelled", StatusCode::NOT_FOUND, true),
+        ("/accepted", StatusCode::ACCEPTED, false),
+        ("/forbidden", StatusCode::FORBIDDEN, false),
+    ] {
+        let before = runs.count();
+        let first = server.post(path, path, "{}").await;
+        let again = server.post(path, path, "{}").await;
+        assert_eq!((first.status, again.status), (status, status), "{path}");
+        assert_eq!(
+            again.header("idempotent-replayed").is_some(),
+            stored,
+            "{path}: {again:?}"
+        );
+        assert_eq!(runs.count() - before, if stored { 1 } else { 2 }, "{path}");
+        let record = server.record(path).await.expect("a record");
+        let expected = if stored {
+            Status::Completed
+        } else {
+            Status::Failed
+        };
+        assert_eq!(record.status, expected, "{path}");
+    }
+}
+
+// The opt-out: a handler that must stop with its client is cancelled when the client hangs up, and its
+// key stays PENDING (it may have had effects) until the lease runs out.
+async fn cancel_with_client_stops_the_handler_with_its_client(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
+    let (started, finished) = (Runs::default(), Runs::default());
+    let handler = {
+        let (started, finished) = (started.clone(), finished.clone());
+        post(move || {
+            let (started, finished) = (started.clone(), finished.clone());
+            async move {
+                started.next();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                finished.next();
+                StatusCode::CREATED
+            }
+        })
+    };
+    let router = Router::new().route(
+        "/exports",
+        handler.layer(layer(&harness).cancel_with_client()),
+    );
+    let server = Server::start(harness, router).await;
+    post_and_hang_up(server.addr, "/exports", "x-1", || started.count() == 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        (started.count(), finished.count()),
+        (1, 0),
+        "cancelled mid-run"
+    );
+    let record = server.record("x-1").await.expect("a record");
+    assert_eq!(record.status, Status::Pending);
+    let duplicate = server.post("/exports", "x-1", "{}").await;
+    assert_problem(&duplicate, StatusCode::CONFLICT);
+}
+
+// The request limit (413) and the largest stored response are two settings.
+async fn the_request_and_stored_response_limits_are_separate_settings(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move |body: Bytes| {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                (StatusCode::CREATED, body.repeat(100))
+            }
+        })
+    };
+    let limited = layer(&harness)
+        .max_request_bytes(64)
+        .max_stored_response_bytes(1_000);
+    let router = Router::new().route("/echo", handler.layer(limited));
+    let server = Server::start(harness, router).await;
+
+    let too_large = server.post("/echo", "e-1", &"r".repeat(65)).await;
+    assert_problem(&too_large, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(runs.count(), 0);
+    assert!(server.record("e-1").await.is_none());
+
+    // 64 bytes in, 6,400 out: over the stored limit, so processed without its body.
+    let first = server.post("/echo", "e-2", &"r".repeat(64)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.bytes().len(), 6_400);
+    let retry = server.post("/echo", "e-2", &"r".repeat(64)).await;
+    assert_processed_not_replayable(&retry, Some(201));
+    // 5 bytes in, 500 out: stored and replayed.
+    let small = server.post("/echo", "e-3", "small").await;
+    let again = server.post("/echo", "e-3", "small").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.bytes(), small.bytes());
+    assert_eq!(runs.count(), 2);
+}
+
+/// A memory store whose completions never land (the store down for them), so that a call's result
+/// cannot be stored; with `panics`, a completion panics instead.
+#[derive(Debug, Default)]
+struct CompletionsDown {
+    records: MemoryStore,
+    panics: bool,
+}
+
+#[async_trait::async_trait]
+impl Store for CompletionsDown {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, StoreError> {
+        self.records.claim(request).await
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, StoreError> {
+        if matches!(
+            transition.change,
+            idempotent_runtime::store::Change::Complete { .. }
+        ) {
+            assert!(!self.panics, "the store's client panicked");
+            return Err(StoreError::Unavailable("the table is unreachable".into()));
+        }
+        self.records.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
+        self.records.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "completions-down"
+    }
+}
+
+// A handler that ran but whose response could not be stored (the store down for the whole lease): the
+// client gets the handler's own 201, not a 500 inviting it to run the request again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
+    let harness = Harness::over(
+        Arc::new(CompletionsDown::default()),
+        idempotent_tests::RequestCounter::default(),
+        |b| b.default_lease(Duration::from_millis(300)),
+    );
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server.post("/payments", "down", "{}").await;
+    assert_eq!(
+        (first.status, first.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..]),
+        "{first:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+// A response body that panics after the handler answered 201 is a body that failed mid-stream: the
+// outcome is final (COMPLETED without the body), the retry gets the 410, and the handler ran once.
+async fn a_body_that_panics_after_a_stored_status_is_final(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let handler = {
+        let runs = runs.clone();
+        post(move || {
+            let runs = runs.clone();
+            async move {
+                runs.next();
+                let stream = futures_util::stream::poll_fn(
+                    |_| -> std::task::Poll<Option<Result<Bytes, std::io::Error>>> {
+                        panic!("the export's serializer panicked")
+                    },
+                );
+                (StatusCode::CREATED, Body::from_stream(stream))
+            }
+        })
+    };
+    let router = Router::new().route("/exports", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .send(
+            server
+                .request("/exports", "p-1")
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await;
+    if let Ok(first) = &first {
+        assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+        assert!(first.body.is_err(), "{first:?}");
+    }
+    let record = server.record("p-1").await.expect("a record");
+    assert_eq!(record.status, Status::Completed, "{record:?}");
+    let retry = server.post("/exports", "p-1", "{}").await;
+    assert_processed_not_replayable(&retry, Some(201));
+    assert_eq!(runs.count(), 1);
+}
+
+// A panic outside the handler (here in the store's client, after the handler ran) ends the request's
+// task: the service still answers 500 problem+json instead of a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_outside_the_handler_still_answers_500() {
+    let store = CompletionsDown {
+        panics: true,
+        ..CompletionsDown::default()
+    };
+    let harness = Harness::over(
+        Arc::new(store),
+        idempotent_tests::RequestCounter::default(),
+        |b| b,
+    );
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .send(
+            server
+                .request("/payments", "store-panic")
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&first, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.count(), 1);
+}
