@@ -133,7 +133,7 @@ impl Args {
                 ))
             })?;
             let value: Option<Expr> = if meta.input.peek(syn::Token![=]) {
-                Some(meta.value()?.parse()?)
+                Some(ungroup(meta.value()?.parse()?))
             } else {
                 None
             };
@@ -233,6 +233,107 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     rows[a.len()][b.len()]
+}
+
+/// `expr` without the invisible groups rustc wraps a `macro_rules!` fragment in (`$ttl:expr`, even
+/// `$name:literal`), so that an argument passed through a macro means what it means written in place.
+pub(crate) fn ungroup(expr: Expr) -> Expr {
+    match expr {
+        Expr::Group(group) => ungroup(*group.expr),
+        other => other,
+    }
+}
+
+/// Checks the `key` expression against the function's parameters (`self` included): a key that is the
+/// same for every call, written where a parameter was meant, makes every call share one record.
+///
+/// - A string literal naming a parameter (`key = "order_id"`, `key = "req.order_id"`) is an error that
+///   suggests the parameter.
+/// - `key = ()` serializes to `null`: every call would be a missing key.
+/// - A key made only of literals (`key = "seed"`, `key = (1, "a")`) is an error that says how to ask for
+///   one record for all calls deliberately: through a named constant, which the macro cannot tell from
+///   a parameter and so takes at its word.
+pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics) {
+    let mut named = false;
+    for_each_literal(key, &mut |literal| {
+        let Lit::Str(text) = literal else { return };
+        let value = text.value();
+        let Ok(meant) = syn::parse_str::<Expr>(&value) else {
+            return;
+        };
+        if names_parameter(&meant, parameters) {
+            named = true;
+            diag.error(
+                text,
+                format!(
+                    "`key` is the string {value:?}, the same for every call, so every call would share one record; did you mean `{value}`, without the quotes?"
+                ),
+            );
+        }
+    });
+    if named {
+        return;
+    }
+    if let Expr::Tuple(unit) = key
+        && unit.elems.is_empty()
+    {
+        diag.error(
+            key,
+            "`key = ()` serializes to `null`, a missing key for every call; expected an expression over the parameters, like `key = order_id`",
+        );
+    } else if is_constant(key) {
+        diag.error(
+            key,
+            "`key` is a literal, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)",
+        );
+    }
+}
+
+/// Calls `f` on each literal of `expr` that is part of the key as written: alone, in a tuple or array,
+/// behind `&`, parentheses or a unary minus.
+fn for_each_literal(expr: &Expr, f: &mut impl FnMut(&Lit)) {
+    match expr {
+        Expr::Lit(literal) => f(&literal.lit),
+        Expr::Tuple(tuple) => tuple.elems.iter().for_each(|e| for_each_literal(e, f)),
+        Expr::Array(array) => array.elems.iter().for_each(|e| for_each_literal(e, f)),
+        Expr::Reference(r) => for_each_literal(&r.expr, f),
+        Expr::Paren(p) => for_each_literal(&p.expr, f),
+        Expr::Group(g) => for_each_literal(&g.expr, f),
+        _ => {}
+    }
+}
+
+/// Whether `expr` is made of literals only (and is not `()`, which has its own message).
+fn is_constant(expr: &Expr) -> bool {
+    match expr {
+        Expr::Lit(_) => true,
+        Expr::Tuple(tuple) => !tuple.elems.is_empty() && tuple.elems.iter().all(is_constant),
+        Expr::Array(array) => !array.elems.is_empty() && array.elems.iter().all(is_constant),
+        Expr::Reference(r) => is_constant(&r.expr),
+        Expr::Paren(p) => is_constant(&p.expr),
+        Expr::Group(g) => is_constant(&g.expr),
+        Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_constant(&u.expr),
+        _ => false,
+    }
+}
+
+/// Whether `expr` (a string literal's text, parsed) starts from a parameter: `order_id`,
+/// `req.order_id`, `self.id`, `(tenant, order_id)`, `&req`, `req.id.to_string()`.
+fn names_parameter(expr: &Expr, parameters: &[Ident]) -> bool {
+    match expr {
+        Expr::Path(path) => path
+            .path
+            .get_ident()
+            .is_some_and(|ident| parameters.contains(ident)),
+        Expr::Field(field) => names_parameter(&field.base, parameters),
+        Expr::Index(index) => names_parameter(&index.expr, parameters),
+        Expr::MethodCall(call) => names_parameter(&call.receiver, parameters),
+        Expr::Reference(r) => names_parameter(&r.expr, parameters),
+        Expr::Paren(p) => names_parameter(&p.expr, parameters),
+        Expr::Tuple(tuple) => tuple.elems.iter().any(|e| names_parameter(e, parameters)),
+        Expr::Array(array) => array.elems.iter().any(|e| names_parameter(e, parameters)),
+        _ => false,
+    }
 }
 
 fn string_literal(value: &Expr) -> Option<&LitStr> {
@@ -617,6 +718,101 @@ mod tests {
             errors(quote!(key = a, key = b)),
             ["duplicate `key` argument"]
         );
+    }
+
+    /// The messages `check_key` gives `key` on a function with `parameters`.
+    fn key_errors(key: proc_macro2::TokenStream, parameters: &[&str]) -> Vec<String> {
+        let mut diag = Diagnostics::default();
+        let parameters: Vec<_> = parameters
+            .iter()
+            .map(|name| proc_macro2::Ident::new(name, proc_macro2::Span::call_site()))
+            .collect();
+        super::check_key(&syn::parse2(key).unwrap(), &parameters, &mut diag);
+        diag.finish()
+            .err()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_string_naming_a_parameter_suggests_it() {
+        for (key, meant) in [
+            (quote!("order_id"), "order_id"),
+            (quote!("req.order_id"), "req.order_id"),
+            (quote!(("tenant", 7)), "tenant"),
+            (quote!((tenant, "req.order_id")), "req.order_id"),
+            (quote!("self.id"), "self.id"),
+            (quote!(&"order_id"), "order_id"),
+        ] {
+            let errors = key_errors(key.clone(), &["self", "tenant", "req", "order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(
+                errors[0].contains(&format!("did you mean `{meant}`, without the quotes?")),
+                "{key}: {errors:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_of_literals_only_is_refused() {
+        for key in [
+            quote!("seed-v1"),
+            quote!(1),
+            quote!(-1),
+            quote!(("a", 1)),
+            quote!([1, 2]),
+            quote!(&"order"),
+            quote!("order"),
+        ] {
+            let errors = key_errors(key.clone(), &["order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains("named constant"), "{key}: {errors:?}");
+        }
+        let errors = key_errors(quote!(()), &["order_id"]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`key = ()` serializes to `null`"));
+    }
+
+    #[test]
+    fn keys_over_parameters_and_constants_are_accepted() {
+        for key in [
+            quote!(order_id),
+            quote!(("refund", order_id)),
+            quote!(SEED),
+            quote!(req.order_id),
+            quote!(format!("{}", order_id)),
+            quote!((1, SEED)),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["order_id", "req"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn arguments_are_read_through_invisible_groups() {
+        use proc_macro2::{Delimiter, Group, TokenStream, TokenTree};
+        let invisible = |tokens: TokenStream| TokenTree::Group(Group::new(Delimiter::None, tokens));
+        let (ttl, name, tx, missing) = (
+            invisible(quote!("1h")),
+            invisible(quote!("charge-v1")),
+            invisible(quote!(tx)),
+            invisible(quote!("allow")),
+        );
+        let key = invisible(quote!((req.tenant, req.order_id)));
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(
+            quote!(key = #key, ttl = #ttl, name = #name, transact = #tx, missing_key = #missing),
+            &mut diag,
+        )
+        .unwrap();
+        assert!(diag.finish().is_ok());
+        assert_eq!(args.ttl.unwrap().value, Duration::from_hours(1));
+        assert_eq!(args.name.unwrap().value(), "charge-v1");
+        assert_eq!(args.transact.unwrap(), "tx");
+        assert!(matches!(args.key, Some(syn::Expr::Tuple(_))));
     }
 
     #[test]

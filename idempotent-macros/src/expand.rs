@@ -3,7 +3,7 @@
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Stmt, Type};
+use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Type};
 
 use crate::args::{Args, DurationArg, MissingKeyArg};
 
@@ -25,10 +25,16 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let ReturnType::Type(_, output) = &sig.output else {
         unreachable!("checked in item::check")
     };
+    let method = is_method(&sig);
+    let type_parameters = has_type_parameters(&sig);
     let emit = Emit {
         args,
         output,
-        generic: has_type_parameters(&sig),
+        // An impl's or a trait's type parameters and `Self` cannot be seen from here: a method may have them.
+        generic: type_parameters || method,
+        per_type: method && args.name.is_none(),
+        // A generic function's error type may be a parameter: whether it is `Send` is its instantiation's.
+        error_send: !type_parameters,
     };
     let private = emit.private(Span::call_site());
     let namespace = emit.namespace(&sig.ident);
@@ -40,19 +46,33 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let handle = emit.handle();
     let key = emit.key();
     let fingerprint = emit.fingerprint();
-    let execute = emit.execute(&block.stmts);
+    let execute = emit.execute(&block);
+    let call = quote! {
+        #private::Call {
+            namespace: #namespace,
+            ttl: #ttl,
+            lease: #lease,
+            wait: #wait,
+            missing_key: #missing_key,
+        }
+    };
+    // A method's namespace names its receiver's type, known once the impl is instantiated (a generic
+    // impl, a trait's default method): one `Call` per type, made on its first call and then looked up.
+    let call = if emit.per_type {
+        quote! {
+            static __IDEMPOTENT_CALL: #private::PerType = #private::PerType::new(#call);
+            let __idempotent_call: &'static #private::Call =
+                __IDEMPOTENT_CALL.of(::core::any::type_name::<Self>());
+        }
+    } else {
+        quote!(static __IDEMPOTENT_CALL: #private::Call = #call;)
+    };
 
     quote! {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            static __IDEMPOTENT_CALL: #private::Call = #private::Call {
-                namespace: #namespace,
-                ttl: #ttl,
-                lease: #lease,
-                wait: #wait,
-                missing_key: #missing_key,
-            };
+            #call
             #check_output
             let __idempotent_handle = #handle;
             let __idempotent_key = #key;
@@ -79,8 +99,12 @@ struct Emit<'a> {
     args: &'a Args,
     /// The function's return type.
     output: &'a Type,
-    /// Whether the function has type parameters, written or `impl Trait`.
+    /// Whether the function has type parameters, written or `impl Trait`, or may have those of an impl.
     generic: bool,
+    /// Whether the namespace is the receiver's type and the function's name, found at run time.
+    per_type: bool,
+    /// Whether to check that the error type is `Send`.
+    error_send: bool,
 }
 
 impl Emit<'_> {
@@ -94,6 +118,10 @@ impl Emit<'_> {
     }
 
     fn namespace(&self, ident: &Ident) -> TokenStream {
+        if self.per_type {
+            // The type's name is put in front at run time (see `PerType`).
+            return quote!(::core::stringify!(#ident));
+        }
         self.args.name.as_ref().map_or_else(
             || {
                 quote!(::core::concat!(
@@ -107,8 +135,9 @@ impl Emit<'_> {
     }
 
     /// Checks the return type where it is written, so that each error lands on `-> ...`: first that it is
-    /// a `Result`, then its `Ok` type and its error type, each with its own message. The runtime's traits
-    /// say why; `execute` needs the same bounds on the same span, so rustc reports each only once.
+    /// a `Result`, then its `Ok` type and its error type (`From<Error>`, and `Send`), each with its own
+    /// message. The runtime's traits say why; `execute` needs the same bounds on the same span, so rustc
+    /// reports each only once.
     fn check_output(&self) -> TokenStream {
         let output = self.output;
         let (first, last) = (output.span(), last_span(output).unwrap_or(output.span()));
@@ -121,10 +150,14 @@ impl Emit<'_> {
             quote_spanned!(first=> <#output as #private::IdempotentOutput>::#name)
         };
         let (ok, err) = (part("Ok"), part("Err"));
+        let send = self.error_send.then(
+            || quote_spanned!(first=> <#err as #private::IdempotentErrorSend<#mode>>::check();),
+        );
         quote_spanned! {first=>
             <#output as #private::IdempotentOutput>::check();
             <#ok as #private::IdempotentValue<#mode>>::check();
             <#err as #private::IdempotentError<#mode>>::check();
+            #send
         }
     }
 
@@ -152,7 +185,8 @@ impl Emit<'_> {
     fn handle(&self) -> TokenStream {
         let Some(store) = &self.args.store else {
             let private = self.private(Span::call_site());
-            return quote!(#private::installed(&__IDEMPOTENT_CALL));
+            let call = self.call();
+            return quote!(#private::installed(#call));
         };
         let private = self.private(store.span());
         let check = quote_spanned!(store.span()=> #private::IdempotencyHandle);
@@ -166,7 +200,8 @@ impl Emit<'_> {
         let mode = self.mode(key.span());
         let check = quote_spanned!(key.span()=> #private::IdempotencyKey::<#mode>);
         let checked = checked(key, &check, by_reference(key));
-        quote_spanned!(key.span()=> #private::key(&__IDEMPOTENT_CALL, #checked))
+        let call = self.call();
+        quote_spanned!(key.span()=> #private::key(#call, #checked))
     }
 
     fn fingerprint(&self) -> TokenStream {
@@ -177,8 +212,9 @@ impl Emit<'_> {
         let mode = self.mode(payload.span());
         let check = quote_spanned!(payload.span()=> #private::IdempotencyPayload::<#mode>);
         let checked = checked(payload, &check, by_reference(payload));
+        let call = self.call();
         let fingerprint = quote_spanned!(payload.span()=>
-            #private::fingerprint(&__IDEMPOTENT_CALL, #checked)
+            #private::fingerprint(#call, #checked)
         );
         quote!(::core::option::Option::Some(#fingerprint))
     }
@@ -190,18 +226,19 @@ impl Emit<'_> {
     /// call expression, which runs from the path to the closing parenthesis. Spanning the path on the
     /// return type's first token and the parentheses on its last makes that the same span, and the second
     /// report disappears.
-    fn execute(&self, stmts: &[Stmt]) -> TokenStream {
+    fn execute(&self, block: &Block) -> TokenStream {
         let output = self.output;
         let output_span = output.span();
         let at_output = self.private(output_span);
+        let call = self.call();
         let common = quote! {
             __idempotent_handle,
-            &__IDEMPOTENT_CALL,
+            #call,
             __idempotent_key,
             __idempotent_fingerprint,
         };
         let describe = self.describe();
-        let body = self.body(stmts);
+        let body = self.body(block);
         let last = last_span(output).unwrap_or(output_span);
         let Some(tx) = &self.args.transact else {
             let arguments = group_at(
@@ -234,8 +271,18 @@ impl Emit<'_> {
         }}
     }
 
+    /// The `&'static Call` of this function.
+    fn call(&self) -> TokenStream {
+        if self.per_type {
+            quote!(__idempotent_call)
+        } else {
+            quote!(&__IDEMPOTENT_CALL)
+        }
+    }
+
     /// The closure that turns the body's error into the text stored on a FAILED record: its `Display`
-    /// when it has one, its type name otherwise, chosen by autoref on `(&Describe(e)).describe()`.
+    /// when it has one, its type name otherwise, chosen by autoref on `(&Describe(e)).describe()`. The only
+    /// call by method syntax, so its method has a name no trait of the caller's would use.
     fn describe(&self) -> TokenStream {
         let output_span = self.output.span();
         let private = self.private(output_span);
@@ -244,14 +291,16 @@ impl Emit<'_> {
             |#err| {
                 #[allow(unused_imports)]
                 use #private::{DescribeDisplay as _, DescribeOther as _};
-                (&#private::Describe(#err)).describe()
+                (&#private::Describe(#err)).idempotent_failure_text()
             }
         }
     }
 
     /// The body as written, behind a fake return edge typed as the return type (as tracing does), so
-    /// that `return` and `?` in the body are checked against `-> ...` where the user wrote it.
-    fn body(&self, stmts: &[Stmt]) -> TokenStream {
+    /// that `return` and `?` in the body are checked against `-> ...` where the user wrote it. The block
+    /// keeps the body's braces' span: a body that ends without a value (`Ok(x);`) is reported there.
+    fn body(&self, block: &Block) -> TokenStream {
+        let stmts = &block.stmts;
         let output = self.output;
         let fake_return = quote_spanned! {output.span()=>
             #[allow(
@@ -268,12 +317,16 @@ impl Emit<'_> {
                 return __idempotent_fake_return;
             }
         };
-        quote! {
-            async move {
+        let braces = block.brace_token.span.join();
+        let body = group_at(
+            Delimiter::Brace,
+            quote! {
                 #fake_return
                 #(#stmts)*
-            }
-        }
+            },
+            braces,
+        );
+        quote_spanned!(braces=> async move #body)
     }
 }
 
@@ -311,6 +364,27 @@ fn has_type_parameters(sig: &Signature) -> bool {
         })
 }
 
+/// Whether `sig` is a method's: it takes `self`, or names `Self` (only an impl or a trait can), so the
+/// body can name the type it is called on.
+fn is_method(sig: &Signature) -> bool {
+    fn names_self(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            TokenTree::Ident(ident) => ident == "Self",
+            TokenTree::Group(group) => names_self(group.stream()),
+            TokenTree::Punct(_) | TokenTree::Literal(_) => false,
+        })
+    }
+    sig.receiver().is_some()
+        || names_self(sig.inputs.to_token_stream())
+        || names_self(sig.output.to_token_stream())
+        || names_self(sig.generics.to_token_stream())
+        || sig
+            .generics
+            .where_clause
+            .as_ref()
+            .is_some_and(|w| names_self(w.to_token_stream()))
+}
+
 /// Whether `ty` has an `impl Trait` anywhere in it (`impl Serialize`, `&impl Serialize`, `(u64, impl ..)`).
 fn mentions_impl_trait(ty: &Type) -> bool {
     fn walk(tokens: TokenStream) -> bool {
@@ -328,6 +402,7 @@ fn is_place(expr: &Expr) -> bool {
     match expr {
         Expr::Path(_) => true,
         Expr::Field(f) => is_place(&f.base),
+        Expr::Group(g) => is_place(&g.expr),
         _ => false,
     }
 }

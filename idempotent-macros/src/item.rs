@@ -1,6 +1,6 @@
 //! Checks on the decorated function.
 
-use syn::{ItemFn, ReturnType};
+use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::diag::Diagnostics;
 
@@ -27,11 +27,104 @@ pub(crate) fn check(item: &ItemFn, diag: &mut Diagnostics) {
             "#[idempotent] requires a return type `-> Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idempotent_runtime::Error>`",
         );
     }
+    if let ReturnType::Type(_, output) = &sig.output
+        && let Some(opaque) = impl_trait(output)
+    {
+        diag.error(
+            opaque,
+            "#[idempotent] cannot return `impl Trait`: a duplicate call reads the stored value back as its type, so the type must be named; expected `-> Result<T, E>` with a concrete `T: Serialize + DeserializeOwned`",
+        );
+    }
+    for parameter in parameters(item) {
+        if parameter
+            .to_string()
+            .to_ascii_lowercase()
+            .starts_with("__idempotent")
+        {
+            diag.error(
+                &parameter,
+                format!(
+                    "the parameter name `{parameter}` is reserved: names starting with `__idempotent` are the generated code's own; rename the parameter"
+                ),
+            );
+        }
+    }
+    // The attribute's own expansion would carry a second one onto the generated function, which would
+    // then claim the key inside its own claim and find it in progress on every call.
+    if let Some(again) = item.attrs.iter().find(|attribute| {
+        attribute
+            .path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "idempotent")
+    }) {
+        diag.error(
+            again,
+            "#[idempotent] is written twice on this function; keep one",
+        );
+    }
     if let Some(variadic) = &sig.variadic {
         diag.error(
             variadic,
             "#[idempotent] cannot be used on a variadic function",
         );
+    }
+}
+
+/// The names the function's parameters bind, `self` included, through any pattern
+/// (`Request { order_id, .. }: Request` binds `order_id`).
+pub(crate) fn parameters(item: &ItemFn) -> Vec<Ident> {
+    fn bind(pat: &Pat, out: &mut Vec<Ident>) {
+        match pat {
+            Pat::Ident(p) => {
+                out.push(p.ident.clone());
+                if let Some((_, sub)) = &p.subpat {
+                    bind(sub, out);
+                }
+            }
+            Pat::Struct(p) => p.fields.iter().for_each(|f| bind(&f.pat, out)),
+            Pat::TupleStruct(p) => p.elems.iter().for_each(|e| bind(e, out)),
+            Pat::Tuple(p) => p.elems.iter().for_each(|e| bind(e, out)),
+            Pat::Slice(p) => p.elems.iter().for_each(|e| bind(e, out)),
+            Pat::Or(p) => p.cases.iter().for_each(|c| bind(c, out)),
+            Pat::Reference(p) => bind(&p.pat, out),
+            Pat::Paren(p) => bind(&p.pat, out),
+            Pat::Type(p) => bind(&p.pat, out),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for input in &item.sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => out.push(Ident::new("self", receiver.self_token.span)),
+            FnArg::Typed(typed) => bind(&typed.pat, &mut out),
+        }
+    }
+    out
+}
+
+/// The first `impl Trait` in `ty`, at any depth (`Result<impl Serialize, E>`, `Vec<(u8, impl ..)>`).
+fn impl_trait(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::ImplTrait(_) => Some(ty),
+        Type::Path(path) => path.path.segments.iter().find_map(|segment| {
+            let PathArguments::AngleBracketed(arguments) = &segment.arguments else {
+                return None;
+            };
+            arguments.args.iter().find_map(|argument| match argument {
+                GenericArgument::Type(ty) => impl_trait(ty),
+                GenericArgument::AssocType(assoc) => impl_trait(&assoc.ty),
+                _ => None,
+            })
+        }),
+        Type::Reference(r) => impl_trait(&r.elem),
+        Type::Tuple(tuple) => tuple.elems.iter().find_map(impl_trait),
+        Type::Array(array) => impl_trait(&array.elem),
+        Type::Slice(slice) => impl_trait(&slice.elem),
+        Type::Paren(paren) => impl_trait(&paren.elem),
+        Type::Group(group) => impl_trait(&group.elem),
+        Type::Ptr(ptr) => impl_trait(&ptr.elem),
+        _ => None,
     }
 }
 

@@ -58,6 +58,13 @@ use proc_macro::TokenStream;
 /// (`name`) into the record's key, so the store never sees the key's values. A key that is `None`, or a
 /// tuple key with a `None` part, is missing, and the call is rejected unless `missing_key` says otherwise.
 ///
+/// A key that is the same for every call is refused at compile time, since every call would then share
+/// one record: a string literal that names a parameter (`key = "order_id"`: did you mean `order_id`?),
+/// `key = ()` (which serializes to `null`, a missing key), and any key made of literals only
+/// (`key = "seed"`, `key = (1, 2)`). For an operation that is to run once for all calls, say so with a
+/// named constant: `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
+/// (`key = ("refund", order_id)`) is an ordinary key.
+///
 /// ```
 /// # use idempotent_runtime::{Error, idempotent};
 /// struct Request {
@@ -137,11 +144,23 @@ use proc_macro::TokenStream;
 ///
 /// ## `name = "<namespace>"`
 ///
-/// The namespace of the function's keys. Default: `module_path!()` and the function's name, like
-/// `"shop::billing::charge"`, which changes when the function is renamed or moved (its stored results are
-/// then no longer found). Give a stable name to keep results across such changes, to tell apart methods
-/// of the same name in one module (see [Limitations](#limitations)), and a new one when the output type
-/// changes incompatibly (a stored result that no longer deserializes is `Error::Deserialize`).
+/// The namespace of the function's keys: two calls share a record only when they have the same
+/// namespace and equal keys. Default:
+///
+/// - for a method (a function that takes `self`, or whose signature names `Self`): the name of the type
+///   it is called on, as `std::any::type_name::<Self>()` spells it, and the method's name, like
+///   `"shop::billing::Card::charge"`. Each type has its own records: `Card` and `Cash` implementing
+///   `Gateway::charge` in one module, each implementor of a trait's default method, each instantiation
+///   of a generic impl (`"shop::Ledger<u8>::post"`).
+/// - for any other function: `module_path!()` and the function's name, like `"shop::billing::charge"`.
+///
+/// The default changes when the function or its type is renamed or moved (its stored results are then
+/// no longer found), and the standard library does not promise `type_name`'s spelling across compiler
+/// versions. Give a stable name to keep results across such changes, where the default cannot tell two
+/// functions apart (see [Limitations](#limitations)), and a new one when the output type changes
+/// incompatibly (a stored result that no longer deserializes is `Error::Deserialize`). A given name is
+/// used as it is, on a method too: two functions given the same `name` share records whenever their
+/// keys are equal, which is for the user to want.
 ///
 /// ```
 /// # use idempotent_runtime::{Error, idempotent};
@@ -153,8 +172,8 @@ use proc_macro::TokenStream;
 ///
 /// ## `store = <expr>`
 ///
-/// The handle to use, as an expression over the parameters such as `self.idem`: an `Idempotency`, or a
-/// reference, `Box`, `Rc` or `Arc` of one. Default: the handle installed with `Idempotency::install`; a
+/// The handle to use, as an expression over the parameters such as `self.idem`: an `Idempotency`, or
+/// anything that dereferences to one (a reference, `Box`, `Rc`, `Arc`, a `static` `LazyLock`). Default: the handle installed with `Idempotency::install`; a
 /// call made when none is installed returns `Error::NotInstalled` without running the body.
 ///
 /// ```
@@ -263,7 +282,8 @@ use proc_macro::TokenStream;
 /// # #[derive(serde::Serialize)]
 /// # struct Charge { order_id: String, cents: u64 }
 /// async fn charge(req: Charge) -> Result<u64, Error> {
-///     // `name`, or the function's path.
+///     // `name`, or the function's path (for a method: `type_name::<Self>()` and its name, computed
+///     // on the first call on each type and kept).
 ///     const NAMESPACE: &str = concat!(module_path!(), "::charge");
 ///     // `store`, or the installed handle.
 ///     let idem = Idempotency::installed().ok_or_else(|| Error::NotInstalled {
@@ -286,7 +306,7 @@ use proc_macro::TokenStream;
 /// reports a failure among them (no handle installed, a key that does not serialize or is missing) through
 /// `E` without running the body; it needs no `E: Display` (a FAILED record stores the error's `Display` text when it
 /// has one, and its type name otherwise); and its locals are prefixed `__idempotent_`, so they never
-/// collide with the body's.
+/// collide with the body's (a parameter whose name starts with `__idempotent` is a compile error).
 ///
 /// # Requirements
 ///
@@ -294,9 +314,15 @@ use proc_macro::TokenStream;
 ///   `async fn` in traits); generic, with lifetimes, `where` clauses, `impl Trait` parameters and any
 ///   visibility. Not a `const fn`.
 /// - The return type is `Result<T, E>`, or an alias of it such as `std::result::Result<T, MyError>` or a
-///   crate's own `Result<T>`, with `T: Serialize + DeserializeOwned` (the stored value, as JSON) and
-///   `E: From<idempotent_runtime::Error>` (so the caller can be told "in progress", "payload mismatch", a
-///   store failure, and so on). `Box<dyn std::error::Error + Send + Sync>` and `anyhow::Error` qualify.
+///   crate's own `Result<T>`, never `impl Trait`, with `T: Serialize + DeserializeOwned` (the stored
+///   value, as JSON) and `E: From<idempotent_runtime::Error>` (so the caller can be told "in progress",
+///   "payload mismatch", a store failure, and so on). `Box<dyn std::error::Error + Send + Sync>` and `anyhow::Error` qualify.
+/// - `E: Send`. An `Err` is held while the record is marked FAILED, then returned unchanged, so an error
+///   type that is not `Send` would make the function's future not `Send` either (it could not be spawned,
+///   nor served by axum), reported far from its cause; it is refused on the return type instead (in a
+///   function with type parameters, where `E` may be one, the future is `Send` when the instantiation's
+///   `E` is). The common alias `Result<T, Box<dyn std::error::Error>>` is not `Send`: use
+///   `Box<dyn std::error::Error + Send + Sync>`.
 /// - `key` and `payload` implement `serde::Serialize`; `store` is an `Idempotency` or a pointer to one.
 /// - Without `store`, a handle installed with `Idempotency::install` before the first call.
 /// - With `transact`, the runtime's `dynamodb` feature.
@@ -355,11 +381,14 @@ use proc_macro::TokenStream;
 ///   }
 ///   ```
 ///
-/// - **One namespace per name and module.** The default namespace is `module_path!()` and the function's
-///   name, without the type: methods of the same name on two types in one module (`Card::charge`,
-///   `Invoice::charge`) share it, and so would share records whenever their keys are equal. Give each its
-///   own `name = ".."`. Likewise, every instantiation of a generic function shares one namespace: put the
-///   type into the key when the instantiations must not share results.
+/// - **What the default namespace cannot tell apart.** The attribute sees only its function, not what
+///   encloses it. Functions of one name share the default namespace, and so would share records whenever
+///   their keys are equal, when they are: `fn`s nested in different functions of one module (both are
+///   `module_path!()::name`); an associated function without `self` and without `Self` in its signature
+///   and a free function, or such associated functions of several types, in one module; an inherent
+///   method and a trait's method of one name on the same type. Give each its own `name = ".."`.
+///   Likewise, every instantiation of a generic function shares one namespace: put the type into the key
+///   when the instantiations must not share results.
 /// - **Keys and payloads are borrowed one level deep.** The `key` and `payload` expressions are evaluated
 ///   by reference: a place (`req.order_id`) is borrowed, and so is each element of a tuple or array
 ///   (`(req.tenant, req.order_id)` borrows both fields), so the body can still move them. Any other
@@ -395,6 +424,9 @@ fn entry(
         }
     };
     item::check(&function, &mut diag);
+    if let Some(key) = args.as_ref().and_then(|args| args.key.as_ref()) {
+        args::check_key(key, &item::parameters(&function), &mut diag);
+    }
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),
         (Err(error), _) => expand::original(function, &error),

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 /// Why an idempotent call did not produce the body's own result.
 ///
-/// Every message is lowercase, names the key's namespace (by default `module::path::fn_name`, or the
-/// attribute's `name = ".."`) and says what to do about it. The body's own error type `E` receives it through
-/// `E: From<Error>`; the body's own errors are never wrapped in this type.
+/// Every message is lowercase, names the key's namespace (by default `module::path::fn_name`, for a method
+/// `module::path::Type::method`, or the attribute's `name = ".."`) and says what to do about it. The body's
+/// own error type `E` receives it through `E: From<Error>`; the body's own errors are never wrapped in this
+/// type.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::Future;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::ops::Deref;
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -99,6 +99,25 @@ impl<E: From<Error>> IdempotentError<Concrete> for E {}
 
 impl<E: From<Error>> IdempotentError<Generic> for E {}
 
+/// The error type, again: held while the record is marked FAILED and then returned, so a `!Send` error
+/// would make the function's future `!Send`, reported far from here ("await occurs here") when the
+/// future is spawned. Checked on the return type instead, with the fix.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` holds an `Err` while it marks the record FAILED, then returns it: the error type `{Self}` must be `Send`",
+    label = "the error type `{Self}` is not `Send`",
+    note = "for a boxed error, add `+ Send + Sync`: `Box<dyn std::error::Error + Send + Sync>`"
+)]
+pub trait IdempotentErrorSend<M = Concrete> {
+    /// Checks that the error type is `Send`.
+    #[inline]
+    fn check() {}
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: Send> IdempotentErrorSend<Concrete> for E {}
+
+impl<E: Send> IdempotentErrorSend<Generic> for E {}
+
 /// What the runtime needs of the return type: the checked parts of an [`IdempotentOutput`].
 pub trait Output: Sized {
     /// The stored value.
@@ -172,7 +191,7 @@ impl<P: Serialize + ?Sized> IdempotencyPayload<Generic> for P {}
 /// The `store = ..` expression. One impl: a missing bound on [`Handle`] would be a bound the user
 /// cannot name either way.
 #[diagnostic::on_unimplemented(
-    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Rc` or `Arc` of one); `{Self}` is not",
+    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Arc`, `LazyLock` or anything else that dereferences to one); `{Self}` is not",
     label = "expected an `Idempotency` here",
     note = "to use a store such as `MemoryStore` or `DynamoDbStore`, wrap it once: `Idempotency::builder(store).build()`, and pass that handle"
 )]
@@ -187,11 +206,12 @@ pub trait IdempotencyHandle {
 #[diagnostic::do_not_recommend]
 impl<S: Handle + ?Sized> IdempotencyHandle for S {}
 
-/// What `store = ..` accepts: an `Idempotency`, or a reference, `Box`, `Rc` or `Arc` of one. A trait of
+/// What `store = ..` accepts: an `Idempotency`, or anything that dereferences to one, through any
+/// number of steps (`&Idempotency`, `Arc<Idempotency>`, a `static LazyLock<Idempotency>`). A trait of
 /// its own (rather than `Borrow<Idempotency>`) so that a wrong expression, most often a store passed
 /// where its handle belongs, gets a message that says what to pass.
 #[diagnostic::on_unimplemented(
-    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Rc` or `Arc` of one); `{Self}` is not",
+    message = "`store = ..` must be an `Idempotency` handle (or a reference, `Box`, `Arc`, `LazyLock` or anything else that dereferences to one); `{Self}` is not",
     label = "expected an `Idempotency` here",
     note = "to use a store such as `MemoryStore` or `DynamoDbStore`, wrap it once: `Idempotency::builder(store).build()`, and pass that handle"
 )]
@@ -207,35 +227,13 @@ impl Handle for Idempotency {
     }
 }
 
-impl<T: Handle + ?Sized> Handle for &T {
-    #[inline]
-    fn idempotency(&self) -> &Idempotency {
-        (**self).idempotency()
-    }
-}
-
-impl<T: Handle + ?Sized> Handle for &mut T {
-    #[inline]
-    fn idempotency(&self) -> &Idempotency {
-        (**self).idempotency()
-    }
-}
-
-impl<T: Handle + ?Sized> Handle for Box<T> {
-    #[inline]
-    fn idempotency(&self) -> &Idempotency {
-        (**self).idempotency()
-    }
-}
-
-impl<T: Handle + ?Sized> Handle for Rc<T> {
-    #[inline]
-    fn idempotency(&self) -> &Idempotency {
-        (**self).idempotency()
-    }
-}
-
-impl<T: Handle + ?Sized> Handle for Arc<T> {
+/// Pointers and wrappers of a handle: `&`, `&mut`, `Box`, `Rc`, `Arc`, `LazyLock`, a user's own.
+/// `Idempotency` itself is not `Deref`, so the two impls do not overlap.
+impl<P> Handle for P
+where
+    P: Deref + ?Sized,
+    P::Target: Handle,
+{
     #[inline]
     fn idempotency(&self) -> &Idempotency {
         (**self).idempotency()
@@ -246,6 +244,85 @@ impl<T: Handle + ?Sized> Handle for Arc<T> {
 #[inline]
 pub fn handle<S: Handle + ?Sized>(store: &S) -> Early<Idempotency> {
     Ok(store.idempotency().clone())
+}
+
+/// The [`Call`]s of a method without `name = ..`, one per type it is called on: its namespace is the
+/// receiver's type name (`std::any::type_name::<Self>()`) and the method's name, so that methods of one
+/// name on different types (trait impls in one module, a trait's default method, instantiations of a
+/// generic impl) never share records.
+///
+/// A `static` in the generated code, shared by every instantiation of the method. Each type's `Call`
+/// is made once, on its first call, and kept for the program's life (its namespace string is leaked:
+/// one per type and method); later calls look it up without allocating. The first type seen is one
+/// atomic load and a pointer comparison away; others are behind a read lock.
+pub struct PerType {
+    /// The method's settings; `namespace` is the method's name.
+    call: Call,
+    /// The first type's name and `Call`: the only one for a method of a non-generic impl.
+    first: OnceLock<(&'static str, Call)>,
+    /// The others, for a trait's default method or a generic impl.
+    more: RwLock<Vec<(&'static str, &'static Call)>>,
+}
+
+impl PerType {
+    /// The method's settings, its name as `namespace`.
+    #[must_use]
+    pub const fn new(call: Call) -> Self {
+        Self {
+            call,
+            first: OnceLock::new(),
+            more: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// The `Call` for the type `type_name` (what `std::any::type_name::<Self>()` says).
+    #[inline]
+    pub fn of(&'static self, type_name: &'static str) -> &'static Call {
+        match self.first.get() {
+            Some((name, call)) if same(name, type_name) => call,
+            _ => self.of_another(type_name),
+        }
+    }
+
+    #[cold]
+    fn of_another(&'static self, type_name: &'static str) -> &'static Call {
+        let (name, call) = self
+            .first
+            .get_or_init(|| (type_name, self.typed(type_name)));
+        if same(name, type_name) {
+            return call;
+        }
+        let find = |more: &[(&'static str, &'static Call)]| {
+            more.iter()
+                .find(|(name, _)| same(name, type_name))
+                .map(|(_, call)| *call)
+        };
+        if let Some(call) = find(&self.more.read().unwrap_or_else(PoisonError::into_inner)) {
+            return call;
+        }
+        let mut more = self.more.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(call) = find(&more) {
+            return call;
+        }
+        let call: &'static Call = Box::leak(Box::new(self.typed(type_name)));
+        more.push((type_name, call));
+        call
+    }
+
+    /// The method's `Call` for `type_name`: namespace `"{type_name}::{method}"`.
+    fn typed(&self, type_name: &str) -> Call {
+        let namespace = format!("{type_name}::{}", self.call.namespace);
+        Call {
+            namespace: Box::leak(namespace.into_boxed_str()),
+            ..self.call
+        }
+    }
+}
+
+/// Whether two type names are the same: the same string (most often at the same address).
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
 }
 
 /// The installed default handle.
@@ -377,17 +454,18 @@ where
 }
 
 /// Text stored for a FAILED record: the error's `Display` when it has one ([`DescribeDisplay`]), its type
-/// name otherwise ([`DescribeOther`]); picked by method resolution on `(&Describe(e)).describe()`.
+/// name otherwise ([`DescribeOther`]); picked by method resolution on
+/// `(&Describe(e)).idempotent_failure_text()`.
 pub struct Describe<'a, E>(pub &'a E);
 
 /// Chosen first, when `E: Display`.
 pub trait DescribeDisplay {
-    /// The error's text.
-    fn describe(&self) -> String;
+    /// The error's text. Named so that no trait of the caller's in scope has a method of that name.
+    fn idempotent_failure_text(&self) -> String;
 }
 
 impl<E: Display> DescribeDisplay for Describe<'_, E> {
-    fn describe(&self) -> String {
+    fn idempotent_failure_text(&self) -> String {
         self.0.to_string()
     }
 }
@@ -395,11 +473,11 @@ impl<E: Display> DescribeDisplay for Describe<'_, E> {
 /// The fallback, for error types without `Display`.
 pub trait DescribeOther {
     /// The error's type name.
-    fn describe(&self) -> String;
+    fn idempotent_failure_text(&self) -> String;
 }
 
 impl<E> DescribeOther for &Describe<'_, E> {
-    fn describe(&self) -> String {
+    fn idempotent_failure_text(&self) -> String {
         format!("an error of type `{}`", std::any::type_name::<E>())
     }
 }
@@ -418,6 +496,30 @@ mod tests {
         assert!(size_of::<Early<Idempotency>>() <= size_of::<Idempotency>() + 8);
         assert!(size_of::<Early<DerivedKey>>() <= size_of::<DerivedKey>() + 8);
         assert!(size_of::<Option<Early<String>>>() <= size_of::<String>() + 8);
+    }
+
+    /// A method's `Call` is made once per type and then found again: the same `&'static Call` (no new
+    /// namespace string) on every later call, whichever types' calls interleave.
+    #[test]
+    fn a_methods_call_is_made_once_per_type() {
+        static CALL: PerType = PerType::new(Call::new("charge"));
+        struct Card;
+        struct Cash;
+        let (card, cash) = (std::any::type_name::<Card>(), std::any::type_name::<Cash>());
+        let first_card = CALL.of(card);
+        let first_cash = CALL.of(cash);
+        assert_eq!(first_card.namespace, format!("{card}::charge"));
+        assert_eq!(first_cash.namespace, format!("{cash}::charge"));
+        for _ in 0..3 {
+            assert!(std::ptr::eq(CALL.of(card), first_card));
+            assert!(std::ptr::eq(CALL.of(cash), first_cash));
+            // The same name at another address (another codegen unit's copy) is the same type.
+            assert!(std::ptr::eq(
+                CALL.of(&String::from(cash).leak()[..]),
+                first_cash
+            ));
+        }
+        assert_eq!(CALL.more.read().unwrap().len(), 1);
     }
 
     /// The future a caller holds for an `#[idempotent]` call has the body's future in it once: a body

@@ -1,0 +1,245 @@
+//! What the attribute derives from the code it is written on, through calls on the memory store: the
+//! default namespace of methods (the receiver's type is part of it), and arguments passed through
+//! `macro_rules!`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idempotent_runtime::{Error, Idempotency, Status, idempotent};
+use idempotent_tests::{Backend, Harness};
+
+trait Gateway {
+    async fn charge(&self, idem: &Idempotency, order: u64) -> Result<String, Error>;
+}
+
+struct Card;
+struct Cash;
+
+impl Gateway for Card {
+    #[idempotent(key = order, store = idem)]
+    async fn charge(&self, idem: &Idempotency, order: u64) -> Result<String, Error> {
+        Ok(format!("card:{order}"))
+    }
+}
+
+impl Gateway for Cash {
+    #[idempotent(key = order, store = idem)]
+    async fn charge(&self, idem: &Idempotency, order: u64) -> Result<String, Error> {
+        Ok(format!("cash:{order}"))
+    }
+}
+
+/// Two trait impls in one module: each type has its own records.
+#[tokio::test]
+async fn methods_of_two_types_in_one_module_do_not_share_records() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(Card.charge(&h.idem, 1).await.unwrap(), "card:1");
+    assert_eq!(Cash.charge(&h.idem, 1).await.unwrap(), "cash:1");
+    assert_eq!(Card.charge(&h.idem, 1).await.unwrap(), "card:1");
+    // The namespace is the type's name and the method's.
+    for (namespace, value) in [
+        ("attribute::Card::charge", "card:1"),
+        ("attribute::Cash::charge", "cash:1"),
+    ] {
+        let record = h.record(namespace, &1_u64).await.expect(namespace);
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(
+            serde_json::from_slice::<String>(record.response.as_deref().unwrap()).unwrap(),
+            value
+        );
+    }
+    assert!(h.record("attribute::charge", &1_u64).await.is_none());
+}
+
+static NOTIFY_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+trait Notifier {
+    fn channel(&self) -> &'static str;
+
+    /// A default method: one body, instantiated for every implementor.
+    #[idempotent(key = message, store = idem)]
+    async fn notify(&self, idem: &Idempotency, message: u64) -> Result<String, Error> {
+        NOTIFY_RUNS.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("{}:{message}", self.channel()))
+    }
+}
+
+struct Email;
+struct Sms;
+
+impl Notifier for Email {
+    fn channel(&self) -> &'static str {
+        "email"
+    }
+}
+
+impl Notifier for Sms {
+    fn channel(&self) -> &'static str {
+        "sms"
+    }
+}
+
+/// A default method's implementors each have their own records, however the calls interleave.
+#[tokio::test]
+async fn a_default_method_has_records_per_implementor() {
+    let h = Harness::new(Backend::Memory).await;
+    for round in 0..3 {
+        assert_eq!(
+            Email.notify(&h.idem, 7).await.unwrap(),
+            "email:7",
+            "{round}"
+        );
+        assert_eq!(Sms.notify(&h.idem, 7).await.unwrap(), "sms:7", "{round}");
+    }
+    assert_eq!(NOTIFY_RUNS.load(Ordering::SeqCst), 2);
+    assert!(h.record("attribute::Email::notify", &7_u64).await.is_some());
+    assert!(h.record("attribute::Sms::notify", &7_u64).await.is_some());
+}
+
+struct Ledger<T> {
+    unit: T,
+}
+
+impl<T: ToString> Ledger<T> {
+    #[idempotent(key = entry, store = idem)]
+    async fn post(&self, idem: &Idempotency, entry: u64) -> Result<String, Error> {
+        Ok(format!("{entry} {}", self.unit.to_string()))
+    }
+}
+
+/// Each instantiation of a generic impl is a type of its own, with its own records.
+#[tokio::test]
+async fn instantiations_of_a_generic_impl_do_not_share_records() {
+    let h = Harness::new(Backend::Memory).await;
+    let (eur, count) = (Ledger { unit: "EUR" }, Ledger { unit: 1_u8 });
+    assert_eq!(eur.post(&h.idem, 1).await.unwrap(), "1 EUR");
+    assert_eq!(count.post(&h.idem, 1).await.unwrap(), "1 1");
+    assert_eq!(eur.post(&h.idem, 1).await.unwrap(), "1 EUR");
+    assert!(
+        h.record("attribute::Ledger<&str>::post", &1_u64)
+            .await
+            .is_some()
+    );
+    assert!(
+        h.record("attribute::Ledger<u8>::post", &1_u64)
+            .await
+            .is_some()
+    );
+}
+
+/// `name = ".."` is the namespace as given, for a method too: two types that give the same name share
+/// records, by the user's choice.
+#[tokio::test]
+async fn a_given_name_is_the_namespace_of_a_method() {
+    struct Shared;
+    impl Shared {
+        #[idempotent(key = order, store = idem, name = "attribute::shared")]
+        async fn charge(&self, idem: &Idempotency, order: u64) -> Result<u64, Error> {
+            Ok(order * 10)
+        }
+    }
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(Shared.charge(&h.idem, 2).await.unwrap(), 20);
+    assert!(h.record("attribute::shared", &2_u64).await.is_some());
+}
+
+static RESERVE_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! transactional {
+    ($name:ident, $tx:expr) => {
+        #[idempotent(key = order, store = idem, transact = $tx)]
+        async fn $name(idem: &Idempotency, order: u64) -> Result<usize, Error> {
+            RESERVE_RUNS.fetch_add(1, Ordering::SeqCst);
+            Ok($tx.len())
+        }
+    };
+}
+
+transactional!(reserve, tx);
+
+/// `transact = $tx` with `$tx:expr`: the name arrives in an invisible group, and binds as written in place.
+#[tokio::test]
+async fn transact_passed_through_macro_rules_binds_its_name() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(reserve(&h.idem, 1).await.unwrap(), 0);
+    assert_eq!(reserve(&h.idem, 1).await.unwrap(), 0);
+    assert_eq!(RESERVE_RUNS.load(Ordering::SeqCst), 1);
+    let record = h.record("attribute::reserve", &1_u64).await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+}
+
+/// A trait of the caller's with a `describe` method for every type, in scope where the attribute
+/// expands: the text stored on a FAILED record is still the library's.
+mod describe {
+    use super::*;
+
+    #[allow(dead_code)]
+    trait Describe {
+        fn describe(&self) -> String {
+            "the caller's describe".to_owned()
+        }
+        fn idempotency(&self) {}
+    }
+
+    impl<T: ?Sized> Describe for T {}
+
+    /// An error without `Display`: its FAILED record names its type.
+    #[allow(dead_code)]
+    #[derive(Debug)]
+    pub(super) enum Opaque {
+        Declined,
+        Idempotency(Error),
+    }
+
+    impl From<Error> for Opaque {
+        fn from(e: Error) -> Self {
+            Self::Idempotency(e)
+        }
+    }
+
+    #[idempotent(key = order, store = idem, name = "attribute::refuse")]
+    pub(super) async fn refuse(idem: &Idempotency, order: u64) -> Result<u64, Opaque> {
+        let _ = order;
+        Err(Opaque::Declined)
+    }
+}
+
+#[tokio::test]
+async fn a_callers_describe_method_does_not_replace_the_failure_text() {
+    let h = Harness::new(Backend::Memory).await;
+    let err = describe::refuse(&h.idem, 1).await.unwrap_err();
+    assert!(matches!(err, describe::Opaque::Declined), "{err:?}");
+    let record = h.record("attribute::refuse", &1_u64).await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(
+        record.error.as_deref(),
+        Some("an error of type `attribute::describe::Opaque`")
+    );
+}
+
+struct Probe;
+
+impl Probe {
+    #[idempotent(key = order, store = idem)]
+    async fn method(&self, idem: &Idempotency, order: u64) -> Result<u64, Error> {
+        Ok(order)
+    }
+}
+
+#[idempotent(key = order, store = idem)]
+async fn free(this: &Probe, idem: &Idempotency, order: u64) -> Result<u64, Error> {
+    let _ = this;
+    Ok(order)
+}
+
+/// The type's namespace, looked up before the claim, does not make a method's future larger than the
+/// same free function's.
+#[test]
+fn a_methods_future_is_no_larger_than_a_free_functions() {
+    let idem = Idempotency::in_memory();
+    let method = std::mem::size_of_val(&Probe.method(&idem, 1));
+    let free = std::mem::size_of_val(&free(&Probe, &idem, 1));
+    assert!(
+        method <= free,
+        "method {method} bytes, free function {free}"
+    );
+}

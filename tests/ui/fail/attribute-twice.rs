@@ -1,0 +1,9 @@
+use idempotent_runtime::{Error, idempotent};
+
+#[idempotent(key = order_id)]
+#[idempotent(key = order_id, ttl = "1h")]
+async fn charge(order_id: u64) -> Result<u64, Error> {
+    Ok(order_id)
+}
+
+fn main() {}
