@@ -230,6 +230,18 @@ pub(crate) struct ClaimTimes {
     pub(crate) expires_at_s: u64,
 }
 
+/// How long after a claim (past its lease) or a failure the record lives: the operation's `ttl`, and
+/// for a call with claim-time writes its `ttl` and `retain` too, so that the mark that the writes are in
+/// effect ([`Record::claim_writes_in_effect`]) lasts as long as a completed record would. Once the
+/// record has expired the key is a new operation, which applies them again.
+fn writes_lifetime(idem: &Idempotency, plan: &Plan<'_>, ttl: Duration) -> Duration {
+    if plan.claim_writes.is_empty() {
+        ttl
+    } else {
+        ttl.saturating_add(idem.retain().unwrap_or_default())
+    }
+}
+
 /// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
 /// the record is claimable, but its claim-time writes are still in effect (a failure without
 /// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
@@ -379,7 +391,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             idem.clock().now_ms(),
             idem.clock_skew_margin(),
             attempt.lease,
-            attempt.ttl,
+            writes_lifetime(idem, plan, attempt.ttl),
         );
         let request = ClaimRequest {
             key: plan.key,
@@ -982,12 +994,21 @@ impl Held<'_> {
             Writes::new()
         };
         loop {
+            // A failure that leaves claim-time writes in effect keeps the record (and with it the mark)
+            // for the operation's ttl and retain, not the short `failed_ttl`: once it expired, a retry
+            // would be a new operation and apply the writes again.
+            let keeps_writes = !self.plan.claim_writes.is_empty() && writes.is_empty();
+            let lifetime = if keeps_writes {
+                writes_lifetime(self.idem, self.plan, self.ttl).max(self.idem.failed_ttl())
+            } else {
+                self.idem.failed_ttl()
+            };
             let transition = Transition {
                 key: self.plan.key,
                 token: self.token,
                 change: Change::Fail {
                     error: &error,
-                    expires_at_s: expiry_s(now_ms, self.idem.failed_ttl()),
+                    expires_at_s: expiry_s(now_ms, lifetime),
                     release_claim_writes: !writes.is_empty(),
                 },
             };
