@@ -242,13 +242,6 @@ fn writes_lifetime(idem: &Idempotency, plan: &Plan<'_>, ttl: Duration) -> Durati
     }
 }
 
-/// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
-/// the record is claimable, but its claim-time writes are still in effect (a failure without
-/// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
-pub(crate) fn claim_keeping_writes(record: &Record, now_ms: u64) -> bool {
-    record.is_claimable(now_ms) && !record.is_claimable_with_writes(now_ms)
-}
-
 /// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier
 /// attempt (its response lost) already moved the record to `status` under our `token`.
 pub(crate) fn landed(record: Option<&Record>, token: &str, status: Status) -> bool {
@@ -313,7 +306,7 @@ fn claim_with_writes<'a>(
             // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
             // twice.
             Ok(TransactOutcome::Rejected(Some(record)))
-                if claim_keeping_writes(&record, request.now_ms) =>
+                if record.is_claimable_keeping_writes(request.now_ms) =>
             {
                 tracing::debug!(
                     namespace,
@@ -393,7 +386,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             attempt.lease,
             writes_lifetime(idem, plan, attempt.ttl),
         );
-        let request = ClaimRequest {
+        let mut request = ClaimRequest {
             key: plan.key,
             token,
             attempt: number,
@@ -401,6 +394,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             lease_until_ms: times.lease_until_ms,
             expires_at_s: times.expires_at_s,
             fingerprint: plan.fingerprint,
+            keep_claim_writes: false,
         };
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
@@ -415,7 +409,10 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                         });
                     }
                     Some(ClaimOutcome::Existing(record)) => break 'blocked record,
-                    None => {}
+                    // The writes are in effect: a plain claim keeps them, conditioned on their mark
+                    // still being set, so that a decision made stale by another caller (who released
+                    // them meanwhile) never runs the body without them.
+                    None => request.keep_claim_writes = true,
                 }
             }
             match telemetry::observe("claim", idem.store().claim(&request)).await {
@@ -426,6 +423,13 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     });
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
+                // The record is gone (deleted since the transaction saw it): a new operation, whose
+                // claim applies the writes.
+                Err(StoreError::Corrupt(_))
+                    if request.keep_claim_writes && number <= CLAIMABLE_RETRIES =>
+                {
+                    continue 'claim;
+                }
                 Err(e) => return Err(store_error(plan.call.namespace, e)),
             }
         };
@@ -1017,6 +1021,21 @@ impl Held<'_> {
                 // Our own earlier attempt landed; its response was lost.
                 Stored::Rejected(record) if landed(record.as_ref(), self.token, Status::Failed) => {
                     return;
+                }
+                // Still ours, but the claim-time writes are not in effect (the compensation is
+                // conditioned on them): there is nothing to undo, and undoing it would undo another
+                // caller's writes. Record the failure without the compensation.
+                Stored::Rejected(Some(record))
+                    if !writes.is_empty()
+                        && record.status == Status::Pending
+                        && record.token == self.token =>
+                {
+                    tracing::warn!(
+                        namespace,
+                        "claim-time writes not in effect; failure recorded without compensation"
+                    );
+                    writes = Writes::new();
+                    continue;
                 }
                 Stored::Rejected(_) => {
                     tracing::warn!(namespace, "claim lost before the failure was recorded");

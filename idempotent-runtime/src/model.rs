@@ -10,7 +10,7 @@
 //! The model does not restate the protocol's rules: every decision goes through the runtime's own code.
 //! The claim's times and the skew margin come from [`handler::claim_times`], what a returned record
 //! means from [`handler::examine`], whether a rejected transition landed after all from
-//! [`handler::landed`], the claim-with-writes fallback from [`handler::claim_keeping_writes`], and what
+//! [`handler::landed`], the claim-with-writes fallback from [`Record::is_claimable_keeping_writes`], and what
 //! the store admits from the memory store's [`claimed`] and [`transitioned`] (which rest on
 //! [`Record::is_claimable`]). Change one of them and the model checks the change.
 //!
@@ -250,13 +250,14 @@ impl Protocol {
             lease_until_ms: times.lease_until_ms,
             expires_at_s: times.expires_at_s,
             fingerprint: None,
+            keep_claim_writes: false,
         };
         let old = state.record.clone();
         let mut with_writes = self.claim_writes;
         let mut result = claimed(old.as_ref(), &request, with_writes).map_err(Clone::clone);
         if let Err(blocking) = &result
             && with_writes
-            && handler::claim_keeping_writes(blocking, request.now_ms)
+            && blocking.is_claimable_keeping_writes(request.now_ms)
         {
             with_writes = false;
             result = claimed(old.as_ref(), &request, false).map_err(Clone::clone);
@@ -645,6 +646,7 @@ impl Protocol {
                 lease_until_ms: t.lease_until_ms,
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
+                keep_claim_writes: false,
             };
             claimed(Some(record), &request, false).is_ok()
         })

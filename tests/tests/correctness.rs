@@ -18,6 +18,8 @@ mod missing_key;
 mod shop;
 #[path = "correctness/skew.rs"]
 mod skew;
+#[path = "correctness/stale_decision.rs"]
+mod stale_decision;
 #[path = "correctness/tokens.rs"]
 mod tokens;
 
