@@ -242,6 +242,12 @@ fn writes_lifetime(idem: &Idempotency, plan: &Plan<'_>, ttl: Duration) -> Durati
     }
 }
 
+/// How long a FAILED record lives: `failed_ttl`, or, when the failure leaves claim-time writes in
+/// effect, at least `keeps_writes` (the operation's [`writes_lifetime`]).
+pub(crate) fn failed_lifetime(failed_ttl: Duration, keeps_writes: Option<Duration>) -> Duration {
+    keeps_writes.map_or(failed_ttl, |lifetime| lifetime.max(failed_ttl))
+}
+
 /// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier
 /// attempt (its response lost) already moved the record to `status` under our `token`.
 pub(crate) fn landed(record: Option<&Record>, token: &str, status: Status) -> bool {
@@ -1002,11 +1008,10 @@ impl Held<'_> {
             // for the operation's ttl and retain, not the short `failed_ttl`: once it expired, a retry
             // would be a new operation and apply the writes again.
             let keeps_writes = !self.plan.claim_writes.is_empty() && writes.is_empty();
-            let lifetime = if keeps_writes {
-                writes_lifetime(self.idem, self.plan, self.ttl).max(self.idem.failed_ttl())
-            } else {
-                self.idem.failed_ttl()
-            };
+            let lifetime = failed_lifetime(
+                self.idem.failed_ttl(),
+                keeps_writes.then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
+            );
             let transition = Transition {
                 key: self.plan.key,
                 token: self.token,
