@@ -54,10 +54,13 @@ impl KeyReport {
         )
         .to_string();
         let preview = record.response.as_deref().map(|bytes| {
-            let text = crate::codec::decode::<serde_json::Value>(bytes).map_or_else(
-                |e| format!("<undecodable: {e:?}>"),
-                |value| value.to_string(),
-            );
+            let text = match crate::codec::decode::<serde_json::Value>(bytes) {
+                Ok(value) => value.to_string(),
+                Err(crate::codec::DecodeError::NotSerialized(reason)) => {
+                    format!("<not stored: the response did not serialize: {reason}>")
+                }
+                Err(e) => format!("<undecodable: {e:?}>"),
+            };
             let cut = text.floor_char_boundary(PREVIEW_BYTES);
             if cut < text.len() {
                 format!("{}…", &text[..cut])

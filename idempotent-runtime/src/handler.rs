@@ -143,6 +143,16 @@ fn payload_mismatch(namespace: &str) -> Error {
     }
 }
 
+/// [`Error::Serialize`] of a response, for the caller whose body produced it.
+#[cold]
+fn unserializable_response(namespace: &str, source: serde_json::Error) -> Error {
+    Error::Serialize {
+        namespace: namespace.to_owned(),
+        what: "response",
+        source,
+    }
+}
+
 /// [`Error::Expired`].
 #[cold]
 fn expired(namespace: &str) -> Error {
@@ -713,6 +723,9 @@ fn undecodable(namespace: &str, e: codec::DecodeError) -> Error {
             namespace,
             detail: format!("the stored response does not decompress: {e}"),
         },
+        codec::DecodeError::NotSerialized(detail) => {
+            Error::ResponseNotSerialized { namespace, detail }
+        }
     }
 }
 
@@ -870,20 +883,16 @@ impl Held<'_> {
             ..
         } = *self.plan;
         let namespace = call.namespace;
-        let (bytes, fits) = match self.encode(&value) {
-            Ok(encoded) => encoded,
-            Err(source) => {
-                self.fail_boxed(
-                    &format!("the response did not serialize: {source}"),
-                    persist,
-                )
-                .await;
-                return Err(Error::Serialize {
-                    namespace: namespace.to_owned(),
-                    what: "response",
-                    source,
-                });
-            }
+        // A value that does not serialize is still a success, and final: the record is COMPLETED with
+        // the reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never
+        // runs again. Only this caller hears the serialization error.
+        let (bytes, fits, unserializable) = match self.encode(&value) {
+            Ok((bytes, fits)) => (bytes, fits, None),
+            Err(source) => (
+                codec::not_serialized(&source.to_string()),
+                true,
+                Some(source),
+            ),
         };
         let response = fits.then_some(&bytes[..]);
         let now_ms = self.idem.clock().now_ms();
@@ -945,6 +954,9 @@ impl Held<'_> {
             }
             Stored::Failed(error) => return Err(error),
         }
+        if let Some(source) = unserializable {
+            return Err(unserializable_response(namespace, source));
+        }
         if fits {
             remember(self.idem, key, bytes, fingerprint, replay_until_s);
         }
@@ -957,9 +969,15 @@ impl Held<'_> {
         Box::pin(self.fail(error, persist)).await;
     }
 
-    /// The response as stored (JSON, compressed when large), and whether it fits in the record.
+    /// The response as stored (JSON, compressed when large), and whether it fits in the record; an
+    /// error for a value that does not serialize, or whose JSON would not decode back into it (a
+    /// non-finite float).
     fn encode<T: Serialize>(&self, value: &T) -> Result<(Vec<u8>, bool), serde_json::Error> {
-        let bytes = codec::pack(codec::to_json(value)?);
+        let json = codec::to_json(value)?;
+        if let Some(e) = codec::non_finite(value, &json) {
+            return Err(e);
+        }
+        let bytes = codec::pack(json);
         let budget = self
             .idem
             .store()

@@ -22,6 +22,8 @@ mod skew;
 mod stale_decision;
 #[path = "correctness/tokens.rs"]
 mod tokens;
+#[path = "correctness/unstorable.rs"]
+mod unstorable;
 
 pub(crate) use idempotent_tests::{AppError, Gate};
 
