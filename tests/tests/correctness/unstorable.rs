@@ -147,3 +147,52 @@ on_both_stores!(
     an_unserializable_value_through_run_is_final,
     a_non_finite_float_is_refused_when_stored,
 );
+
+#[idempotent(key = (tenant, rate), store = idem, name = "unstorable::keyed-on-a-float")]
+async fn keyed_on_a_float(
+    idem: &Idempotency,
+    runs: &AtomicUsize,
+    tenant: &str,
+    rate: Option<f64>,
+) -> Result<String, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{tenant} at {rate:?}"))
+}
+
+/// Finding 4: NaN, +∞, −∞ and `None` inside a key all serialized to the same `null`, so calls keyed on
+/// them shared one record and got each other's responses. A non-finite float in a key is an error before
+/// any I/O; `None` stays the missing key it always was.
+async fn a_non_finite_float_in_a_key_is_an_error_before_any_io(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    for rate in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let err = idem_error(keyed_on_a_float(&h.idem, &runs, "acme", Some(rate)).await);
+        assert!(
+            matches!(&err, Error::Serialize { what: "key", .. }),
+            "{rate}: {err:?}"
+        );
+        assert!(err.to_string().contains("non-finite"), "{err}");
+        // Through the programmatic API too, also for a payload.
+        let err = idem_error(
+            h.idem
+                .operation("unstorable::keyed", &("acme", rate))
+                .run(|| async { Ok::<u8, AppError>(1) })
+                .await,
+        );
+        assert!(matches!(&err, Error::Serialize { .. }), "{err:?}");
+        assert!(idempotent_runtime::derive_key("ns", &[rate]).is_err());
+        assert!(idempotent_runtime::fingerprint(&(1, rate)).is_err());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(h.requests.total(), 0, "nothing is sent for such a key");
+    // Finite floats key as before.
+    let first = keyed_on_a_float(&h.idem, &runs, "acme", Some(0.5))
+        .await
+        .unwrap();
+    let again = keyed_on_a_float(&h.idem, &runs, "acme", Some(0.5))
+        .await
+        .unwrap();
+    assert_eq!((first, runs.load(Ordering::SeqCst)), (again, 1));
+}
+
+on_both_stores!(a_non_finite_float_in_a_key_is_an_error_before_any_io);
