@@ -181,6 +181,10 @@ pub(crate) fn examine(
     if record.token == token {
         return Ok(Found::Ours);
     }
+    // An expired record counts as absent: the key is new, whatever payload the old call had.
+    if record.is_expired(now_ms) {
+        return Ok(Found::Claimable);
+    }
     same_payload(call.namespace, record.fingerprint.as_deref(), fingerprint)?;
     if record.is_claimable(now_ms) {
         return Ok(Found::Claimable);
@@ -1298,5 +1302,39 @@ mod future_size {
         ] {
             assert!(size <= 1024, "the boxed {part} is {size} bytes");
         }
+    }
+}
+
+#[cfg(test)]
+mod examine_order {
+    use super::*;
+
+    /// A record that expired between the refused claim and its examination is a new key: claimable,
+    /// whatever payload it was written with, never a `PayloadMismatch`.
+    #[test]
+    fn an_expired_record_is_claimable_before_payloads_are_compared() {
+        let record = Record {
+            key: "ns#k".into(),
+            status: Status::Completed,
+            token: "theirs".into(),
+            attempt: 1,
+            lease_until_ms: None,
+            expires_at_s: 1_000,
+            fingerprint: Some("their-payload".into()),
+            response: Some(b"1".to_vec()),
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+        };
+        let call = Call::new("ns");
+        let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);
+        assert!(matches!(found, Ok(Found::Claimable)), "{found:?}");
+        // While it lives, another payload is still refused.
+        let found = examine(&call, &record, "ours", Some("our-payload"), 1_000_000);
+        assert!(
+            matches!(found, Err(Error::PayloadMismatch { .. })),
+            "{found:?}"
+        );
     }
 }
