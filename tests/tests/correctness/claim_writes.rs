@@ -236,7 +236,7 @@ async fn a_retry_after_the_failed_ttl_does_not_reserve_again(backend: Backend) {
         Err(AppError::Declined)
     ));
     assert_eq!(shop.available().await, 7);
-    h.clock.advance(Duration::from_secs(120));
+    h.clock.advance(Duration::from_mins(2));
     assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
     assert_eq!(
         shop.available().await,
