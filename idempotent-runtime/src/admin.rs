@@ -54,10 +54,13 @@ impl KeyReport {
         )
         .to_string();
         let preview = record.response.as_deref().map(|bytes| {
-            let text = crate::codec::decode::<serde_json::Value>(bytes).map_or_else(
-                |e| format!("<undecodable: {e:?}>"),
-                |value| value.to_string(),
-            );
+            let text = match crate::codec::decode::<serde_json::Value>(bytes) {
+                Ok(value) => value.to_string(),
+                Err(crate::codec::DecodeError::NotSerialized(reason)) => {
+                    format!("<not stored: the response did not serialize: {reason}>")
+                }
+                Err(e) => format!("<undecodable: {e:?}>"),
+            };
             let cut = text.floor_char_boundary(PREVIEW_BYTES);
             if cut < text.len() {
                 format!("{}…", &text[..cut])
@@ -102,6 +105,10 @@ pub enum Released {
 /// If its worker is in fact still running, that worker's result will not be stored
 /// ([`LeaseLost`](crate::Error::LeaseLost)) and the next call runs the body again.
 ///
+/// The FAILED record expires in an hour, or, when its claim-time writes are in effect
+/// ([`Record::claim_writes_in_effect`]), at the claim's own expiry if that is later: the writes stay in
+/// effect, and a retry must still find the record that says so.
+///
 /// # Errors
 /// The store's error when the write fails.
 pub async fn release(
@@ -112,12 +119,21 @@ pub async fn release(
     if record.status != Status::Pending {
         return Ok(Released::NotPending(record.status));
     }
+    // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
+    // from the claim): the FAILED record must remember the writes as long as the claim would have, or
+    // a retry after it expired would apply them again.
+    let released_for = now_ms.div_ceil(1000) + 3600;
+    let expires_at_s = if record.claim_writes_in_effect {
+        released_for.max(record.expires_at_s)
+    } else {
+        released_for
+    };
     let transition = Transition {
         key: &record.key,
         token: &record.token,
         change: Change::Fail {
             error: "released by an operator (`idempotent key release`)",
-            expires_at_s: now_ms.div_ceil(1000) + 3600,
+            expires_at_s,
             release_claim_writes: false,
         },
     };

@@ -4,6 +4,16 @@
 //! [`COMPRESS_ABOVE`] bytes the JSON is gzip-compressed (JSON compresses well, and DynamoDB charges
 //! writes per kilobyte); gzip's magic bytes `1f 8b` can never start a JSON document, so the two forms
 //! are told apart without a flag.
+//!
+//! A value that did not serialize after its body ran is recorded as COMPLETED all the same (a success is
+//! final), with a response that says why instead of the value: a NUL byte, which can start neither JSON
+//! nor gzip, then the reason's text ([`not_serialized`]). Decoding it gives
+//! [`DecodeError::NotSerialized`], which a duplicate reports as
+//! [`Error::ResponseNotSerialized`](crate::Error::ResponseNotSerialized).
+//!
+//! JSON has no NaN or infinity: `serde_json` writes them as `null`, which never decodes back into the
+//! float (or decodes into `None`, another value). [`finite`] finds them, so that such a value is refused
+//! when it is stored rather than failing every replay.
 
 use std::io::{Read as _, Write as _};
 
@@ -19,6 +29,12 @@ const MAX_DECOMPRESSED: u64 = 256 * 1024 * 1024;
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// The first byte of a response that records why the value was not stored ([`not_serialized`]).
+const NOT_SERIALIZED: u8 = 0;
+
+/// The most bytes of the reason [`not_serialized`] keeps.
+const MAX_REASON_BYTES: usize = 1024;
+
 /// Why a stored response could not be decoded.
 #[derive(Debug)]
 pub(crate) enum DecodeError {
@@ -26,6 +42,32 @@ pub(crate) enum DecodeError {
     Compression(std::io::Error),
     /// The JSON does not fit the type.
     Json(serde_json::Error),
+    /// The call completed, but its value did not serialize; here is why ([`not_serialized`]).
+    NotSerialized(String),
+}
+
+/// The stored form of a response whose value did not serialize: the marker byte and `reason` (cut on a
+/// character boundary to at most [`MAX_REASON_BYTES`]).
+pub(crate) fn not_serialized(reason: &str) -> Vec<u8> {
+    let reason = &reason[..reason.floor_char_boundary(MAX_REASON_BYTES)];
+    let mut bytes = Vec::with_capacity(1 + reason.len());
+    bytes.push(NOT_SERIALIZED);
+    bytes.extend_from_slice(reason.as_bytes());
+    bytes
+}
+
+/// `serde_json`'s error for a value with a non-finite float, or `None` when it has none. Only a value
+/// whose JSON has a `null` can hide one, so only such a value is walked (`json` is its JSON).
+pub(crate) fn non_finite<T: Serialize + ?Sized>(
+    value: &T,
+    json: &[u8],
+) -> Option<serde_json::Error> {
+    if !json.windows(4).any(|w| w == b"null") || finite::check(value) {
+        return None;
+    }
+    Some(<serde_json::Error as serde::ser::Error>::custom(
+        "it contains a non-finite float (NaN or ±infinity), which JSON cannot hold (serde_json writes `null`, which does not decode back)",
+    ))
 }
 
 /// The JSON of a response: what its size is measured on, and what is stored when small.
@@ -52,6 +94,9 @@ pub(crate) fn pack(json: Vec<u8>) -> Vec<u8> {
 
 /// Decodes a stored response.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    if bytes.first() == Some(&NOT_SERIALIZED) {
+        return Err(not_stored(bytes));
+    }
     if bytes.starts_with(&GZIP_MAGIC) {
         let mut json = Vec::new();
         flate2::read::GzDecoder::new(bytes)
@@ -61,6 +106,243 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError
         serde_json::from_slice(&json).map_err(DecodeError::Json)
     } else {
         serde_json::from_slice(bytes).map_err(DecodeError::Json)
+    }
+}
+
+/// The reason a [`not_serialized`] response holds.
+#[cold]
+fn not_stored(bytes: &[u8]) -> DecodeError {
+    DecodeError::NotSerialized(String::from_utf8_lossy(&bytes[1..]).into_owned())
+}
+
+/// Whether a value's floats are all finite: a serializer that visits the value and writes nothing.
+pub(crate) mod finite {
+    use serde::Serialize;
+    use serde::ser;
+
+    /// The walk stopped: a non-finite float, or the value's own error.
+    #[derive(Debug)]
+    pub(crate) struct Stop;
+
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a non-finite float")
+        }
+    }
+
+    impl std::error::Error for Stop {}
+
+    impl ser::Error for Stop {
+        fn custom<T: std::fmt::Display>(_msg: T) -> Self {
+            Stop
+        }
+    }
+
+    /// Whether every float in `value` is finite. Asked of values that serialized to JSON, whose own
+    /// `Serialize` does not fail, so a stop is a non-finite float.
+    pub(crate) fn check<T: Serialize + ?Sized>(value: &T) -> bool {
+        value.serialize(Walk).is_ok()
+    }
+
+    /// The walking serializer.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Walk;
+
+    type R = Result<(), Stop>;
+
+    impl ser::Serializer for Walk {
+        type Ok = ();
+        type Error = Stop;
+        type SerializeSeq = Self;
+        type SerializeTuple = Self;
+        type SerializeTupleStruct = Self;
+        type SerializeTupleVariant = Self;
+        type SerializeMap = Self;
+        type SerializeStruct = Self;
+        type SerializeStructVariant = Self;
+
+        fn serialize_bool(self, _: bool) -> R {
+            Ok(())
+        }
+        fn serialize_i8(self, _: i8) -> R {
+            Ok(())
+        }
+        fn serialize_i16(self, _: i16) -> R {
+            Ok(())
+        }
+        fn serialize_i32(self, _: i32) -> R {
+            Ok(())
+        }
+        fn serialize_i64(self, _: i64) -> R {
+            Ok(())
+        }
+        fn serialize_i128(self, _: i128) -> R {
+            Ok(())
+        }
+        fn serialize_u8(self, _: u8) -> R {
+            Ok(())
+        }
+        fn serialize_u16(self, _: u16) -> R {
+            Ok(())
+        }
+        fn serialize_u32(self, _: u32) -> R {
+            Ok(())
+        }
+        fn serialize_u64(self, _: u64) -> R {
+            Ok(())
+        }
+        fn serialize_u128(self, _: u128) -> R {
+            Ok(())
+        }
+        fn serialize_f32(self, v: f32) -> R {
+            if v.is_finite() { Ok(()) } else { Err(Stop) }
+        }
+        fn serialize_f64(self, v: f64) -> R {
+            if v.is_finite() { Ok(()) } else { Err(Stop) }
+        }
+        fn serialize_char(self, _: char) -> R {
+            Ok(())
+        }
+        fn serialize_str(self, _: &str) -> R {
+            Ok(())
+        }
+        fn serialize_bytes(self, _: &[u8]) -> R {
+            Ok(())
+        }
+        fn serialize_none(self) -> R {
+            Ok(())
+        }
+        fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> R {
+            value.serialize(self)
+        }
+        fn serialize_unit(self) -> R {
+            Ok(())
+        }
+        fn serialize_unit_struct(self, _: &'static str) -> R {
+            Ok(())
+        }
+        fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> R {
+            Ok(())
+        }
+        fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, v: &T) -> R {
+            v.serialize(self)
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            v: &T,
+        ) -> R {
+            v.serialize(self)
+        }
+        fn serialize_seq(self, _: Option<usize>) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_tuple(self, _: usize) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_tuple_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_map(self, _: Option<usize>) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Stop> {
+            Ok(self)
+        }
+        fn serialize_struct_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self, Stop> {
+            Ok(self)
+        }
+    }
+
+    impl ser::SerializeSeq for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeTuple for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeTupleStruct for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeTupleVariant for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeMap for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> R {
+            k.serialize(*self)
+        }
+        fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeStruct for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
+    }
+    impl ser::SerializeStructVariant for Walk {
+        type Ok = ();
+        type Error = Stop;
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, v: &T) -> R {
+            v.serialize(*self)
+        }
+        fn end(self) -> R {
+            Ok(())
+        }
     }
 }
 
@@ -106,6 +388,30 @@ mod tests {
                 f64::to_bits(value)
             );
         }
+    }
+
+    #[test]
+    fn a_response_that_did_not_serialize_decodes_to_its_reason() {
+        let stored = not_serialized("key must be a string");
+        assert!(
+            matches!(decode::<u8>(&stored), Err(DecodeError::NotSerialized(r)) if r == "key must be a string")
+        );
+        let long = not_serialized(&"é".repeat(MAX_REASON_BYTES));
+        assert!(long.len() <= 1 + MAX_REASON_BYTES);
+        assert!(matches!(
+            decode::<u8>(&long),
+            Err(DecodeError::NotSerialized(_))
+        ));
+    }
+
+    #[test]
+    fn non_finite_floats_are_found_wherever_they_are() {
+        let nested = vec![Some((1_u8, f64::NAN))];
+        assert!(non_finite(&nested, &to_json(&nested).unwrap()).is_some());
+        let map = std::collections::BTreeMap::from([("rate", f32::INFINITY)]);
+        assert!(non_finite(&map, &to_json(&map).unwrap()).is_some());
+        let none = (None::<f64>, 0.5_f64, f64::MAX);
+        assert!(non_finite(&none, &to_json(&none).unwrap()).is_none());
     }
 
     #[test]

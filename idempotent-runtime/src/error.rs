@@ -243,6 +243,21 @@ pub enum Error {
         namespace: String,
     },
 
+    /// The call ran once and its body returned `Ok`, but the value could not be serialized (a map with
+    /// non-string keys, a failing `Serialize`, a NaN or an infinity, which JSON cannot hold): the record
+    /// is COMPLETED without a response. The first caller got [`Error::Serialize`]; a duplicate gets
+    /// this, and the body does not run again for this key until the record expires. Unlike
+    /// [`ResponseTooLarge`](Error::ResponseTooLarge), the value itself is at fault: fix its type.
+    #[error(
+        "`{namespace}`: the call ran once and completed, but its result was not stored because it did not serialize ({detail}), so it cannot be replayed; the call will not run again for this key until the record expires"
+    )]
+    ResponseNotSerialized {
+        /// The key's namespace.
+        namespace: String,
+        /// Why the value did not serialize, as recorded when the call completed.
+        detail: String,
+    },
+
     /// The key's record expired, and only its tombstone (`retain`) remains: the call ran long ago.
     #[error(
         "`{namespace}`: this key was used and its stored response has expired; use a new key to run the call again"
@@ -380,6 +395,7 @@ impl Error {
             | Error::Deserialize { namespace, .. }
             | Error::CorruptRecord { namespace, .. }
             | Error::ResponseTooLarge { namespace }
+            | Error::ResponseNotSerialized { namespace, .. }
             | Error::Expired { namespace }
             | Error::MissingKey { namespace }
             | Error::NotInstalled { namespace } => namespace,

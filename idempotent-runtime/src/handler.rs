@@ -143,6 +143,16 @@ fn payload_mismatch(namespace: &str) -> Error {
     }
 }
 
+/// [`Error::Serialize`] of a response, for the caller whose body produced it.
+#[cold]
+fn unserializable_response(namespace: &str, source: serde_json::Error) -> Error {
+    Error::Serialize {
+        namespace: namespace.to_owned(),
+        what: "response",
+        source,
+    }
+}
+
 /// [`Error::Expired`].
 #[cold]
 fn expired(namespace: &str) -> Error {
@@ -170,6 +180,10 @@ pub(crate) fn examine(
 ) -> Result<Found, Error> {
     if record.token == token {
         return Ok(Found::Ours);
+    }
+    // An expired record counts as absent: the key is new, whatever payload the old call had.
+    if record.is_expired(now_ms) {
+        return Ok(Found::Claimable);
     }
     same_payload(call.namespace, record.fingerprint.as_deref(), fingerprint)?;
     if record.is_claimable(now_ms) {
@@ -230,11 +244,22 @@ pub(crate) struct ClaimTimes {
     pub(crate) expires_at_s: u64,
 }
 
-/// Whether a claim with writes that `record` blocked should take the key with a plain claim instead:
-/// the record is claimable, but its claim-time writes are still in effect (a failure without
-/// compensation, or a lapsed claim), and a plain claim keeps them, so they are never applied twice.
-pub(crate) fn claim_keeping_writes(record: &Record, now_ms: u64) -> bool {
-    record.is_claimable(now_ms) && !record.is_claimable_with_writes(now_ms)
+/// How long after a claim (past its lease) or a failure the record lives: the operation's `ttl`, and
+/// for a call with claim-time writes its `ttl` and `retain` too, so that the mark that the writes are in
+/// effect ([`Record::claim_writes_in_effect`]) lasts as long as a completed record would. Once the
+/// record has expired the key is a new operation, which applies them again.
+fn writes_lifetime(idem: &Idempotency, plan: &Plan<'_>, ttl: Duration) -> Duration {
+    if plan.claim_writes.is_empty() {
+        ttl
+    } else {
+        ttl.saturating_add(idem.retain().unwrap_or_default())
+    }
+}
+
+/// How long a FAILED record lives: `failed_ttl`, or, when the failure leaves claim-time writes in
+/// effect, at least `keeps_writes` (the operation's [`writes_lifetime`]).
+pub(crate) fn failed_lifetime(failed_ttl: Duration, keeps_writes: Option<Duration>) -> Duration {
+    keeps_writes.map_or(failed_ttl, |lifetime| lifetime.max(failed_ttl))
 }
 
 /// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier
@@ -301,7 +326,7 @@ fn claim_with_writes<'a>(
             // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
             // twice.
             Ok(TransactOutcome::Rejected(Some(record)))
-                if claim_keeping_writes(&record, request.now_ms) =>
+                if record.is_claimable_keeping_writes(request.now_ms) =>
             {
                 tracing::debug!(
                     namespace,
@@ -379,9 +404,9 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             idem.clock().now_ms(),
             idem.clock_skew_margin(),
             attempt.lease,
-            attempt.ttl,
+            writes_lifetime(idem, plan, attempt.ttl),
         );
-        let request = ClaimRequest {
+        let mut request = ClaimRequest {
             key: plan.key,
             token,
             attempt: number,
@@ -389,6 +414,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             lease_until_ms: times.lease_until_ms,
             expires_at_s: times.expires_at_s,
             fingerprint: plan.fingerprint,
+            keep_claim_writes: false,
         };
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
@@ -403,7 +429,10 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                         });
                     }
                     Some(ClaimOutcome::Existing(record)) => break 'blocked record,
-                    None => {}
+                    // The writes are in effect: a plain claim keeps them, conditioned on their mark
+                    // still being set, so that a decision made stale by another caller (who released
+                    // them meanwhile) never runs the body without them.
+                    None => request.keep_claim_writes = true,
                 }
             }
             match telemetry::observe("claim", idem.store().claim(&request)).await {
@@ -414,6 +443,13 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     });
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
+                // The record is gone (deleted since the transaction saw it): a new operation, whose
+                // claim applies the writes.
+                Err(StoreError::Corrupt(_))
+                    if request.keep_claim_writes && number <= CLAIMABLE_RETRIES =>
+                {
+                    continue 'claim;
+                }
                 Err(e) => return Err(store_error(plan.call.namespace, e)),
             }
         };
@@ -691,6 +727,9 @@ fn undecodable(namespace: &str, e: codec::DecodeError) -> Error {
             namespace,
             detail: format!("the stored response does not decompress: {e}"),
         },
+        codec::DecodeError::NotSerialized(detail) => {
+            Error::ResponseNotSerialized { namespace, detail }
+        }
     }
 }
 
@@ -848,20 +887,16 @@ impl Held<'_> {
             ..
         } = *self.plan;
         let namespace = call.namespace;
-        let (bytes, fits) = match self.encode(&value) {
-            Ok(encoded) => encoded,
-            Err(source) => {
-                self.fail_boxed(
-                    &format!("the response did not serialize: {source}"),
-                    persist,
-                )
-                .await;
-                return Err(Error::Serialize {
-                    namespace: namespace.to_owned(),
-                    what: "response",
-                    source,
-                });
-            }
+        // A value that does not serialize is still a success, and final: the record is COMPLETED with
+        // the reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never
+        // runs again. Only this caller hears the serialization error.
+        let (bytes, fits, unserializable) = match self.encode(&value) {
+            Ok((bytes, fits)) => (bytes, fits, None),
+            Err(source) => (
+                codec::not_serialized(&source.to_string()),
+                true,
+                Some(source),
+            ),
         };
         let response = fits.then_some(&bytes[..]);
         let now_ms = self.idem.clock().now_ms();
@@ -923,6 +958,9 @@ impl Held<'_> {
             }
             Stored::Failed(error) => return Err(error),
         }
+        if let Some(source) = unserializable {
+            return Err(unserializable_response(namespace, source));
+        }
         if fits {
             remember(self.idem, key, bytes, fingerprint, replay_until_s);
         }
@@ -935,9 +973,15 @@ impl Held<'_> {
         Box::pin(self.fail(error, persist)).await;
     }
 
-    /// The response as stored (JSON, compressed when large), and whether it fits in the record.
+    /// The response as stored (JSON, compressed when large), and whether it fits in the record; an
+    /// error for a value that does not serialize, or whose JSON would not decode back into it (a
+    /// non-finite float).
     fn encode<T: Serialize>(&self, value: &T) -> Result<(Vec<u8>, bool), serde_json::Error> {
-        let bytes = codec::pack(codec::to_json(value)?);
+        let json = codec::to_json(value)?;
+        if let Some(e) = codec::non_finite(value, &json) {
+            return Err(e);
+        }
+        let bytes = codec::pack(json);
         let budget = self
             .idem
             .store()
@@ -982,12 +1026,20 @@ impl Held<'_> {
             Writes::new()
         };
         loop {
+            // A failure that leaves claim-time writes in effect keeps the record (and with it the mark)
+            // for the operation's ttl and retain, not the short `failed_ttl`: once it expired, a retry
+            // would be a new operation and apply the writes again.
+            let keeps_writes = !self.plan.claim_writes.is_empty() && writes.is_empty();
+            let lifetime = failed_lifetime(
+                self.idem.failed_ttl(),
+                keeps_writes.then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
+            );
             let transition = Transition {
                 key: self.plan.key,
                 token: self.token,
                 change: Change::Fail {
                     error: &error,
-                    expires_at_s: expiry_s(now_ms, self.idem.failed_ttl()),
+                    expires_at_s: expiry_s(now_ms, lifetime),
                     release_claim_writes: !writes.is_empty(),
                 },
             };
@@ -996,6 +1048,21 @@ impl Held<'_> {
                 // Our own earlier attempt landed; its response was lost.
                 Stored::Rejected(record) if landed(record.as_ref(), self.token, Status::Failed) => {
                     return;
+                }
+                // Still ours, but the claim-time writes are not in effect (the compensation is
+                // conditioned on them): there is nothing to undo, and undoing it would undo another
+                // caller's writes. Record the failure without the compensation.
+                Stored::Rejected(Some(record))
+                    if !writes.is_empty()
+                        && record.status == Status::Pending
+                        && record.token == self.token =>
+                {
+                    tracing::warn!(
+                        namespace,
+                        "claim-time writes not in effect; failure recorded without compensation"
+                    );
+                    writes = Writes::new();
+                    continue;
                 }
                 Stored::Rejected(_) => {
                     tracing::warn!(namespace, "claim lost before the failure was recorded");
@@ -1235,5 +1302,39 @@ mod future_size {
         ] {
             assert!(size <= 1024, "the boxed {part} is {size} bytes");
         }
+    }
+}
+
+#[cfg(test)]
+mod examine_order {
+    use super::*;
+
+    /// A record that expired between the refused claim and its examination is a new key: claimable,
+    /// whatever payload it was written with, never a `PayloadMismatch`.
+    #[test]
+    fn an_expired_record_is_claimable_before_payloads_are_compared() {
+        let record = Record {
+            key: "ns#k".into(),
+            status: Status::Completed,
+            token: "theirs".into(),
+            attempt: 1,
+            lease_until_ms: None,
+            expires_at_s: 1_000,
+            fingerprint: Some("their-payload".into()),
+            response: Some(b"1".to_vec()),
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+        };
+        let call = Call::new("ns");
+        let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);
+        assert!(matches!(found, Ok(Found::Claimable)), "{found:?}");
+        // While it lives, another payload is still refused.
+        let found = examine(&call, &record, "ours", Some("our-payload"), 1_000_000);
+        assert!(
+            matches!(found, Err(Error::PayloadMismatch { .. })),
+            "{found:?}"
+        );
     }
 }

@@ -40,6 +40,7 @@ thread_local! {
             entries: Vec::new(),
             keys: String::new(),
             null_element: false,
+            non_finite: false,
         })
     };
 }
@@ -57,15 +58,23 @@ fn with_canonical_json<T: Serialize + ?Sized, R>(
     buf.entries.clear();
     buf.keys.clear();
     buf.null_element = false;
+    buf.non_finite = false;
     let result = match value.serialize(Canonical::top(&mut buf)) {
         Ok(()) => {
             let missing = buf.null_element || buf.bytes == b"null";
             Ok(f(&buf.bytes, missing))
         }
+        Err(_) if buf.non_finite => Err(non_finite_float()),
         // Something the direct path leaves to serde_json (a float or 128-bit map key, serde_json's own
         // private types), or a value that does not serialize: the `Value` path gives the same bytes, or
-        // the same error.
-        Err(_) => canonical_json_via_value(value).map(|json| f(&json, is_missing(&json))),
+        // the same error. It writes a non-finite float as `null`, so a value with a `null` is checked
+        // for one.
+        Err(_) => canonical_json_via_value(value).and_then(|json| {
+            match crate::codec::non_finite(value, &json) {
+                Some(_) => Err(non_finite_float()),
+                None => Ok(f(&json, is_missing(&json))),
+            }
+        }),
     };
     if buf.bytes.capacity() <= SCRATCH_KEPT
         && buf.entries.capacity() * std::mem::size_of::<Entry>() <= SCRATCH_KEPT
@@ -75,6 +84,15 @@ fn with_canonical_json<T: Serialize + ?Sized, R>(
         let _ = SCRATCH.try_with(|scratch| scratch.set(buf));
     }
     result
+}
+
+/// The error of a key or payload with a NaN or an infinity: JSON has neither, and `serde_json` writes
+/// `null` for all three (and for `None`), so calls keyed on them would share one record.
+#[cold]
+fn non_finite_float() -> serde_json::Error {
+    serde_json::Error::custom(
+        "it contains a non-finite float (NaN or ±infinity), which has no canonical JSON form; use a finite value, or a string for these cases",
+    )
 }
 
 /// The reference: `serde_json::Value` keeps objects in a `BTreeMap`, which sorts their keys.
@@ -106,14 +124,21 @@ fn record_key(namespace: &str, json: &[u8]) -> String {
 /// The record key for `key` in `namespace`: fixed length past the namespace, no personal data, and two
 /// namespaces never collide.
 ///
+/// Equal keys give equal record keys when they serialize equally: map and struct entries are sorted, so
+/// a `HashMap`'s order does not matter, but a sequence's order is part of its value, and a `HashSet`
+/// serializes as a sequence in its (arbitrary) iteration order — key on a `BTreeSet` or a sorted `Vec`.
+///
 /// Every key is hashed, a missing one (see [`MissingKey`]) included: this is the key a call with
 /// [`MissingKey::Allow`] uses. `#[idempotent]` and [`Idempotency::operation`](crate::Idempotency::operation)
 /// apply their [`MissingKey`] policy before they get this far.
 ///
 /// # Errors
-/// `serde_json`'s error when `key` does not serialize (a map with non-string keys, a failing `Serialize`).
+/// `serde_json`'s error when `key` does not serialize (a map with non-string keys, a failing
+/// `Serialize`), or holds a NaN or an infinity (JSON has neither; `serde_json` would write `null`, the
+/// same as for `None`, and calls keyed on them would share one record).
 ///
 /// ```
+/// assert!(idempotent_runtime::derive_key("stats::rate", &("acme", f64::NAN)).is_err());
 /// let key = idempotent_runtime::derive_key("billing::charge", &("acme", 42)).unwrap();
 /// assert!(key.starts_with("billing::charge#"));
 /// assert_eq!(key.len(), "billing::charge#".len() + 64);
@@ -128,7 +153,7 @@ pub fn derive_key<T: Serialize + ?Sized>(
 /// The fingerprint stored for a `payload`: hex SHA-256 of its canonical JSON.
 ///
 /// # Errors
-/// `serde_json`'s error when `payload` does not serialize.
+/// `serde_json`'s error when `payload` does not serialize, or holds a NaN or an infinity.
 pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_json::Error> {
     with_canonical_json(payload, |json, _| sha256_hex(json, &[]))
 }
@@ -283,6 +308,8 @@ struct Buf {
     keys: String,
     /// Whether the value is an array with a `null` element at its top level.
     null_element: bool,
+    /// Whether the serializer stopped at a non-finite float (see [`non_finite_float`]).
+    non_finite: bool,
 }
 
 /// One object entry: its key, and where its value's canonical bytes sit in the output for now.
@@ -615,9 +642,17 @@ impl<'a> ser::Serializer for Canonical<'a> {
         leaf_via_value(self.out, &v)
     }
     fn serialize_f32(self, v: f32) -> Result<(), Self::Error> {
+        if !v.is_finite() {
+            self.out.non_finite = true;
+            return Err(non_finite_float());
+        }
         leaf_via_value(self.out, &v)
     }
     fn serialize_f64(self, v: f64) -> Result<(), Self::Error> {
+        if !v.is_finite() {
+            self.out.non_finite = true;
+            return Err(non_finite_float());
+        }
         leaf_via_value(self.out, &v)
     }
     fn serialize_char(self, v: char) -> Result<(), Self::Error> {
@@ -1096,8 +1131,17 @@ mod tests {
         };
         direct(&outer);
         direct(&(1_u8, -1_i8, u64::MAX, i64::MIN, true, false, 'x', "s"));
-        direct(&[0.5_f64, f64::NAN, f64::INFINITY, -0.0, 1e300, 3.0]);
-        direct(&[0.1_f32, f32::NAN, 16_777_217.0]);
+        direct(&[0.5_f64, -0.0, 1e300, 3.0]);
+        direct(&[0.1_f32, 16_777_217.0]);
+        // JSON has no NaN or infinity (serde_json writes `null`, as for `None`): an error on both
+        // paths, so that keys differing only there never share a record.
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert!(canonical_json(&[0.5, v]).is_err());
+            assert!(canonical_json(&(Some(v), 1_u8)).is_err());
+            // Where the direct path gives up first (at a 128-bit map key), the `Value` path checks too.
+            assert!(canonical_json(&(HashMap::from([(1_u128, 1_u8)]), [v])).is_err());
+        }
+        assert!(canonical_json(&[f32::NAN]).is_err());
         direct(&(1_i128, -1_i128, u128::from(u64::MAX)));
         same(&u128::MAX); // out of range for `Value`: the same error on both paths
         same(&i128::MIN);
@@ -1203,9 +1247,12 @@ mod tests {
             "]}\"null\\",
             None::<u8>
         )));
-        // What counts is the JSON: `()` and a NaN have no other value than `null` either.
+        // What counts is the JSON: `()` has no other value than `null` either.
         assert!(missing(&()));
-        assert!(missing(&(1, f64::NAN)));
+        assert!(
+            DerivedKey::new("n", &(1, f64::NAN)).is_err(),
+            "a NaN is not `null`"
+        );
     }
 
     #[test]

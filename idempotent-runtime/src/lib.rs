@@ -68,6 +68,14 @@
 //! hash as sort key, serve queries over keys at the price of hot partitions (the README's "Table
 //! layouts").
 //!
+//! What is never run twice: once a body has returned `Ok`, its outcome is final while the record lives.
+//! A value over DynamoDB's 400 KB item limit even compressed is recorded without it (duplicates get
+//! [`Error::ResponseTooLarge`]); a value that does not serialize, or holds a NaN or ±infinity (which JSON
+//! cannot hold), is recorded without it too: the first caller gets [`Error::Serialize`], duplicates
+//! [`Error::ResponseNotSerialized`]. Only a result the store could not take at all for a whole lease
+//! ([`Error::ResultNotStored`]) leaves the key claimable again (the README's "Waiting, payloads, long
+//! bodies, large responses" has the table).
+//!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing
 //! leases, expiry and skewed clocks) against the runtime's own decision functions, every decoder is fuzzed,
 //! and the memory store's transaction emulator is differential-tested against DynamoDB Local; the README's

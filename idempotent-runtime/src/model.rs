@@ -10,7 +10,7 @@
 //! The model does not restate the protocol's rules: every decision goes through the runtime's own code.
 //! The claim's times and the skew margin come from [`handler::claim_times`], what a returned record
 //! means from [`handler::examine`], whether a rejected transition landed after all from
-//! [`handler::landed`], the claim-with-writes fallback from [`handler::claim_keeping_writes`], and what
+//! [`handler::landed`], the claim-with-writes fallback from [`Record::is_claimable_keeping_writes`], and what
 //! the store admits from the memory store's [`claimed`] and [`transitioned`] (which rest on
 //! [`Record::is_claimable`]). Change one of them and the model checks the change.
 //!
@@ -21,6 +21,13 @@
 //! -1, 0 or +1 s). The bounded run that `cargo test` makes explores 2 s of true time: enough for leases to
 //! lapse, records to expire and be claimed again, and every fault above. `IDEMPOTENT_MODEL=deep` (or
 //! `scripts/model --deep`) explores 5 s; `IDEMPOTENT_MODEL_HORIZON=<seconds>` any other horizon.
+//!
+//! Claim-time writes (issue 37): the decision to take a key with a claim that keeps its writes, and that
+//! claim, are separate steps (another worker may fail and compensate between them), and the ledger of
+//! the writes outlives their record's expiry: writes still in effect may be applied again only once
+//! their record could have expired (`ttl` after their last use), never by a retry of a failure whose
+//! record expired early. `claim_time_writes_outlive_a_failure` checks that with a `failed_ttl` shorter
+//! than the `ttl`.
 //!
 //! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
 //! them to the memory store's rules), payload fingerprints, the local cache, and retention.
@@ -106,6 +113,10 @@ enum Phase {
     Done(Outcome),
     /// The process died.
     Crashed,
+    // --- Claim-time writes (issue 37): a decision and the claim that acts on it are separate steps.
+    /// The claim with writes was refused because they are in effect: about to take the key with a plain
+    /// claim that keeps them (with the refused attempt's times), while other workers go on.
+    KeepingClaim(Times),
 }
 
 /// The times of one claim request (what the SDK resends unchanged).
@@ -171,7 +182,170 @@ struct Ghost {
     bad_replay: bool,
     /// A COMPLETED record expired and the key was claimed again (a witness, not a fault).
     completed_expired: bool,
+    /// Claim-time writes across expiry and stale decisions (issue 37).
+    writes: WritesLedger,
 }
+
+// --- Claim-time writes (issue 37): their lifetime across expiry, and stale decisions. ---
+
+/// What the model knows about claim-time writes beyond how many are in effect.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+struct WritesLedger {
+    /// True time of the last write to the record while claim-time writes were in effect (a claim,
+    /// heartbeat, completion or failure of their operation): their record must live `ttl` from it.
+    touched_ms: u64,
+    /// A claim applied the writes again while earlier ones were in effect and used within the `ttl`
+    /// (less the skew a writer's clock may have): the FAILED record had expired too early.
+    reapplied_early: bool,
+    /// A completion of a call with claim-time writes landed while none were in effect.
+    completed_without: bool,
+    /// A compensation landed while no claim-time writes were in effect: undone twice.
+    compensated_twice: bool,
+}
+
+impl Protocol {
+    /// Books a claim that landed: whether it applies claim-time writes (`with_writes`), and the ground
+    /// truth about the key it took.
+    fn land_claim(
+        &self,
+        state: &mut State,
+        worker: usize,
+        old: Option<&Record>,
+        with_writes: bool,
+    ) {
+        let token = token(worker);
+        let new_operation = old.is_none_or(|o| state.truly_expired(o));
+        if new_operation {
+            state.ghost.completed_expired |= old.is_some_and(|o| o.status == Status::Completed);
+            state.ghost.completions = 0;
+            // Writes in effect belong to the old operation until a claim applies them anew (a claim
+            // that keeps them takes the old operation over).
+            if with_writes {
+                let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap();
+                if state.ghost.claim_writes > 0
+                    && state.true_ms() + self.skew * TICK_MS
+                        < state.ghost.writes.touched_ms + ttl_ms
+                {
+                    state.ghost.writes.reapplied_early = true;
+                }
+                state.ghost.claim_writes = 0;
+            }
+        } else if let Some(o) = old
+            && o.status == Status::Pending
+            && o.lease_until_ms.is_some_and(|l| l >= state.true_ms())
+            && o.token != token
+            && state.ghost.owner.is_some_and(|holder| {
+                matches!(
+                    state.workers[holder].phase,
+                    Phase::Running { .. } | Phase::Completing { .. } | Phase::Failing { .. }
+                )
+            })
+        {
+            state.ghost.took_live_claim = true;
+        }
+        if with_writes {
+            state.ghost.claim_writes += 1;
+        }
+        if state.ghost.claim_writes > 0 {
+            state.ghost.writes.touched_ms = state.true_ms();
+        }
+        state.ghost.owner = Some(worker);
+    }
+
+    /// Whether `worker`'s claim with writes, refused with `blocking`, is to be followed by a claim that
+    /// keeps them (the handler's rule): then that claim is the worker's next step.
+    fn keeps_writes(
+        &self,
+        state: &mut State,
+        worker: usize,
+        blocking: &Record,
+        times: Times,
+    ) -> bool {
+        if !(self.claim_writes && blocking.is_claimable_keeping_writes(times.now_ms)) {
+            return false;
+        }
+        state.workers[worker].phase = Phase::KeepingClaim(times);
+        true
+    }
+
+    /// The claim that keeps claim-time writes, conditioned on their mark (the store's rule): it lands,
+    /// or the worker examines the record that refused it, or (no record) claims with its writes again.
+    fn keep_claim(&self, state: &mut State, worker: usize) -> bool {
+        let Phase::KeepingClaim(times) = state.workers[worker].phase else {
+            return false;
+        };
+        let token = token(worker);
+        let request = ClaimRequest {
+            key: KEY,
+            token: &token,
+            attempt: state.workers[worker].attempt,
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
+            fingerprint: None,
+            keep_claim_writes: true,
+        };
+        let old = state.record.clone();
+        let Some(old) = old else {
+            state.workers[worker].phase = Phase::Claiming;
+            return true;
+        };
+        match claimed(Some(&old), &request, false) {
+            Ok(new) => {
+                self.land_claim(state, worker, Some(&old), false);
+                state.record = Some(new);
+                state.ghost.ran[worker] = true;
+                state.workers[worker].phase = Phase::Running { beating: true };
+            }
+            Err(blocking) => {
+                let blocking = blocking.clone();
+                self.examine(state, worker, &blocking);
+            }
+        }
+        true
+    }
+
+    /// Books a transition that landed, for the claim-time writes.
+    fn book_writes(&self, state: &mut State, change: &Change<'_>) {
+        match change {
+            Change::Complete { .. } if self.claim_writes && state.ghost.claim_writes == 0 => {
+                state.ghost.writes.completed_without = true;
+            }
+            Change::Fail {
+                release_claim_writes: true,
+                ..
+            } if state.ghost.claim_writes == 0 => state.ghost.writes.compensated_twice = true,
+            Change::Fail {
+                release_claim_writes: true,
+                ..
+            } => state.ghost.claim_writes -= 1,
+            _ => {}
+        }
+        if state.ghost.claim_writes > 0 {
+            state.ghost.writes.touched_ms = state.true_ms();
+        }
+    }
+
+    /// The properties about claim-time writes.
+    fn writes_properties() -> Vec<Property<Self>> {
+        vec![
+            Property::always(
+                "claim-time writes are not applied again within the ttl of their last use",
+                |_, s: &State| !s.ghost.writes.reapplied_early,
+            ),
+            Property::always(
+                "a call with claim-time writes completes only with them in effect",
+                |_, s: &State| !s.ghost.writes.completed_without,
+            ),
+            Property::always(
+                "claim-time writes are never undone twice",
+                |_, s: &State| !s.ghost.writes.compensated_twice,
+            ),
+        ]
+    }
+}
+
+// --- End of the claim-time writes' part. ---
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct State {
@@ -203,6 +377,9 @@ enum Action {
     /// Send the completion or failure; `lost`: applied, but its response is lost (the SDK resends).
     Store(usize, bool),
     Crash(usize),
+    // --- Claim-time writes (issue 37).
+    /// Send the claim that keeps claim-time writes in effect, decided on an earlier step.
+    KeepClaim(usize),
 }
 
 fn token(worker: usize) -> String {
@@ -238,8 +415,8 @@ impl State {
 const CALL: Call = Call::new("model");
 
 impl Protocol {
-    /// A claim attempt by `worker` with `times`: the store's rule (with writes, and the handler's
-    /// fallback to a plain claim when they are still in effect). Records who holds the key.
+    /// A claim attempt by `worker` with `times`: the store's rule (with writes when the call has them).
+    /// Records who holds the key.
     fn claim(&self, state: &mut State, worker: usize, times: Times) -> Option<Record> {
         let token = token(worker);
         let request = ClaimRequest {
@@ -250,52 +427,24 @@ impl Protocol {
             lease_until_ms: times.lease_until_ms,
             expires_at_s: times.expires_at_s,
             fingerprint: None,
+            keep_claim_writes: false,
         };
         let old = state.record.clone();
-        let mut with_writes = self.claim_writes;
-        let mut result = claimed(old.as_ref(), &request, with_writes).map_err(Clone::clone);
-        if let Err(blocking) = &result
-            && with_writes
-            && handler::claim_keeping_writes(blocking, request.now_ms)
-        {
-            with_writes = false;
-            result = claimed(old.as_ref(), &request, false).map_err(Clone::clone);
-        }
-        let new = match result {
+        let with_writes = self.claim_writes;
+        // A refusal because the writes are in effect is followed by a claim that keeps them, as a
+        // step of its own ([`Protocol::keep_claim`]).
+        let new = match claimed(old.as_ref(), &request, with_writes) {
             Ok(new) => new,
-            Err(blocking) => return Some(blocking),
+            Err(blocking) => return Some(blocking.clone()),
         };
-        // Ground truth about the claim that just landed.
-        let new_operation = old.as_ref().is_none_or(|o| state.truly_expired(o));
-        if new_operation {
-            state.ghost.completed_expired |=
-                old.as_ref().is_some_and(|o| o.status == Status::Completed);
-            state.ghost.claim_writes = 0;
-            state.ghost.completions = 0;
-        } else if let Some(o) = &old
-            && o.status == Status::Pending
-            && o.lease_until_ms.is_some_and(|l| l >= state.true_ms())
-            && o.token != token
-            && state.ghost.owner.is_some_and(|holder| {
-                matches!(
-                    state.workers[holder].phase,
-                    Phase::Running { .. } | Phase::Completing { .. } | Phase::Failing { .. }
-                )
-            })
-        {
-            state.ghost.took_live_claim = true;
-        }
-        if with_writes {
-            state.ghost.claim_writes += 1;
-        }
-        state.ghost.owner = Some(worker);
+        self.land_claim(state, worker, old.as_ref(), with_writes);
         state.record = Some(new);
         None
     }
 
     /// A fenced transition by `worker`: whether it was applied (if not, the record that rejected it is
     /// `state.record`, unchanged).
-    fn transition(state: &mut State, worker: usize, change: Change<'_>) -> bool {
+    fn transition(&self, state: &mut State, worker: usize, change: Change<'_>) -> bool {
         let token = token(worker);
         let transition = Transition {
             key: KEY,
@@ -308,14 +457,10 @@ impl Protocol {
         if state.ghost.owner != Some(worker) {
             state.ghost.zombie_landed = true;
         }
-        match change {
-            Change::Complete { .. } => state.ghost.completions += 1,
-            Change::Fail {
-                release_claim_writes: true,
-                ..
-            } => state.ghost.claim_writes = state.ghost.claim_writes.saturating_sub(1),
-            _ => {}
+        if let Change::Complete { .. } = change {
+            state.ghost.completions += 1;
         }
+        self.book_writes(state, &change);
         state.record = Some(new);
         true
     }
@@ -359,6 +504,7 @@ impl Protocol {
             }
             // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
             Some(_) if lost => return false,
+            Some(blocking) if self.keeps_writes(state, worker, &blocking, times) => {}
             Some(blocking) => self.examine(state, worker, &blocking),
         }
         true
@@ -387,7 +533,7 @@ impl Protocol {
             ),
             _ => return false,
         };
-        let applied = Self::transition(state, worker, change);
+        let applied = self.transition(state, worker, change);
         match (applied, lost) {
             // Applied, but the response was lost: the resend finds the record already moved.
             (true, true) => {}
@@ -474,6 +620,7 @@ impl Model for Protocol {
                     Action::Crash(i),
                 ]),
                 Phase::Done(_) | Phase::Crashed => {}
+                Phase::KeepingClaim(_) => actions.extend([Action::KeepClaim(i), Action::Crash(i)]),
             }
         }
     }
@@ -521,7 +668,13 @@ impl Model for Protocol {
                     }
                 } else {
                     Phase::Failing {
-                        expires_at_s: handler::expiry_s(now_ms, self.failed_ttl),
+                        expires_at_s: handler::expiry_s(
+                            now_ms,
+                            handler::failed_lifetime(
+                                self.failed_ttl,
+                                (self.claim_writes && !self.compensate).then_some(self.ttl),
+                            ),
+                        ),
                     }
                 };
             }
@@ -531,7 +684,7 @@ impl Model for Protocol {
                     lease_until_ms: now_ms + u64::try_from(self.lease.as_millis()).unwrap(),
                     expires_at_s: handler::expiry_s(now_ms, self.lease + self.ttl),
                 };
-                if !Self::transition(&mut state, i, change) {
+                if !self.transition(&mut state, i, change) {
                     // Lost, or already completed: the heartbeat stops.
                     state.workers[i].phase = Phase::Running { beating: false };
                 }
@@ -542,6 +695,11 @@ impl Model for Protocol {
                 }
             }
             Action::Crash(i) => state.workers[i].phase = Phase::Crashed,
+            Action::KeepClaim(i) => {
+                if !self.keep_claim(&mut state, i) {
+                    return None;
+                }
+            }
         }
         if let Some(old) = &before.record
             && old.status == Status::Completed
@@ -554,7 +712,8 @@ impl Model for Protocol {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = Self::writes_properties();
+        properties.extend([
             Property::always("no second body while a claim is live", |_, s: &State| {
                 !s.ghost.took_live_claim
             }),
@@ -610,7 +769,8 @@ impl Model for Protocol {
                 s.ghost.ran.iter().filter(|r| **r).count() >= 2
                     && s.workers.iter().any(|w| w.phase == Phase::Crashed)
             }),
-        ]
+        ]);
+        properties
     }
 }
 
@@ -645,6 +805,7 @@ impl Protocol {
                 lease_until_ms: t.lease_until_ms,
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
+                keep_claim_writes: false,
             };
             claimed(Some(record), &request, false).is_ok()
         })
@@ -763,4 +924,31 @@ fn without_the_skew_margin_a_live_claim_is_taken_over() {
     }
     let last = &steps.last().expect("a trace has a state").0;
     assert!(last.ghost.took_live_claim);
+}
+
+// --- Claim-time writes (issue 37). ---
+
+/// A failure without compensation keeps its claim-time writes in effect: its record must outlive the
+/// short `failed_ttl` (here 1 s against a 3 s `ttl`), or a retry after it expired applies them again.
+/// Run without `wait` and `transact`, which this does not concern, to keep the run short.
+#[test]
+fn claim_time_writes_outlive_a_failure() {
+    let protocol = Protocol {
+        ttl: Duration::from_secs(3),
+        failed_ttl: Duration::from_secs(1),
+        compensate: false,
+        wait: false,
+        transact: false,
+        ..Protocol::new(horizon())
+    };
+    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
+    println!("model [claim_with without compensation, ttl 3 s, failed_ttl 1 s]: {run}");
+    for property in Protocol::writes_properties() {
+        assert!(
+            checker.discovery(property.name).is_none(),
+            "{}",
+            property.name
+        );
+    }
+    checker.assert_no_discovery("no second body while a claim is live");
 }

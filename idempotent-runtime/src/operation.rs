@@ -258,6 +258,18 @@ impl<'a, H> Operation<'a, H> {
     /// them again. Once the record expires (its `ttl` after completion), the key is a new operation and
     /// its claim applies them again.
     ///
+    /// The record remembers the writes for as long as they are in effect: a FAILED record that keeps
+    /// them (no compensation, or one whose condition failed) expires after the operation's `ttl` and the
+    /// handle's [`retain`](crate::Builder::retain), not after the short
+    /// [`failed_ttl`](crate::Builder::failed_ttl); a claim with writes lives its lease, `ttl` and
+    /// `retain` (a heartbeat renews it for the lease and `ttl`); an operator's `key release` keeps the
+    /// claim's expiry. So a retry within that time (Lambda retries an asynchronous invocation after 1 and
+    /// 2 minutes) finds the writes in effect and does not apply them again.
+    ///
+    /// Every claim that keeps the writes is conditioned on the mark that they are in effect, and every
+    /// compensation on the same mark, inside its transaction: a decision taken on a record that another
+    /// caller changed meanwhile never completes without the writes, nor undoes them twice.
+    ///
     /// A claim with writes is a `TransactWriteItems` (twice the write capacity of a plain claim); a
     /// re-claim of a key whose writes are in effect costs one more round trip (the transaction is
     /// refused, and a plain claim follows).

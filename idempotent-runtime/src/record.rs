@@ -95,6 +95,16 @@ impl Record {
         self.is_expired(now_ms) || (self.is_claimable(now_ms) && !self.claim_writes_in_effect)
     }
 
+    /// Whether a plain claim that keeps the record's claim-time writes in effect may take this key at
+    /// `now_ms`: it is claimable, not expired, and its writes are in effect — exactly the records a claim
+    /// with writes is refused ([`is_claimable_with_writes`](Self::is_claimable_with_writes)) but a plain
+    /// claim would take. The rule behind a claim with
+    /// [`keep_claim_writes`](crate::store::ClaimRequest::keep_claim_writes).
+    #[must_use]
+    pub fn is_claimable_keeping_writes(&self, now_ms: u64) -> bool {
+        self.is_claimable(now_ms) && !self.is_claimable_with_writes(now_ms)
+    }
+
     /// Whether the record counts as absent at `now_ms` (its `expires_at` is in the past).
     #[must_use]
     pub fn is_expired(&self, now_ms: u64) -> bool {

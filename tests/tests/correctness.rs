@@ -18,8 +18,12 @@ mod missing_key;
 mod shop;
 #[path = "correctness/skew.rs"]
 mod skew;
+#[path = "correctness/stale_decision.rs"]
+mod stale_decision;
 #[path = "correctness/tokens.rs"]
 mod tokens;
+#[path = "correctness/unstorable.rs"]
+mod unstorable;
 
 pub(crate) use idempotent_tests::{AppError, Gate};
 

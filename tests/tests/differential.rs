@@ -630,6 +630,7 @@ async fn on_memory(store: &MemoryStore, case: &Case) -> (Outcome, String) {
         lease_until_ms: 1_060_000,
         expires_at_s: 100_000,
         fingerprint: None,
+        keep_claim_writes: false,
     };
     match store
         .claim_transaction(&request, &case.writes.iter().cloned().collect())

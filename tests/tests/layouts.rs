@@ -301,6 +301,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
         lease_until_ms: now_ms + 60_000,
         expires_at_s: now_ms / 1000 + 3600,
         fingerprint: None,
+        keep_claim_writes: false,
     }
 }
 

@@ -543,6 +543,7 @@ impl Baseline {
             lease_until_ms: now + 60_000,
             expires_at_s: now / 1000 + 60 + 86_400,
             fingerprint: Some(fingerprint),
+            keep_claim_writes: false,
         }
     }
 

@@ -78,6 +78,8 @@
 //! | `claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect` | FAILED without compensation, or a lapsed claim: `Rejected`, no write; a plain claim takes it and keeps the flag |
 //! | `claim_transaction_claims_an_expired_record_again` | an expired record is a new operation: claimed, writes applied again |
 //! | `released_claim_writes_are_applied_by_the_next_claim` | a failure with compensating writes (`release_claim_writes`) clears the flag; the next `claim_transaction` applies the writes |
+//! | `a_claim_keeping_writes_needs_them_in_effect` | a plain claim with [`keep_claim_writes`](super::ClaimRequest::keep_claim_writes) takes only a claimable, unexpired record whose writes are in effect, and keeps the flag; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_compensation_needs_the_claim_writes_in_effect` | a failure with `release_claim_writes` of a record whose writes are not in effect is `Rejected` with the record, no write |
 //!
 //! # `StoreError::Unsupported`
 //!
@@ -493,6 +495,8 @@ pub const TRANSACTION_CASES: &[&str] = &[
     "claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect",
     "claim_transaction_claims_an_expired_record_again",
     "released_claim_writes_are_applied_by_the_next_claim",
+    "a_claim_keeping_writes_needs_them_in_effect",
+    "a_compensation_needs_the_claim_writes_in_effect",
 ];
 
 /// One case's store and business table.
@@ -553,6 +557,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
         lease_until_ms: now_ms + LEASE,
         expires_at_s: (now_ms + LEASE) / 1000 + 3600,
         fingerprint: Some("fp-1"),
+        keep_claim_writes: false,
     }
 }
 

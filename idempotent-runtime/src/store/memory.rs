@@ -185,7 +185,8 @@ impl State {
 }
 
 /// The record a claim writes, or `Err(old)` when `old` blocks the claim: the one rule behind both
-/// [`Store::claim`] and (`with_writes`) `Store::claim_transaction`.
+/// [`Store::claim`] and (`with_writes`) `Store::claim_transaction`. (A claim that keeps claim-time
+/// writes is refused by an absent record too, which the caller checks: see [`vanished`].)
 pub(crate) fn claimed<'r>(
     old: Option<&'r Record>,
     request: &ClaimRequest<'_>,
@@ -193,6 +194,13 @@ pub(crate) fn claimed<'r>(
 ) -> Result<Record, &'r Record> {
     let attempt = match old {
         Some(old) if with_writes && !old.is_claimable_with_writes(request.now_ms) => {
+            return Err(old);
+        }
+        Some(old)
+            if !with_writes
+                && request.keep_claim_writes
+                && !old.is_claimable_keeping_writes(request.now_ms) =>
+        {
             return Err(old);
         }
         Some(old) if !old.is_claimable(request.now_ms) => return Err(old),
@@ -225,9 +233,24 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
         .map(|r| applied(r.clone(), transition))
 }
 
-/// Whether `record` is PENDING under the transition's token, so that the transition may be made.
+/// Whether `record` is PENDING under the transition's token, so that the transition may be made; a
+/// failure that releases claim-time writes (its compensation) also needs them still in effect.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
-    record.status == Status::Pending && record.token == transition.token
+    record.status == Status::Pending
+        && record.token == transition.token
+        && match transition.change {
+            Change::Fail {
+                release_claim_writes: true,
+                ..
+            } => record.claim_writes_in_effect,
+            _ => true,
+        }
+}
+
+/// The error of a claim that keeps claim-time writes and finds no record at all: like DynamoDB's failed
+/// condition without an item.
+pub(crate) fn vanished() -> StoreError {
+    StoreError::Corrupt("the claim condition failed but no item was returned".to_owned())
 }
 
 /// `record` after `transition` (which [`fenced`] allows).
@@ -278,6 +301,9 @@ impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut state = self.lock();
         let old = state.records.get(request.key);
+        if request.keep_claim_writes && old.is_none() {
+            return Err(vanished());
+        }
         let Ok(record) = claimed(old.as_ref(), request, false).map_err(drop) else {
             return Ok(blocked(old, ClaimOutcome::Existing));
         };

@@ -40,6 +40,13 @@ pub struct ClaimRequest<'a> {
     pub expires_at_s: u64,
     /// The payload's fingerprint, if any.
     pub fingerprint: Option<&'a str>,
+    /// A plain [`Store::claim`] that takes over a record whose claim-time writes are in effect and keeps
+    /// them (the caller's [`Store::claim_transaction`] was refused for that reason): it is made only if
+    /// the record is still claimable, not expired, and its writes still in effect
+    /// ([`Record::is_claimable_keeping_writes`]) — never on a record whose writes were released
+    /// meanwhile (it would run without them), nor on an expired or absent one (a new operation, whose
+    /// claim applies them). Ignored by [`Store::claim_transaction`].
+    pub keep_claim_writes: bool,
 }
 
 /// What a claim found.
@@ -82,7 +89,9 @@ pub enum Change<'a> {
         /// New expiry (epoch seconds).
         expires_at_s: u64,
         /// Whether the record's claim-time writes stop being in effect (compensating writes commit with
-        /// this transition), so that the next claim applies them again.
+        /// this transition), so that the next claim applies them again. Such a failure is made only
+        /// while they are in effect ([`Record::claim_writes_in_effect`]), so that they are never undone
+        /// twice; otherwise it is rejected like a lost claim, with the record as it is.
         release_claim_writes: bool,
     },
     /// PENDING stays PENDING with a later lease (a heartbeat).
@@ -218,6 +227,11 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// Claims the key if it is absent or claimable ([`Record::is_claimable`] at the request's `now_ms`);
     /// otherwise returns the record that blocked it. A claim keeps the record's
     /// [`claim_writes_in_effect`](Record::claim_writes_in_effect) as it was.
+    ///
+    /// With [`keep_claim_writes`](ClaimRequest::keep_claim_writes), only a record that
+    /// [`is_claimable_keeping_writes`](Record::is_claimable_keeping_writes) is claimed; any other record
+    /// is returned as blocking, and an absent one is [`StoreError::Corrupt`] (DynamoDB reports a failed
+    /// condition without an item; nothing was written, and the caller claims again with its writes).
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.

@@ -820,6 +820,7 @@ mod tests {
             lease_until_ms: 61_000,
             expires_at_s: 100_000,
             fingerprint: None,
+            keep_claim_writes: false,
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::Status;
+use idempotent_runtime::{Clock as _, Status};
 use idempotent_tests::{Backend, Harness};
 
 use super::shop::Shop;
@@ -222,3 +222,136 @@ async fn round_trips_of_a_claim_with_writes_and_of_its_retry() {
     );
     assert_eq!(shop.available().await, 7);
 }
+
+/// Issue 37, finding 1: the mark that the claim-time writes are in effect must outlive the FAILED
+/// record's short expiry. Lambda retries an asynchronous invocation at 1 and 2 minutes: 120 s after a
+/// failure without compensation (the FAILED record's `failed_ttl` is the 60 s lease), the retry must
+/// still find the writes in effect.
+async fn a_retry_after_the_failed_ttl_does_not_reserve_again(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = AtomicUsize::new(0);
+    assert!(matches!(
+        reserve(&h, &shop, &runs, true).await,
+        Err(AppError::Declined)
+    ));
+    assert_eq!(shop.available().await, 7);
+    h.clock.advance(Duration::from_mins(2));
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(
+        shop.available().await,
+        7,
+        "the retry 120 s after the failure must not take the stock a second time"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(
+        (record.status, record.attempt, record.claim_writes_in_effect),
+        (Status::Completed, 2, true)
+    );
+}
+
+/// The rule's bounds: a FAILED record whose claim-time writes are in effect lives the operation's `ttl`
+/// and `retain` (here 24 h + 1 h), and past them the key is a new operation, which reserves again.
+async fn a_failed_record_keeps_its_writes_for_the_ttl_and_retain(backend: Backend) {
+    let h = Harness::with(backend, |b| b.retain(Duration::from_hours(1))).await;
+    let shop = Shop::new(&h, 10).await;
+    let runs = AtomicUsize::new(0);
+    assert!(reserve(&h, &shop, &runs, true).await.is_err());
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert!(record.claim_writes_in_effect);
+    let now_s = h.clock.now_ms() / 1000;
+    assert!(
+        record.expires_at_s >= now_s + 25 * 3600,
+        "expires {} s from now, before the ttl and retain",
+        record.expires_at_s.saturating_sub(now_s)
+    );
+    // Within the ttl and retain: the same operation.
+    h.clock.advance(Duration::from_mins(24 * 60 + 59));
+    assert!(reserve(&h, &shop, &runs, true).await.is_err());
+    assert_eq!(shop.available().await, 7, "not reserved again");
+    // A record that kept its writes is renewed by each failure; past the last one's ttl and retain
+    // the key is a new operation.
+    h.clock.advance(Duration::from_hours(26));
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 4, "a new operation reserves again");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// A lapsed claim (its worker died) keeps its writes in effect for the ttl and retain too.
+async fn a_lapsed_claim_keeps_its_writes_for_the_ttl_and_retain(backend: Backend) {
+    let h = Harness::with(backend, |b| {
+        b.heartbeat(false).retain(Duration::from_hours(1))
+    })
+    .await;
+    let shop = Arc::new(Shop::new(&h, 10).await);
+    let gate = Arc::new(Gate::default());
+    let crashed = tokio::spawn({
+        let (idem, shop, gate) = (h.idem.clone(), shop.clone(), gate.clone());
+        async move {
+            idem.operation(NAMESPACE, "order-1")
+                .lease(Duration::from_secs(10))
+                .claim_with([shop.take(3)])
+                .run(|| async {
+                    gate.enter().await?;
+                    Ok::<_, AppError>(3)
+                })
+                .await
+        }
+    });
+    gate.started().await;
+    crashed.abort();
+    assert!(crashed.await.unwrap_err().is_cancelled());
+    assert_eq!(shop.available().await, 7);
+    // Past the lease and the ttl, within the retain.
+    h.clock
+        .advance(Duration::from_secs(10) + Duration::from_mins(24 * 60 + 30));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(shop.available().await, 7, "not reserved a second time");
+}
+
+on_both_stores!(
+    a_retry_after_the_failed_ttl_does_not_reserve_again,
+    a_failed_record_keeps_its_writes_for_the_ttl_and_retain,
+    a_lapsed_claim_keeps_its_writes_for_the_ttl_and_retain,
+);
+
+/// The same after an operator's `key release` of a stuck claim (whose FAILED record expires in an hour),
+/// retried 3,700 s later.
+async fn a_retry_after_an_operators_release_does_not_reserve_again(backend: Backend) {
+    let h = Harness::with(backend, |b| b.heartbeat(false)).await;
+    let shop = Arc::new(Shop::new(&h, 10).await);
+    let gate = Arc::new(Gate::default());
+    let stuck = tokio::spawn({
+        let (idem, shop, gate) = (h.idem.clone(), shop.clone(), gate.clone());
+        async move {
+            idem.operation(NAMESPACE, "order-1")
+                .claim_with([shop.take(3)])
+                .run(|| async {
+                    gate.enter().await?;
+                    Ok::<_, AppError>(3)
+                })
+                .await
+        }
+    });
+    gate.started().await;
+    stuck.abort();
+    assert!(stuck.await.unwrap_err().is_cancelled());
+    let record = h.record(NAMESPACE, "order-1").await.unwrap();
+    let released = idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
+        .await
+        .unwrap();
+    assert_eq!(released, idempotent_runtime::admin::Released::Released);
+    h.clock.advance(Duration::from_secs(3700));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(reserve(&h, &shop, &runs, false).await.unwrap(), 3);
+    assert_eq!(
+        shop.available().await,
+        7,
+        "the retry after the release must not take the stock a second time"
+    );
+}
+
+on_both_stores!(a_retry_after_an_operators_release_does_not_reserve_again);

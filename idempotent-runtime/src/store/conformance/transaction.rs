@@ -15,7 +15,7 @@ use super::{
 };
 use crate::CancellationReason;
 use crate::record::Status;
-use crate::store::{Change, TransactOutcome, Transition, Writes};
+use crate::store::{Change, ClaimRequest, TransactOutcome, Transition, Writes};
 
 /// Runs the transaction cases: the first decides whether the store supports transactions; the others
 /// run if it does, and are reported skipped (and why) if it refuses them.
@@ -83,6 +83,8 @@ dispatch!(
     claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect,
     claim_transaction_claims_an_expired_record_again,
     released_claim_writes_are_applied_by_the_next_claim,
+    a_claim_keeping_writes_needs_them_in_effect,
+    a_compensation_needs_the_claim_writes_in_effect,
 );
 
 fn build_error(e: &impl std::fmt::Display) -> Violation {
@@ -683,6 +685,105 @@ async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
     ensure!(
         c.has_hits("released", 1).await?,
         "the next claim applies the writes again"
+    );
+    Ok(())
+}
+
+async fn a_claim_keeping_writes_needs_them_in_effect<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let keeping = |key, token, now_ms| ClaimRequest {
+        keep_claim_writes: true,
+        ..claim(key, token, now_ms)
+    };
+    // No record at all: refused (the caller claims with its writes instead), nothing written.
+    let outcome = c.store.claim(&keeping("absent", "t0", NOW)).await;
+    ensure!(
+        matches!(outcome, Err(StoreError::Corrupt(_))),
+        "a claim keeping writes of an absent key must be refused with `StoreError::Corrupt`, got {outcome:?}"
+    );
+    ensure!(
+        c.store.get("absent").await?.is_none(),
+        "a refused claim keeping writes must write nothing"
+    );
+    // A FAILED record without claim-time writes in effect: refused with the record.
+    c.pending("plain", "t1").await?;
+    c.store.transition(&fail("plain", "t1")).await?;
+    let failed = c.record("plain").await?;
+    ensure_eq!(
+        c.store.claim(&keeping("plain", "t2", NOW + 1)).await?,
+        ClaimOutcome::Existing(failed),
+        "a claim keeping writes of a FAILED record whose writes are not in effect"
+    );
+    // A FAILED record whose writes are in effect: claimed, the mark kept.
+    ensure_eq!(
+        c.claim_with("k", "t1", NOW, vec![c.add_hits("kept", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    c.store.transition(&fail("k", "t1")).await?;
+    let expires_s = c.record("k").await?.expires_at_s;
+    let past = (expires_s + 1) * 1000;
+    let expired = c.store.claim(&keeping("k", "t2", past)).await?;
+    ensure!(
+        matches!(&expired, ClaimOutcome::Existing(r) if r.token == "t1"),
+        "a claim keeping writes of an expired record (a new operation) must be refused, got {expired:?}"
+    );
+    ensure_eq!(
+        c.store.claim(&keeping("k", "t3", NOW + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim keeping writes of a FAILED record whose writes are in effect"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.claim_writes_in_effect),
+        (Status::Pending, "t3", true),
+        "status, token and `claim_writes_in_effect` after a claim keeping writes"
+    );
+    ensure!(
+        c.has_hits("kept", 1).await?,
+        "a claim keeping writes applies none"
+    );
+    Ok(())
+}
+
+async fn a_compensation_needs_the_claim_writes_in_effect<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    // The business item, at 1 hit.
+    ensure_eq!(
+        c.claim_with("seed", "t0", NOW, vec![c.add_hits("undone", 1)?])
+            .await?,
+        TransactOutcome::Committed,
+        "a claim with a write"
+    );
+    // PENDING under our token, but claimed plainly: no claim-time writes in effect.
+    c.pending("k", "t1").await?;
+    let pending = c.record("k").await?;
+    let release = Transition {
+        key: "k",
+        token: "t1",
+        change: Change::Fail {
+            error: "declined",
+            expires_at_s: NOW / 1000 + 60,
+            release_claim_writes: true,
+        },
+    };
+    let compensation: Writes = [c.add_hits("undone", -1)?].into_iter().collect();
+    ensure_eq!(
+        c.store.transact_transition(&release, &compensation).await?,
+        TransactOutcome::Rejected(Some(pending.clone())),
+        "a failure with compensating writes of a record whose claim-time writes are not in effect"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        pending,
+        "a refused compensation must leave the record as it was"
+    );
+    ensure!(
+        c.has_hits("undone", 1).await?,
+        "a refused compensation must apply none of its writes"
     );
     Ok(())
 }

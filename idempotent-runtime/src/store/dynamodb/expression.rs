@@ -33,9 +33,19 @@ pub const CLAIMABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR #st = 
 /// [`Record::is_claimable_with_writes`](crate::Record::is_claimable_with_writes)).
 pub const CLAIMABLE_WITH_WRITES: &str = "attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = :failed OR (#st = :pending AND #lu < :now_ms)) AND attribute_not_exists(#cw))";
 
+/// The condition of a plain claim that keeps the record's claim-time writes in effect: the record is
+/// claimable (FAILED, or a lapsed PENDING claim), not expired, and its writes are still in effect (the
+/// rule of [`Record::is_claimable_keeping_writes`](crate::Record::is_claimable_keeping_writes)). An
+/// absent item fails it.
+pub const CLAIMABLE_KEEPING_WRITES: &str = "attribute_exists(#cw) AND #ex >= :now_s AND (#st = :failed OR (#st = :pending AND #lu < :now_ms))";
+
 /// The condition of every transition out of (or within) PENDING: the record is PENDING under the
 /// caller's fencing token.
 pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
+
+/// The condition of a failure with compensating writes: [`HELD_BY_TOKEN`], and the claim-time writes
+/// still in effect, so that a compensation never undoes them twice.
+pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attribute_exists(#cw)";
 
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
@@ -179,7 +189,14 @@ impl RecordUpdate {
         if with_writes {
             values.insert(":true".to_owned(), AttributeValue::Bool(true));
         }
-        let (update, condition, names) = names.claim(request.fingerprint.is_some(), with_writes);
+        let kind = if with_writes {
+            ClaimKind::WithWrites
+        } else if request.keep_claim_writes {
+            ClaimKind::KeepingWrites
+        } else {
+            ClaimKind::Plain
+        };
+        let (update, condition, names) = names.claim(request.fingerprint.is_some(), kind);
         Self {
             update,
             condition,
@@ -240,13 +257,39 @@ impl RecordUpdate {
                 names.extend_lease()
             }
         };
+        let condition = match transition.change {
+            Change::Fail {
+                release_claim_writes: true,
+                ..
+            } => HELD_WITH_CLAIM_WRITES,
+            _ => HELD_BY_TOKEN,
+        };
         Self {
             update,
-            condition: HELD_BY_TOKEN,
+            condition,
             names: names.clone(),
             values,
         }
     }
+}
+
+/// Which of the three claims a request is.
+#[derive(Debug, Clone, Copy)]
+enum ClaimKind {
+    /// A plain claim ([`CLAIMABLE`]).
+    Plain,
+    /// A claim with business writes ([`CLAIMABLE_WITH_WRITES`]).
+    WithWrites,
+    /// A plain claim that keeps claim-time writes in effect ([`CLAIMABLE_KEEPING_WRITES`]).
+    KeepingWrites,
+}
+
+impl ClaimKind {
+    const ALL: [ClaimKind; 3] = [
+        ClaimKind::Plain,
+        ClaimKind::WithWrites,
+        ClaimKind::KeepingWrites,
+    ];
 }
 
 /// The `ExpressionAttributeNames` of every record update a store sends, built once per store from its
@@ -255,7 +298,7 @@ impl RecordUpdate {
 #[derive(Debug, Clone)]
 pub(super) struct PreparedNames {
     /// By [`claim_index`].
-    claim: [HashMap<String, String>; 4],
+    claim: [HashMap<String, String>; 6],
     /// By [`complete_index`].
     complete: [HashMap<String, String>; 8],
     /// By `release_claim_writes as usize`.
@@ -272,9 +315,9 @@ impl PreparedNames {
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
         };
         for fingerprint in [false, true] {
-            for claim_writes in [false, true] {
-                let (update, condition) = claim_expressions(fingerprint, claim_writes);
-                prepared.claim[claim_index(fingerprint, claim_writes)] =
+            for kind in ClaimKind::ALL {
+                let (update, condition) = claim_expressions(fingerprint, kind);
+                prepared.claim[claim_index(fingerprint, kind)] =
                     attribute_names(names, &[update, condition]);
             }
         }
@@ -288,8 +331,13 @@ impl PreparedNames {
             }
         }
         for release_claim_writes in [false, true] {
+            let condition = if release_claim_writes {
+                HELD_WITH_CLAIM_WRITES
+            } else {
+                HELD_BY_TOKEN
+            };
             prepared.fail[usize::from(release_claim_writes)] =
-                attribute_names(names, &[fail_update(release_claim_writes), HELD_BY_TOKEN]);
+                attribute_names(names, &[fail_update(release_claim_writes), condition]);
         }
         prepared
     }
@@ -298,13 +346,13 @@ impl PreparedNames {
     fn claim(
         &self,
         fingerprint: bool,
-        claim_writes: bool,
+        kind: ClaimKind,
     ) -> (&'static str, &'static str, &HashMap<String, String>) {
-        let (update, condition) = claim_expressions(fingerprint, claim_writes);
+        let (update, condition) = claim_expressions(fingerprint, kind);
         (
             update,
             condition,
-            &self.claim[claim_index(fingerprint, claim_writes)],
+            &self.claim[claim_index(fingerprint, kind)],
         )
     }
 
@@ -335,19 +383,19 @@ impl PreparedNames {
     }
 }
 
-/// A claim's update and condition (a claim with business writes has its own condition).
-fn claim_expressions(fingerprint: bool, claim_writes: bool) -> (&'static str, &'static str) {
-    let condition = if claim_writes {
-        CLAIMABLE_WITH_WRITES
-    } else {
-        CLAIMABLE
-    };
-    (claim_update(fingerprint, claim_writes), condition)
+/// A claim's update and condition (a claim with business writes, and one that keeps them, each have
+/// their own condition).
+fn claim_expressions(fingerprint: bool, kind: ClaimKind) -> (&'static str, &'static str) {
+    match kind {
+        ClaimKind::Plain => (claim_update(fingerprint, false), CLAIMABLE),
+        ClaimKind::WithWrites => (claim_update(fingerprint, true), CLAIMABLE_WITH_WRITES),
+        ClaimKind::KeepingWrites => (claim_update(fingerprint, false), CLAIMABLE_KEEPING_WRITES),
+    }
 }
 
 /// Where [`PreparedNames`] keeps a claim's names.
-fn claim_index(fingerprint: bool, claim_writes: bool) -> usize {
-    usize::from(fingerprint) | usize::from(claim_writes) << 1
+fn claim_index(fingerprint: bool, kind: ClaimKind) -> usize {
+    usize::from(fingerprint) | (kind as usize) << 1
 }
 
 /// Where [`PreparedNames`] keeps a completion's names.
@@ -403,7 +451,7 @@ mod tests {
     fn every_request_defines_exactly_the_names_and_values_it_uses() {
         let names = PreparedNames::new(&AttributeNames::default());
         for fingerprint in [None, Some("fp")] {
-            for with_writes in [false, true] {
+            for (with_writes, keep_claim_writes) in [(false, false), (true, false), (false, true)] {
                 let request = ClaimRequest {
                     key: "ns#k",
                     token: "token",
@@ -412,6 +460,7 @@ mod tests {
                     lease_until_ms: 1_060_000,
                     expires_at_s: 90_000,
                     fingerprint,
+                    keep_claim_writes,
                 };
                 assert_complete(&RecordUpdate::claim(&names, &request, with_writes));
             }

@@ -21,8 +21,9 @@
 //! |---|---|---|
 //! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
 //! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
+//! | claim keeping claim-time writes (after a claim with writes was refused for them) | the claim's | `attribute_exists(#cw) AND #ex >= :now_s AND (#st = FAILED OR (#st = PENDING AND #lu < :now_ms))` |
 //! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs]` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
-//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it) | `#st = PENDING AND #tk = :tk` |
+//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | wait | consistent `GetItem` | — |
 //!
@@ -34,7 +35,10 @@
 //!
 //! A claim never touches `#cw` otherwise: claim-time writes stay in effect across a failure without
 //! compensation and across a takeover, so a claim with writes that finds such a record is refused, and the
-//! caller claims it with the plain claim above instead — the writes are in effect at most once per key.
+//! caller claims it with the claim that keeps them instead — the writes are in effect at most once per
+//! key. That claim, and a failure that compensates, are each conditioned on `#cw`: a caller whose
+//! decision another caller made stale (by compensating meanwhile) is refused, and claims with its writes
+//! again, rather than running without them or undoing them twice.
 //!
 //! A completion, or a failure, that carries business writes is one `TransactWriteItems`: the record's
 //! update (index 0) and the writes. Its `ClientRequestToken` is derived from (purpose, table, key, the

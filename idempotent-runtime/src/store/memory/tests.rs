@@ -72,6 +72,7 @@ fn claim_request(token: &str) -> ClaimRequest<'_> {
         lease_until_ms: NOW_MS + 60_000,
         expires_at_s: NOW_MS / 1000 + 3600,
         fingerprint: None,
+        keep_claim_writes: false,
     }
 }
 
