@@ -395,6 +395,9 @@ fn entry(
         }
     };
     item::check(&function, &mut diag);
+    if let Some(args) = &args {
+        args::check_detach(args, &function.sig, &mut diag);
+    }
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),
         (Err(error), _) => expand::original(function, &error),
