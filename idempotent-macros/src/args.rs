@@ -22,11 +22,12 @@ enum Argument {
     Transact,
     MissingKey,
     Crate,
+    Detach,
 }
 
 impl Argument {
     /// Every argument, in the order the documentation lists them.
-    const ALL: [Self; 10] = [
+    const ALL: [Self; 11] = [
         Self::Key,
         Self::Ttl,
         Self::Lease,
@@ -37,6 +38,7 @@ impl Argument {
         Self::Transact,
         Self::MissingKey,
         Self::Crate,
+        Self::Detach,
     ];
 
     fn name(self) -> &'static str {
@@ -51,6 +53,7 @@ impl Argument {
             Self::Transact => "transact",
             Self::MissingKey => "missing_key",
             Self::Crate => "crate",
+            Self::Detach => "detach",
         }
     }
 
@@ -74,6 +77,7 @@ impl Argument {
             Self::Transact => "tx",
             Self::MissingKey => "\"allow\"",
             Self::Crate => "\"idempotent_runtime\"",
+            Self::Detach => "",
         }
     }
 
@@ -116,6 +120,8 @@ pub(crate) struct Args {
     pub(crate) transact: Option<Ident>,
     pub(crate) missing_key: Option<MissingKeyArg>,
     pub(crate) krate: Option<Path>,
+    /// `detach`: the body runs on a task of its own (the flag's ident, for spans).
+    pub(crate) detach: Option<Ident>,
 }
 
 impl Args {
@@ -159,6 +165,13 @@ impl Args {
                 return Ok(());
             }
             seen.push(argument);
+            if argument == Argument::Detach {
+                match value {
+                    Some(value) => diag.error(value, "`detach` takes no value; write `detach`"),
+                    None => out.detach = Some(ident),
+                }
+                return Ok(());
+            }
             let Some(value) = value else {
                 diag.error(
                     &ident,
@@ -177,6 +190,7 @@ impl Args {
                 Argument::Transact => out.transact = transact_ident(&value, diag),
                 Argument::MissingKey => out.missing_key = missing_key(&value, diag),
                 Argument::Crate => out.krate = crate_path(&value, diag),
+                Argument::Detach => unreachable!("a flag, handled above"),
             }
             Ok(())
         });
@@ -199,6 +213,65 @@ impl Args {
         }
         Ok(out)
     }
+}
+
+/// Why `detach` refuses a borrowing parameter.
+const DETACH_BORROWS: &str = "`detach` runs the body on a task of its own, so the body must be `Send + 'static` and cannot borrow from its caller";
+
+/// With `detach`, the body moves to a task of its own, so it cannot borrow from the caller: each
+/// parameter that is a reference (or has a lifetime other than `'static`), `&self` included, is an
+/// error on its type. (A type parameter that holds a borrow is left to rustc's own lifetime error.)
+pub(crate) fn check_detach(args: &Args, sig: &syn::Signature, diag: &mut Diagnostics) {
+    if args.detach.is_none() {
+        return;
+    }
+    for input in &sig.inputs {
+        match input {
+            syn::FnArg::Receiver(receiver) if receiver.reference.is_some() => diag.error(
+                receiver,
+                format!(
+                    "{DETACH_BORROWS}: `{}self` is a borrow; take `self` by value (an `Arc` or a cheap clone), or remove `detach`",
+                    if receiver.mutability.is_some() { "&mut " } else { "&" }
+                ),
+            ),
+            syn::FnArg::Typed(typed) if borrows(quote::ToTokens::to_token_stream(&typed.ty)) => {
+                diag.error(
+                    &typed.ty,
+                    format!(
+                        "{DETACH_BORROWS}: the parameter `{}` borrows (`{}`); take it by value (owned, or in an `Arc`), or remove `detach`",
+                        quote::ToTokens::to_token_stream(&typed.pat),
+                        quote::ToTokens::to_token_stream(&typed.ty)
+                            .to_string()
+                            .replace("& ", "&")
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether a type's `tokens` hold a reference or a lifetime other than `'static`: a `&` not followed by
+/// a lifetime, or a lifetime other than `'static`.
+fn borrows(tokens: TokenStream) -> bool {
+    use proc_macro2::TokenTree;
+    let is_static =
+        |next: Option<&TokenTree>| matches!(next, Some(TokenTree::Ident(i)) if i == "static");
+    let mut tokens = tokens.into_iter().peekable();
+    while let Some(tree) = tokens.next() {
+        let borrowed = match &tree {
+            TokenTree::Punct(p) if p.as_char() == '&' => {
+                !matches!(tokens.peek(), Some(TokenTree::Punct(q)) if q.as_char() == '\'')
+            }
+            TokenTree::Punct(p) if p.as_char() == '\'' => !is_static(tokens.peek()),
+            TokenTree::Group(group) => borrows(group.stream()),
+            _ => false,
+        };
+        if borrowed {
+            return true;
+        }
+    }
+    false
 }
 
 /// The candidate `name` is most likely a typo of: at most one edit per three letters, as rustc suggests

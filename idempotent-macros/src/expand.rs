@@ -240,6 +240,14 @@ impl Emit<'_> {
         let describe = self.describe();
         let body = self.body(block);
         let last = last_span(output).unwrap_or(output_span);
+        let (execute, execute_transact) = if self.args.detach.is_some() {
+            (
+                format_ident!("execute_detached"),
+                format_ident!("execute_transact_detached"),
+            )
+        } else {
+            (format_ident!("execute"), format_ident!("execute_transact"))
+        };
         let Some(tx) = &self.args.transact else {
             let arguments = group_at(
                 Delimiter::Parenthesis,
@@ -247,7 +255,7 @@ impl Emit<'_> {
                 last,
             );
             return quote_spanned! {output_span=>
-                #at_output::execute::<#output, _, _> #arguments .await
+                #at_output::#execute::<#output, _, _> #arguments .await
             };
         };
         // `transact!` passes its input through when the runtime has the `dynamodb` feature and is a
@@ -261,7 +269,7 @@ impl Emit<'_> {
         );
         let staged = quote_spanned! {output_span=>
             let #tx = #call_site::transaction();
-            #at_output::execute_transact::<#output, _, _> #arguments .await
+            #at_output::#execute_transact::<#output, _, _> #arguments .await
         };
         // Called by a local name: the note rustc adds under the error of a `macro_rules!` macro names it as
         // it was called, and the runtime's path would show its hidden module.

@@ -427,6 +427,9 @@ fn entry(
     if let Some(key) = args.as_ref().and_then(|args| args.key.as_ref()) {
         args::check_key(key, &item::parameters(&function), &mut diag);
     }
+    if let Some(args) = &args {
+        args::check_detach(args, &function.sig, &mut diag);
+    }
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),
         (Err(error), _) => expand::original(function, &error),

@@ -78,6 +78,8 @@ struct Inner {
     clock_skew_margin: Duration,
     retry_hint: Duration,
     cache: Option<crate::cache::ResponseCache>,
+    /// The detached bodies still running (and the releases of dropped claims), for [`Idempotency::drain`].
+    tasks: tokio_util::task::TaskTracker,
 }
 
 static INSTALLED: RwLock<Option<Idempotency>> = RwLock::new(None);
@@ -200,6 +202,50 @@ impl Idempotency {
 
     pub(crate) fn cache(&self) -> Option<&crate::cache::ResponseCache> {
         self.inner.cache.as_ref()
+    }
+
+    /// The work this handle started on tasks of its own: detached bodies, releases of dropped claims.
+    pub(crate) fn tasks(&self) -> &tokio_util::task::TaskTracker {
+        &self.inner.tasks
+    }
+
+    /// Waits, for at most `timeout`, until every body this handle (or a clone of it) runs detached
+    /// ([`Operation::detach`](crate::Operation::detach), the attribute's `detach`) has finished and
+    /// stored its outcome, and every release of a dropped claim has been sent. Returns how many were
+    /// still running when `timeout` passed: `0` when all finished.
+    ///
+    /// Call it in a graceful shutdown, after the server stopped taking requests and before the process
+    /// exits: a detached body keeps running after its caller is gone (a client hung up, a timeout), and
+    /// a process that exits under it cuts it off like a crash, which leaves its key PENDING until the
+    /// lease runs out (and runs the body again for the next caller). Bodies detached while it waits are
+    /// waited for too; the handle stays usable afterwards.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// let idem = Idempotency::in_memory();
+    /// let call = idem
+    ///     .operation("billing::charge", "order-1")
+    ///     .detach()
+    ///     .run(|| async {
+    ///         tokio::time::sleep(Duration::from_millis(50)).await;
+    ///         Ok::<_, Error>(42)
+    ///     });
+    /// // The caller gives up; the body runs on, and its result is stored.
+    /// let _ = tokio::time::timeout(Duration::from_millis(10), call).await;
+    /// // At shutdown (after the server stopped accepting requests):
+    /// assert_eq!(idem.drain(Duration::from_secs(30)).await, 0);
+    /// # }
+    /// ```
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        let tasks = self.tasks();
+        // `wait` returns once the tracker is closed and empty. Closing only arms `wait`: tasks spawned
+        // later are tracked all the same, so it stays closed (and several drains can wait at once).
+        tasks.close();
+        let _ = tokio::time::timeout(timeout, tasks.wait()).await;
+        tasks.len()
     }
 }
 
@@ -335,6 +381,7 @@ impl Builder {
                 clock_skew_margin: self.clock_skew_margin,
                 retry_hint: self.retry_hint,
                 cache: self.cache.map(crate::cache::ResponseCache::new),
+                tasks: tokio_util::task::TaskTracker::new(),
             }),
         })
     }

@@ -1,8 +1,12 @@
 //! The state machine: claim → execute → complete or fail. Every request it makes, with its exact
 //! condition, is listed in the docs of [`DynamoDbStore`](crate::store::dynamodb::DynamoDbStore)'s module.
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -20,7 +24,7 @@ use crate::store::{
     Change, ClaimOutcome, ClaimRequest, StoreError, TransactOutcome, Transition, WriteOutcome,
     Writes,
 };
-use crate::telemetry::{self, Outcome};
+use crate::telemetry::{self, Dropped, Outcome};
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
 /// default). Generated code keeps one in a `static`.
@@ -364,13 +368,131 @@ enum Acquired<T> {
     Done(T, Outcome),
 }
 
-/// What a call's claim attempts need: the call, its fencing token and its durations.
+/// What a call's claim attempts need: the call, its fencing token and its durations; and where the call
+/// is, for what dropping it must do (see its `Drop`).
 struct Attempt<'a> {
     idem: &'a Idempotency,
     plan: &'a Plan<'a>,
     token: &'a str,
     lease: Duration,
     ttl: Duration,
+    stage: Where,
+}
+
+/// Where a call is, as far as dropping its future is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Stage {
+    /// A claim request is out, or its answer not yet read: it may have landed.
+    Claiming,
+    /// The key is someone else's (the call is reading it, or waiting): nothing of ours is stored.
+    Waiting,
+    /// The body runs in the caller's future.
+    Running,
+    /// The body runs on its own task, or the call is over: a drop changes nothing.
+    Done,
+}
+
+/// A call's [`Stage`], shared by its future's parts. Atomic only so that a call's future stays `Send`
+/// (a `Cell` borrowed across an await would not be); one thread reads and writes it at a time.
+pub(crate) struct Where(AtomicU8);
+
+impl Where {
+    fn new(stage: Stage) -> Self {
+        Self(AtomicU8::new(stage as u8))
+    }
+
+    fn get(&self) -> Stage {
+        match self.0.load(Ordering::Relaxed) {
+            0 => Stage::Claiming,
+            1 => Stage::Waiting,
+            2 => Stage::Running,
+            _ => Stage::Done,
+        }
+    }
+
+    pub(crate) fn set(&self, stage: Stage) {
+        self.0.store(stage as u8, Ordering::Relaxed);
+    }
+}
+
+/// An `Attempt` lives in the call's future: when the future is dropped before it finished (a client hung
+/// up, a `timeout` or `select!` gave up on it), it says so and cleans up by the call's [`Stage`]. A claim
+/// that may have landed is released at once by a fenced write with the call's own token (its condition
+/// fails harmlessly if the claim never landed), so the key is free for the next caller; a body cut off
+/// mid-way leaves the key PENDING until its lease runs out (it may have had effects: running it again
+/// early would be worse), with a warning and `idempotency_calls_dropped_total{phase="body"}`.
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        let attempt = &*self;
+        let namespace = attempt.plan.call.namespace;
+        match attempt.stage.get() {
+            Stage::Claiming => {
+                telemetry::call_dropped(namespace, Dropped::Claim);
+                // A claim with claim-time writes leaves them in effect (a release sends no
+                // compensation), so its record must live as long as a failure that keeps them.
+                let lifetime = failed_lifetime(
+                    attempt.idem.failed_ttl(),
+                    (!attempt.plan.claim_writes.is_empty())
+                        .then(|| writes_lifetime(attempt.idem, attempt.plan, attempt.ttl)),
+                );
+                release(attempt.idem, namespace, attempt.plan.key, attempt.token, lifetime);
+            }
+            Stage::Running => telemetry::call_dropped(namespace, Dropped::Body),
+            Stage::Waiting | Stage::Done => {}
+        }
+    }
+}
+
+/// The error text of a claim released because its call was dropped before the body started.
+pub(crate) const RELEASED: &str = "released: the call was dropped before its body started";
+
+/// Moves a claim that `token` may hold on `key` to FAILED ([`RELEASED`]), on a task of its own (a drop
+/// cannot await): the key is claimable again at once, and the FAILED record shows why. Fenced like
+/// every transition, so a claim that never landed, or was taken over since, is left alone. Outside a
+/// Tokio runtime nothing can be sent, and the claim lapses with its lease.
+#[cold]
+fn release(
+    idem: &Idempotency,
+    namespace: &'static str,
+    key: &str,
+    token: &str,
+    lifetime: Duration,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            namespace,
+            "call dropped outside a Tokio runtime: its claim is not released and lapses with its lease"
+        );
+        return;
+    };
+    let (idem, key, token) = (idem.clone(), key.to_owned(), token.to_owned());
+    let tasks = idem.tasks().clone();
+    let release = async move {
+        let now_ms = idem.clock().now_ms();
+        let transition = Transition {
+            key: &key,
+            token: &token,
+            change: Change::Fail {
+                error: RELEASED,
+                expires_at_s: expiry_s(now_ms, lifetime),
+                release_claim_writes: false,
+            },
+        };
+        match telemetry::observe("release", idem.store().transition(&transition)).await {
+            Ok(WriteOutcome::Applied) => {
+                tracing::debug!(namespace, "dropped call's claim released");
+            }
+            // The claim never landed, or is no longer ours: nothing to release.
+            Ok(WriteOutcome::Rejected(_)) => {}
+            Err(error) => tracing::warn!(
+                namespace,
+                %error,
+                "could not release a dropped call's claim; it lapses with its lease"
+            ),
+        }
+    };
+    runtime.spawn(tasks.track_future(release));
 }
 
 /// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
@@ -419,6 +541,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
         // each layer it passed through would move it again.
+        attempt.stage.set(Stage::Claiming);
         let mut record = 'blocked: {
             if !plan.claim_writes.is_empty() {
                 match claim_with_writes(idem, plan, &request).await? {
@@ -453,6 +576,8 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 Err(e) => return Err(store_error(plan.call.namespace, e)),
             }
         };
+        // The claim was refused: the record is someone else's (or ours, which `examine` says).
+        attempt.stage.set(Stage::Waiting);
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
             let now_ms = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
@@ -589,16 +714,19 @@ fn replay_record<T: DeserializeOwned>(
     clippy::manual_async_fn,
     reason = "an async block: as an `async fn`, its future would hold the body's twice (see `future_size`)"
 )]
-pub(crate) fn run<I, T, E, F>(
+pub(crate) fn run<I, T, E, F, D, R>(
     parts: Parts<'_, I>,
-    describe: impl FnOnce(&E) -> String,
+    describe: D,
     body: F,
+    runner: R,
 ) -> impl Future<Output = (Result<T, E>, Outcome)>
 where
     I: std::borrow::Borrow<Idempotency>,
     T: Serialize + DeserializeOwned,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+    R: Runner<T, E, F, D>,
 {
     async move {
         let idem: &Idempotency = parts.idem.borrow();
@@ -625,8 +753,12 @@ where
             token,
             lease,
             ttl,
+            stage: Where::new(Stage::Claiming),
         };
-        let (lease_until_ms, took_over) = match acquire(&attempt).await {
+        // Dropped with this future: what a drop must do depends on `attempt.stage`.
+        let acquired = acquire(&attempt).await;
+        attempt.stage.set(Stage::Done);
+        let (lease_until_ms, took_over) = match acquired {
             Ok(Acquired::Done(value, outcome)) => {
                 crate::execution::record(crate::Execution::Replayed);
                 return (Ok(value), outcome);
@@ -641,26 +773,232 @@ where
             }
         };
         tracing::debug!(namespace = call.namespace, "claimed; running the body");
+        attempt.stage.set(Stage::Running);
         let claim = Held {
             idem,
             plan,
             token,
             ttl,
         };
-        // The heartbeat keeps the claim ours while the body runs and while its result is being stored.
-        let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
-        // Boxed, like the heartbeat: a replay (the common duplicate) never gets here, so its future need
-        // not carry the body, the completion and the timer.
-        let outcome = if idem.heartbeat() {
-            Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
+        let finished = if R::DETACHED {
+            let work = Work {
+                body,
+                describe,
+                lease,
+                lease_until_ms,
+                took_over,
+            };
+            let task = runner.spawn(&claim, work);
+            // From here on the body's end does not depend on the caller.
+            attempt.stage.set(Stage::Done);
+            // Boxed: every call's future would carry the wait for the task otherwise.
+            Box::pin(joined(call.namespace, task)).await
         } else {
-            Box::pin(work).await
+            // The heartbeat keeps the claim ours while the body runs and while its result is being
+            // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
+            // carry the body, the completion and the timer.
+            let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
+            Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
+        };
+        attempt.stage.set(Stage::Done);
+        let outcome = match finished {
+            Ok(outcome) => outcome,
+            // The record is FAILED (`panicked: ..`); the panic goes on to the caller as it was.
+            Err(panic) => std::panic::resume_unwind(panic),
         };
         // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
         // (which records first) does not mask the outer one.
         crate::execution::record(crate::Execution::Executed);
         outcome
     }
+}
+
+/// A panic's payload, as `catch_unwind` gives it and `resume_unwind` takes it back.
+pub(crate) type Panic = Box<dyn Any + Send + 'static>;
+
+/// How a body that holds its claim ended: its result and the call's outcome, or its panic (the record is
+/// FAILED by then).
+pub(crate) type Finished<T, E> = Result<(Result<T, E>, Outcome), Panic>;
+
+/// The body of a call that holds its claim, with what storing its outcome needs.
+pub(crate) struct Work<F, D> {
+    body: F,
+    describe: D,
+    lease: Duration,
+    /// The claim's lease end (epoch milliseconds), and whether it took over a lapsed claim.
+    lease_until_ms: u64,
+    took_over: bool,
+}
+
+/// Where a call that holds its claim runs its body and the writes that store its outcome, with the
+/// heartbeat beside them: in the caller's future ([`Inline`]) or on a task of its own ([`Detach`]).
+/// Chosen at compile time (`DETACHED`), so that the inline path is the code it always was.
+pub(crate) trait Runner<T, E, F, D> {
+    /// Whether the body runs on a task of its own ([`spawn`](Self::spawn)) rather than in place.
+    const DETACHED: bool;
+
+    /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
+}
+
+/// Runs the body in the caller's future: dropping the future stops the body where it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inline;
+
+impl<T, E, F, D> Runner<T, E, F, D> for Inline {
+    const DETACHED: bool = false;
+
+    fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+        unreachable!("an inline call runs its body in place")
+    }
+}
+
+/// Runs the body, and the storing of its outcome, on a Tokio task of its own (tracked by the handle, for
+/// [`Idempotency::drain`]): the caller's future only waits for it, so a caller that is dropped (a
+/// client hung up, a `timeout`) leaves the body running to its end and its result stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Detach;
+
+impl<T, E, F, D> Runner<T, E, F, D> for Detach
+where
+    T: Serialize + Send + 'static,
+    E: From<Error> + Send + 'static,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    D: FnOnce(&E) -> String + Send + 'static,
+{
+    const DETACHED: bool = true;
+
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+        use tracing::Instrument as _;
+        let owned = OwnedClaim::of(claim);
+        let task = async move {
+            let plan = owned.plan();
+            let claim = Held {
+                idem: &owned.idem,
+                plan: &plan,
+                token: &owned.token,
+                ttl: owned.ttl,
+            };
+            let lease = work.lease;
+            let finished = finish(
+                claim,
+                work.body,
+                work.describe,
+                lease,
+                work.lease_until_ms,
+                work.took_over,
+            );
+            with_heartbeat(
+                &owned.idem,
+                &owned.key,
+                &owned.token,
+                lease,
+                owned.ttl,
+                finished,
+            )
+            .await
+        };
+        // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
+        claim
+            .idem
+            .tasks()
+            .spawn(task.instrument(tracing::Span::current()))
+    }
+}
+
+/// The end of a detached body's task, for its caller.
+async fn joined<T, E: From<Error>>(
+    namespace: &'static str,
+    task: tokio::task::JoinHandle<Finished<T, E>>,
+) -> Finished<T, E> {
+    match task.await {
+        Ok(finished) => finished,
+        Err(e) if e.is_panic() => Err(e.into_panic()),
+        // The runtime shut down under the task: like a crash, the claim lapses with its lease.
+        Err(_) => {
+            let error = Error::ResultNotStored {
+                namespace: namespace.to_owned(),
+                source: "the runtime shut down before the detached body finished".into(),
+            };
+            let outcome = Outcome::of(&error);
+            Ok((Err(error.into()), outcome))
+        }
+    }
+}
+
+/// What a detached body's task owns of its call (a [`Held`] borrows it).
+struct OwnedClaim {
+    idem: Idempotency,
+    call: Call,
+    key: String,
+    fingerprint: Option<String>,
+    staging: Option<Staged>,
+    claim_writes: Writes,
+    compensation: Writes,
+    token: String,
+    ttl: Duration,
+}
+
+impl OwnedClaim {
+    fn of(claim: &Held<'_>) -> Self {
+        let plan = claim.plan;
+        Self {
+            idem: claim.idem.clone(),
+            call: *plan.call,
+            key: plan.key.to_owned(),
+            fingerprint: plan.fingerprint.map(ToOwned::to_owned),
+            staging: plan.staging.cloned(),
+            claim_writes: plan.claim_writes.clone(),
+            compensation: plan.compensation.clone(),
+            token: claim.token.to_owned(),
+            ttl: claim.ttl,
+        }
+    }
+
+    fn plan(&self) -> Plan<'_> {
+        Plan {
+            call: &self.call,
+            key: &self.key,
+            fingerprint: self.fingerprint.as_deref(),
+            staging: self.staging.as_ref(),
+            claim_writes: &self.claim_writes,
+            compensation: &self.compensation,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `future`, with a panic in its `poll` caught and returned (the future is not polled again).
+    struct CatchUnwind<F> {
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Panic>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let future = self.project().future;
+        // Unwind safety: after a panic the body's future is never polled again, only dropped; what
+        // the call does next (record FAILED, resume the panic) touches none of its state.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// The text stored for a body that panicked: `panicked: <message>` (a payload that is not a string, as
+/// `std::panic::panic_any` may give, has no message).
+pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    format!("panicked: {message}")
 }
 
 /// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
@@ -676,7 +1014,7 @@ fn finish<T, E, F>(
     lease: Duration,
     lease_until_ms: u64,
     took_over: bool,
-) -> impl Future<Output = (Result<T, E>, Outcome)>
+) -> impl Future<Output = Finished<T, E>>
 where
     T: Serialize,
     E: From<Error>,
@@ -684,7 +1022,7 @@ where
 {
     async move {
         let idem = claim.idem;
-        let outcome = body.await;
+        let outcome = CatchUnwind { future: body }.await;
         // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
         // extend it, so a whole lease from now; without them, what is left of it).
         let window = if idem.heartbeat() {
@@ -693,10 +1031,10 @@ where
             Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
         };
         let mut persist = Persist::new(window);
-        match outcome {
+        Ok(match outcome {
             // Each boxed on its own, so that no box of a call is above the allocator's small sizes
             // (see `future_size`).
-            Ok(value) => match Box::pin(claim.complete(value, &mut persist)).await {
+            Ok(Ok(value)) => match Box::pin(claim.complete(value, &mut persist)).await {
                 Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
                 Ok(value) => (Ok(value), Outcome::Executed),
                 Err(e) => {
@@ -704,11 +1042,20 @@ where
                     (Err(e.into()), outcome)
                 }
             },
-            Err(err) => {
+            Ok(Err(err)) => {
                 Box::pin(claim.fail(&describe(&err), &mut persist)).await;
                 (Err(err), Outcome::Failed)
             }
-        }
+            // A panic is a failure: recorded as one, so that the key is free at once.
+            Err(panic) => {
+                tracing::warn!(
+                    namespace = claim.namespace(),
+                    "the body panicked; recording the failure"
+                );
+                Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
+                return Err(panic);
+            }
+        })
     }
 }
 
@@ -796,7 +1143,7 @@ enum Stored {
 }
 
 /// A claim we hold: the body has run, and its outcome must be stored.
-struct Held<'a> {
+pub(crate) struct Held<'a> {
     idem: &'a Idempotency,
     plan: &'a Plan<'a>,
     token: &'a str,
@@ -1101,7 +1448,7 @@ fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
-/// of it, so a live worker is never taken over.
+/// of it, so a live worker is never taken over (when the handle has heartbeats on).
 fn with_heartbeat<'a, F: Future>(
     idem: &'a Idempotency,
     key: &'a str,
@@ -1157,6 +1504,9 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
             return std::task::Poll::Ready(out);
         }
         let heartbeat = *this.heartbeat;
+        if !heartbeat.idem.heartbeat() {
+            return std::task::Poll::Pending;
+        }
         let beat = this
             .beat
             .get_or_insert_with(|| Box::pin(heartbeats(heartbeat)));
@@ -1224,7 +1574,7 @@ mod future_size {
         let request = [7_u8; 96];
         let body = async move { Ok::<u32, Error>(u32::from(request[0])) };
         let instrumented = tracing::Instrument::instrument(
-            run(parts(&idem), |e: &Error| e.to_string(), body),
+            run(parts(&idem), |e: &Error| e.to_string(), body, Inline),
             tracing::Span::none(),
         );
         let size = std::mem::size_of_val(&instrumented);
@@ -1235,14 +1585,18 @@ mod future_size {
         // The body is in it once: a body 512 bytes larger makes it 512 bytes larger, not 1,024 (an
         // `async fn` keeps its arguments beside the locals they are moved into).
         let large = [7_u8; 96 + 512];
-        let larger =
-            std::mem::size_of_val(&run(parts(&idem), |e: &Error| e.to_string(), async move {
-                Ok::<u32, Error>(u32::from(large[0]))
-            }));
-        let small =
-            std::mem::size_of_val(&run(parts(&idem), |e: &Error| e.to_string(), async move {
-                Ok::<u32, Error>(u32::from(request[0]))
-            }));
+        let larger = std::mem::size_of_val(&run(
+            parts(&idem),
+            |e: &Error| e.to_string(),
+            async move { Ok::<u32, Error>(u32::from(large[0])) },
+            Inline,
+        ));
+        let small = std::mem::size_of_val(&run(
+            parts(&idem),
+            |e: &Error| e.to_string(),
+            async move { Ok::<u32, Error>(u32::from(request[0])) },
+            Inline,
+        ));
         assert!(
             larger - small <= 512 + 16,
             "a body 512 bytes larger made the state machine {} bytes larger",

@@ -128,7 +128,7 @@ pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
 pub use handler::MissingKey;
 pub use key::{derive_key, fingerprint};
-pub use operation::{OnReplay, Operation, Unchanged};
+pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;

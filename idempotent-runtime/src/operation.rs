@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
-use crate::handler::{self, Call};
+use crate::handler::{self, Call, Detach, Inline, Runner};
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
@@ -296,6 +296,44 @@ impl<'a, H> Operation<'a, H> {
         self
     }
 
+    /// Runs the body on a task of its own once the claim has landed, so that it runs to its end and its
+    /// result is stored even if this call's future is dropped: a client that hangs up, a `timeout` or
+    /// `select!` that gives up on the call, stop the *waiting*, not the work. A later call with the key
+    /// gets the stored result, or (while the body still runs) waits for it or gets
+    /// [`Error::InProgress`], as for any call in flight. Set it last: it returns a [`Detached`].
+    ///
+    /// Without it, a call dropped while its body runs stops the body where it is, and the key stays
+    /// PENDING until its lease runs out (the body may have had effects, so it is not run again
+    /// earlier). Detach bodies whose effects must not be left half-done by a caller that gave up
+    /// (a charge, an order); keep the default for work that should stop with its caller.
+    ///
+    /// The body must be `Send + 'static` (it moves to another task: it owns what it uses), and so must
+    /// its value and error. A panicking body's panic still reaches the caller. The task is spawned on
+    /// the current Tokio runtime (the call panics outside one, as `tokio::spawn` does); a graceful
+    /// shutdown waits for such bodies with [`Idempotency::drain`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use std::time::Duration;
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// let idem = Idempotency::in_memory();
+    /// let charge = || {
+    ///     idem.operation("billing::charge", "order-1").detach().run(|| async {
+    ///         tokio::time::sleep(Duration::from_millis(50)).await; // the payment gateway
+    ///         Ok::<_, Error>(String::from("ch_1"))
+    ///     })
+    /// };
+    /// // The caller gives up after 10 ms; the charge goes on and is stored.
+    /// assert!(tokio::time::timeout(Duration::from_millis(10), charge()).await.is_err());
+    /// idem.drain(Duration::from_secs(5)).await;
+    /// assert_eq!(charge().await?, "ch_1"); // replayed: the body ran once
+    /// # Ok(()) }
+    /// ```
+    pub fn detach(self) -> Detached<'a, H> {
+        Detached(self)
+    }
+
     /// Runs `body` at most once per key while its record lives, and returns its (possibly replayed)
     /// result. The error's `Display` text is stored on FAILED records.
     ///
@@ -309,8 +347,13 @@ impl<'a, H> Operation<'a, H> {
         Fut: Future<Output = Result<T, E>>,
         H: OnReplay<T>,
     {
-        self.drive(None, ToString::to_string, async move { body().await })
-            .await
+        self.drive(
+            None,
+            ToString::to_string,
+            async move { body().await },
+            Inline,
+        )
+        .await
     }
 
     /// [`run`](Self::run), with a [`Transaction`](crate::Transaction) whose staged writes commit with
@@ -329,9 +372,12 @@ impl<'a, H> Operation<'a, H> {
     {
         let transaction = crate::Transaction::new();
         let staged = transaction.staged().clone();
-        self.drive(Some(&staged), ToString::to_string, async move {
-            body(transaction).await
-        })
+        self.drive(
+            Some(&staged),
+            ToString::to_string,
+            async move { body(transaction).await },
+            Inline,
+        )
         .await
     }
 
@@ -344,16 +390,19 @@ impl<'a, H> Operation<'a, H> {
     /// future is a [`Drive`], which holds the state machine in place, with the body's future once (an
     /// `async` block holds what it captures beside what it moves it into), and allocates no box of
     /// its own on a call's path (every caller's future holds this one).
-    pub(crate) fn drive<T, E, Fut>(
+    pub(crate) fn drive<T, E, Fut, D, R>(
         self,
         staging: Option<&Staged>,
-        describe: impl FnOnce(&E) -> String,
+        describe: D,
         body: Fut,
+        runner: R,
     ) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         Fut: Future<Output = Result<T, E>>,
+        D: FnOnce(&E) -> String,
+        R: Runner<T, E, Fut, D>,
         H: OnReplay<T>,
     {
         // Writes that can only commit together with a record: never run without one.
@@ -402,7 +451,7 @@ impl<'a, H> Operation<'a, H> {
             claim_writes,
             compensation,
         };
-        let run = handler::run(parts, describe, body).instrument(span.clone());
+        let run = handler::run(parts, describe, body, runner).instrument(span.clone());
         if !<H as OnReplay<T>>::CHANGES {
             return Drive::Run {
                 run,
@@ -418,6 +467,69 @@ impl<'a, H> Operation<'a, H> {
             namespace,
             on_replay: Some(on_replay),
         }
+    }
+}
+
+/// An [`Operation`] whose body runs on a task of its own ([`Operation::detach`]): `run` and
+/// `run_transact` as on [`Operation`], for a body that is `Send + 'static`.
+#[derive(Debug)]
+#[must_use = "an operation does nothing until `run` is awaited"]
+pub struct Detached<'a, H = Unchanged>(Operation<'a, H>);
+
+impl<H> Detached<'_, H> {
+    /// [`Operation::run`], with the body on a task of its own: once the claim has landed, the body
+    /// runs to its end and its outcome is stored whether or not this future is still awaited.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    ///
+    /// # Panics
+    /// When the body panics (after its record is FAILED), with the body's panic; when called outside a
+    /// Tokio runtime.
+    pub async fn run<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Display + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        H: OnReplay<T>,
+    {
+        self.0
+            .drive(
+                None,
+                ToString::to_string,
+                async move { body().await },
+                Detach,
+            )
+            .await
+    }
+
+    /// [`Operation::run_transact`], with the body on a task of its own (see [`run`](Self::run)).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    ///
+    /// # Panics
+    /// As [`run`](Self::run).
+    #[cfg(feature = "dynamodb")]
+    pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Display + Send + 'static,
+        F: FnOnce(crate::Transaction) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        H: OnReplay<T>,
+    {
+        let transaction = crate::Transaction::new();
+        let staged = transaction.staged().clone();
+        self.0
+            .drive(
+                Some(&staged),
+                ToString::to_string,
+                async move { body(transaction).await },
+                Detach,
+            )
+            .await
     }
 }
 

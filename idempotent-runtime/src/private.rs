@@ -372,7 +372,35 @@ where
         map: R::into_result,
     };
     Map {
-        future: operation.drive(None, describe, body),
+        future: operation.drive(None, describe, body, crate::handler::Inline),
+        map: R::from_result,
+    }
+}
+
+/// [`execute`] for `detach`: the body runs on a task of its own once the claim has landed
+/// ([`Operation::detach`](crate::Operation::detach)).
+pub fn execute_detached<R, F, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    describe: D,
+    body: F,
+) -> impl Future<Output = R>
+where
+    R: Output + 'static,
+    R::Ok: Send + 'static,
+    R::Err: Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+    D: FnOnce(&R::Err) -> String + Send + 'static,
+{
+    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
+    let body = Map {
+        future: body,
+        map: R::into_result,
+    };
+    Map {
+        future: operation.drive(None, describe, body, crate::handler::Detach),
         map: R::from_result,
     }
 }
@@ -448,7 +476,44 @@ where
     let body = async move { body.await.into_result() };
     R::from_result(
         operation
-            .drive(Some(transaction.staged()), describe, body)
+            .drive(
+                Some(transaction.staged()),
+                describe,
+                body,
+                crate::handler::Inline,
+            )
+            .await,
+    )
+}
+
+/// [`execute_transact`] for `detach`.
+#[cfg(feature = "dynamodb")]
+pub async fn execute_transact_detached<R, F, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    transaction: crate::Transaction,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output + 'static,
+    R::Ok: Send + 'static,
+    R::Err: Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+    D: FnOnce(&R::Err) -> String + Send + 'static,
+{
+    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        operation
+            .drive(
+                Some(transaction.staged()),
+                describe,
+                body,
+                crate::handler::Detach,
+            )
             .await,
     )
 }

@@ -9,6 +9,7 @@
 //! | `idempotency_store_seconds` | `op` | store request latency (histogram) |
 //! | `transact_write_cancellation_reason_total` | `reason` | canceled transactions, per failed action's code |
 //! | `idempotency_consumed_wcu_total` | `op` | write capacity DynamoDB reports (`ReturnConsumedCapacity`) |
+//! | `idempotency_calls_dropped_total` | `namespace`, `phase` | calls whose future was dropped before they finished (a client hung up, a timeout): `claim` (before the body started: the claim is released), `body` (while the body ran: the key stays PENDING until its lease) |
 //! | `dynamo_ttl_delete_before_retry_total` | — | a claim replaced its key's expired record (a duplicate after the `ttl`) |
 //! | `idempotency_region_failovers_total` | `op`, `from`, `to` | requests a [`RoutedStore`](crate::RoutedStore) with failover sent to another region than the key's home (`from`) |
 //! | `dynamo_cross_region_duplicate_detected_total` | `home`, `completed_in` | a [`RoutedStore`](crate::RoutedStore)'s claim found its key COMPLETED by another region than the key's home: a claim was decided outside home-region routing (failover, a process with other regions, or one without routing) |
@@ -188,6 +189,45 @@ pub(crate) fn canceled(reasons: &[crate::CancellationReason]) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = reasons;
+}
+
+/// Where a call was when its future was dropped: the `phase` label of `idempotency_calls_dropped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    /// Before its body started: its claim (if it landed) is released.
+    Claim,
+    /// While its body ran (not detached): the key stays PENDING until its lease runs out.
+    Body,
+}
+
+/// Logs and counts a call whose future was dropped before it finished.
+#[cold]
+pub(crate) fn call_dropped(namespace: &'static str, phase: Dropped) {
+    let phase = match phase {
+        Dropped::Claim => {
+            tracing::debug!(
+                namespace,
+                "call dropped before its body started; releasing its claim"
+            );
+            "claim"
+        }
+        Dropped::Body => {
+            tracing::warn!(
+                namespace,
+                "call dropped while its body was running: the body stopped where it was and the key stays PENDING until its lease runs out; run it with `detach` to have it finish and store its result"
+            );
+            "body"
+        }
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_calls_dropped_total",
+        "namespace" => namespace,
+        "phase" => phase
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = phase;
 }
 
 /// Counts a claim that replaced its key's expired record (TTL had not deleted it yet): a duplicate that came
