@@ -798,7 +798,8 @@ where
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
             // carry the body, the completion and the timer.
             let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
-            Box::pin(with_heartbeat(idem, plan.key, token, lease, ttl, work)).await
+            let lifetime = writes_lifetime(idem, plan, ttl);
+            Box::pin(with_heartbeat(idem, plan.key, token, lease, lifetime, work)).await
         };
         attempt.stage.set(Stage::Done);
         let outcome = match finished {
@@ -893,7 +894,7 @@ where
                 &owned.key,
                 &owned.token,
                 lease,
-                owned.ttl,
+                writes_lifetime(&owned.idem, &plan, owned.ttl),
                 finished,
             )
             .await
