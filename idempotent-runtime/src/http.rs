@@ -96,8 +96,9 @@
 //! `RST_STREAM`), and so do timeouts in front of the service. Dropped mid-handler, the work would stop
 //! at an arbitrary await, nothing would be stored, and the retry the client sends next would run the
 //! handler again after the lease. So once a request has been read and checked, the layer runs the claim,
-//! the handler and the storing of its response on a task of their own ([`tokio::spawn`]); the service's
-//! future only awaits that task. A client that leaves drops the waiter, not the work: the response is
+//! the handler and the storing of its response on a task of their own, tracked by the handle (a
+//! graceful shutdown waits for it with [`Idempotency::drain`]); the service's future only awaits that
+//! task. A client that leaves drops the waiter, not the work: the response is
 //! stored as usual, and the retry gets it with `Idempotent-Replayed: true`. This needs a Tokio runtime
 //! (axum's), and costs a task per request with a key. Put timeouts *in front of* the layer, where they
 //! drop only the waiter: one between the layer and the handler cancels the handler itself, and its 408
@@ -604,7 +605,8 @@ impl Settings {
         let settings = this.clone();
         let work = async move { settings.execute(inner, request, &scope, &fingerprint).await };
         // Dropping the handle (the client hung up) detaches the task; it runs on and stores its result.
-        match tokio::spawn(work.in_current_span()).await {
+        // Tracked by the handle, so that `Idempotency::drain` waits for it at shutdown.
+        match this.idem.tasks().spawn(work.in_current_span()).await {
             Ok(response) => response,
             Err(e) if e.is_panic() => {
                 tracing::error!(namespace = this.namespace, error = %e, "idempotent request panicked");

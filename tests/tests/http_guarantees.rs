@@ -51,6 +51,7 @@ on_both_stores!(
     rejections_of_the_requests_form_are_not_stored,
     representation_headers_are_replayed,
     a_client_that_hangs_up_does_not_cancel_the_handler,
+    drain_waits_for_a_handler_whose_client_hung_up,
     a_panicking_handler_answers_500_and_leaves_the_key_free,
     a_body_that_panics_after_a_stored_status_is_final,
     a_final_rejection_and_a_configured_status_are_stored,
@@ -599,6 +600,33 @@ async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(retry.bytes().as_ref(), b"charge 1");
+}
+
+// Issue 30, item 5: the layer's handler tasks are the handle's, so a graceful shutdown that drains the
+// handle waits for a handler whose client left, and its response is stored when `drain` returns.
+async fn drain_waits_for_a_handler_whose_client_hung_up(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
+    let charges = Runs::default();
+    let handler = {
+        let charges = charges.clone();
+        post(move || {
+            let charges = charges.clone();
+            async move {
+                let charge = charges.next();
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                (StatusCode::CREATED, format!("charge {charge}"))
+            }
+        })
+    };
+    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+
+    post_and_hang_up(server.addr, "/payments", "drain", || charges.count() == 1).await;
+    let left = server.harness.idem.drain(Duration::from_secs(10)).await;
+    assert_eq!(left, 0, "a handler task was still running after drain");
+    let record = server.record("drain").await.expect("a record");
+    assert_eq!(record.status, Status::Completed, "{record:?}");
+    assert_eq!(charges.count(), 1);
 }
 
 // Issue 30, item 4: a panicking handler dropped the connection without an answer and left its key
