@@ -61,8 +61,9 @@ use proc_macro::TokenStream;
 /// A key that is the same for every call is refused at compile time, since every call would then share
 /// one record: a string literal that names a parameter (`key = "order_id"`: did you mean `order_id`?),
 /// `key = ()` (which serializes to `null`, a missing key), and any key made of literals only
-/// (`key = "seed"`, `key = (1, 2)`). For an operation that is to run once for all calls, say so with a
-/// named constant: `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
+/// (`key = "seed"`, `key = (1, 2)`) or computed from literals alone (`key = 1 as u64`, `key = 2 + 2`).
+/// For an operation that is to run once for all calls, say so with a named constant:
+/// `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
 /// (`key = ("refund", order_id)`) is an ordinary key.
 ///
 /// ```
