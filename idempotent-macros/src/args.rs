@@ -376,7 +376,8 @@ fn for_each_literal(expr: &Expr, f: &mut impl FnMut(&Lit)) {
     }
 }
 
-/// Whether `expr` is made of literals only (and is not `()`, which has its own message).
+/// Whether `expr` is made of literals only, or computed from them by casts, arithmetic and array
+/// repetition (and is not `()`, which has its own message).
 fn is_constant(expr: &Expr) -> bool {
     match expr {
         Expr::Lit(_) => true,
@@ -386,6 +387,10 @@ fn is_constant(expr: &Expr) -> bool {
         Expr::Paren(p) => is_constant(&p.expr),
         Expr::Group(g) => is_constant(&g.expr),
         Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_constant(&u.expr),
+        // Computed from literals alone: `1 as u64`, `2 + 2`, `[0; 4]`.
+        Expr::Cast(c) => is_constant(&c.expr),
+        Expr::Binary(b) => is_constant(&b.left) && is_constant(&b.right),
+        Expr::Repeat(r) => is_constant(&r.expr),
         _ => false,
     }
 }
@@ -844,6 +849,35 @@ mod tests {
         let errors = key_errors(quote!(()), &["order_id"]);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].starts_with("`key = ()` serializes to `null`"));
+    }
+
+    /// A key computed from literals alone (a cast, arithmetic, an array of copies) is as constant as the
+    /// literal: every call would share one record.
+    #[test]
+    fn a_key_computed_from_literals_only_is_refused() {
+        for key in [
+            quote!(1 as u64),
+            quote!(2 + 2),
+            quote!([0_u8; 4]),
+            quote!(("a", 1 as u64)),
+            quote!(&(-1 * 3)),
+        ] {
+            let errors = key_errors(key.clone(), &["order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains("named constant"), "{key}: {errors:?}");
+        }
+        for key in [
+            quote!(order_id as u64),
+            quote!(order_id + 1),
+            quote!(SEED as u64),
+            quote!([order_id; 2]),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["order_id"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
     }
 
     #[test]

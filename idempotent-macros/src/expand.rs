@@ -56,13 +56,14 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
             missing_key: #missing_key,
         }
     };
-    // A method's namespace names its receiver's type, known once the impl is instantiated (a generic
-    // impl, a trait's default method): one `Call` per type, made on its first call and then looked up.
+    // A method's namespace is its path, `Self` and the trait included, known once the impl is
+    // instantiated (a generic impl, a trait's default method) and spelled by the type name of a closure
+    // in its body: one `Call` per instance, made on its first call and then looked up.
     let call = if emit.per_type {
         quote! {
             static __IDEMPOTENT_CALL: #private::PerType = #private::PerType::new(#call);
             let __idempotent_call: &'static #private::Call =
-                __IDEMPOTENT_CALL.of(::core::any::type_name::<Self>());
+                __IDEMPOTENT_CALL.of(::core::any::type_name_of_val(&|| {}));
         }
     } else {
         quote!(static __IDEMPOTENT_CALL: #private::Call = #call;)
@@ -119,7 +120,7 @@ impl Emit<'_> {
 
     fn namespace(&self, ident: &Ident) -> TokenStream {
         if self.per_type {
-            // The type's name is put in front at run time (see `PerType`).
+            // The method's path is found at run time (see `PerType`).
             return quote!(::core::stringify!(#ident));
         }
         self.args.name.as_ref().map_or_else(

@@ -61,8 +61,9 @@ use proc_macro::TokenStream;
 /// A key that is the same for every call is refused at compile time, since every call would then share
 /// one record: a string literal that names a parameter (`key = "order_id"`: did you mean `order_id`?),
 /// `key = ()` (which serializes to `null`, a missing key), and any key made of literals only
-/// (`key = "seed"`, `key = (1, 2)`). For an operation that is to run once for all calls, say so with a
-/// named constant: `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
+/// (`key = "seed"`, `key = (1, 2)`) or computed from literals alone (`key = 1 as u64`, `key = 2 + 2`).
+/// For an operation that is to run once for all calls, say so with a named constant:
+/// `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
 /// (`key = ("refund", order_id)`) is an ordinary key.
 ///
 /// ```
@@ -147,11 +148,15 @@ use proc_macro::TokenStream;
 /// The namespace of the function's keys: two calls share a record only when they have the same
 /// namespace and equal keys. Default:
 ///
-/// - for a method (a function that takes `self`, or whose signature names `Self`): the name of the type
-///   it is called on, as `std::any::type_name::<Self>()` spells it, and the method's name, like
-///   `"shop::billing::Card::charge"`. Each type has its own records: `Card` and `Cash` implementing
-///   `Gateway::charge` in one module, each implementor of a trait's default method, each instantiation
-///   of a generic impl (`"shop::Ledger<u8>::post"`).
+/// - for a method (a function that takes `self`, or whose signature names `Self`): its path as the
+///   compiler spells it (`std::any::type_name`), with the type it is called on and, in a trait impl or
+///   a trait's default method, the trait: `"shop::billing::Card::charge"` in an inherent impl,
+///   `"<shop::billing::Card as shop::billing::Gateway>::charge"` in a trait impl. Each has its own
+///   records: `Card` and `Cash` implementing `Gateway::charge` in one module, each implementor of a
+///   trait's default method, each instantiation of a generic impl (`"shop::Ledger<u8>::post"`), the
+///   impls of a generic trait for one type (`<Desk as Handle<Order>>` and `<Desk as Handle<Refund>>`),
+///   and an inherent method and traits' methods of one name on one type. The method's own type
+///   parameters are not part of it: its instantiations share records, as a generic function's do.
 /// - for any other function: `module_path!()` and the function's name, like `"shop::billing::charge"`.
 ///
 /// The default changes when the function or its type is renamed or moved (its stored results are then
@@ -282,8 +287,8 @@ use proc_macro::TokenStream;
 /// # #[derive(serde::Serialize)]
 /// # struct Charge { order_id: String, cents: u64 }
 /// async fn charge(req: Charge) -> Result<u64, Error> {
-///     // `name`, or the function's path (for a method: `type_name::<Self>()` and its name, computed
-///     // on the first call on each type and kept).
+///     // `name`, or the function's path (for a method: the path `type_name` gives it, its type and
+///     // trait included, computed on the first call on each type and kept).
 ///     const NAMESPACE: &str = concat!(module_path!(), "::charge");
 ///     // `store`, or the installed handle.
 ///     let idem = Idempotency::installed().ok_or_else(|| Error::NotInstalled {
@@ -385,8 +390,11 @@ use proc_macro::TokenStream;
 ///   encloses it. Functions of one name share the default namespace, and so would share records whenever
 ///   their keys are equal, when they are: `fn`s nested in different functions of one module (both are
 ///   `module_path!()::name`); an associated function without `self` and without `Self` in its signature
-///   and a free function, or such associated functions of several types, in one module; an inherent
-///   method and a trait's method of one name on the same type. Give each its own `name = ".."`.
+///   and a free function, or such associated functions of several types, in one module. Give each its
+///   own `name = ".."`. A method's namespace names its type as `type_name` spells it, and some types are
+///   spelled alike: two closures of one function (a trait implemented for every `Fn`, called on two
+///   closures, has one namespace for both), and two types of one name declared in different blocks of
+///   one function. Give such methods a `name` of their own or put what tells them apart into the key.
 ///   Likewise, every instantiation of a generic function shares one namespace: put the type into the key
 ///   when the instantiations must not share results.
 /// - **Keys and payloads are borrowed one level deep.** The `key` and `payload` expressions are evaluated

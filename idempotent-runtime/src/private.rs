@@ -246,14 +246,18 @@ pub fn handle<S: Handle + ?Sized>(store: &S) -> Early<Idempotency> {
     Ok(store.idempotency().clone())
 }
 
-/// The [`Call`]s of a method without `name = ..`, one per type it is called on: its namespace is the
-/// receiver's type name (`std::any::type_name::<Self>()`) and the method's name, so that methods of one
-/// name on different types (trait impls in one module, a trait's default method, instantiations of a
-/// generic impl) never share records.
+/// The [`Call`]s of a method without `name = ..`, one per instance of the method: its namespace is the
+/// method's path as the compiler spells it, `Self` and the trait included (`shop::Card::charge` in an
+/// inherent impl, `<shop::Card as shop::Gateway>::charge` in a trait impl or for a trait's default
+/// method, `<shop::Desk as shop::Handle<shop::Order>>::handle`), read from the type name of a closure
+/// in its body. Methods of one name on different types (trait impls in one module, a trait's default
+/// method, instantiations of a generic impl), of different traits on one type, an inherent method and
+/// a trait's, and the impls of a generic trait for one type never share records. The method's own type
+/// parameters are left out: like a generic function's, its instantiations share records.
 ///
-/// A `static` in the generated code, shared by every instantiation of the method. Each type's `Call`
-/// is made once, on its first call, and kept for the program's life (its namespace string is leaked:
-/// one per type and method); later calls look it up without allocating. The first type seen is one
+/// A `static` in the generated code, shared by every instantiation of the method. Each instance's
+/// `Call` is made once, on its first call, and kept for the program's life (its namespace string is
+/// leaked: one per instance); later calls look it up without allocating. The first instance seen is one
 /// atomic load and a pointer comparison away; others are behind a read lock.
 pub struct PerType {
     /// The method's settings; `namespace` is the method's name.
@@ -275,26 +279,25 @@ impl PerType {
         }
     }
 
-    /// The `Call` for the type `type_name` (what `std::any::type_name::<Self>()` says).
+    /// The `Call` for the method's instance whose body holds a closure of type name `site` (what
+    /// `std::any::type_name_of_val` says of it).
     #[inline]
-    pub fn of(&'static self, type_name: &'static str) -> &'static Call {
+    pub fn of(&'static self, site: &'static str) -> &'static Call {
         match self.first.get() {
-            Some((name, call)) if same(name, type_name) => call,
-            _ => self.of_another(type_name),
+            Some((name, call)) if same(name, site) => call,
+            _ => self.of_another(site),
         }
     }
 
     #[cold]
-    fn of_another(&'static self, type_name: &'static str) -> &'static Call {
-        let (name, call) = self
-            .first
-            .get_or_init(|| (type_name, self.typed(type_name)));
-        if same(name, type_name) {
+    fn of_another(&'static self, site: &'static str) -> &'static Call {
+        let (name, call) = self.first.get_or_init(|| (site, self.typed(site)));
+        if same(name, site) {
             return call;
         }
         let find = |more: &[(&'static str, &'static Call)]| {
             more.iter()
-                .find(|(name, _)| same(name, type_name))
+                .find(|(name, _)| same(name, site))
                 .map(|(_, call)| *call)
         };
         if let Some(call) = find(&self.more.read().unwrap_or_else(PoisonError::into_inner)) {
@@ -304,18 +307,56 @@ impl PerType {
         if let Some(call) = find(&more) {
             return call;
         }
-        let call: &'static Call = Box::leak(Box::new(self.typed(type_name)));
-        more.push((type_name, call));
+        let call: &'static Call = Box::leak(Box::new(self.typed(site)));
+        more.push((site, call));
         call
     }
 
-    /// The method's `Call` for `type_name`: namespace `"{type_name}::{method}"`.
-    fn typed(&self, type_name: &str) -> Call {
-        let namespace = format!("{type_name}::{}", self.call.namespace);
+    /// The method's `Call` for the closure type name `site`: the method's path, without the closures
+    /// the name ends with (the generated code's, the `async fn`'s body) and the method's own generic
+    /// arguments.
+    fn typed(&self, site: &str) -> Call {
+        let namespace = method_path(site, self.call.namespace);
         Call {
             namespace: Box::leak(namespace.into_boxed_str()),
             ..self.call
         }
+    }
+}
+
+/// `<shop::Card as shop::Gateway>::charge` from `<shop::Card as shop::Gateway>::charge<u8>::{{closure}}`.
+/// Should the compiler spell the name in a way this does not take apart, the name as it is, followed by
+/// the method's, still names that one instance.
+fn method_path(site: &str, method: &str) -> String {
+    let mut path = site;
+    // The closures: `::{{closure}}` today; any segment in braces.
+    while path.ends_with('}')
+        && let Some(at) = path.rfind("::{")
+    {
+        path = &path[..at];
+    }
+    // The method's own generic arguments, `charge<u8>`.
+    if path.ends_with('>') {
+        let mut depth = 0_usize;
+        for (at, c) in path.char_indices().rev() {
+            match c {
+                // Not the arrow of a function type's output (`fn(u8) -> u8`).
+                '>' if !path[..at].ends_with('-') => depth += 1,
+                '<' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        path = &path[..at];
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if path.ends_with(&format!("::{method}")) {
+        path.to_owned()
+    } else {
+        format!("{site}::{method}")
     }
 }
 
@@ -563,28 +604,50 @@ mod tests {
         assert!(size_of::<Option<Early<String>>>() <= size_of::<String>() + 8);
     }
 
-    /// A method's `Call` is made once per type and then found again: the same `&'static Call` (no new
-    /// namespace string) on every later call, whichever types' calls interleave.
+    /// A method's `Call` is made once per instance and then found again: the same `&'static Call` (no
+    /// new namespace string) on every later call, whichever instances' calls interleave.
     #[test]
     fn a_methods_call_is_made_once_per_type() {
         static CALL: PerType = PerType::new(Call::new("charge"));
-        struct Card;
-        struct Cash;
-        let (card, cash) = (std::any::type_name::<Card>(), std::any::type_name::<Cash>());
+        let card = "shop::Card::charge::{{closure}}::{{closure}}";
+        let cash = "<shop::Cash as shop::Gateway>::charge::{{closure}}::{{closure}}";
         let first_card = CALL.of(card);
         let first_cash = CALL.of(cash);
-        assert_eq!(first_card.namespace, format!("{card}::charge"));
-        assert_eq!(first_cash.namespace, format!("{cash}::charge"));
+        assert_eq!(first_card.namespace, "shop::Card::charge");
+        assert_eq!(
+            first_cash.namespace,
+            "<shop::Cash as shop::Gateway>::charge"
+        );
         for _ in 0..3 {
             assert!(std::ptr::eq(CALL.of(card), first_card));
             assert!(std::ptr::eq(CALL.of(cash), first_cash));
-            // The same name at another address (another codegen unit's copy) is the same type.
+            // The same name at another address (another codegen unit's copy) is the same instance.
             assert!(std::ptr::eq(
                 CALL.of(&String::from(cash).leak()[..]),
                 first_cash
             ));
         }
         assert_eq!(CALL.more.read().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_methods_path_is_its_closures_without_the_closures_and_its_own_arguments() {
+        for (site, path) in [
+            (
+                "<a::L<u8> as a::H<a::O<u8>>>::h::{{closure}}::{{closure}}",
+                "<a::L<u8> as a::H<a::O<u8>>>::h",
+            ),
+            ("a::Svc::h<u8, a::K<&str>>::{{closure}}", "a::Svc::h"),
+            ("a::Svc::h<fn(u8) -> a::K<u8>>::{{closure}}", "a::Svc::h"),
+            (
+                "a::f::{{closure}}::S::h::{closure#0}",
+                "a::f::{{closure}}::S::h",
+            ),
+            // Not spelled as expected: kept whole, the method's name after it.
+            ("a::Svc::{{closure}}x", "a::Svc::{{closure}}x::h"),
+        ] {
+            assert_eq!(method_path(site, "h"), path, "{site}");
+        }
     }
 
     /// The future a caller holds for an `#[idempotent]` call has the body's future in it once: a body
