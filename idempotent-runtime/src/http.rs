@@ -64,6 +64,11 @@
 //! in neither the identity nor the fingerprint cannot tell two requests apart, and the second would get
 //! the first one's response.
 //!
+//! A replay is the first response as its request's negotiation made it. A compression layer between
+//! this layer and the handler stores the coding the first client accepted (`Content-Encoding: gzip`),
+//! and a retry whose `Accept-Encoding` does not take it gets it all the same: put compression *in
+//! front of* this layer, where it encodes each answer, a replay too, for its own request.
+//!
 //! # Which responses are stored
 //!
 //! A response is the operation's final outcome, stored and replayed, when the handler began to act on
