@@ -31,6 +31,7 @@
 //! | no `Idempotency-Key` (or an empty or malformed one) | 400, unless [`optional`](IdempotencyLayer::optional) |
 //! | no caller identity | 401 |
 //! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
+//! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
 //! | the handler panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
 //!
@@ -50,14 +51,23 @@
 //! reason. The request fingerprint is the method, the path and query *as the client sent them* (axum's
 //! [`OriginalUri`], so a layer inside [`Router::nest`](axum::Router::nest)
 //! sees the prefix that `nest` strips: `/accounts/A/payments` and `/accounts/B/payments`, or one API
-//! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body. A key reused on
-//! another endpoint or with another body is a 422, never a replay of something else.
+//! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body; with the path
+//! and query the request was routed by when a middleware rewrote them after the outer router recorded
+//! the client's (a version picked from a header behind [`Router::nest_service`](axum::Router::nest_service)),
+//! and the body's `Content-Encoding` when it has one (the same bytes gzip-encoded or as they are are two
+//! bodies). A key reused on another endpoint or with another body is a 422, never a replay of something
+//! else.
 //!
 //! Anything else that selects the resource or the account a request acts on must be in the identity
 //! the function returns: the `Host` when one service answers for several sites, an account or
 //! environment header (`Stripe-Account`-style), a tenant taken from the TLS client certificate. What is
 //! in neither the identity nor the fingerprint cannot tell two requests apart, and the second would get
 //! the first one's response.
+//!
+//! A replay is the first response as its request's negotiation made it. A compression layer between
+//! this layer and the handler stores the coding the first client accepted (`Content-Encoding: gzip`),
+//! and a retry whose `Accept-Encoding` does not take it gets it all the same: put compression *in
+//! front of* this layer, where it encodes each answer, a replay too, for its own request.
 //!
 //! # Which responses are stored
 //!
@@ -574,29 +584,23 @@ impl Settings {
                 "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
             );
         };
-        let Ok(bytes) = axum::body::to_bytes(body, this.max_request_bytes).await else {
-            return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!(
-                    "the request body is over {} bytes, or could not be read",
-                    this.max_request_bytes
-                ),
-            );
+        let bytes = match read_request(body, this.max_request_bytes).await {
+            Ok(bytes) => bytes,
+            Err(RequestBody::TooLarge) => {
+                return problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("the request body is over {} bytes", this.max_request_bytes),
+                );
+            }
+            Err(RequestBody::Failed(e)) => {
+                tracing::info!(namespace = this.namespace, error = %e, "the request body could not be read");
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read to its end; nothing was processed, and it may be sent again with the same key",
+                );
+            }
         };
-        // The URI as the client sent it: a router that `nest`s this one stripped its prefix (the
-        // account, the mode) from `parts.uri`.
-        let uri = parts
-            .extensions
-            .get::<OriginalUri>()
-            .map_or(&parts.uri, |original| &original.0);
-        let target = uri
-            .path_and_query()
-            .map_or_else(|| uri.path().to_owned(), ToString::to_string);
-        let fingerprint = (
-            parts.method.as_str().to_owned(),
-            target,
-            hex::encode(Sha256::digest(&bytes)),
-        );
+        let fingerprint = fingerprint(&parts, &bytes);
         let request = Request::from_parts(parts, Body::from(bytes));
         let scope = (identity, key);
         if !this.detached {
@@ -631,7 +635,7 @@ impl Settings {
         mut inner: S,
         request: Request<Body>,
         scope: &(String, String),
-        fingerprint: &(String, String, String),
+        fingerprint: &[String],
     ) -> Response<Body>
     where
         S: tower_service::Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
@@ -716,11 +720,81 @@ impl Settings {
         headers
             .iter()
             .filter(|(name, _)| self.replay_headers.contains(name))
+            // UTF-8 too, not only visible ASCII: a `Content-Disposition` file name is often UTF-8.
             .filter_map(|(name, value)| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                let value = std::str::from_utf8(value.as_bytes()).ok()?;
+                Some((name.as_str().to_owned(), value.to_owned()))
             })
             .collect()
     }
+}
+
+/// Why a request body was not read.
+enum RequestBody {
+    /// Over the limit: said by its `Content-Length`, or found while it was read.
+    TooLarge,
+    /// Its stream failed (malformed framing, a client gone, a body timeout in front).
+    Failed(axum::Error),
+}
+
+/// The request body, whole, if it is at most `limit` bytes; one whose declared length is over the
+/// limit is refused before a byte of it is read (and before a `100 Continue`).
+async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody> {
+    let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+    if body.size_hint().lower() > limit {
+        return Err(RequestBody::TooLarge);
+    }
+    let mut chunks = Vec::new();
+    let mut len = 0_u64;
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let Ok(data) = frame.map_err(RequestBody::Failed)?.into_data() else {
+            continue; // trailers
+        };
+        len = len.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
+        if len > limit {
+            return Err(RequestBody::TooLarge);
+        }
+        chunks.push(data);
+    }
+    // One chunk (a body with a `Content-Length`, mostly) as it came; several joined.
+    Ok(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat().into(),
+    })
+}
+
+/// What tells a request apart from another with the same key: the method, the URI as the client sent it
+/// (a router that `nest`s this one stripped its prefix, the account or the mode, from `parts.uri`), and
+/// the SHA-256 of the body; then, only when they differ or are there (so that a plain request's
+/// fingerprint is the same three values it always was), the URI the request was routed by (`nest`'s
+/// stripped path, or a middleware's rewrite after the outer router recorded the client's URI, such as a
+/// version picked from a header behind `nest_service`), and the body's `Content-Encoding` (the same
+/// bytes gzip-encoded or as they are are two bodies).
+fn fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
+    fn target(uri: &axum::http::Uri) -> String {
+        uri.path_and_query()
+            .map_or_else(|| uri.path().to_owned(), ToString::to_string)
+    }
+    let sent = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or_else(|| target(&parts.uri), |original| target(&original.0));
+    let routed = target(&parts.uri);
+    let mut fingerprint = vec![
+        parts.method.as_str().to_owned(),
+        sent,
+        hex::encode(Sha256::digest(body)),
+    ];
+    if fingerprint[1] != routed {
+        fingerprint.push(format!("routed {routed}"));
+    }
+    for encoding in parts.headers.get_all(header::CONTENT_ENCODING) {
+        fingerprint.push(format!(
+            "content-encoding {}",
+            String::from_utf8_lossy(encoding.as_bytes())
+        ));
+    }
+    fingerprint
 }
 
 async fn pass<S>(inner: &mut S, request: Request<Body>) -> Response<Body>
