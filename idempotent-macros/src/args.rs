@@ -735,7 +735,7 @@ mod tests {
     fn every_argument_is_known_by_its_exact_name() {
         let all = quote! {
             key = id, ttl = "1h", lease = "1m", payload = id, wait = "1s", name = "n",
-            store = idem, transact = tx, missing_key = "allow", crate = "idem"
+            store = idem, transact = tx, missing_key = "allow", crate = "idem", detach
         };
         assert_eq!(errors(all), Vec::<String>::new());
         for unknown in [quote!(ke), quote!(keys), quote!(Key), quote!(ttl_)] {
@@ -750,13 +750,13 @@ mod tests {
         assert_eq!(
             errors(quote!(key = id, tll = "1h")),
             [
-                "unknown argument `tll`; did you mean `ttl`? expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`"
+                "unknown argument `tll`; did you mean `ttl`? expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`, `detach`"
             ]
         );
         assert_eq!(
             errors(quote!(key = id, timeout = "1h")),
             [
-                "unknown argument `timeout`; expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`"
+                "unknown argument `timeout`; expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`, `detach`"
             ]
         );
     }
