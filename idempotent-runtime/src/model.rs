@@ -197,6 +197,11 @@ struct Ghost {
     zombie_landed: bool,
     /// A replay returned something other than the response of the body that completed the record.
     bad_replay: bool,
+    /// The worker whose body last returned `Ok` in the current operation (issue 35: success is final).
+    returned_ok: Option<usize>,
+    /// A claim of the same operation landed after a body had returned `Ok` and its caller was told the
+    /// result was stored: the body would run again.
+    rerun_after_success: bool,
     /// A COMPLETED record expired and the key was claimed again (a witness, not a fault).
     completed_expired: bool,
     /// Claim-time writes across expiry and stale decisions (issue 37).
@@ -242,6 +247,7 @@ impl Protocol {
             state.ghost.completed_expired |= old.is_some_and(|o| o.status == Status::Completed);
             state.ghost.completions = 0;
             state.ghost.answer = None;
+            state.ghost.returned_ok = None;
             // Writes in effect belong to the old operation until a claim applies them anew (a claim
             // that keeps them takes the old operation over).
             if with_writes {
@@ -271,6 +277,13 @@ impl Protocol {
             })
         {
             state.ghost.took_live_claim = true;
+        }
+        if !new_operation
+            && state.ghost.returned_ok.is_some_and(|w| {
+                matches!(state.workers[w].phase, Phase::Done(Outcome::Ran(_)))
+            })
+        {
+            state.ghost.rerun_after_success = true;
         }
         if with_writes {
             state.ghost.claim_writes += 1;
@@ -768,6 +781,9 @@ impl Model for Protocol {
             }
             Action::Body(i, ok) => {
                 let now_ms = state.clock_ms(i);
+                if ok {
+                    state.ghost.returned_ok = Some(i);
+                }
                 state.workers[i].phase = if ok {
                     Phase::Completing {
                         expires_at_s: handler::expiry_s(now_ms, self.ttl),
@@ -843,6 +859,10 @@ impl Model for Protocol {
             Property::always(
                 "a fenced (zombie) transition never lands",
                 |_, s: &State| !s.ghost.zombie_landed,
+            ),
+            Property::always(
+                "a body whose success was stored never runs again while its record lives",
+                |_, s: &State| !s.ghost.rerun_after_success,
             ),
             Property::always("at most one completion per operation", |_, s: &State| {
                 s.ghost.completions <= 1
