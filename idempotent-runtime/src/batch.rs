@@ -43,8 +43,8 @@
 //! |---|---|---|
 //! | its work ran now and succeeded | [`Outcome::Executed`] | no |
 //! | an earlier delivery's stored result is replayed | [`Outcome::Replayed`] | no |
-//! | an earlier delivery did the work, but its result cannot be replayed: too large to store ([`Error::ResponseTooLarge`]), or expired with only its tombstone retained ([`Error::Expired`], [`Builder::retain`](crate::Builder::retain)) | [`Outcome::Done`] | no |
-//! | the handler failed, or panicked (`panicked: <message>`; the other messages go on) | [`Outcome::Failed`] | yes |
+//! | an earlier delivery did the work, but its result cannot be replayed: too large to store ([`Error::ResponseTooLarge`]), expired with only its tombstone retained ([`Error::Expired`], [`Builder::retain`](crate::Builder::retain)), or no longer of the handler's output type ([`Error::Deserialize`]) | [`Outcome::Done`] | no |
+//! | the handler failed, or it or the message's key panicked (`panicked: <message>`; the other messages go on) | [`Outcome::Failed`] | yes |
 //! | its key was used with another body ([`payload`](Batch::payload)): [`Error::PayloadMismatch`] | [`Outcome::Failed`] | yes |
 //! | another delivery of the key is in flight, or the store failed | [`Outcome::Failed`] | yes |
 
@@ -143,8 +143,9 @@ pub enum Outcome {
     /// delivered again. The text is the error's.
     Failed(String),
     /// The work was done by an earlier delivery, but its result cannot be replayed: it was too large
-    /// to store ([`Error::ResponseTooLarge`]), or it expired and only its tombstone is retained
-    /// ([`Error::Expired`]). The handler did not run; the message is done and is not delivered again
+    /// to store ([`Error::ResponseTooLarge`]), it expired and only its tombstone is retained
+    /// ([`Error::Expired`]), or it no longer deserializes into the handler's output type
+    /// ([`Error::Deserialize`]; a batch never uses it). The handler did not run; the message is done and is not delivered again
     /// (delivering it again would only end the same way, until it is dead-lettered). The text is the
     /// error's, which says which.
     Done(String),
@@ -278,7 +279,8 @@ impl<P> Batch<'_, P> {
     /// messages with equal keys are one piece of work), `handler` does the work. The result of a
     /// successful handler is stored and replayed to duplicates; a failed one lets the next delivery run
     /// again. Never fails as a whole: every problem is one message's [`Outcome::Failed`], a handler
-    /// that panics included (the panic is caught, and the other messages go on).
+    /// or a `key` that panics included (the panic is caught, and the other messages go on). Only `id`
+    /// must not panic: a message without an id cannot be reported for redelivery.
     pub async fn process<M, K, T, E, Fut>(
         &self,
         messages: impl IntoIterator<Item = M>,
@@ -296,16 +298,32 @@ impl<P> Batch<'_, P> {
         // Group by record key, keeping the batch's order within each group.
         let mut groups: Vec<Vec<(usize, String, K, M)>> = Vec::new();
         let mut group_of: HashMap<String, usize> = HashMap::new();
+        // Messages that failed before their turn: their key panicked.
+        let mut unkeyed: Vec<(usize, Item)> = Vec::new();
         for (index, message) in messages.into_iter().enumerate() {
-            let message_key = key(&message);
-            let record_key = crate::derive_key(self.namespace, &message_key)
-                // A key that does not serialize fails on its own in `run`; it joins no group.
-                .unwrap_or_else(|_| format!("\0{index}"));
+            let id = id(&message);
+            // A key that panics (the closure, or the key's `Serialize`) is this message's failure, as
+            // a handler's panic is: the other messages go on.
+            let keyed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let message_key = key(&message);
+                let record_key = crate::derive_key(self.namespace, &message_key)
+                    // A key that does not serialize fails on its own in `run`; it joins no group.
+                    .unwrap_or_else(|_| format!("\0{index}"));
+                (message_key, record_key)
+            }));
+            let (message_key, record_key) = match keyed {
+                Ok(keyed) => keyed,
+                Err(panic) => {
+                    let outcome = Outcome::Failed(panicked(&*panic));
+                    unkeyed.push((index, Item { id, outcome }));
+                    continue;
+                }
+            };
             let group = *group_of.entry(record_key).or_insert_with(|| {
                 groups.push(Vec::new());
                 groups.len() - 1
             });
-            groups[group].push((index, id(&message), message_key, message));
+            groups[group].push((index, id, message_key, message));
         }
         let handler = &handler;
         let mut items: Vec<(usize, Item)> = futures_util::stream::iter(groups)
@@ -327,6 +345,7 @@ impl<P> Batch<'_, P> {
             .flatten()
             .collect()
             .await;
+        items.append(&mut unkeyed);
         items.sort_unstable_by_key(|(index, _)| *index);
         Report {
             items: items.into_iter().map(|(_, item)| item).collect(),
@@ -360,8 +379,15 @@ impl<P> Batch<'_, P> {
         match crate::observe(operation.run(body)).await {
             (Ok(_), Some(Execution::Replayed)) => Outcome::Replayed,
             (Ok(_), _) => Outcome::Executed,
+            // Work an earlier delivery did whose result cannot be replayed. A batch never uses a
+            // replayed value, so a stored one that no longer deserializes (the handler's output type
+            // changed in a deploy) is done work too; `Deserialize` comes only from a stored response.
             (
-                Err(Failure::Library(e @ (Error::ResponseTooLarge { .. } | Error::Expired { .. }))),
+                Err(Failure::Library(
+                    e @ (Error::ResponseTooLarge { .. }
+                    | Error::Expired { .. }
+                    | Error::Deserialize { .. }),
+                )),
                 _,
             ) => Outcome::Done(e.to_string()),
             (Err(Failure::Library(e)), _) => Outcome::Failed(E::from(e).to_string()),

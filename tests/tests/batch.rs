@@ -382,3 +382,100 @@ async fn a_panicking_message_fails_alone_and_the_batch_goes_on() {
         );
     }
 }
+
+/// A message whose key closure panics (or whose key's `Serialize` does) fails alone, like a panicking
+/// handler: the batch goes on with the others and only that message is delivered again. A panic that
+/// escaped `process` failed the whole batch, every time it came back, until it was dead-lettered.
+#[tokio::test]
+async fn a_message_whose_key_panics_fails_alone() {
+    let h = Harness::new(Backend::Memory).await;
+    let shipper = Shipper::default();
+    let report = h
+        .idem
+        .batch("orders::key_panic")
+        .process(
+            vec![
+                msg("m1", "order-a"),
+                msg("m2", "order-boom"),
+                msg("m3", "order-b"),
+            ],
+            |m| m.id.to_owned(),
+            |m| {
+                assert!(m.order != "order-boom", "no key for {}", m.order);
+                m.order
+            },
+            |m| {
+                let shipper = &shipper;
+                async move { shipper.ship(m).await }
+            },
+        )
+        .await;
+    let outcomes: Vec<(&str, &Outcome)> = report
+        .items
+        .iter()
+        .map(|i| (i.id.as_str(), &i.outcome))
+        .collect();
+    assert_eq!(outcomes[0], ("m1", &Outcome::Executed));
+    assert!(
+        matches!(outcomes[1], ("m2", Outcome::Failed(why))
+            if why.contains("panicked") && why.contains("no key for order-boom")),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], ("m3", &Outcome::Executed));
+    assert_eq!(
+        report.batch_response().batch_item_failures,
+        vec![ItemFailure {
+            item_identifier: "m2".into()
+        }]
+    );
+    assert_eq!((shipper.runs("order-a"), shipper.runs("order-b")), (1, 1));
+}
+
+/// A redelivered message whose work is done, but whose stored result no longer deserializes into the
+/// handler's output type (the type changed in a deploy), is done: its result is never used by the
+/// batch, and reporting it for redelivery would bring it back, and fail it, until it is dead-lettered.
+#[tokio::test]
+async fn done_work_whose_result_no_longer_deserializes_is_not_redelivered() {
+    let h = Harness::new(Backend::Memory).await;
+    let runs = AtomicUsize::new(0);
+    let batch = h.idem.batch("orders::deploy");
+    let first = batch
+        .process(
+            vec![("m1", 7_u32)],
+            |m| m.0.to_owned(),
+            |m| m.1,
+            |m| {
+                let runs = &runs;
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(format!("shipped {}", m.1))
+                }
+            },
+        )
+        .await;
+    assert_eq!(first.items[0].outcome, Outcome::Executed);
+    // The next version's handler returns a number; the queue brings the message again.
+    let second = batch
+        .process(
+            vec![("m2", 7_u32)],
+            |m| m.0.to_owned(),
+            |m| m.1,
+            |m| {
+                let runs = &runs;
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(m.1)
+                }
+            },
+        )
+        .await;
+    assert!(
+        second.batch_response().batch_item_failures.is_empty(),
+        "{second:?}"
+    );
+    assert!(
+        matches!(&second.items[0].outcome, Outcome::Done(why) if why.contains("deserialize")),
+        "{second:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -330,12 +330,23 @@ impl RoutedStore {
         (pinned_key == key).then_some(region)
     }
 
-    /// Remembers where a call's claim went, when failover sent it away from the key's home.
+    /// Remembers where a call's claim went, when failover sent it away from the key's home. Only a
+    /// claim the call holds is remembered: a call that found the key done, or held by another call,
+    /// sends nothing that must follow it (its next claim, if any, is routed afresh), and remembering
+    /// every such duplicate during an outage would fill the table and evict the calls that do.
     fn pin(&self, key: &str, token: &str, region: usize) {
         if let Some(failed_over) = &self.failed_over
             && region != self.home_index(key)
         {
             failed_over.insert(token.to_owned(), (key.to_owned(), region));
+        }
+    }
+
+    /// [`pin`](Self::pin)s a call whose claim found `record` holding its own token: its earlier attempt
+    /// landed, and its answer was lost.
+    fn pin_if_ours(&self, record: &Record, token: &str, region: usize) {
+        if record.token == token {
+            self.pin(&record.key, token, region);
         }
     }
 
@@ -486,9 +497,12 @@ impl Store for RoutedStore {
                 store.claim(request)
             })
             .await?;
-        self.pin(request.key, request.token, region);
-        if let ClaimOutcome::Existing(record) = &outcome {
-            self.detect_cross_region(record);
+        match &outcome {
+            ClaimOutcome::Claimed => self.pin(request.key, request.token, region),
+            ClaimOutcome::Existing(record) => {
+                self.pin_if_ours(record, request.token, region);
+                self.detect_cross_region(record);
+            }
         }
         Ok(outcome)
     }
@@ -535,9 +549,13 @@ impl Store for RoutedStore {
                 |store| store.claim_transaction(request, writes),
             )
             .await?;
-        self.pin(request.key, request.token, region);
-        if let TransactOutcome::Rejected(Some(record)) = &outcome {
-            self.detect_cross_region(record);
+        match &outcome {
+            TransactOutcome::Committed => self.pin(request.key, request.token, region),
+            TransactOutcome::Rejected(Some(record)) => {
+                self.pin_if_ours(record, request.token, region);
+                self.detect_cross_region(record);
+            }
+            TransactOutcome::Rejected(None) | TransactOutcome::Canceled(_) => {}
         }
         Ok(outcome)
     }
@@ -929,6 +947,51 @@ mod tests {
         );
     }
 
+    /// Duplicates that fail over during an outage and find the key done, or held by another call, hold
+    /// no claim and send nothing more. They were remembered as failed-over calls all the same, and
+    /// never forgotten: a long outage filled the table with them, and its eviction then dropped a live
+    /// call that failed over later, whose completion went to the key's home, found no claim there and
+    /// was lost (`LeaseLost`; with the home still down, `ResultNotStored` once the lease ran out).
+    #[tokio::test]
+    async fn duplicates_during_an_outage_never_crowd_out_a_live_calls_claim() {
+        let (a, b, store) = switches();
+        let store = store.failover(true);
+        let mut homed_a = (0..KEYS).map(key).filter(|k| store.home(k) == "a");
+        let (done, live) = (homed_a.next().unwrap(), homed_a.next().unwrap());
+        a.set(1);
+        assert_eq!(
+            store.claim(&claim(&done, "first")).await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+        let applied = store.transition(&complete(&done, "first")).await.unwrap();
+        assert_eq!(applied, WriteOutcome::Applied);
+        let duplicates = |from: usize, to: usize| {
+            let (store, done) = (&store, &done);
+            async move {
+                for i in from..to {
+                    let token = format!("duplicate-{i}");
+                    let outcome = store.claim(&claim(done, &token)).await.unwrap();
+                    assert!(matches!(outcome, ClaimOutcome::Existing(_)), "{outcome:?}");
+                }
+            }
+        };
+        // The outage goes on: duplicates of the finished call are replayed from b.
+        duplicates(0, REMEMBERED_FAILOVERS).await;
+        // A new call fails over, and more duplicates come while it runs.
+        assert_eq!(
+            store.claim(&claim(&live, "live")).await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+        duplicates(REMEMBERED_FAILOVERS, REMEMBERED_FAILOVERS + 2_000).await;
+        // The home region is back before the call completes: its completion goes where its claim is.
+        a.set(0);
+        let applied = store.transition(&complete(&live, "live")).await.unwrap();
+        assert_eq!(applied, WriteOutcome::Applied);
+        let record = b.store.get(&live).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert!(a.store.get(&live).await.unwrap().is_none());
+    }
+
     /// What a [`Scripted`] region does with a request.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Fault {
@@ -1040,8 +1103,9 @@ mod tests {
     }
 
     /// Runs `steps` on three scripted regions (calls 0 and 2 on one key, 1 and 3 on another, homed
-    /// elsewhere) and checks that the requests of one call stay together: once a call's claim is
-    /// answered by a region, every later request of that call goes to that region, and only there,
+    /// elsewhere) and checks that the requests of one call stay together: once a call holds a claim
+    /// (claimed, or found its own), every later request of that call goes to the region that answered
+    /// it, and only there,
     /// whatever fails; a request that cannot reach it fails as that region's
     /// [`StoreError::RegionUnavailable`]. Without failover, everything goes to the key's home.
     async fn stays_together(failover: bool, steps: &[Step], script: &[Fault]) {
@@ -1052,6 +1116,8 @@ mod tests {
         let tokens: Vec<String> = (0..CALLS).map(|c| format!("call-{c}")).collect();
         // Per call: the region that answered its claim; whether its outcome is stored.
         let mut claimed: [Option<usize>; CALLS] = [None; CALLS];
+        // Per call: where in the log the answer of the claim it holds is.
+        let mut held_at: [usize; CALLS] = [0; CALLS];
         let mut finished = [false; CALLS];
         for &step in steps {
             let (Step::Claim(call)
@@ -1067,12 +1133,17 @@ mod tests {
                     if claimed[call].is_some() {
                         continue;
                     }
-                    if store.claim(&claim(key, token)).await.is_ok() {
+                    if let Ok(outcome) = store.claim(&claim(key, token)).await {
                         let log = log.lock().unwrap();
-                        let answered = log[before..].iter().rev().find(|s| s.answered).unwrap();
-                        claimed[call] = Some(answered.region);
+                        let at = before + log[before..].iter().rposition(|s| s.answered).unwrap();
+                        let answered = &log[at];
                         if !failover {
                             assert_eq!(answered.region, home, "{step:?}: a claim went away");
+                        }
+                        // Only a call that holds the claim sends more.
+                        if !matches!(&outcome, ClaimOutcome::Existing(r) if r.token != token) {
+                            claimed[call] = Some(answered.region);
+                            held_at[call] = at;
                         }
                     }
                     continue;
@@ -1124,14 +1195,13 @@ mod tests {
         }
         // Every request of a call after its claim's answer went to the claim's region.
         let log = log.lock().unwrap();
-        for (token, claimed) in tokens.iter().zip(claimed) {
+        for ((token, claimed), answered) in tokens.iter().zip(claimed).zip(held_at) {
             let Some(region) = claimed else { continue };
-            let answered = log
-                .iter()
-                .position(|s| {
-                    s.token == *token && s.op == "claim" && s.answered && s.region == region
-                })
-                .unwrap();
+            let held = &log[answered];
+            assert!(
+                held.token == *token && held.op == "claim" && held.region == region,
+                "{held:?}"
+            );
             for sent in log[answered..].iter().filter(|s| s.token == *token) {
                 assert_eq!(
                     sent.region, region,
