@@ -846,17 +846,40 @@ pub(crate) trait Runner<T, E, F, D> {
 
     /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
     fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
+
+    /// The body of a call with no record (the kill switch is on, or a missing key under
+    /// [`MissingKey::Skip`]): in place, or on a task of its own (tracked by `tasks` when the handle is
+    /// known), so that a detached call keeps its promise that a caller who gives up stops the waiting,
+    /// not the work. Lazy: nothing starts before the returned future is first polled.
+    type Alone: Future<Output = Result<T, E>>;
+
+    /// See [`Alone`](Self::Alone).
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone;
 }
 
 /// Runs the body in the caller's future: dropping the future stops the body where it is.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inline;
 
-impl<T, E, F, D> Runner<T, E, F, D> for Inline {
+impl<T, E, F, D> Runner<T, E, F, D> for Inline
+where
+    F: Future<Output = Result<T, E>>,
+{
     const DETACHED: bool = false;
 
     fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
         unreachable!("an inline call runs its body in place")
+    }
+
+    type Alone = F;
+
+    fn alone(self, _: &'static str, _: Option<&tokio_util::task::TaskTracker>, body: F) -> F {
+        body
     }
 }
 
@@ -910,6 +933,34 @@ where
             .idem
             .tasks()
             .spawn(task.instrument(tracing::Span::current()))
+    }
+
+    type Alone = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone {
+        use tracing::Instrument as _;
+        let tasks = tasks.cloned();
+        Box::pin(async move {
+            let body = body.instrument(tracing::Span::current());
+            let task = match tasks {
+                Some(tasks) => tasks.spawn(body),
+                None => tokio::spawn(body),
+            };
+            match task.await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Err(Error::ResultNotStored {
+                    namespace: namespace.to_owned(),
+                    source: "the runtime shut down before the detached body finished".into(),
+                }
+                .into()),
+            }
+        })
     }
 }
 
