@@ -379,6 +379,29 @@ struct Attempt<'a> {
     stage: Where,
 }
 
+impl<'a> Attempt<'a> {
+    /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
+    /// claim-time writes and keeps none).
+    fn request(&self, number: u32) -> ClaimRequest<'a> {
+        let times = claim_times(
+            self.idem.clock().now_ms(),
+            self.idem.clock_skew_margin(),
+            self.lease,
+            writes_lifetime(self.idem, self.plan, self.ttl),
+        );
+        ClaimRequest {
+            key: self.plan.key,
+            token: self.token,
+            attempt: number,
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
+            fingerprint: self.plan.fingerprint,
+            keep_claim_writes: false,
+        }
+    }
+}
+
 /// Where a call is, as far as dropping its future is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -528,22 +551,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
-        let times = claim_times(
-            idem.clock().now_ms(),
-            idem.clock_skew_margin(),
-            attempt.lease,
-            writes_lifetime(idem, plan, attempt.ttl),
-        );
-        let mut request = ClaimRequest {
-            key: plan.key,
-            token,
-            attempt: number,
-            now_ms: times.now_ms,
-            lease_until_ms: times.lease_until_ms,
-            expires_at_s: times.expires_at_s,
-            fingerprint: plan.fingerprint,
-            keep_claim_writes: false,
-        };
+        let mut request = attempt.request(number);
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
         // each layer it passed through would move it again.
@@ -1832,7 +1840,7 @@ mod serialize_panic {
             Some(&"bomb went off while serializing")
         );
         // Long past the lease.
-        clock.advance(std::time::Duration::from_secs(60));
+        clock.advance(std::time::Duration::from_mins(1));
         let second = call(idem.clone(), runs.clone()).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran twice");
         assert!(
