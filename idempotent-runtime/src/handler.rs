@@ -379,6 +379,29 @@ struct Attempt<'a> {
     stage: Where,
 }
 
+impl<'a> Attempt<'a> {
+    /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
+    /// claim-time writes and keeps none).
+    fn request(&self, number: u32) -> ClaimRequest<'a> {
+        let times = claim_times(
+            self.idem.clock().now_ms(),
+            self.idem.clock_skew_margin(),
+            self.lease,
+            writes_lifetime(self.idem, self.plan, self.ttl),
+        );
+        ClaimRequest {
+            key: self.plan.key,
+            token: self.token,
+            attempt: number,
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
+            fingerprint: self.plan.fingerprint,
+            keep_claim_writes: false,
+        }
+    }
+}
+
 /// Where a call is, as far as dropping its future is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -436,7 +459,13 @@ impl Drop for Attempt<'_> {
                     (!attempt.plan.claim_writes.is_empty())
                         .then(|| writes_lifetime(attempt.idem, attempt.plan, attempt.ttl)),
                 );
-                release(attempt.idem, namespace, attempt.plan.key, attempt.token, lifetime);
+                release(
+                    attempt.idem,
+                    namespace,
+                    attempt.plan.key,
+                    attempt.token,
+                    lifetime,
+                );
             }
             Stage::Running => telemetry::call_dropped(namespace, Dropped::Body),
             Stage::Waiting | Stage::Done => {}
@@ -522,22 +551,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
-        let times = claim_times(
-            idem.clock().now_ms(),
-            idem.clock_skew_margin(),
-            attempt.lease,
-            writes_lifetime(idem, plan, attempt.ttl),
-        );
-        let mut request = ClaimRequest {
-            key: plan.key,
-            token,
-            attempt: number,
-            now_ms: times.now_ms,
-            lease_until_ms: times.lease_until_ms,
-            expires_at_s: times.expires_at_s,
-            fingerprint: plan.fingerprint,
-            keep_claim_writes: false,
-        };
+        let mut request = attempt.request(number);
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
         // each layer it passed through would move it again.
@@ -818,7 +832,7 @@ where
 pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
 /// How a body that holds its claim ended: its result and the call's outcome, or its panic (the record is
-/// FAILED by then).
+/// FAILED by then; COMPLETED when the body returned `Ok` and its value's `Serialize` panicked).
 pub(crate) type Finished<T, E> = Result<(Result<T, E>, Outcome), Panic>;
 
 /// The body of a call that holds its claim, with what storing its outcome needs.
@@ -840,17 +854,40 @@ pub(crate) trait Runner<T, E, F, D> {
 
     /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
     fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
+
+    /// The body of a call with no record (the kill switch is on, or a missing key under
+    /// [`MissingKey::Skip`]): in place, or on a task of its own (tracked by `tasks` when the handle is
+    /// known), so that a detached call keeps its promise that a caller who gives up stops the waiting,
+    /// not the work. Lazy: nothing starts before the returned future is first polled.
+    type Alone: Future<Output = Result<T, E>>;
+
+    /// See [`Alone`](Self::Alone).
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone;
 }
 
 /// Runs the body in the caller's future: dropping the future stops the body where it is.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inline;
 
-impl<T, E, F, D> Runner<T, E, F, D> for Inline {
+impl<T, E, F, D> Runner<T, E, F, D> for Inline
+where
+    F: Future<Output = Result<T, E>>,
+{
     const DETACHED: bool = false;
 
     fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
         unreachable!("an inline call runs its body in place")
+    }
+
+    type Alone = F;
+
+    fn alone(self, _: &'static str, _: Option<&tokio_util::task::TaskTracker>, body: F) -> F {
+        body
     }
 }
 
@@ -904,6 +941,34 @@ where
             .idem
             .tasks()
             .spawn(task.instrument(tracing::Span::current()))
+    }
+
+    type Alone = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone {
+        use tracing::Instrument as _;
+        let tasks = tasks.cloned();
+        Box::pin(async move {
+            let body = body.instrument(tracing::Span::current());
+            let task = match tasks {
+                Some(tasks) => tasks.spawn(body),
+                None => tokio::spawn(body),
+            };
+            match task.await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Err(Error::ResultNotStored {
+                    namespace: namespace.to_owned(),
+                    source: "the runtime shut down before the detached body finished".into(),
+                }
+                .into()),
+            }
+        })
     }
 }
 
@@ -1035,17 +1100,36 @@ where
         Ok(match outcome {
             // Each boxed on its own, so that no box of a call is above the allocator's small sizes
             // (see `future_size`).
-            Ok(Ok(value)) => match Box::pin(claim.complete(value, &mut persist)).await {
-                Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
-                Ok(value) => (Ok(value), Outcome::Executed),
-                Err(e) => {
-                    let outcome = Outcome::of(&e);
-                    (Err(e.into()), outcome)
+            Ok(Ok(value)) => {
+                let mut thrown = None;
+                let completed = Box::pin(claim.complete(value, &mut persist, &mut thrown)).await;
+                // The value's `Serialize` panicked: the success is stored as final all the same
+                // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
+                if let Some(panic) = thrown {
+                    return Err(panic);
                 }
-            },
+                match completed {
+                    Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
+                    Ok(value) => (Ok(value), Outcome::Executed),
+                    Err(e) => {
+                        let outcome = Outcome::of(&e);
+                        (Err(e.into()), outcome)
+                    }
+                }
+            }
             Ok(Err(err)) => {
-                Box::pin(claim.fail(&describe(&err), &mut persist)).await;
-                (Err(err), Outcome::Failed)
+                // A panic in the error's text (its `Display`) is a failure like a panicking body's:
+                // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
+                match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                    Ok(text) => {
+                        Box::pin(claim.fail(&text, &mut persist)).await;
+                        (Err(err), Outcome::Failed)
+                    }
+                    Err(panic) => {
+                        Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
+                        return Err(panic);
+                    }
+                }
             }
             // A panic is a failure: recorded as one, so that the key is free at once.
             Err(panic) => {
@@ -1226,7 +1310,16 @@ impl Held<'_> {
 
     /// Stores `value` as the response: PENDING → COMPLETED (with the staged writes, in one
     /// transaction), retried while the lease allows.
-    async fn complete<T: Serialize>(&self, value: T, persist: &mut Persist) -> Result<T, Error> {
+    ///
+    /// A panic in the value's `Serialize` impl is caught: the body has run, so the record is COMPLETED
+    /// with `panicked: <message>` in place of the value (duplicates get `ResponseNotSerialized`), and
+    /// the panic is left in `thrown` for the caller to resume.
+    async fn complete<T: Serialize>(
+        &self,
+        value: T,
+        persist: &mut Persist,
+        thrown: &mut Option<Panic>,
+    ) -> Result<T, Error> {
         let Plan {
             call,
             key,
@@ -1238,13 +1331,21 @@ impl Held<'_> {
         // A value that does not serialize is still a success, and final: the record is COMPLETED with
         // the reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never
         // runs again. Only this caller hears the serialization error.
-        let (bytes, fits, unserializable) = match self.encode(&value) {
-            Ok((bytes, fits)) => (bytes, fits, None),
-            Err(source) => (
+        // Unwind safety: after a panic only the value's reference was touched, and the value is
+        // handed back (or dropped) untouched by this call.
+        let encoded = std::panic::catch_unwind(AssertUnwindSafe(|| self.encode(&value)));
+        let (bytes, fits, unserializable) = match encoded {
+            Ok(Ok((bytes, fits))) => (bytes, fits, None),
+            Ok(Err(source)) => (
                 codec::not_serialized(&source.to_string()),
                 true,
                 Some(source),
             ),
+            Err(panic) => {
+                let detail = panicked(&*panic);
+                *thrown = Some(panic);
+                (codec::not_serialized(&detail), true, None)
+            }
         };
         let response = fits.then_some(&bytes[..]);
         let now_ms = self.idem.clock().now_ms();
@@ -1622,7 +1723,8 @@ mod future_size {
         // A value of the bench's receipt's size (three strings and a number): the completion holds it.
         let receipt = || (String::new(), 0, String::new(), String::new());
         let mut persist = Persist::new(Duration::ZERO);
-        let complete = std::mem::size_of_val(&held.complete(receipt(), &mut persist));
+        let mut thrown = None;
+        let complete = std::mem::size_of_val(&held.complete(receipt(), &mut persist, &mut thrown));
         let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
         // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
         // the heartbeat beside them.
@@ -1691,5 +1793,102 @@ mod examine_order {
             matches!(found, Err(Error::PayloadMismatch { .. })),
             "{found:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod serialize_panic {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::{Error, Idempotency, ManualClock, MemoryStore};
+
+    /// A value whose `Serialize` impl panics.
+    #[derive(Debug, serde::Deserialize)]
+    struct Bomb;
+
+    impl serde::Serialize for Bomb {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            panic!("bomb went off while serializing");
+        }
+    }
+
+    /// A body that returned `Ok` has run: a panic in its value's `Serialize` impl must not leave the
+    /// key PENDING, to be run again once the lease lapses. The record is COMPLETED (duplicates get
+    /// `ResponseNotSerialized`), and the panic reaches the caller unchanged.
+    #[tokio::test]
+    async fn a_panic_while_serializing_the_value_is_still_final() {
+        let clock = ManualClock::new(1_000_000);
+        let store = Arc::new(MemoryStore::new());
+        let idem = Idempotency::builder_arc(store.clone())
+            .clock(clock.clone())
+            .build();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let call = |idem: Idempotency, runs: Arc<AtomicUsize>| async move {
+            idem.operation("tests::bomb", "k")
+                .lease(std::time::Duration::from_secs(10))
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(Bomb)
+                })
+                .await
+        };
+        let first = tokio::spawn(call(idem.clone(), runs.clone())).await;
+        let panic = first.expect_err("the caller panics").into_panic();
+        assert_eq!(
+            panic.downcast_ref::<&str>(),
+            Some(&"bomb went off while serializing")
+        );
+        // Long past the lease.
+        clock.advance(std::time::Duration::from_mins(1));
+        let second = call(idem.clone(), runs.clone()).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran twice");
+        assert!(
+            matches!(second, Err(Error::ResponseNotSerialized { .. })),
+            "{second:?}"
+        );
+    }
+
+    /// An error whose `Display` panics.
+    #[derive(Debug)]
+    struct Grumpy;
+
+    impl std::fmt::Display for Grumpy {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            panic!("display of the error panicked");
+        }
+    }
+
+    impl From<Error> for Grumpy {
+        fn from(_: Error) -> Self {
+            Self
+        }
+    }
+
+    /// A panic while describing the body's error (its `Display`) is a failure like a panicking body:
+    /// FAILED with `panicked: <message>`, so the key is free at once rather than blocked for the lease,
+    /// and the panic reaches the caller.
+    #[tokio::test]
+    async fn a_panic_while_describing_the_error_fails_the_record() {
+        let idem = Idempotency::in_memory();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let call = |idem: Idempotency, runs: Arc<AtomicUsize>| async move {
+            idem.operation("tests::grumpy", "k")
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Err::<u32, _>(Grumpy)
+                })
+                .await
+        };
+        let first = tokio::spawn(call(idem.clone(), runs.clone())).await;
+        let panic = first.expect_err("the caller panics").into_panic();
+        assert_eq!(
+            panic.downcast_ref::<&str>(),
+            Some(&"display of the error panicked")
+        );
+        // The key is free at once: the next call runs the body (and panics the same way).
+        let second = tokio::spawn(call(idem.clone(), runs.clone())).await;
+        assert!(second.is_err(), "the second call panics too");
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "the key was left blocked");
     }
 }

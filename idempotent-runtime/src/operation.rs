@@ -416,6 +416,8 @@ impl<'a, H> Operation<'a, H> {
             compensation,
             on_replay,
         } = self;
+        // The handle's tasks, for a detached body that runs alone (drained like any detached body).
+        let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
         // Switched off: the body alone, unless its writes can only commit with the record.
         let prepared = if !stages_writes && crate::config::disabled() {
             Ok(None)
@@ -433,7 +435,12 @@ impl<'a, H> Operation<'a, H> {
         let (idem, key, fingerprint) = match prepared {
             Ok(Some(prepared)) => prepared,
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
-            Ok(None) => return Drive::Body { body },
+            // Detached, it still runs on a task of its own.
+            Ok(None) => {
+                return Drive::Body {
+                    body: runner.alone(call.namespace, tasks.as_ref(), body),
+                };
+            }
             Err(e) => {
                 return Drive::Failed {
                     error: Some((*e).into()),
@@ -613,5 +620,44 @@ where
                 Poll::Ready(Err(error.take().expect("a failed call is polled once")))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod detached_without_record {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{Error, Idempotency, MissingKey};
+
+    /// `detach` promises that a caller who gives up stops the waiting, not the work. A call that runs
+    /// its body alone (a missing key under `MissingKey::Skip`, or the kill switch) must keep that
+    /// promise too: a charge cut off half-way by a client that hung up is what `detach` is for.
+    #[tokio::test]
+    async fn a_detached_call_without_a_record_still_runs_to_its_end() {
+        let idem = Idempotency::in_memory();
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
+        let call = idem
+            .operation("tests::skip", &None::<String>)
+            .missing_key(MissingKey::Skip)
+            .detach()
+            .run(move || async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                finished.store(true, Ordering::SeqCst);
+                Ok::<_, Error>(1_u32)
+            });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), call)
+                .await
+                .is_err()
+        );
+        idem.drain(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the detached body was cut off with its caller"
+        );
     }
 }
