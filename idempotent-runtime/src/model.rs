@@ -279,9 +279,10 @@ impl Protocol {
             state.ghost.took_live_claim = true;
         }
         if !new_operation
-            && state.ghost.returned_ok.is_some_and(|w| {
-                matches!(state.workers[w].phase, Phase::Done(Outcome::Ran(_)))
-            })
+            && state
+                .ghost
+                .returned_ok
+                .is_some_and(|w| matches!(state.workers[w].phase, Phase::Done(Outcome::Ran(_))))
         {
             state.ghost.rerun_after_success = true;
         }
