@@ -23,7 +23,7 @@
 //!
 //! | request | response |
 //! |---|---|
-//! | first with its key | the handler's own response, whole (headers, and a body of any size, streamed); it is stored unless [it is not final](#which-responses-are-stored) |
+//! | first with its key | the handler's own response, whole (headers, and a body of any size: what is kept for storage, up to `max_stored_response_bytes`, is read before the caller gets the head, the rest streams through); it is stored unless [it is not final](#which-responses-are-stored) |
 //! | same key, same request, done | the stored status, [headers that matter](IdempotencyLayer::replay_header) and body, plus `Idempotent-Replayed: true` |
 //! | same key, done, but its response could not be stored (too large, or its body failed while it was sent) | 410, saying the request was processed and its response cannot be sent again, plus `Idempotent-Replayed: true` ([below](#responses-that-cannot-be-stored)) |
 //! | same key, still in flight | 409, `Retry-After` from the handle's retry hint |

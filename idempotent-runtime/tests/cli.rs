@@ -140,19 +140,22 @@ async fn key_show_decodes_a_completed_record() {
 #[tokio::test]
 async fn key_release_frees_a_stuck_claim_after_confirmation() {
     let (table, store, idem) = setup("cli-release");
-    // A stuck claim: its worker died mid-body.
+    // A stuck claim: its worker died mid-body. Stopped only once the body runs: a call dropped before
+    // its body started releases its claim.
+    let (started, body_runs) = tokio::sync::oneshot::channel::<()>();
     let stuck = tokio::spawn({
         let idem = idem.clone();
         async move {
             idem.operation("billing::charge", &(7, "order-2"))
-                .run(std::future::pending::<Result<String, idempotent_runtime::Error>>)
+                .run(|| async move {
+                    let _ = started.send(());
+                    std::future::pending::<Result<String, idempotent_runtime::Error>>().await
+                })
                 .await
         }
     });
     let key = idempotent_runtime::derive_key("billing::charge", &(7, "order-2")).unwrap();
-    while store.get(&key).await.unwrap().is_none() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    body_runs.await.unwrap();
     stuck.abort();
     let args = [
         "key",
