@@ -566,24 +566,27 @@ async fn post_and_hang_up(addr: SocketAddr, path: &str, key: &str, started: impl
     drop(sender);
 }
 
+/// `POST /payments` behind the layer: sends a charge (counted in `charges`), then waits 800 ms for the
+/// gateway's answer and answers 201 `charge <n>`.
+fn slow_charge(harness: &Harness, charges: &Runs) -> Router {
+    let charges = charges.clone();
+    let handler = post(move || {
+        let charges = charges.clone();
+        async move {
+            let charge = charges.next();
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            (StatusCode::CREATED, format!("charge {charge}"))
+        }
+    });
+    Router::new().route("/payments", handler.layer(layer(harness)))
+}
+
 // Issue 30, item 1: a client that timed out and hung up made hyper drop the handler's future; nothing
 // was stored, the heartbeat stopped, and the retry after the lease charged a second time.
 async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
     let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(1))).await;
     let charges = Runs::default();
-    let handler = {
-        let charges = charges.clone();
-        post(move || {
-            let charges = charges.clone();
-            async move {
-                // The charge is sent; the gateway's answer takes 800 ms.
-                let charge = charges.next();
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                (StatusCode::CREATED, format!("charge {charge}"))
-            }
-        })
-    };
-    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let router = slow_charge(&harness, &charges);
     let server = Server::start(harness, router).await;
 
     post_and_hang_up(server.addr, "/payments", "hang-up", || charges.count() == 1).await;
@@ -611,18 +614,7 @@ async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
 async fn drain_waits_for_a_handler_whose_client_hung_up(backend: Backend) {
     let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
     let charges = Runs::default();
-    let handler = {
-        let charges = charges.clone();
-        post(move || {
-            let charges = charges.clone();
-            async move {
-                let charge = charges.next();
-                tokio::time::sleep(Duration::from_millis(800)).await;
-                (StatusCode::CREATED, format!("charge {charge}"))
-            }
-        })
-    };
-    let router = Router::new().route("/payments", handler.layer(layer(&harness)));
+    let router = slow_charge(&harness, &charges);
     let server = Server::start(harness, router).await;
 
     post_and_hang_up(server.addr, "/payments", "drain", || charges.count() == 1).await;
