@@ -203,7 +203,7 @@ pub enum Error {
     Serialize {
         /// The key's namespace.
         namespace: String,
-        /// `key`, `payload` or `response`.
+        /// `key`, `payload`, `response` or `step`.
         what: &'static str,
         /// `serde_json`'s error.
         #[source]
@@ -277,6 +277,52 @@ pub enum Error {
         namespace: String,
     },
 
+    /// A body run with steps ([`Operation::run_steps`](crate::Operation::run_steps)) asked for the same
+    /// step name twice in one run: each step is stored under its name, so a second one would replay the
+    /// first one's value. The body stops there; give each step its own name.
+    #[error(
+        "`{namespace}`: the step `{step}` was run twice in one call; give each step of a body its own name"
+    )]
+    StepRepeated {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+    },
+
+    /// A step's value, with the values of the steps before it, would not fit in the record (DynamoDB's
+    /// 400 KB item, compressed as responses are). The step ran; nothing was written, and the body stops
+    /// there (its record moves to FAILED, and a retry runs this step again). Return a smaller value
+    /// from the step (an id rather than the whole object).
+    #[error(
+        "`{namespace}`: the value of step `{step}` does not fit in the record ({bytes} bytes with the steps before it, at most {budget}); return a smaller value from the step"
+    )]
+    StepTooLarge {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+        /// The steps' stored size with this step's value.
+        bytes: usize,
+        /// The most the record has room for.
+        budget: usize,
+    },
+
+    /// A step's stored value no longer deserializes into the step's type (the type changed in a
+    /// deploy while a call was half-way?). The step is not run again; the body stops there.
+    #[error(
+        "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); if the type changed, give the step a new name"
+    )]
+    StepValue {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+        /// `serde_json`'s error.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// No `store = ..` was given and no default `Idempotency` was installed.
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
@@ -301,6 +347,7 @@ impl From<Error> for std::io::Error {
             | Error::ResultNotStored { .. } => ErrorKind::TimedOut,
             Error::PayloadMismatch { .. }
             | Error::Deserialize { .. }
+            | Error::StepValue { .. }
             | Error::Serialize { .. }
             | Error::CorruptRecord { .. } => ErrorKind::InvalidData,
             _ => ErrorKind::Other,
@@ -398,6 +445,9 @@ impl Error {
             | Error::ResponseNotSerialized { namespace, .. }
             | Error::Expired { namespace }
             | Error::MissingKey { namespace }
+            | Error::StepRepeated { namespace, .. }
+            | Error::StepTooLarge { namespace, .. }
+            | Error::StepValue { namespace, .. }
             | Error::NotInstalled { namespace } => namespace,
         }
     }

@@ -19,10 +19,11 @@ use crate::config::Idempotency;
 use crate::error::CancellationReason;
 use crate::error::Error;
 use crate::record::{Record, Status};
+use crate::steps::Steps;
 use crate::store::writes::Staged;
 use crate::store::{
-    Change, ClaimOutcome, ClaimRequest, StoreError, TransactOutcome, Transition, WriteOutcome,
-    Writes,
+    Change, ClaimOutcome, ClaimRequest, StepsClaim, StoreError, TransactOutcome, Transition,
+    WriteOutcome, Writes,
 };
 use crate::telemetry::{self, Dropped, Outcome};
 
@@ -291,6 +292,8 @@ pub(crate) struct Plan<'a> {
     pub(crate) claim_writes: &'a Writes,
     /// Writes that undo `claim_writes`, committed with a FAILED record.
     pub(crate) compensation: &'a Writes,
+    /// The body's steps, for an operation run with steps.
+    pub(crate) steps: Option<&'a Steps>,
 }
 
 /// What a call's state machine owns: its handle, and what its [`Plan`] borrows.
@@ -303,6 +306,7 @@ pub(crate) struct Parts<'s, I> {
     pub(crate) staging: Option<&'s Staged>,
     pub(crate) claim_writes: Writes,
     pub(crate) compensation: Writes,
+    pub(crate) steps: Option<Steps>,
 }
 
 /// A claim with claim-time writes, as a transaction; `None` when the key is to be taken with a plain
@@ -339,6 +343,13 @@ fn claim_with_writes<'a>(
                 Ok(None)
             }
             Ok(TransactOutcome::Rejected(Some(record))) => Ok(Some(ClaimOutcome::Existing(record))),
+            // A resume whose record is gone: the plain claim finds it gone too, and the call claims
+            // afresh.
+            Ok(TransactOutcome::Rejected(None))
+                if matches!(request.steps, StepsClaim::Resume { .. }) =>
+            {
+                Ok(None)
+            }
             Ok(TransactOutcome::Rejected(None)) => Err(Error::CorruptRecord {
                 namespace: namespace.to_owned(),
                 detail: "the claim condition failed but no item was returned".into(),
@@ -363,6 +374,9 @@ enum Acquired<T> {
     Held {
         lease_until_ms: u64,
         took_over: bool,
+        /// For an operation run with steps: the record's steps as the claim left them (`None`: it
+        /// started afresh).
+        steps: Option<Vec<u8>>,
     },
     /// The answer is known without running the body: a replay from the store or from the local cache.
     Done(T, Outcome),
@@ -381,7 +395,7 @@ struct Attempt<'a> {
 
 impl<'a> Attempt<'a> {
     /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
-    /// claim-time writes and keeps none).
+    /// claim-time writes and keeps none; with steps, it starts the operation afresh).
     fn request(&self, number: u32) -> ClaimRequest<'a> {
         let times = claim_times(
             self.idem.clock().now_ms(),
@@ -398,6 +412,13 @@ impl<'a> Attempt<'a> {
             expires_at_s: times.expires_at_s,
             fingerprint: self.plan.fingerprint,
             keep_claim_writes: false,
+            steps: self
+                .plan
+                .steps
+                .map_or(StepsClaim::Untouched, |steps| StepsClaim::Fresh {
+                    initial: steps.initial(self.token),
+                    restart_failed: steps.restart_failed(),
+                }),
         }
     }
 }
@@ -454,9 +475,10 @@ impl Drop for Attempt<'_> {
                 telemetry::call_dropped(namespace, Dropped::Claim);
                 // A claim with claim-time writes leaves them in effect (a release sends no
                 // compensation), so its record must live as long as a failure that keeps them.
+                // So must a claim that may hold finished steps (a resume).
                 let lifetime = failed_lifetime(
                     attempt.idem.failed_ttl(),
-                    (!attempt.plan.claim_writes.is_empty())
+                    (!attempt.plan.claim_writes.is_empty() || attempt.plan.steps.is_some())
                         .then(|| writes_lifetime(attempt.idem, attempt.plan, attempt.ttl)),
                 );
                 release(
@@ -548,10 +570,18 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
     let mut poll = FIRST_POLL;
     let mut number = 0;
     let mut took_over = false;
+    // With steps: the stored steps of a record to resume, as last seen.
+    let mut resume: Option<Vec<u8>> = None;
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
         let mut request = attempt.request(number);
+        if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref()) {
+            request.steps = StepsClaim::Resume {
+                steps: seen,
+                restart_failed: steps.restart_failed(),
+            };
+        }
         // One claim attempt: a plain conditional write, or first a transaction when business writes go
         // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
         // each layer it passed through would move it again.
@@ -563,6 +593,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                         return Ok(Acquired::Held {
                             lease_until_ms: request.lease_until_ms,
                             took_over,
+                            steps: resume,
                         });
                     }
                     Some(ClaimOutcome::Existing(record)) => break 'blocked record,
@@ -577,14 +608,18 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     return Ok(Acquired::Held {
                         lease_until_ms: request.lease_until_ms,
                         took_over,
+                        steps: resume,
                     });
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
-                // The record is gone (deleted since the transaction saw it): a new operation, whose
-                // claim applies the writes.
+                // The record is gone (deleted since the transaction, or the claim that saw it): a new
+                // operation, whose claim applies the writes, and starts its steps afresh.
                 Err(StoreError::Corrupt(_))
-                    if request.keep_claim_writes && number <= CLAIMABLE_RETRIES =>
+                    if (request.keep_claim_writes
+                        || matches!(request.steps, StepsClaim::Resume { .. }))
+                        && number <= CLAIMABLE_RETRIES =>
                 {
+                    resume = None;
                     continue 'claim;
                 }
                 Err(e) => return Err(store_error(plan.call.namespace, e)),
@@ -602,6 +637,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     return Ok(Acquired::Held {
                         lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
                         took_over,
+                        steps: record.steps,
                     });
                 }
                 Found::Replay => {
@@ -613,6 +649,11 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 }
                 Found::Claimable => {
                     took_over = lapsed && !expired;
+                    // Steps that live on are resumed (a claim that starts afresh is refused by them).
+                    resume = plan
+                        .steps
+                        .filter(|steps| steps.resumes(&record, now_ms))
+                        .and(record.steps);
                     continue 'claim;
                 }
                 Found::InProgress(retry_after) => retry_after,
@@ -752,6 +793,7 @@ where
             staging: parts.staging,
             claim_writes: &parts.claim_writes,
             compensation: &parts.compensation,
+            steps: parts.steps.as_ref(),
         };
         let call = plan.call;
         let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
@@ -780,7 +822,20 @@ where
             Ok(Acquired::Held {
                 lease_until_ms,
                 took_over,
-            }) => (lease_until_ms, took_over),
+                steps,
+            }) => {
+                if let Some(handle) = plan.steps {
+                    handle.begin(
+                        idem,
+                        plan.key,
+                        token,
+                        plan.fingerprint,
+                        lease,
+                        steps.as_deref(),
+                    );
+                }
+                (lease_until_ms, took_over)
+            }
             Err(e) => {
                 let outcome = Outcome::of(&e);
                 return (Err(e.into()), outcome);
@@ -1001,6 +1056,7 @@ struct OwnedClaim {
     staging: Option<Staged>,
     claim_writes: Writes,
     compensation: Writes,
+    steps: Option<Steps>,
     token: String,
     ttl: Duration,
 }
@@ -1016,6 +1072,7 @@ impl OwnedClaim {
             staging: plan.staging.cloned(),
             claim_writes: plan.claim_writes.clone(),
             compensation: plan.compensation.clone(),
+            steps: plan.steps.cloned(),
             token: claim.token.to_owned(),
             ttl: claim.ttl,
         }
@@ -1029,6 +1086,7 @@ impl OwnedClaim {
             staging: self.staging.as_ref(),
             claim_writes: &self.claim_writes,
             compensation: &self.compensation,
+            steps: self.steps.as_ref(),
         }
     }
 }
@@ -1478,7 +1536,10 @@ impl Held<'_> {
             // A failure that leaves claim-time writes in effect keeps the record (and with it the mark)
             // for the operation's ttl and retain, not the short `failed_ttl`: once it expired, a retry
             // would be a new operation and apply the writes again.
-            let keeps_writes = !self.plan.claim_writes.is_empty() && writes.is_empty();
+            // Likewise the steps of a body that resumes after a failure: once the record expired, a
+            // retry would run them all again.
+            let keeps_writes = (!self.plan.claim_writes.is_empty() && writes.is_empty())
+                || self.plan.steps.is_some_and(|steps| !steps.restart_failed());
             let lifetime = failed_lifetime(
                 self.idem.failed_ttl(),
                 keeps_writes.then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
@@ -1535,6 +1596,54 @@ impl Held<'_> {
             // free at once and its claim-time writes stay in effect (a retry does not apply them again).
             tracing::warn!(namespace, error = %problem, "compensating writes refused; the claim-time writes stay in effect");
             writes = Writes::new();
+        }
+    }
+}
+
+/// Stores an operation's finished steps (`steps`, encoded) in its record, fenced by the call's claim
+/// (`token`): retried through transient faults while a lease allows (heartbeats extend it meanwhile).
+/// A rejection means the claim is no longer ours: [`Error::LeaseLost`], and the body stops at its step.
+pub(crate) async fn save_steps(
+    idem: &Idempotency,
+    namespace: &'static str,
+    key: &str,
+    token: &str,
+    steps: &[u8],
+    lease: Duration,
+) -> Result<(), Error> {
+    let transition = Transition {
+        key,
+        token,
+        change: Change::SaveSteps { steps },
+    };
+    let mut persist = Persist::new(lease);
+    loop {
+        // The same request every time: a retry after a lost response writes the same steps again,
+        // which the fence still allows.
+        let last = match telemetry::observe("step", idem.store().transition(&transition)).await {
+            Ok(WriteOutcome::Applied) => return Ok(()),
+            Ok(WriteOutcome::Rejected(_)) => {
+                tracing::warn!(
+                    namespace,
+                    "claim lost while the body ran; the step's value was not stored and the body stops"
+                );
+                return Err(Error::LeaseLost {
+                    namespace: namespace.to_owned(),
+                });
+            }
+            Err(
+                e @ (StoreError::Throttled(_)
+                | StoreError::Unavailable(_)
+                | StoreError::RegionUnavailable { .. }),
+            ) => store_error(namespace, e),
+            Err(e) => return Err(store_error(namespace, e)),
+        };
+        tracing::debug!(namespace, error = %last, "transient fault while storing a step; retrying");
+        if !persist.again().await {
+            return Err(Error::ResultNotStored {
+                namespace: namespace.to_owned(),
+                source: Box::new(last),
+            });
         }
     }
 }
@@ -1661,6 +1770,7 @@ mod future_size {
             staging: None,
             claim_writes: Writes::new(),
             compensation: Writes::new(),
+            steps: None,
         }
     }
 
@@ -1713,6 +1823,7 @@ mod future_size {
             staging: None,
             claim_writes: &none,
             compensation: &none,
+            steps: None,
         };
         let held = Held {
             idem: &idem,
@@ -1783,6 +1894,7 @@ mod examine_order {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            steps: None,
         };
         let call = Call::new("ns");
         let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);

@@ -104,6 +104,7 @@ mod model;
 mod operation;
 mod record;
 mod size;
+mod steps;
 pub mod store;
 pub mod telemetry;
 
@@ -131,6 +132,7 @@ pub use key::{derive_key, fingerprint};
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
+pub use steps::Steps;
 pub use store::memory::MemoryStore;
 pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};

@@ -17,7 +17,7 @@ use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
 use crate::telemetry::{self, Outcome};
-use crate::{Error, Idempotency, MissingKey};
+use crate::{Error, Idempotency, MissingKey, Steps};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
 ///
@@ -49,6 +49,10 @@ pub struct Operation<'a, H = Unchanged> {
     fingerprint: Option<Early<String>>,
     claim_writes: Writes,
     compensation: Writes,
+    /// The operation starts over after a failure ([`restart_steps_after_failure`](Self::restart_steps_after_failure)).
+    restart_steps: bool,
+    /// The body's steps, when it runs with them.
+    steps: Option<Steps>,
     on_replay: H,
 }
 
@@ -118,6 +122,8 @@ impl<'a> Operation<'a> {
             fingerprint,
             claim_writes: Writes::new(),
             compensation: Writes::new(),
+            restart_steps: false,
+            steps: None,
             on_replay: Unchanged,
         }
     }
@@ -236,6 +242,8 @@ impl<'a, H> Operation<'a, H> {
             fingerprint: self.fingerprint,
             claim_writes: self.claim_writes,
             compensation: self.compensation,
+            restart_steps: self.restart_steps,
+            steps: self.steps,
             on_replay: hook,
         }
     }
@@ -381,6 +389,103 @@ impl<'a, H> Operation<'a, H> {
         .await
     }
 
+    /// A body of several effects that resumes where it stopped: `body` gets the call's [`Steps`] and
+    /// runs each effect through [`Steps::run`], under a name. Each step's `Ok` value is stored in the
+    /// record before the body goes on (one fenced `UpdateItem` per step), so a call that takes the key
+    /// over after a crash or a lapsed lease, or claims it again after a failure, replays the finished
+    /// steps' values without running them and goes on from the first unfinished one.
+    ///
+    /// What runs again after a crash is at most the step that was running, and not even that when the
+    /// step passes [`Steps::key`] to a downstream API that honours idempotency keys. Once the body
+    /// returns `Ok`, its value is stored and replayed like [`run`](Self::run)'s, and the steps are
+    /// removed; once the record expires, the key is a new operation, whose steps start afresh. After
+    /// the body returns `Err`, a retry resumes too (its finished steps are not run again), unless the
+    /// operation [restarts from scratch after a failure](Self::restart_steps_after_failure).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use idempotent_runtime::{Error, Idempotency};
+    /// let idem = Idempotency::in_memory();
+    /// let receipt = idem
+    ///     .operation("shop::checkout", "order-7")
+    ///     .run_steps(|steps| async move {
+    ///         let hold: u32 = steps.run("reserve", || async { Ok::<_, Error>(17) }).await?;
+    ///         let gateway_key = steps.key("charge"); // the gateway's `Idempotency-Key`
+    ///         let charge = steps
+    ///             .run("charge", || async move { Ok::<_, Error>(format!("ch_{}", &gateway_key[..8])) })
+    ///             .await?;
+    ///         steps.run("email", || async { Ok::<_, Error>(()) }).await?;
+    ///         Ok::<_, Error>((hold, charge))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(receipt.0, 17);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E` (those of [`Steps::run`] included).
+    pub async fn run_steps<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Display,
+        F: FnOnce(Steps) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
+    {
+        let steps = self.with_steps();
+        self.drive(
+            None,
+            ToString::to_string,
+            async move { body(steps).await },
+            Inline,
+        )
+        .await
+    }
+
+    /// [`run_steps`](Self::run_steps), with a [`Transaction`](crate::Transaction) whose staged writes
+    /// commit with the COMPLETED record (the steps' values are stored as they finish, as without it).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    #[cfg(feature = "dynamodb")]
+    pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Display,
+        F: FnOnce(Steps, crate::Transaction) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
+    {
+        let steps = self.with_steps();
+        let transaction = crate::Transaction::new();
+        let staged = transaction.staged().clone();
+        self.drive(
+            Some(&staged),
+            ToString::to_string,
+            async move { body(steps, transaction).await },
+            Inline,
+        )
+        .await
+    }
+
+    /// For an operation run with steps: after the body returns `Err`, the next call starts over from
+    /// the first step (its stored steps are dropped, and [`Steps::key`] gives new keys) instead of
+    /// resuming. For bodies whose failure undoes what the finished steps did (a refund after a
+    /// declined shipment), so that their steps must run again. A crash or a lapsed lease still
+    /// resumes.
+    pub fn restart_steps_after_failure(mut self) -> Self {
+        self.restart_steps = true;
+        self
+    }
+
+    /// The steps of this call, which [`drive`](Self::drive) hands to the state machine.
+    pub(crate) fn with_steps(&mut self) -> Steps {
+        let steps = Steps::new(self.call.namespace, self.restart_steps);
+        self.steps = Some(steps.clone());
+        steps
+    }
+
     /// The one path into the state machine, for [`run`](Self::run), [`run_transact`](Self::run_transact)
     /// and the attribute's generated code: the kill switch, then the handle, key and payload (the first
     /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
@@ -414,6 +519,8 @@ impl<'a, H> Operation<'a, H> {
             fingerprint,
             claim_writes,
             compensation,
+            restart_steps: _,
+            steps,
             on_replay,
         } = self;
         // The handle's tasks, for a detached body that runs alone (drained like any detached body).
@@ -457,6 +564,7 @@ impl<'a, H> Operation<'a, H> {
             staging,
             claim_writes,
             compensation,
+            steps,
         };
         let run = handler::run(parts, describe, body, runner).instrument(span.clone());
         if !<H as OnReplay<T>>::CHANGES {
@@ -506,6 +614,32 @@ impl<H> Detached<'_, H> {
                 None,
                 ToString::to_string,
                 async move { body().await },
+                Detach,
+            )
+            .await
+    }
+
+    /// [`Operation::run_steps`], with the body on a task of its own (see [`run`](Self::run)).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    ///
+    /// # Panics
+    /// As [`run`](Self::run).
+    pub async fn run_steps<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Display + Send + 'static,
+        F: FnOnce(Steps) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        H: OnReplay<T>,
+    {
+        let steps = self.0.with_steps();
+        self.0
+            .drive(
+                None,
+                ToString::to_string,
+                async move { body(steps).await },
                 Detach,
             )
             .await

@@ -75,6 +75,12 @@ pub struct Record {
     /// `RoutedStore::dynamodb`): that region's name. On a global table, a record completed in another
     /// region than its key's home was claimed outside home-region routing.
     pub completed_in: Option<String>,
+    /// While PENDING or FAILED, for an operation run with steps
+    /// ([`Operation::run_steps`](crate::Operation::run_steps)): the values of the steps that finished,
+    /// encoded ([`Steps`](crate::Steps) reads them), so that a call taking the key over replays them
+    /// instead of running them again. Removed by a completion, and by a claim that starts the operation
+    /// afresh.
+    pub steps: Option<Vec<u8>>,
 }
 
 impl Record {
@@ -110,12 +116,37 @@ impl Record {
     pub fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_s < now_ms / 1000
     }
+
+    /// Whether a claim of an operation with steps may take this key at `now_ms` as far as its stored
+    /// steps go (the key must also be claimable by the claim's other rule): the rule behind the stores'
+    /// step conditions ([`StepsClaim`](crate::store::StepsClaim)).
+    #[must_use]
+    pub fn allows_steps_claim(&self, now_ms: u64, claim: crate::store::StepsClaim<'_>) -> bool {
+        use crate::store::StepsClaim;
+        match claim {
+            StepsClaim::Untouched => true,
+            StepsClaim::Fresh { restart_failed, .. } => {
+                self.steps.is_none()
+                    || self.is_expired(now_ms)
+                    || (restart_failed && self.status == Status::Failed)
+            }
+            StepsClaim::Resume {
+                steps,
+                restart_failed,
+            } => {
+                !self.is_expired(now_ms)
+                    && self.steps.as_deref() == Some(steps)
+                    && !(restart_failed && self.status == Status::Failed)
+            }
+        }
+    }
 }
 
 /// The names of the record's attributes in the table. The defaults: `pk`, `status`, `token`, `attempt`,
 /// `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, `replay_until` (only written with
 /// retention), `claim_writes` (only written by claims with business writes), `completed_in` (only
-/// written by a DynamoDB store that knows its region) and `sk` (the sort key, only in a DynamoDB table
+/// written by a DynamoDB store that knows its region), `steps` (only written by operations run with
+/// steps) and `sk` (the sort key, only in a DynamoDB table
 /// layout that has one).
 ///
 /// A setting of the record, not of one store: every store sizes its records by them
@@ -149,13 +180,15 @@ pub struct AttributeNames {
     pub claim_writes: String,
     /// The region whose store completed the record (S), when the store knows its region.
     pub completed_in: String,
+    /// The finished steps' values of an operation run with steps (B), while it is PENDING or FAILED.
+    pub steps: String,
 }
 
 // Used by the DynamoDB store, which reads a returned item by these names.
 #[cfg(feature = "dynamodb")]
 impl AttributeNames {
     /// Every name, in the order of the fields.
-    fn all(&self) -> [&str; 13] {
+    fn all(&self) -> [&str; 14] {
         [
             &self.key,
             &self.sort_key,
@@ -170,6 +203,7 @@ impl AttributeNames {
             &self.replay_until,
             &self.claim_writes,
             &self.completed_in,
+            &self.steps,
         ]
     }
 
@@ -198,6 +232,7 @@ impl Default for AttributeNames {
             replay_until: "replay_until".into(),
             claim_writes: "claim_writes".into(),
             completed_in: "completed_in".into(),
+            steps: "steps".into(),
         }
     }
 }

@@ -200,6 +200,20 @@ pub(crate) enum Dropped {
     Body,
 }
 
+/// Counts a step of an operation run with steps: `stored` (it ran, and its value was stored) or
+/// `replayed` (an earlier call finished it): `idempotency_steps_total{namespace, outcome}`.
+pub(crate) fn step(namespace: &'static str, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_steps_total",
+        "namespace" => namespace,
+        "outcome" => outcome
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (namespace, outcome);
+}
+
 /// Logs and counts a call whose future was dropped before it finished.
 #[cold]
 pub(crate) fn call_dropped(namespace: &'static str, phase: Dropped) {

@@ -82,6 +82,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
         expires_at_s: (now_ms + LEASE) / 1000 + 3600,
         fingerprint: Some("fp-1"),
         keep_claim_writes: false,
+        steps: Default::default(),
     }
 }
 
@@ -149,6 +150,7 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         claim_writes: "held".into(),
         sort_key: "range".into(),
         completed_in: "region".into(),
+        steps: "done".into(),
     };
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(

@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use super::TransactOutcome;
 #[cfg(feature = "emulator")]
 use super::Writes;
-use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
+use super::{
+    Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
+};
 #[cfg(feature = "emulator")]
 use crate::emulator::{Plan, Tables};
 use crate::record::{Record, Status};
@@ -204,6 +206,7 @@ pub(crate) fn claimed<'r>(
             return Err(old);
         }
         Some(old) if !old.is_claimable(request.now_ms) => return Err(old),
+        Some(old) if !old.allows_steps_claim(request.now_ms, request.steps) => return Err(old),
         Some(old) => old.attempt + 1,
         None => 1,
     };
@@ -221,6 +224,12 @@ pub(crate) fn claimed<'r>(
         // Like DynamoDB's update, a plain claim leaves the attribute as it was.
         claim_writes_in_effect: with_writes || old.is_some_and(|o| o.claim_writes_in_effect),
         completed_in: None,
+        // A fresh start replaces them; a resume keeps them, and so does (like DynamoDB's update) a
+        // claim of an operation without steps.
+        steps: match request.steps {
+            StepsClaim::Fresh { initial, .. } => Some(initial.to_vec()),
+            StepsClaim::Untouched | StepsClaim::Resume { .. } => old.and_then(|o| o.steps.clone()),
+        },
     })
 }
 
@@ -263,6 +272,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
         } => {
             record.status = Status::Completed;
             record.response = response.map(<[u8]>::to_vec);
+            record.steps = None;
             record.expires_at_s = expires_at_s;
             record.replay_until_s = replay_until_s;
             record.lease_until_ms = None;
@@ -280,6 +290,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
                 record.claim_writes_in_effect = false;
             }
         }
+        Change::SaveSteps { steps } => record.steps = Some(steps.to_vec()),
         Change::ExtendLease {
             lease_until_ms,
             expires_at_s,
@@ -301,7 +312,9 @@ impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut state = self.lock();
         let old = state.records.get(request.key);
-        if request.keep_claim_writes && old.is_none() {
+        if (request.keep_claim_writes || matches!(request.steps, StepsClaim::Resume { .. }))
+            && old.is_none()
+        {
             return Err(vanished());
         }
         let Ok(record) = claimed(old.as_ref(), request, false).map_err(drop) else {
@@ -351,6 +364,10 @@ impl Store for MemoryStore {
         let mut state = self.lock();
         let plan = state.tables.plan(writes.items())?;
         let old = state.records.get(request.key);
+        // A resume finds no record: its condition fails without an item, as DynamoDB's does.
+        if matches!(request.steps, StepsClaim::Resume { .. }) && old.is_none() {
+            return Ok(TransactOutcome::Rejected(None));
+        }
         let Ok(record) = claimed(old.as_ref(), request, true).map_err(drop) else {
             return Ok(blocked(old, |record| {
                 TransactOutcome::Rejected(Some(record))

@@ -47,6 +47,39 @@ pub struct ClaimRequest<'a> {
     /// meanwhile (it would run without them), nor on an expired or absent one (a new operation, whose
     /// claim applies them). Ignored by [`Store::claim_transaction`].
     pub keep_claim_writes: bool,
+    /// What the claim does with the steps a record stores ([`Record::steps`]): nothing, for an operation
+    /// without steps; otherwise it starts afresh or resumes ([`StepsClaim`]).
+    pub steps: StepsClaim<'a>,
+}
+
+/// What a claim of an operation run with steps ([`Operation::run_steps`](crate::Operation::run_steps))
+/// does with the steps the record stores. A claim is made only if the record allows it
+/// ([`Record::allows_steps_claim`]) *and* the claim's other rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StepsClaim<'a> {
+    /// An operation without steps: the record's steps, if any, are left as they are.
+    #[default]
+    Untouched,
+    /// Starts the operation afresh: the record's steps become `initial` (no step finished yet), in
+    /// place of any stored ones. Made only on an absent or expired record, one without steps, or
+    /// (`restart_failed`) a FAILED one; a record whose steps live on blocks it, and the caller resumes
+    /// instead.
+    Fresh {
+        /// The steps of an operation that has just started, encoded.
+        initial: &'a [u8],
+        /// The operation restarts from scratch after a failure
+        /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
+        restart_failed: bool,
+    },
+    /// Takes over a record whose steps live on, keeping them: made only while the record is not
+    /// expired and its steps are exactly `steps` (those the caller saw and will replay: a step stored
+    /// meanwhile blocks the claim, rather than being run again), and (`restart_failed`) it is not FAILED.
+    Resume {
+        /// The stored steps the caller saw, as stored.
+        steps: &'a [u8],
+        /// As for [`Fresh`](Self::Fresh).
+        restart_failed: bool,
+    },
 }
 
 /// What a claim found.
@@ -72,7 +105,8 @@ pub struct Transition<'a> {
 /// The write of a [`Transition`].
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
-    /// PENDING → COMPLETED with the encoded response (`None` when too large to store).
+    /// PENDING → COMPLETED with the encoded response (`None` when too large to store); any stored steps
+    /// are removed.
     Complete {
         /// The encoded response (`None`: too large to store; duplicates get
         /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge)).
@@ -94,6 +128,12 @@ pub enum Change<'a> {
         /// twice; otherwise it is rejected like a lost claim, with the record as it is.
         release_claim_writes: bool,
     },
+    /// PENDING stays PENDING with the values of the steps finished so far (all of them, encoded): a step
+    /// of an operation run with steps has finished ([`Steps::run`](crate::Steps::run)).
+    SaveSteps {
+        /// Every finished step's value, encoded.
+        steps: &'a [u8],
+    },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {
         /// New lease end (epoch milliseconds).
@@ -104,7 +144,7 @@ pub enum Change<'a> {
 }
 
 impl Change<'_> {
-    /// The request's name, for telemetry and request tokens: `complete`, `fail` or `heartbeat`, with
+    /// The request's name, for telemetry and request tokens: `complete`, `fail`, `step` or `heartbeat`, with
     /// `_transaction` when it goes in one transaction with business writes.
     pub(crate) fn op(&self, transactional: bool) -> &'static str {
         match (self, transactional) {
@@ -112,6 +152,7 @@ impl Change<'_> {
             (Change::Complete { .. }, true) => "complete_transaction",
             (Change::Fail { .. }, false) => "fail",
             (Change::Fail { .. }, true) => "fail_transaction",
+            (Change::SaveSteps { .. }, _) => "step",
             (Change::ExtendLease { .. }, _) => "heartbeat",
         }
     }
@@ -227,6 +268,10 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// Claims the key if it is absent or claimable ([`Record::is_claimable`] at the request's `now_ms`);
     /// otherwise returns the record that blocked it. A claim keeps the record's
     /// [`claim_writes_in_effect`](Record::claim_writes_in_effect) as it was.
+    ///
+    /// With [`steps`](ClaimRequest::steps) other than [`StepsClaim::Untouched`], the record must also
+    /// [`allow`](Record::allows_steps_claim) the claim; a [`StepsClaim::Resume`] that finds no record
+    /// is [`StoreError::Corrupt`] (as below: nothing was written, and the caller claims afresh).
     ///
     /// With [`keep_claim_writes`](ClaimRequest::keep_claim_writes), only a record that
     /// [`is_claimable_keeping_writes`](Record::is_claimable_keeping_writes) is claimed; any other record

@@ -353,7 +353,10 @@ impl RoutedStore {
     /// Forgets a call once its outcome is stored.
     fn unpin(&self, token: &str, change: &Change<'_>) {
         if let Some(failed_over) = &self.failed_over
-            && !matches!(change, Change::ExtendLease { .. })
+            && !matches!(
+                change,
+                Change::ExtendLease { .. } | Change::SaveSteps { .. }
+            )
         {
             failed_over.remove(token);
         }
@@ -839,6 +842,7 @@ mod tests {
             expires_at_s: 100_000,
             fingerprint: None,
             keep_claim_writes: false,
+            steps: Default::default(),
         }
     }
 
@@ -1185,7 +1189,13 @@ mod tests {
             );
             match result {
                 // Stored (or settled) unless canceled: the call sends nothing more but its failure.
-                Ok(done) => finished[call] = done && !matches!(change, Change::ExtendLease { .. }),
+                Ok(done) => {
+                    finished[call] = done
+                        && !matches!(
+                            change,
+                            Change::ExtendLease { .. } | Change::SaveSteps { .. }
+                        )
+                }
                 Err(StoreError::RegionUnavailable { region: name, .. }) => {
                     assert_eq!(name, names[region], "{step:?}");
                 }

@@ -78,6 +78,7 @@ impl Store for Flaky {
                 replay_until_s: None,
                 claim_writes_in_effect: false,
                 completed_in: None,
+                steps: None,
             }));
         }
         self.inner.claim(request).await

@@ -7,10 +7,10 @@
 //!
 //! Placeholders: `#pk` key, `#st` status, `#tk` token, `#at` attempt, `#lu` lease end, `#ex` expiry, `#fp`
 //! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect, `#ci`
-//! the region that completed the record. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
+//! the region that completed the record, `#sp` the finished steps of an operation run with steps. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
-//! store's region), `:one` (1) and `:true`.
+//! store's region), `:sp` (the steps), `:one` (1) and `:true`.
 //!
 //! `#pk` is always the *partition* key attribute: in a [`Layout`](super::Layout) with a sort key, every
 //! request names the item by its full primary key, and `attribute_not_exists(#pk)` holds exactly when
@@ -22,7 +22,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::AttributeNames;
 use crate::record::Status;
-use crate::store::{Change, ClaimRequest, Transition};
+use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
 
 /// The claim's condition: the record is absent, expired, FAILED, or a PENDING claim whose lease ran out
 /// (the rule of [`Record::is_claimable`](crate::Record::is_claimable)).
@@ -50,6 +50,27 @@ pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attri
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 
+/// A step's update: the values of every step finished so far (an operation run with steps).
+pub const SAVE_STEPS: &str = "SET #sp = :sp";
+
+/// What a claim of an operation run with steps adds to its condition when it starts afresh: the record
+/// holds no steps, or is expired (a new operation) (the rule of
+/// [`Record::allows_steps_claim`](crate::Record::allows_steps_claim) for
+/// [`StepsClaim::Fresh`]). Its update also sets the steps of a new operation (`SET .., #sp = :sp`).
+pub const STEPS_FRESH: &str = "attribute_not_exists(#sp) OR #ex < :now_s";
+
+/// [`STEPS_FRESH`] for an operation that restarts from scratch after a failure: a FAILED record's steps
+/// are removed too.
+pub const STEPS_FRESH_AFTER_FAILURE: &str =
+    "attribute_not_exists(#sp) OR #ex < :now_s OR #st = :failed";
+
+/// What a claim of an operation run with steps adds to its condition when it resumes: the record is not
+/// expired and holds exactly the steps the caller saw (`:sp`). Its update keeps them.
+pub const STEPS_RESUME: &str = "#sp = :sp AND #ex >= :now_s";
+
+/// [`STEPS_RESUME`] for an operation that restarts from scratch after a failure: never a FAILED record.
+pub const STEPS_RESUME_UNLESS_FAILED: &str = "#sp = :sp AND #ex >= :now_s AND #st = :pending";
+
 /// The claim's update: PENDING under a new token, one more attempt, the old outcome removed.
 /// `fingerprint`: the call has a payload fingerprint (else any old one is removed); `claim_writes`: a
 /// claim with business writes, which marks them as in effect (a plain claim leaves the mark as it is).
@@ -71,24 +92,28 @@ pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str
     }
 }
 
-/// The completion's update: COMPLETED with a new expiry, the lease removed. `response`: the response is
+/// The completion's update: COMPLETED with a new expiry, the lease (and any stored steps) removed. `response`: the response is
 /// stored (else the record replays as too large); `replay_until`: with retention, the end of the
 /// replay window; `region`: the store knows its region, and records it as the one that completed the
 /// record.
 #[must_use]
 pub const fn complete_update(response: bool, replay_until: bool, region: bool) -> &'static str {
     match (response, replay_until, region) {
-        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu",
-        (true, true, false) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu",
-        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs",
-        (false, true, false) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs",
-        (true, false, true) => "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu",
-        (true, true, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu"
+        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp",
+        (true, true, false) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp"
         }
-        (false, false, true) => "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs",
+        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp",
+        (false, true, false) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp",
+        (true, false, true) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp"
+        }
+        (true, true, true) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp"
+        }
+        (false, false, true) => "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp",
         (false, true, true) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs"
+            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp"
         }
     }
 }
@@ -148,6 +173,7 @@ fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
         "#ru" => &names.replay_until,
         "#cw" => &names.claim_writes,
         "#ci" => &names.completed_in,
+        "#sp" => &names.steps,
         other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
     }
 }
@@ -189,6 +215,11 @@ impl RecordUpdate {
         if with_writes {
             values.insert(":true".to_owned(), AttributeValue::Bool(true));
         }
+        if let StepsClaim::Fresh { initial: steps, .. } | StepsClaim::Resume { steps, .. } =
+            request.steps
+        {
+            values.insert(":sp".to_owned(), AttributeValue::B(steps.to_vec().into()));
+        }
         let kind = if with_writes {
             ClaimKind::WithWrites
         } else if request.keep_claim_writes {
@@ -196,7 +227,8 @@ impl RecordUpdate {
         } else {
             ClaimKind::Plain
         };
-        let (update, condition, names) = names.claim(request.fingerprint.is_some(), kind);
+        let mode = StepsMode::of(request.steps);
+        let (update, condition, names) = names.claim(request.fingerprint.is_some(), kind, mode);
         Self {
             update,
             condition,
@@ -248,6 +280,10 @@ impl RecordUpdate {
                 values.insert(":ex".to_owned(), n(expires_at_s));
                 names.fail(release_claim_writes)
             }
+            Change::SaveSteps { steps } => {
+                values.insert(":sp".to_owned(), AttributeValue::B(steps.to_vec().into()));
+                (SAVE_STEPS, &names.save_steps)
+            }
             Change::ExtendLease {
                 lease_until_ms,
                 expires_at_s,
@@ -290,6 +326,109 @@ impl ClaimKind {
         ClaimKind::WithWrites,
         ClaimKind::KeepingWrites,
     ];
+
+    /// The condition of the claim without steps.
+    const fn condition(self) -> &'static str {
+        match self {
+            ClaimKind::Plain => CLAIMABLE,
+            ClaimKind::WithWrites => CLAIMABLE_WITH_WRITES,
+            ClaimKind::KeepingWrites => CLAIMABLE_KEEPING_WRITES,
+        }
+    }
+}
+
+/// What a claim does with stored steps ([`StepsClaim`]), as far as its expressions go.
+#[derive(Debug, Clone, Copy)]
+enum StepsMode {
+    Untouched,
+    Fresh,
+    FreshAfterFailure,
+    Resume,
+    ResumeUnlessFailed,
+}
+
+impl StepsMode {
+    const ALL: [StepsMode; 5] = [
+        StepsMode::Untouched,
+        StepsMode::Fresh,
+        StepsMode::FreshAfterFailure,
+        StepsMode::Resume,
+        StepsMode::ResumeUnlessFailed,
+    ];
+
+    fn of(claim: StepsClaim<'_>) -> Self {
+        match claim {
+            StepsClaim::Untouched => StepsMode::Untouched,
+            StepsClaim::Fresh {
+                restart_failed: false,
+                ..
+            } => StepsMode::Fresh,
+            StepsClaim::Fresh {
+                restart_failed: true,
+                ..
+            } => StepsMode::FreshAfterFailure,
+            StepsClaim::Resume {
+                restart_failed: false,
+                ..
+            } => StepsMode::Resume,
+            StepsClaim::Resume {
+                restart_failed: true,
+                ..
+            } => StepsMode::ResumeUnlessFailed,
+        }
+    }
+
+    /// What the mode adds to the claim's condition; `None` for [`StepsMode::Untouched`].
+    const fn condition(self) -> Option<&'static str> {
+        match self {
+            StepsMode::Untouched => None,
+            StepsMode::Fresh => Some(STEPS_FRESH),
+            StepsMode::FreshAfterFailure => Some(STEPS_FRESH_AFTER_FAILURE),
+            StepsMode::Resume => Some(STEPS_RESUME),
+            StepsMode::ResumeUnlessFailed => Some(STEPS_RESUME_UNLESS_FAILED),
+        }
+    }
+
+    /// Whether the claim replaces the stored steps with new ones.
+    const fn starts_afresh(self) -> bool {
+        matches!(self, StepsMode::Fresh | StepsMode::FreshAfterFailure)
+    }
+}
+
+/// Every claim's update and condition, by [`claim_index`]: the claims of operations without steps are
+/// the constants above; those with steps add their steps condition and (starting afresh) set new steps.
+/// Built once.
+static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
+    std::sync::LazyLock::new(|| {
+        let mut claims = vec![("", ""); 2 * ClaimKind::ALL.len() * StepsMode::ALL.len()];
+        for fingerprint in [false, true] {
+            for kind in ClaimKind::ALL {
+                for mode in StepsMode::ALL {
+                    let update = claim_update(fingerprint, matches!(kind, ClaimKind::WithWrites));
+                    let expressions = match mode.condition() {
+                        None => (update, kind.condition()),
+                        Some(steps) => {
+                            let update = if mode.starts_afresh() {
+                                leak(update.replacen(" ADD ", ", #sp = :sp ADD ", 1))
+                            } else {
+                                update
+                            };
+                            (
+                                update,
+                                leak(format!("({}) AND ({steps})", kind.condition())),
+                            )
+                        }
+                    };
+                    claims[claim_index(fingerprint, kind, mode)] = expressions;
+                }
+            }
+        }
+        claims
+    });
+
+/// A claim expression built once for the process (a fixed set, see [`CLAIMS`]).
+fn leak(expression: String) -> &'static str {
+    Box::leak(expression.into_boxed_str())
 }
 
 /// The `ExpressionAttributeNames` of every record update a store sends, built once per store from its
@@ -298,29 +437,27 @@ impl ClaimKind {
 #[derive(Debug, Clone)]
 pub(super) struct PreparedNames {
     /// By [`claim_index`].
-    claim: [HashMap<String, String>; 6],
+    claim: Vec<HashMap<String, String>>,
     /// By [`complete_index`].
     complete: [HashMap<String, String>; 8],
     /// By `release_claim_writes as usize`.
     fail: [HashMap<String, String>; 2],
     extend_lease: HashMap<String, String>,
+    save_steps: HashMap<String, String>,
 }
 
 impl PreparedNames {
     pub(super) fn new(names: &AttributeNames) -> Self {
         let mut prepared = Self {
-            claim: Default::default(),
+            claim: CLAIMS
+                .iter()
+                .map(|(update, condition)| attribute_names(names, &[update, condition]))
+                .collect(),
             complete: Default::default(),
             fail: Default::default(),
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
+            save_steps: attribute_names(names, &[SAVE_STEPS, HELD_BY_TOKEN]),
         };
-        for fingerprint in [false, true] {
-            for kind in ClaimKind::ALL {
-                let (update, condition) = claim_expressions(fingerprint, kind);
-                prepared.claim[claim_index(fingerprint, kind)] =
-                    attribute_names(names, &[update, condition]);
-            }
-        }
         for response in [false, true] {
             for replay_until in [false, true] {
                 for region in [false, true] {
@@ -347,13 +484,11 @@ impl PreparedNames {
         &self,
         fingerprint: bool,
         kind: ClaimKind,
+        mode: StepsMode,
     ) -> (&'static str, &'static str, &HashMap<String, String>) {
-        let (update, condition) = claim_expressions(fingerprint, kind);
-        (
-            update,
-            condition,
-            &self.claim[claim_index(fingerprint, kind)],
-        )
+        let index = claim_index(fingerprint, kind, mode);
+        let (update, condition) = CLAIMS[index];
+        (update, condition, &self.claim[index])
     }
 
     /// A completion's update and the names of it and [`HELD_BY_TOKEN`].
@@ -383,19 +518,9 @@ impl PreparedNames {
     }
 }
 
-/// A claim's update and condition (a claim with business writes, and one that keeps them, each have
-/// their own condition).
-fn claim_expressions(fingerprint: bool, kind: ClaimKind) -> (&'static str, &'static str) {
-    match kind {
-        ClaimKind::Plain => (claim_update(fingerprint, false), CLAIMABLE),
-        ClaimKind::WithWrites => (claim_update(fingerprint, true), CLAIMABLE_WITH_WRITES),
-        ClaimKind::KeepingWrites => (claim_update(fingerprint, false), CLAIMABLE_KEEPING_WRITES),
-    }
-}
-
-/// Where [`PreparedNames`] keeps a claim's names.
-fn claim_index(fingerprint: bool, kind: ClaimKind) -> usize {
-    usize::from(fingerprint) | (kind as usize) << 1
+/// Where [`PreparedNames`] and [`CLAIMS`] keep a claim's expressions and names.
+fn claim_index(fingerprint: bool, kind: ClaimKind, mode: StepsMode) -> usize {
+    usize::from(fingerprint) | (kind as usize) << 1 | (mode as usize) * 2 * ClaimKind::ALL.len()
 }
 
 /// Where [`PreparedNames`] keeps a completion's names.
@@ -451,7 +576,32 @@ mod tests {
     fn every_request_defines_exactly_the_names_and_values_it_uses() {
         let names = PreparedNames::new(&AttributeNames::default());
         for fingerprint in [None, Some("fp")] {
-            for (with_writes, keep_claim_writes) in [(false, false), (true, false), (false, true)] {
+            for (with_writes, keep_claim_writes, steps) in
+                [(false, false), (true, false), (false, true)]
+                    .into_iter()
+                    .flat_map(|(w, k)| {
+                        [
+                            StepsClaim::Untouched,
+                            StepsClaim::Fresh {
+                                initial: b"{}",
+                                restart_failed: false,
+                            },
+                            StepsClaim::Fresh {
+                                initial: b"{}",
+                                restart_failed: true,
+                            },
+                            StepsClaim::Resume {
+                                steps: b"{}",
+                                restart_failed: false,
+                            },
+                            StepsClaim::Resume {
+                                steps: b"{}",
+                                restart_failed: true,
+                            },
+                        ]
+                        .map(|steps| (w, k, steps))
+                    })
+            {
                 let request = ClaimRequest {
                     key: "ns#k",
                     token: "token",
@@ -461,14 +611,18 @@ mod tests {
                     expires_at_s: 90_000,
                     fingerprint,
                     keep_claim_writes,
+                    steps,
                 };
                 assert_complete(&RecordUpdate::claim(&names, &request, with_writes));
             }
         }
-        let mut changes = vec![Change::ExtendLease {
-            lease_until_ms: 1,
-            expires_at_s: 2,
-        }];
+        let mut changes = vec![
+            Change::ExtendLease {
+                lease_until_ms: 1,
+                expires_at_s: 2,
+            },
+            Change::SaveSteps { steps: b"{}" },
+        ];
         for release_claim_writes in [false, true] {
             changes.push(Change::Fail {
                 error: "declined",

@@ -162,6 +162,7 @@ pub(crate) fn parse_record(
         replay_until_s: item.number(&names.replay_until)?,
         claim_writes_in_effect: item.boolean(&names.claim_writes)?.unwrap_or(false),
         completed_in: item.string(&names.completed_in)?,
+        steps: item.binary(&names.steps)?,
     })
 }
 
@@ -195,6 +196,7 @@ mod tests {
             replay_until: "ru".into(),
             claim_writes: "cw".into(),
             completed_in: "ci".into(),
+            steps: "sp".into(),
         }
     }
 
@@ -212,6 +214,7 @@ mod tests {
             (names.replay_until.clone(), n(80)),
             (names.claim_writes.clone(), AttributeValue::Bool(true)),
             (names.completed_in.clone(), s("eu-west-1")),
+            (names.steps.clone(), AttributeValue::B(Blob::new(*b"steps"))),
             // Not the record's: ignored.
             ("status".to_owned(), s("FAILED")),
             ("business".to_owned(), n(1)),
@@ -253,6 +256,7 @@ mod tests {
                 replay_until_s: Some(80),
                 claim_writes_in_effect: true,
                 completed_in: Some("eu-west-1".into()),
+                steps: Some(b"steps".to_vec()),
             }
         );
         // The tenant layout joins the two key attributes.
@@ -275,6 +279,7 @@ mod tests {
             &names.replay_until,
             &names.claim_writes,
             &names.completed_in,
+            &names.steps,
         ] {
             item.remove(absent);
         }
@@ -286,6 +291,7 @@ mod tests {
         assert_eq!(record.replay_until_s, None);
         assert!(!record.claim_writes_in_effect);
         assert_eq!(record.completed_in, None);
+        assert_eq!(record.steps, None);
         assert_eq!(record.response.as_deref(), Some(&b"{}"[..]));
     }
 

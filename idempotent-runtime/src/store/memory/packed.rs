@@ -59,6 +59,8 @@ const ERROR: u8 = 1 << 4;
 const REPLAY_UNTIL: u8 = 1 << 5;
 /// In the first byte, beside the status: the record names the region that completed it.
 const COMPLETED_IN: u8 = 1 << 7;
+/// In the first byte, beside the status: the record holds an operation's finished steps.
+const STEPS: u8 = 1 << 6;
 /// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
 const TOKEN_UUID: u8 = 1 << 6;
 /// The fingerprint is lowercase hex (every fingerprint this crate makes), held as the bytes it spells.
@@ -87,6 +89,7 @@ impl Packed {
             replay_until_s,
             claim_writes_in_effect,
             completed_in,
+            steps,
         } = record;
         let mut flags = 0;
         for (present, flag) in [
@@ -120,6 +123,7 @@ impl Packed {
         } else {
             0
         };
+        let steps_flag = if steps.is_some() { STEPS } else { 0 };
         let token: &[u8] = token_uuid
             .as_ref()
             .map_or(token.as_bytes(), |uuid| uuid.as_bytes());
@@ -137,6 +141,7 @@ impl Packed {
             response.as_deref(),
             error.as_deref().map(str::as_bytes),
             completed_in.as_deref().map(str::as_bytes),
+            steps.as_deref(),
         ];
         // Allocated at its exact length: no shrinking afterwards, which would leave a free fragment
         // behind every record.
@@ -150,7 +155,7 @@ impl Packed {
                 .sum::<usize>()
             + texts.iter().flatten().map(|t| bytes_len(t)).sum::<usize>();
         let mut out = Vec::with_capacity(len);
-        out.push(status_byte(status) | completed_in_flag);
+        out.push(status_byte(status) | completed_in_flag | steps_flag);
         out.push(flags);
         put_bytes(&mut out, key.as_bytes());
         put_bytes(&mut out, token);
@@ -201,9 +206,10 @@ impl Packed {
         let response = (flags & RESPONSE != 0).then(|| reader.bytes().to_vec());
         let error = (flags & ERROR != 0).then(|| text(reader.bytes()).to_owned());
         let completed_in = (status & COMPLETED_IN != 0).then(|| text(reader.bytes()).to_owned());
+        let steps = (status & STEPS != 0).then(|| reader.bytes().to_vec());
         Record {
             key,
-            status: status_of(status & !COMPLETED_IN),
+            status: status_of(status & !(COMPLETED_IN | STEPS)),
             token,
             attempt,
             lease_until_ms,
@@ -214,6 +220,7 @@ impl Packed {
             replay_until_s,
             claim_writes_in_effect: flags & CLAIM_WRITES != 0,
             completed_in,
+            steps,
         }
     }
 }
@@ -333,6 +340,7 @@ mod tests {
             replay_until_s: Some(1_800_000_000),
             claim_writes_in_effect: true,
             completed_in: Some("eu-west-1".to_owned()),
+            steps: Some(b"steps".to_vec()),
         }
     }
 
@@ -347,6 +355,7 @@ mod tests {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            steps: None,
             attempt: u64::MAX,
             expires_at_s: 0,
             ..record()

@@ -1,0 +1,340 @@
+//! [`Steps`]: a body of several effects that resumes where it stopped
+//! ([`Operation::run_steps`](crate::Operation::run_steps)).
+//!
+//! Each finished step's `Ok` value is stored in the operation's own record (a fenced write under the
+//! call's token, the record staying PENDING) before the body goes on. A call that takes the key over
+//! after a crash or a lapsed lease, or claims it again after a failure, gets the stored values back
+//! without running their steps, and runs the first unfinished one. The record holds, beside the
+//! values, the operation's *origin* (the token of the claim that started it), from which
+//! [`Steps::key`] derives the keys a body passes to downstream APIs: the same in every run of the
+//! operation, new once its record expired and the key is a new operation.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::{Error, Idempotency, Record, codec};
+
+/// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
+/// the body runs each effect through [`run`](Self::run), under a name.
+///
+/// A step's `Ok` value is stored before [`run`](Self::run) returns it, so that after a crash, a lapsed
+/// lease or a failure, the next call with the key gets it back without running the step again, and
+/// goes on from the first step that had not finished. What a crash can run twice is only the step that
+/// was running when it happened, and not even that when the step passes [`key`](Self::key) to a
+/// downstream API that honours idempotency keys.
+///
+/// Cloning gives another handle on the same steps (for a body that runs steps from several futures).
+#[derive(Clone)]
+pub struct Steps {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Steps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Steps")
+            .field("namespace", &self.shared.namespace)
+            .field("restart_failed", &self.shared.restart_failed)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    namespace: &'static str,
+    /// The operation starts over after a failure, rather than resuming.
+    restart_failed: bool,
+    /// The steps of a new operation (no step finished, this call's token as origin), encoded: what a
+    /// claim that starts afresh stores.
+    initial: OnceLock<Vec<u8>>,
+    state: Mutex<State>,
+    /// Step writes go one at a time, each with every step finished before it.
+    writing: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The call holding the key, once its claim landed; `None` while the body runs without a record
+    /// (the kill switch, or a missing key under `MissingKey::Skip`): steps then just run.
+    call: Option<Call>,
+    /// The names this call's body asked for.
+    used: HashSet<String>,
+    /// A stand-in origin for a body that runs without a record.
+    alone_origin: Option<String>,
+}
+
+/// What storing a step needs of the call holding the key.
+struct Call {
+    idem: Idempotency,
+    key: String,
+    token: String,
+    fingerprint: Option<String>,
+    lease: Duration,
+    /// The stored steps as this call knows them (decoded), or why they do not decode.
+    stored: Result<Stored, String>,
+}
+
+/// The stored form of an operation's steps (JSON, compressed as responses are).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Stored {
+    /// The token of the claim that started the operation.
+    pub(crate) origin: String,
+    /// Each finished step's value, by name.
+    #[serde(default)]
+    pub(crate) steps: BTreeMap<String, serde_json::Value>,
+}
+
+impl Stored {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        // A map of JSON values with string keys always serializes.
+        codec::pack(serde_json::to_vec(self).expect("steps serialize"))
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+        codec::decode(bytes).map_err(|e| match e {
+            codec::DecodeError::Json(e) => e.to_string(),
+            codec::DecodeError::Compression(e) => e.to_string(),
+            codec::DecodeError::NotSerialized(detail) => detail,
+        })
+    }
+}
+
+impl Steps {
+    pub(crate) fn new(namespace: &'static str, restart_failed: bool) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                namespace,
+                restart_failed,
+                initial: OnceLock::new(),
+                state: Mutex::new(State::default()),
+                writing: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A step's user code never runs under the lock: a poisoned lock only means a panic elsewhere.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the operation starts over after a failure.
+    pub(crate) fn restart_failed(&self) -> bool {
+        self.shared.restart_failed
+    }
+
+    /// The steps a claim that starts the operation afresh stores: none finished, `token` as origin.
+    /// Built once per call (a call's claim attempts share its token).
+    pub(crate) fn initial(&self, token: &str) -> &[u8] {
+        self.shared.initial.get_or_init(|| {
+            Stored {
+                origin: token.to_owned(),
+                steps: BTreeMap::new(),
+            }
+            .encode()
+        })
+    }
+
+    /// Whether a claim that found `record` claimable should resume its steps rather than start afresh:
+    /// it holds steps that live on (it is not expired, and not a failure the operation restarts after).
+    pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
+        record.steps.is_some()
+            && !record.is_expired(now_ms)
+            && !(self.shared.restart_failed && record.status == crate::Status::Failed)
+    }
+
+    /// The claim landed: the body runs as `token`, with `stored` the record's steps as the claim left
+    /// them (`None`: the claim started afresh).
+    pub(crate) fn begin(
+        &self,
+        idem: &Idempotency,
+        key: &str,
+        token: &str,
+        fingerprint: Option<&str>,
+        lease: Duration,
+        stored: Option<&[u8]>,
+    ) {
+        let stored = Stored::decode(stored.unwrap_or_else(|| self.initial(token)));
+        let resumed = stored.as_ref().map_or(0, |s| s.steps.len());
+        if resumed > 0 {
+            tracing::debug!(
+                namespace = self.shared.namespace,
+                steps = resumed,
+                "resuming: finished steps are replayed"
+            );
+        }
+        self.state().call = Some(Call {
+            idem: idem.clone(),
+            key: key.to_owned(),
+            token: token.to_owned(),
+            fingerprint: fingerprint.map(ToOwned::to_owned),
+            lease,
+            stored,
+        });
+    }
+
+    /// Runs the step `name` once for the operation: returns its stored value when an earlier call of
+    /// the operation finished it (without running `step`), and otherwise runs `step` and, when it
+    /// returns `Ok`, stores its value in the record before returning it. A step's `Err` is not stored:
+    /// it is returned as it is, and the body ends with it as usual.
+    ///
+    /// The value must serialize to JSON and deserialize back (as a call's response must); it counts
+    /// toward the record's 400 KB with the values of the steps before it (compressed above
+    /// [`COMPRESS_ABOVE`](crate::COMPRESS_ABOVE) bytes), so keep it small: an id, not a whole object.
+    ///
+    /// Costs one conditional `UpdateItem` per step that runs (none for a replayed one), fenced by the
+    /// call's claim: a call that lost its claim (a lease that lapsed, and another call took over)
+    /// stores nothing and stops at the step with [`Error::LeaseLost`]. A body run without a record (the
+    /// kill switch, or a missing key under [`MissingKey::Skip`](crate::MissingKey::Skip)) just runs
+    /// its steps.
+    ///
+    /// # Errors
+    /// `step`'s own error; or, converted into `E`: [`Error::StepRepeated`] for a name this call asked
+    /// for before, [`Error::StepValue`] for a stored value that does not deserialize into `T`,
+    /// [`Error::Serialize`] for a value that does not serialize, [`Error::StepTooLarge`] for one that
+    /// does not fit, [`Error::LeaseLost`], and the store's errors when the value could not be stored
+    /// ([`Error::ResultNotStored`] once transient faults outlasted the lease).
+    pub async fn run<T, E, F, Fut>(&self, name: &str, step: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let namespace = self.shared.namespace;
+        let stored = {
+            let mut state = self.state();
+            if !state.used.insert(name.to_owned()) {
+                return Err(Error::StepRepeated {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                }
+                .into());
+            }
+            match state.call.as_ref().map(|call| &call.stored) {
+                None => None,
+                Some(Ok(stored)) => stored.steps.get(name).cloned(),
+                Some(Err(detail)) => {
+                    return Err(Error::CorruptRecord {
+                        namespace: namespace.to_owned(),
+                        detail: format!("its stored steps do not decode: {detail}"),
+                    }
+                    .into());
+                }
+            }
+        };
+        if let Some(value) = stored {
+            tracing::debug!(
+                namespace,
+                step = name,
+                "step finished before; replaying its value"
+            );
+            crate::telemetry::step(namespace, "replayed");
+            return T::deserialize(value).map_err(|source| {
+                Error::StepValue {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                    source,
+                }
+                .into()
+            });
+        }
+        let value = step().await?;
+        self.save(name, &value).await?;
+        Ok(value)
+    }
+
+    /// Stores `value` as the step `name`'s, with every step finished before it.
+    async fn save<T: Serialize>(&self, name: &str, value: &T) -> Result<(), Error> {
+        let namespace = self.shared.namespace;
+        let serialize_error = |source| Error::Serialize {
+            namespace: namespace.to_owned(),
+            what: "step",
+            source,
+        };
+        let json = codec::to_json(value).map_err(serialize_error)?;
+        if let Some(source) = codec::non_finite(value, &json) {
+            return Err(serialize_error(source));
+        }
+        let value: serde_json::Value = serde_json::from_slice(&json).map_err(serialize_error)?;
+        // One write at a time, so that each carries every step finished before it.
+        let _writing = self.shared.writing.lock().await;
+        let (idem, key, token, lease, bytes) = {
+            let mut state = self.state();
+            let Some(call) = state.call.as_mut() else {
+                // No record: nothing to store.
+                return Ok(());
+            };
+            let Ok(stored) = call.stored.as_mut() else {
+                unreachable!("a step runs only when the stored steps decoded");
+            };
+            stored.steps.insert(name.to_owned(), value);
+            let bytes = stored.encode();
+            let budget = call
+                .idem
+                .store()
+                .response_budget(&call.key, call.fingerprint.as_deref());
+            if bytes.len() > budget {
+                stored.steps.remove(name);
+                return Err(Error::StepTooLarge {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                    bytes: bytes.len(),
+                    budget,
+                });
+            }
+            (
+                call.idem.clone(),
+                call.key.clone(),
+                call.token.clone(),
+                call.lease,
+                bytes,
+            )
+        };
+        crate::handler::save_steps(&idem, namespace, &key, &token, &bytes, lease).await?;
+        crate::telemetry::step(namespace, "stored");
+        Ok(())
+    }
+
+    /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for
+    /// the step `name`: 64 hex digits, the same in every call of this operation (a retry after a
+    /// crash, a lapsed lease or a failure gets the same one), different for every step and every
+    /// operation, and new once the operation's record expired and the key is a new operation.
+    ///
+    /// Passing it to the downstream call makes a crash *inside* a step safe too: the next call runs
+    /// the unfinished step again with the same key, and the downstream API answers it as the same
+    /// request.
+    #[must_use]
+    pub fn key(&self, name: &str) -> String {
+        let mut state = self.state();
+        let (record_key, origin) = match state.call.as_ref() {
+            Some(call) => (
+                call.key.clone(),
+                call.stored
+                    .as_ref()
+                    .map_or_else(|_| call.token.clone(), |s| s.origin.clone()),
+            ),
+            // Without a record there is no operation to be the same across calls: a key of this call.
+            None => (
+                self.shared.namespace.to_owned(),
+                state
+                    .alone_origin
+                    .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
+                    .clone(),
+            ),
+        };
+        drop(state);
+        let mut hash = Sha256::new();
+        for part in [record_key.as_bytes(), origin.as_bytes(), name.as_bytes()] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
+        }
+        hex::encode(hash.finalize())
+    }
+}
