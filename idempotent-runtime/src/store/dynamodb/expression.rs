@@ -520,7 +520,7 @@ impl PreparedNames {
 
 /// Where [`PreparedNames`] and [`CLAIMS`] keep a claim's expressions and names.
 fn claim_index(fingerprint: bool, kind: ClaimKind, mode: StepsMode) -> usize {
-    usize::from(fingerprint) | (kind as usize) << 1 | (mode as usize) * 2 * ClaimKind::ALL.len()
+    usize::from(fingerprint) + 2 * (kind as usize) + 2 * ClaimKind::ALL.len() * (mode as usize)
 }
 
 /// Where [`PreparedNames`] keeps a completion's names.
@@ -649,6 +649,34 @@ mod tests {
                 assert_complete(&RecordUpdate::transition(&names, &transition, region));
             }
         }
+    }
+
+    /// Every combination of payload, claim kind and steps has its own expressions: a claim is never
+    /// sent with another claim's condition.
+    #[test]
+    fn every_claim_is_its_own() {
+        let mut seen = std::collections::HashSet::new();
+        for fingerprint in [false, true] {
+            for kind in ClaimKind::ALL {
+                for mode in StepsMode::ALL {
+                    let index = claim_index(fingerprint, kind, mode);
+                    assert!(seen.insert(index), "{fingerprint} {kind:?} {mode:?}");
+                    let (update, condition) = CLAIMS[index];
+                    assert_eq!(update.contains(":fp"), fingerprint);
+                    assert!(condition.contains(kind.condition()), "{condition}");
+                    if let Some(steps) = mode.condition() {
+                        assert!(
+                            condition.ends_with(&format!("AND ({steps})")),
+                            "{condition}"
+                        );
+                    } else {
+                        assert_eq!(condition, kind.condition());
+                    }
+                    assert_eq!(update.contains("#sp = :sp"), mode.starts_afresh());
+                }
+            }
+        }
+        assert_eq!(seen.len(), CLAIMS.len());
     }
 
     #[test]
