@@ -162,6 +162,10 @@ pub struct Traffic {
     pub body: Option<Duration>,
     /// The lease.
     pub lease: Duration,
+    /// Steps per first call, for a body run with steps (`run_steps`): one write each.
+    pub steps: u64,
+    /// Each step's stored value in bytes (JSON; a step's write carries every step before it).
+    pub step_bytes: u64,
 }
 
 /// Write capacity units per second, by where they go ([`capacity`]); each rounded up to a whole unit.
@@ -176,6 +180,8 @@ pub struct Capacity {
     pub duplicates_wcu: u64,
     /// Heartbeats of long bodies.
     pub heartbeats_wcu: u64,
+    /// Step writes of bodies run with steps: one per step, each the record with the steps so far.
+    pub steps_wcu: u64,
     /// All of it.
     pub total_wcu: u64,
     /// The simpler `peak × (1 + duplicate ratio)`, for comparison; it counts one write per call.
@@ -195,7 +201,8 @@ fn wcu(bytes: u64) -> f64 {
 /// Write capacity per second for `traffic`, from first principles: a first call costs its claim (the
 /// record without a response) plus its completion (the record with it); a duplicate's failed condition
 /// consumes the size of the existing, completed record; a transactional completion costs twice per item
-/// written; a body running longer than a third of its lease adds a heartbeat per third.
+/// written; a body running longer than a third of its lease adds a heartbeat per third; a body run with
+/// steps adds one write per step, of the record with every step finished so far.
 #[must_use]
 pub fn capacity(traffic: &Traffic) -> Capacity {
     // The record besides its response, with a typical key and a fingerprint, counted as DynamoDB does.
@@ -225,21 +232,27 @@ pub fn capacity(traffic: &Traffic) -> Capacity {
         let beats = (body.as_millis() / every.as_millis()) as f64;
         peak * beats * wcu(overhead)
     });
+    // The steps' origin and encoding: about 60 bytes beside the values.
+    let steps_wcu: f64 = (1..=traffic.steps)
+        .map(|done| peak * wcu(overhead + 60 + done * (traffic.step_bytes + 16)))
+        .sum();
     // Rates of at most billions of units: a whole number of them fits u64 exactly.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let units = |x: f64| x.max(0.0).ceil() as u64;
-    let (claims, completions, duplicates, heartbeats) = (
+    let (claims, completions, duplicates, heartbeats, steps) = (
         units(claims_wcu),
         units(completions_wcu),
         units(duplicates_wcu),
         units(heartbeats_wcu),
+        units(steps_wcu),
     );
     Capacity {
         claims_wcu: claims,
         completions_wcu: completions,
         duplicates_wcu: duplicates,
         heartbeats_wcu: heartbeats,
-        total_wcu: claims + completions + duplicates + heartbeats,
+        steps_wcu: steps,
+        total_wcu: claims + completions + duplicates + heartbeats + steps,
         reference_wcu: units(peak * (1.0 + traffic.duplicate_ratio)),
         record_bytes,
     }
@@ -259,6 +272,8 @@ mod tests {
             business_item_bytes: 512,
             body: None,
             lease: Duration::from_mins(1),
+            steps: 0,
+            step_bytes: 0,
         }
     }
 
@@ -286,6 +301,25 @@ mod tests {
         });
         assert_eq!(c.completions_wcu, 8000);
         assert_eq!(c.total_wcu, 10_300);
+    }
+
+    #[test]
+    fn each_step_costs_a_write_of_the_record_with_the_steps_so_far() {
+        let c = capacity(&Traffic {
+            steps: 3,
+            step_bytes: 100,
+            ..traffic()
+        });
+        // Three small steps: a kilobyte each.
+        assert_eq!(c.steps_wcu, 6000);
+        assert_eq!(c.total_wcu, 4300 + 6000);
+        // Steps of 400 bytes: the third write carries 1.2 KB of values, two units.
+        let c = capacity(&Traffic {
+            steps: 3,
+            step_bytes: 400,
+            ..traffic()
+        });
+        assert_eq!(c.steps_wcu, 2000 * (1 + 1 + 2));
     }
 
     #[test]

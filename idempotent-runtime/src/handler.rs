@@ -374,9 +374,6 @@ enum Acquired<T> {
     Held {
         lease_until_ms: u64,
         took_over: bool,
-        /// For an operation run with steps: the record's steps as the claim left them (`None`: it
-        /// started afresh).
-        steps: Option<Vec<u8>>,
     },
     /// The answer is known without running the body: a replay from the store or from the local cache.
     Done(T, Outcome),
@@ -570,60 +567,72 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
     let mut poll = FIRST_POLL;
     let mut number = 0;
     let mut took_over = false;
-    // With steps: the stored steps of a record to resume, as last seen.
-    let mut resume: Option<Vec<u8>> = None;
+    // With steps: the stored steps of a record to resume, as last seen (boxed: a pointer in every
+    // call's future, where most calls have no steps).
+    let mut resume: Option<Box<Vec<u8>>> = None;
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
-        let mut request = attempt.request(number);
-        if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref()) {
-            request.steps = StepsClaim::Resume {
-                steps: seen,
-                restart_failed: steps.restart_failed(),
-            };
-        }
-        // One claim attempt: a plain conditional write, or first a transaction when business writes go
-        // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
-        // each layer it passed through would move it again.
-        attempt.stage.set(Stage::Claiming);
-        let mut record = 'blocked: {
-            if !plan.claim_writes.is_empty() {
-                match claim_with_writes(idem, plan, &request).await? {
-                    Some(ClaimOutcome::Claimed) => {
+        // The request lives in this block only: the wait below does not carry it (the call's future
+        // holds the larger of the two, not both).
+        let (mut record, claimed_until_ms) = {
+            let mut request = attempt.request(number);
+            if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
+                request.steps = StepsClaim::Resume {
+                    steps: seen,
+                    restart_failed: steps.restart_failed(),
+                };
+            }
+            // One claim attempt: a plain conditional write, or first a transaction when business writes go
+            // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
+            // each layer it passed through would move it again.
+            attempt.stage.set(Stage::Claiming);
+            let record = 'blocked: {
+                if !plan.claim_writes.is_empty() {
+                    match claim_with_writes(idem, plan, &request).await? {
+                        Some(ClaimOutcome::Claimed) => {
+                            let lease_until_ms = request.lease_until_ms;
+                            if let Some(steps) = plan.steps {
+                                steps.claimed(resume.map(|seen| *seen));
+                            }
+                            return Ok(Acquired::Held {
+                                lease_until_ms,
+                                took_over,
+                            });
+                        }
+                        Some(ClaimOutcome::Existing(record)) => break 'blocked record,
+                        // The writes are in effect: a plain claim keeps them, conditioned on their mark
+                        // still being set, so that a decision made stale by another caller (who released
+                        // them meanwhile) never runs the body without them.
+                        None => request.keep_claim_writes = true,
+                    }
+                }
+                match telemetry::observe("claim", idem.store().claim(&request)).await {
+                    Ok(ClaimOutcome::Claimed) => {
+                        let lease_until_ms = request.lease_until_ms;
+                        if let Some(steps) = plan.steps {
+                            steps.claimed(resume.map(|seen| *seen));
+                        }
                         return Ok(Acquired::Held {
-                            lease_until_ms: request.lease_until_ms,
+                            lease_until_ms,
                             took_over,
-                            steps: resume,
                         });
                     }
-                    Some(ClaimOutcome::Existing(record)) => break 'blocked record,
-                    // The writes are in effect: a plain claim keeps them, conditioned on their mark
-                    // still being set, so that a decision made stale by another caller (who released
-                    // them meanwhile) never runs the body without them.
-                    None => request.keep_claim_writes = true,
+                    Ok(ClaimOutcome::Existing(record)) => record,
+                    // The record is gone (deleted since the transaction, or the claim that saw it): a new
+                    // operation, whose claim applies the writes, and starts its steps afresh.
+                    Err(StoreError::Corrupt(_))
+                        if (request.keep_claim_writes
+                            || matches!(request.steps, StepsClaim::Resume { .. }))
+                            && number <= CLAIMABLE_RETRIES =>
+                    {
+                        resume = None;
+                        continue 'claim;
+                    }
+                    Err(e) => return Err(store_error(plan.call.namespace, e)),
                 }
-            }
-            match telemetry::observe("claim", idem.store().claim(&request)).await {
-                Ok(ClaimOutcome::Claimed) => {
-                    return Ok(Acquired::Held {
-                        lease_until_ms: request.lease_until_ms,
-                        took_over,
-                        steps: resume,
-                    });
-                }
-                Ok(ClaimOutcome::Existing(record)) => record,
-                // The record is gone (deleted since the transaction, or the claim that saw it): a new
-                // operation, whose claim applies the writes, and starts its steps afresh.
-                Err(StoreError::Corrupt(_))
-                    if (request.keep_claim_writes
-                        || matches!(request.steps, StepsClaim::Resume { .. }))
-                        && number <= CLAIMABLE_RETRIES =>
-                {
-                    resume = None;
-                    continue 'claim;
-                }
-                Err(e) => return Err(store_error(plan.call.namespace, e)),
-            }
+            };
+            (record, request.lease_until_ms)
         };
         // The claim was refused: the record is someone else's (or ours, which `examine` says).
         attempt.stage.set(Stage::Waiting);
@@ -634,10 +643,12 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
             let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
             let retry_after = match examine(plan.call, &record, token, plan.fingerprint, now_ms)? {
                 Found::Ours => {
+                    if let Some(steps) = plan.steps {
+                        steps.claimed(record.steps);
+                    }
                     return Ok(Acquired::Held {
-                        lease_until_ms: lease_until_ms.unwrap_or(request.lease_until_ms),
+                        lease_until_ms: lease_until_ms.unwrap_or(claimed_until_ms),
                         took_over,
-                        steps: record.steps,
                     });
                 }
                 Found::Replay => {
@@ -653,7 +664,8 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     resume = plan
                         .steps
                         .filter(|steps| steps.resumes(&record, now_ms))
-                        .and(record.steps);
+                        .and(record.steps)
+                        .map(Box::new);
                     continue 'claim;
                 }
                 Found::InProgress(retry_after) => retry_after,
@@ -822,17 +834,9 @@ where
             Ok(Acquired::Held {
                 lease_until_ms,
                 took_over,
-                steps,
             }) => {
-                if let Some(handle) = plan.steps {
-                    handle.begin(
-                        idem,
-                        plan.key,
-                        token,
-                        plan.fingerprint,
-                        lease,
-                        steps.as_deref(),
-                    );
+                if let Some(steps) = plan.steps {
+                    steps.begin(idem, plan.key, token, plan.fingerprint, lease);
                 }
                 (lease_until_ms, took_over)
             }
@@ -1790,6 +1794,35 @@ mod future_size {
             tracing::Span::none(),
         );
         let size = std::mem::size_of_val(&instrumented);
+        {
+            let call = Call::new("x");
+            let none = Writes::new();
+            let plan = Plan {
+                call: &call,
+                key: "k",
+                fingerprint: None,
+                staging: None,
+                claim_writes: &none,
+                compensation: &none,
+                steps: None,
+            };
+            let attempt = Attempt {
+                idem: &idem,
+                plan: &plan,
+                token: "t",
+                lease: Duration::ZERO,
+                ttl: Duration::ZERO,
+                stage: Where::new(Stage::Claiming),
+            };
+            eprintln!(
+                "SIZES acquire={} record={} request={} plan={} parts={}",
+                std::mem::size_of_val(&acquire::<u32>(&attempt)),
+                std::mem::size_of::<Record>(),
+                std::mem::size_of::<ClaimRequest<'_>>(),
+                std::mem::size_of::<Plan<'_>>(),
+                std::mem::size_of::<Parts<'_, &crate::Idempotency>>()
+            );
+        }
         assert!(
             size <= 1024,
             "the state machine is {size} bytes: box the new part on its own path"

@@ -65,6 +65,9 @@ struct State {
     used: HashSet<String>,
     /// A stand-in origin for a body that runs without a record.
     alone_origin: Option<String>,
+    /// The record's steps as the call's claim left them (`None`: it started afresh), until the body
+    /// begins.
+    claimed: Option<Vec<u8>>,
 }
 
 /// What storing a step needs of the call holding the key.
@@ -149,8 +152,12 @@ impl Steps {
             && !(self.shared.restart_failed && record.status == crate::Status::Failed)
     }
 
-    /// The claim landed: the body runs as `token`, with `stored` the record's steps as the claim left
-    /// them (`None`: the claim started afresh).
+    /// The call's claim landed, leaving the record's steps as `stored` (`None`: it started afresh).
+    pub(crate) fn claimed(&self, stored: Option<Vec<u8>>) {
+        self.state().claimed = stored;
+    }
+
+    /// The body runs as `token`, with the steps the claim left ([`claimed`](Self::claimed)).
     pub(crate) fn begin(
         &self,
         idem: &Idempotency,
@@ -158,9 +165,9 @@ impl Steps {
         token: &str,
         fingerprint: Option<&str>,
         lease: Duration,
-        stored: Option<&[u8]>,
     ) {
-        let stored = Stored::decode(stored.unwrap_or_else(|| self.initial(token)));
+        let claimed = self.state().claimed.take();
+        let stored = Stored::decode(claimed.as_deref().unwrap_or_else(|| self.initial(token)));
         let resumed = stored.as_ref().map_or(0, |s| s.steps.len());
         if resumed > 0 {
             tracing::debug!(

@@ -56,6 +56,7 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
             "fail_is_guarded_by_the_token",
             "a_heartbeat_extends_only_its_own_lease",
             "a_stale_token_cannot_complete_or_fail_after_a_takeover",
+            "steps_are_stored_under_the_token_and_removed_by_completion",
         ],
         "{report}"
     );
@@ -80,6 +81,48 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
     assert!(
         message.contains("FAILED  fail_is_guarded_by_the_token: "),
         "{message}"
+    );
+}
+
+/// Breaks resuming: a claim of an operation with steps is made as if it had none (a store written
+/// before steps, which would let a call run finished steps again).
+#[derive(Debug, Default)]
+struct IgnoresSteps(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for IgnoresSteps {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let request = ClaimRequest {
+            steps: idempotent_runtime::store::StepsClaim::Untouched,
+            ..*request
+        };
+        self.0.claim(&request).await
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "ignores-steps"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_ignores_steps_in_claims_fails_the_steps_cases() {
+    let report = conformance::check(|| async { IgnoresSteps::default() }).await;
+    assert_eq!(
+        failed(&report),
+        [
+            "steps_are_stored_under_the_token_and_removed_by_completion",
+            "a_fresh_claim_with_steps_is_refused_by_live_steps",
+            "a_resume_needs_exactly_the_steps_it_read",
+        ],
+        "{report}"
     );
 }
 

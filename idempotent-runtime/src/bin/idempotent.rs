@@ -130,6 +130,12 @@ struct CapacityArgs {
     /// The lease in seconds.
     #[arg(long, default_value_t = 60.0)]
     lease_seconds: f64,
+    /// Steps per call, for a body run with steps (`run_steps`): one write each.
+    #[arg(long, default_value_t = 0)]
+    steps: u64,
+    /// Each step's stored value in bytes (JSON).
+    #[arg(long, default_value_t = 100)]
+    step_bytes: u64,
 }
 
 /// An error for the user: what went wrong and what to do.
@@ -280,6 +286,8 @@ fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
             .map(|s| seconds(s, "body-seconds"))
             .transpose()?,
         lease: seconds(args.lease_seconds, "lease-seconds")?,
+        steps: args.steps,
+        step_bytes: args.step_bytes,
     };
     let c = admin::capacity(&traffic);
     if cli.json {
@@ -310,6 +318,12 @@ fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
         c.duplicates_wcu
     );
     println!("  heartbeats    {:>10} WCU/s", c.heartbeats_wcu);
+    if args.steps > 0 {
+        println!(
+            "  steps         {:>10} WCU/s  (one write per step, of the record with the steps so far)",
+            c.steps_wcu
+        );
+    }
     println!("  total         {:>10} WCU/s", c.total_wcu);
     println!(
         "the simpler peak × (1 + duplicate ratio) = {} undercounts: a first call makes two writes (claim and completion), not one, and transactions cost double",

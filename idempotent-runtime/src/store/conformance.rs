@@ -48,6 +48,9 @@
 //! | `a_stale_token_cannot_complete_or_fail_after_a_takeover` | the old holder is fenced out after a takeover |
 //! | `a_claim_without_a_fingerprint_clears_the_old_one` | a claim writes the request's fingerprint, or none |
 //! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
+//! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`](super::StepsClaim::Fresh)) stores its `initial` steps; [`Change::SaveSteps`](super::Change::SaveSteps) is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
+//! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
+//! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`](super::StepsClaim::Resume)) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
@@ -100,7 +103,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{Change, ClaimOutcome, ClaimRequest, Store, StoreError, Transition, WriteOutcome};
+use super::{
+    Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
+};
 use crate::record::{Record, Status};
 
 /// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
@@ -458,6 +463,9 @@ pub const RECORD_CASES: &[&str] = &[
     "a_stale_token_cannot_complete_or_fail_after_a_takeover",
     "a_claim_without_a_fingerprint_clears_the_old_one",
     "a_plain_claim_keeps_claim_writes_in_effect_as_they_were",
+    "steps_are_stored_under_the_token_and_removed_by_completion",
+    "a_fresh_claim_with_steps_is_refused_by_live_steps",
+    "a_resume_needs_exactly_the_steps_it_read",
     "of_32_racing_claims_exactly_one_wins",
 ];
 
@@ -478,6 +486,9 @@ dispatch!(
     a_stale_token_cannot_complete_or_fail_after_a_takeover,
     a_claim_without_a_fingerprint_clears_the_old_one,
     a_plain_claim_keeps_claim_writes_in_effect_as_they_were,
+    steps_are_stored_under_the_token_and_removed_by_completion,
+    a_fresh_claim_with_steps_is_refused_by_live_steps,
+    a_resume_needs_exactly_the_steps_it_read,
     of_32_racing_claims_exactly_one_wins,
 );
 
@@ -989,6 +1000,174 @@ async fn a_plain_claim_keeps_claim_writes_in_effect_as_they_were<S: Store>(
     ensure!(
         !c.record("k").await?.claim_writes_in_effect,
         "a plain re-claim must not mark claim-time writes as in effect"
+    );
+    Ok(())
+}
+
+/// A claim of an operation with steps that starts afresh, with `initial` as its steps.
+fn fresh<'a>(key: &'a str, token: &'a str, now_ms: u64, initial: &'a [u8]) -> ClaimRequest<'a> {
+    ClaimRequest {
+        steps: StepsClaim::Fresh {
+            initial,
+            restart_failed: false,
+        },
+        ..claim(key, token, now_ms)
+    }
+}
+
+/// A claim of an operation with steps that resumes the steps `seen`.
+fn resume<'a>(key: &'a str, token: &'a str, now_ms: u64, seen: &'a [u8]) -> ClaimRequest<'a> {
+    ClaimRequest {
+        steps: StepsClaim::Resume {
+            steps: seen,
+            restart_failed: false,
+        },
+        ..claim(key, token, now_ms)
+    }
+}
+
+fn save_steps<'a>(key: &'a str, token: &'a str, steps: &'a [u8]) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::SaveSteps { steps },
+    }
+}
+
+async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    ensure_eq!(
+        c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?,
+        ClaimOutcome::Claimed,
+        "a fresh claim with steps of a new key"
+    );
+    ensure_eq!(
+        c.record("k").await?.steps.as_deref(),
+        Some(&b"origin"[..]),
+        "the steps a fresh claim stores"
+    );
+    ensure_eq!(
+        c.store.transition(&save_steps("k", "t1", b"one")).await?,
+        WriteOutcome::Applied,
+        "a step's write by the claim's own token"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.steps.as_deref()),
+        (Status::Pending, "t1", Some(&b"one"[..])),
+        "status, token and steps after a step's write"
+    );
+    let rejected = c.store.transition(&save_steps("k", "t2", b"two")).await?;
+    ensure_eq!(
+        rejected,
+        WriteOutcome::Rejected(Some(r)),
+        "a step's write under another token"
+    );
+    c.store
+        .transition(&complete("k", "t1", b"{}", NOW / 1000 + 60))
+        .await?;
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.steps),
+        (Status::Completed, None),
+        "a completion removes the steps"
+    );
+    Ok(())
+}
+
+async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
+    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store.transition(&fail("k", "t1")).await?;
+    let failed = c.record("k").await?;
+    ensure_eq!(
+        c.store.claim(&fresh("k", "t2", NOW + 1, b"again")).await?,
+        ClaimOutcome::Existing(failed),
+        "a fresh claim with steps of a FAILED record whose steps live on"
+    );
+    // A plain claim (an operation without steps) is not concerned with them.
+    ensure_eq!(
+        c.store.claim(&claim("k", "t3", NOW + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim without steps of a FAILED record with steps"
+    );
+    c.store.transition(&fail("k", "t3")).await?;
+    let restart = ClaimRequest {
+        steps: StepsClaim::Fresh {
+            initial: b"anew",
+            restart_failed: true,
+        },
+        ..claim("k", "t4", NOW + 2)
+    };
+    ensure_eq!(
+        c.store.claim(&restart).await?,
+        ClaimOutcome::Claimed,
+        "a fresh claim that restarts after a failure, of a FAILED record with steps"
+    );
+    ensure_eq!(
+        c.record("k").await?.steps.as_deref(),
+        Some(&b"anew"[..]),
+        "the steps after a fresh claim replaced them"
+    );
+    // Expired: a new operation, whose fresh claim replaces the steps.
+    c.store.transition(&save_steps("k", "t4", b"old")).await?;
+    c.store.transition(&fail("k", "t4")).await?;
+    let past = (c.record("k").await?.expires_at_s + 1) * 1000;
+    ensure_eq!(
+        c.store.claim(&fresh("k", "t5", past, b"new")).await?,
+        ClaimOutcome::Claimed,
+        "a fresh claim with steps of an expired record"
+    );
+    ensure_eq!(
+        c.record("k").await?.steps.as_deref(),
+        Some(&b"new"[..]),
+        "the steps of an expired record after a fresh claim"
+    );
+    Ok(())
+}
+
+async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let outcome = c.store.claim(&resume("absent", "t0", NOW, b"one")).await;
+    ensure!(
+        matches!(outcome, Err(StoreError::Corrupt(_))),
+        "a resume of an absent key must be refused with `StoreError::Corrupt`, got {outcome:?}"
+    );
+    ensure!(
+        c.store.get("absent").await?.is_none(),
+        "a refused resume must write nothing"
+    );
+    c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
+    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store.transition(&fail("k", "t1")).await?;
+    let failed = c.record("k").await?;
+    ensure_eq!(
+        c.store
+            .claim(&resume("k", "t2", NOW + 1, b"origin"))
+            .await?,
+        ClaimOutcome::Existing(failed.clone()),
+        "a resume whose steps are not those stored (a step was stored since they were read)"
+    );
+    let past = (failed.expires_at_s + 1) * 1000;
+    ensure_eq!(
+        c.store.claim(&resume("k", "t2", past, b"one")).await?,
+        ClaimOutcome::Existing(failed),
+        "a resume of an expired record (a new operation)"
+    );
+    ensure_eq!(
+        c.store.claim(&resume("k", "t3", NOW + 1, b"one")).await?,
+        ClaimOutcome::Claimed,
+        "a resume with the steps stored"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.steps.as_deref()),
+        (Status::Pending, "t3", Some(&b"one"[..])),
+        "status, token and steps after a resume"
     );
     Ok(())
 }

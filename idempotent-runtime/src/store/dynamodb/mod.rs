@@ -1,6 +1,6 @@
 //! [`DynamoDbStore`]: records in a DynamoDB table, one item per key.
 //!
-//! Every call is one request: a conditional `UpdateItem` (claim, complete, fail, heartbeat), a
+//! Every call is one request: a conditional `UpdateItem` (claim, complete, fail, step, heartbeat), a
 //! `TransactWriteItems` (a claim, completion or failure that carries business writes), or a consistent
 //! `GetItem` (waiting for an in-flight call). Conditional writes ask for
 //! `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a failed condition hands back the blocking record in
@@ -11,7 +11,8 @@
 //!
 //! Placeholders stand for the configured [`AttributeNames`] (`#pk` key, `#st` status, `#tk` token, `#at`
 //! attempt, `#lu` lease end, `#ex` expiry, `#fp` fingerprint, `#rs` response, `#er` error, `#ru` replay
-//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record). `:now_ms` is the
+//! end, `#cw` claim-time writes in effect, `#ci` the region that completed the record, `#sp` the finished
+//! steps of an operation run with steps). `:now_ms` is the
 //! caller's clock *less the clock-skew margin*
 //! ([`Builder::clock_skew_margin`](crate::Builder::clock_skew_margin), 1 s by default) and `:now_s` the
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
@@ -22,8 +23,11 @@
 //! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
 //! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
 //! | claim keeping claim-time writes (after a claim with writes was refused for them) | the claim's | `attribute_exists(#cw) AND #ex >= :now_s AND (#st = FAILED OR (#st = PENDING AND #lu < :now_ms))` |
-//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs]` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
-//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
+//! | claim of an operation with steps, afresh (`run_steps`) | the claim's (any of the three above), plus `SET #sp = :sp` (the new operation's origin, no step finished) | the claim's, `AND (attribute_not_exists(#sp) OR #ex < :now_s[ OR #st = FAILED])` (`#st = FAILED` with `restart_steps_after_failure`) |
+//! | claim of an operation with steps, resuming (after the fresh claim was refused by live steps) | the claim's (any of the three above) | the claim's, `AND #sp = :sp AND #ex >= :now_s[ AND #st = PENDING]` (`:sp`: the steps the caller read, which it replays) |
+//! | step (a step of a body run with steps finished) | `SET #sp = :sp` (every finished step's value) | `#st = PENDING AND #tk = :tk` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
+//! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | wait | consistent `GetItem` | — |
 //!
