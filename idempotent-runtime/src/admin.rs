@@ -313,13 +313,14 @@ mod tests {
         // Three small steps: a kilobyte each.
         assert_eq!(c.steps_wcu, 6000);
         assert_eq!(c.total_wcu, 4300 + 6000);
-        // Steps of 400 bytes: the third write carries 1.2 KB of values, two units.
+        // Steps of 400 bytes: the second and third writes carry 0.8 and 1.2 KB of values beside the
+        // record's own bytes, two units each.
         let c = capacity(&Traffic {
             steps: 3,
             step_bytes: 400,
             ..traffic()
         });
-        assert_eq!(c.steps_wcu, 2000 * (1 + 1 + 2));
+        assert_eq!(c.steps_wcu, 2000 * (1 + 2 + 2));
     }
 
     #[test]
