@@ -573,66 +573,35 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
-        // The request lives in this block only: the wait below does not carry it (the call's future
-        // holds the larger of the two, not both).
-        let (mut record, claimed_until_ms) = {
-            let mut request = attempt.request(number);
-            if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
-                request.steps = StepsClaim::Resume {
-                    steps: seen,
-                    restart_failed: steps.restart_failed(),
-                };
-            }
-            // One claim attempt: a plain conditional write, or first a transaction when business writes go
-            // with it. The store's answer is matched where it is used: a blocking record is 200 bytes, and
-            // each layer it passed through would move it again.
-            attempt.stage.set(Stage::Claiming);
-            let record = 'blocked: {
-                if !plan.claim_writes.is_empty() {
-                    match claim_with_writes(idem, plan, &request).await? {
-                        Some(ClaimOutcome::Claimed) => {
-                            let lease_until_ms = request.lease_until_ms;
-                            if let Some(steps) = plan.steps {
-                                steps.claimed(resume.map(|seen| *seen));
-                            }
-                            return Ok(Acquired::Held {
-                                lease_until_ms,
-                                took_over,
-                            });
-                        }
-                        Some(ClaimOutcome::Existing(record)) => break 'blocked record,
-                        // The writes are in effect: a plain claim keeps them, conditioned on their mark
-                        // still being set, so that a decision made stale by another caller (who released
-                        // them meanwhile) never runs the body without them.
-                        None => request.keep_claim_writes = true,
-                    }
-                }
-                match telemetry::observe("claim", idem.store().claim(&request)).await {
-                    Ok(ClaimOutcome::Claimed) => {
-                        let lease_until_ms = request.lease_until_ms;
-                        if let Some(steps) = plan.steps {
-                            steps.claimed(resume.map(|seen| *seen));
-                        }
-                        return Ok(Acquired::Held {
-                            lease_until_ms,
-                            took_over,
-                        });
-                    }
-                    Ok(ClaimOutcome::Existing(record)) => record,
-                    // The record is gone (deleted since the transaction, or the claim that saw it): a new
-                    // operation, whose claim applies the writes, and starts its steps afresh.
-                    Err(StoreError::Corrupt(_))
-                        if (request.keep_claim_writes
-                            || matches!(request.steps, StepsClaim::Resume { .. }))
-                            && number <= CLAIMABLE_RETRIES =>
-                    {
-                        resume = None;
-                        continue 'claim;
-                    }
-                    Err(e) => return Err(store_error(plan.call.namespace, e)),
-                }
+        let mut request = attempt.request(number);
+        if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
+            request.steps = StepsClaim::Resume {
+                steps: seen,
+                restart_failed: steps.restart_failed(),
             };
-            (record, request.lease_until_ms)
+        }
+        let claimed_until_ms = request.lease_until_ms;
+        attempt.stage.set(Stage::Claiming);
+        // The request is moved into the attempt's own future: this one then holds it only while that
+        // future is awaited, and the record it may return can share its place.
+        let mut record = match claim_once(idem, plan, request).await? {
+            Claimed::Claimed => {
+                if let Some(steps) = plan.steps {
+                    steps.claimed(resume.map(|seen| *seen));
+                }
+                return Ok(Acquired::Held {
+                    lease_until_ms: claimed_until_ms,
+                    took_over,
+                });
+            }
+            Claimed::Blocked(record) => record,
+            // The record is gone (deleted since the transaction, or the claim that saw it): a new
+            // operation, whose claim applies the writes, and starts its steps afresh.
+            Claimed::Vanished(_) if number <= CLAIMABLE_RETRIES => {
+                resume = None;
+                continue 'claim;
+            }
+            Claimed::Vanished(e) => return Err(store_error(plan.call.namespace, e)),
         };
         // The claim was refused: the record is someone else's (or ours, which `examine` says).
         attempt.stage.set(Stage::Waiting);
@@ -681,6 +650,53 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 // Deleted (by TTL or by hand): the key is new.
                 None => continue 'claim,
             }
+        }
+    }
+}
+
+/// What one claim attempt found.
+enum Claimed {
+    /// The key is ours.
+    Claimed,
+    /// Here is the record that blocked the claim.
+    Blocked(Record),
+    /// A claim that needs the record (one keeping claim-time writes, or a resume of steps) found none:
+    /// the store's error, for when the call claims no more.
+    Vanished(StoreError),
+}
+
+/// One claim attempt: a plain conditional write, or first a transaction when business writes go with
+/// it (and, when that is refused for writes still in effect, a plain claim that keeps them).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the request twice"
+)]
+fn claim_once<'a>(
+    idem: &'a Idempotency,
+    plan: &'a Plan<'a>,
+    mut request: ClaimRequest<'a>,
+) -> impl Future<Output = Result<Claimed, Error>> + 'a {
+    async move {
+        if !plan.claim_writes.is_empty() {
+            match claim_with_writes(idem, plan, &request).await? {
+                Some(ClaimOutcome::Claimed) => return Ok(Claimed::Claimed),
+                Some(ClaimOutcome::Existing(record)) => return Ok(Claimed::Blocked(record)),
+                // The writes are in effect: a plain claim keeps them, conditioned on their mark still
+                // being set, so that a decision made stale by another caller (who released them
+                // meanwhile) never runs the body without them.
+                None => request.keep_claim_writes = true,
+            }
+        }
+        match telemetry::observe("claim", idem.store().claim(&request)).await {
+            Ok(ClaimOutcome::Claimed) => Ok(Claimed::Claimed),
+            Ok(ClaimOutcome::Existing(record)) => Ok(Claimed::Blocked(record)),
+            Err(e @ StoreError::Corrupt(_))
+                if request.keep_claim_writes
+                    || matches!(request.steps, StepsClaim::Resume { .. }) =>
+            {
+                Ok(Claimed::Vanished(e))
+            }
+            Err(e) => Err(store_error(plan.call.namespace, e)),
         }
     }
 }
@@ -1794,35 +1810,6 @@ mod future_size {
             tracing::Span::none(),
         );
         let size = std::mem::size_of_val(&instrumented);
-        {
-            let call = Call::new("x");
-            let none = Writes::new();
-            let plan = Plan {
-                call: &call,
-                key: "k",
-                fingerprint: None,
-                staging: None,
-                claim_writes: &none,
-                compensation: &none,
-                steps: None,
-            };
-            let attempt = Attempt {
-                idem: &idem,
-                plan: &plan,
-                token: "t",
-                lease: Duration::ZERO,
-                ttl: Duration::ZERO,
-                stage: Where::new(Stage::Claiming),
-            };
-            eprintln!(
-                "SIZES acquire={} record={} request={} plan={} parts={}",
-                std::mem::size_of_val(&acquire::<u32>(&attempt)),
-                std::mem::size_of::<Record>(),
-                std::mem::size_of::<ClaimRequest<'_>>(),
-                std::mem::size_of::<Plan<'_>>(),
-                std::mem::size_of::<Parts<'_, &crate::Idempotency>>()
-            );
-        }
         assert!(
             size <= 1024,
             "the state machine is {size} bytes: box the new part on its own path"
