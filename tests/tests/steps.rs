@@ -480,3 +480,32 @@ async fn each_step_costs_one_update_and_a_resume_two_claims() {
     );
     assert_eq!(h.requests.total(), 4);
 }
+
+/// A step write whose response is lost (the write landed; the SDK sends it again) is harmless: the
+/// write is fenced by the call's own token, which still holds the key, so the resent write lands again
+/// and the body goes on; every step's effect happens once.
+#[tokio::test]
+async fn a_step_write_whose_response_was_lost_is_sent_again_harmlessly() {
+    use idempotent_tests::proxy::{Fault, Rule};
+    let (h, proxy) = Harness::behind_proxy(|b| b.default_lease(LEASE)).await;
+    proxy.set_rules([Rule::new(Fault::DropResponse)
+        .operation("UpdateItem")
+        .body_contains("SET #sp = :sp")
+        .first(1)]);
+    let effects = Arc::new(Effects::default());
+    let receipt = checkout(&h.idem, "lost-1", &effects, Email::Sends, None)
+        .await
+        .unwrap();
+    assert_eq!(receipt.hold, 17);
+    assert_eq!(proxy.stats().operation("UpdateItem").dropped, 1);
+    assert_eq!(
+        (
+            effects.runs("reserve"),
+            effects.runs("charge"),
+            effects.runs("email")
+        ),
+        (1, 1, 1)
+    );
+    let record = h.record(NAMESPACE, "lost-1").await.unwrap();
+    assert_eq!((record.status, record.steps), (Status::Completed, None));
+}
