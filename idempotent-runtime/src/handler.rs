@@ -468,6 +468,9 @@ impl Drop for Attempt<'_> {
         let attempt = &*self;
         let namespace = attempt.plan.call.namespace;
         match attempt.stage.get() {
+            Stage::Claiming if attempt.plan.steps.is_some_and(|steps| !steps.releasable()) => {
+                telemetry::call_dropped(namespace, Dropped::Claim);
+            }
             Stage::Claiming => {
                 telemetry::call_dropped(namespace, Dropped::Claim);
                 // A claim with claim-time writes leaves them in effect (a release sends no
@@ -575,6 +578,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         tracing::Span::current().record("attempt", number);
         let mut request = attempt.request(number);
         if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
+            steps.resuming();
             request.steps = StepsClaim::Resume {
                 steps: seen,
                 restart_failed: steps.restart_failed(),

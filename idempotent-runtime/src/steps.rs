@@ -54,6 +54,8 @@ struct Shared {
     state: Mutex<State>,
     /// Step writes go one at a time, each with every step finished before it.
     writing: tokio::sync::Mutex<()>,
+    /// A claim that resumes stored steps is (or was) on its way.
+    resuming: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -115,6 +117,7 @@ impl Steps {
                 initial: OnceLock::new(),
                 state: Mutex::new(State::default()),
                 writing: tokio::sync::Mutex::new(()),
+                resuming: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -150,6 +153,25 @@ impl Steps {
         record.steps.is_some()
             && !record.is_expired(now_ms)
             && !(self.shared.restart_failed && record.status == crate::Status::Failed)
+    }
+
+    /// A claim that resumes stored steps is being sent.
+    pub(crate) fn resuming(&self) {
+        self.shared
+            .resuming
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a dropped call may release its claim (a fenced FAILED write): not when the operation
+    /// restarts after a failure and the claim may have resumed stored steps, whose effects a
+    /// release is no failure of (the next call would start over and run them again). Such a claim
+    /// lapses with its lease instead.
+    pub(crate) fn releasable(&self) -> bool {
+        !(self.shared.restart_failed
+            && self
+                .shared
+                .resuming
+                .load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The call's claim landed, leaving the record's steps as `stored` (`None`: it started afresh).

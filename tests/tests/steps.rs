@@ -509,3 +509,109 @@ async fn a_step_write_whose_response_was_lost_is_sent_again_harmlessly() {
     let record = h.record(NAMESPACE, "lost-1").await.unwrap();
     assert_eq!((record.status, record.steps), (Status::Completed, None));
 }
+
+/// A store whose resume claims land at once but, while `slow` is set, answer only much later: a caller
+/// that gives up in between has a claim it never heard of.
+#[derive(Debug)]
+struct SlowClaims {
+    inner: Arc<dyn idempotent_runtime::Store>,
+    slow: std::sync::atomic::AtomicBool,
+    landed: Notify,
+}
+
+#[async_trait::async_trait]
+impl idempotent_runtime::Store for SlowClaims {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        let outcome = self.inner.claim(request).await;
+        let resume = matches!(
+            request.steps,
+            idempotent_runtime::store::StepsClaim::Resume { .. }
+        );
+        if resume && self.slow.load(Ordering::SeqCst) {
+            self.landed.notify_one();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        outcome
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
+        self.inner.transition(transition).await
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+    ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
+        self.inner.get(key).await
+    }
+
+    fn kind(&self) -> &'static str {
+        "slow-claims"
+    }
+}
+
+/// An operation that restarts after a failure, whose resuming call is dropped while its claim is on
+/// its way: the claim is not released as a failure (a release is no failure of the finished steps,
+/// and a FAILED record would make the next call start over and run them again); it lapses with its
+/// lease, and the next call resumes.
+#[tokio::test]
+async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_failure() {
+    let slow = Arc::new(SlowClaims {
+        inner: Arc::new(idempotent_runtime::MemoryStore::new()),
+        slow: std::sync::atomic::AtomicBool::new(false),
+        landed: Notify::new(),
+    });
+    let h = Harness::over(slow.clone(), Default::default(), |b| b.default_lease(LEASE));
+    let effects = Arc::new(Effects::default());
+    let reserved = Notify::new();
+    let call = |hang: bool| {
+        let (idem, effects, reserved) = (h.idem.clone(), effects.clone(), &reserved);
+        async move {
+            idem.operation(NAMESPACE, "r-1")
+                .restart_steps_after_failure()
+                .run_steps(|steps| async move {
+                    steps
+                        .run("reserve", || async {
+                            effects.happened("reserve");
+                            Ok::<_, AppError>(1_u32)
+                        })
+                        .await?;
+                    if hang {
+                        reserved.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, AppError>(2_u32)
+                })
+                .await
+        }
+    };
+    // A first call stores its step and is cut off mid-body (as a crash would).
+    tokio::select! {
+        _ = call(true) => panic!("it hangs"),
+        () = reserved.notified() => {}
+    }
+    h.clock.advance(LEASE * 2);
+    // The next call's resume claim lands, but its caller gives up before hearing of it.
+    slow.slow.store(true, Ordering::SeqCst);
+    tokio::select! {
+        _ = call(false) => panic!("its claim is slow"),
+        () = slow.landed.notified() => {}
+    }
+    slow.slow.store(false, Ordering::SeqCst);
+    h.idem.drain(Duration::from_secs(5)).await;
+    let record = h.record(NAMESPACE, "r-1").await.unwrap();
+    assert_eq!(
+        record.status,
+        Status::Pending,
+        "the dropped resume was released as a failure"
+    );
+    h.clock.advance(LEASE * 2);
+    assert_eq!(call(false).await.unwrap(), 2);
+    assert_eq!(effects.runs("reserve"), 1, "the finished step ran again");
+}
