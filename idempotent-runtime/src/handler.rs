@@ -1920,7 +1920,7 @@ mod decision {
             NOW_MS,
             margin,
             Duration::from_secs(30),
-            Duration::from_secs(60),
+            Duration::from_mins(1),
         );
         assert_eq!(times.now_ms, NOW_MS - 1_000);
         assert_eq!(times.lease_until_ms, NOW_MS + 30_000);

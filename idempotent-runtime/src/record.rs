@@ -207,7 +207,7 @@ impl Default for AttributeNames {
 mod tests {
     use super::*;
 
-    /// Expires after second 1000 (its last live millisecond is 1_000_999).
+    /// Expires after second 1000 (its last live millisecond is `1_000_999`).
     const EXPIRES_S: u64 = 1_000;
 
     fn record(status: Status) -> Record {
