@@ -1932,6 +1932,174 @@ mod examine_order {
     }
 }
 
+/// The pure decisions every claim, replay and completion goes through, each held to its exact answer
+/// at the edges (`scripts/mutants` mutates them; the model reaches only the ones it models).
+#[cfg(test)]
+mod decision {
+    use super::*;
+
+    const NOW_MS: u64 = 1_000_000;
+    const NOW_S: u64 = NOW_MS / 1000;
+
+    /// Another call's record, alive well past `NOW_MS`.
+    fn record(status: Status) -> Record {
+        Record {
+            key: "ns#k".into(),
+            status,
+            token: "theirs".into(),
+            attempt: 1,
+            lease_until_ms: (status == Status::Pending).then_some(NOW_MS + 1_500),
+            expires_at_s: NOW_S + 100,
+            fingerprint: None,
+            response: (status == Status::Completed).then(|| b"1".to_vec()),
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+        }
+    }
+
+    fn examined(record: &Record, token: &str, fingerprint: Option<&str>) -> Result<Found, Error> {
+        examine(&Call::new("ns"), record, token, fingerprint, NOW_MS)
+    }
+
+    #[test]
+    fn only_a_differing_fingerprint_on_both_sides_is_a_payload_mismatch() {
+        let same_payload = |stored, ours| same_payload("ns", stored, ours);
+        assert!(same_payload(Some("a"), Some("a")).is_ok());
+        assert!(same_payload(Some("a"), None).is_ok());
+        assert!(same_payload(None, Some("a")).is_ok());
+        assert!(same_payload(None, None).is_ok());
+        assert!(matches!(
+            same_payload(Some("a"), Some("b")),
+            Err(Error::PayloadMismatch { namespace }) if namespace == "ns"
+        ));
+    }
+
+    #[test]
+    fn our_own_record_is_ours_and_anothers_is_not() {
+        let pending = record(Status::Pending);
+        assert!(matches!(
+            examined(&pending, "theirs", None),
+            Ok(Found::Ours)
+        ));
+        assert!(matches!(
+            examined(&pending, "ours", None),
+            Ok(Found::InProgress(_))
+        ));
+    }
+
+    #[test]
+    fn a_completed_record_replays_only_with_its_response_and_within_its_window() {
+        let mut completed = record(Status::Completed);
+        assert!(matches!(
+            examined(&completed, "ours", None),
+            Ok(Found::Replay)
+        ));
+        // The same fingerprint replays; another one is refused.
+        completed.fingerprint = Some("p".into());
+        assert!(matches!(
+            examined(&completed, "ours", Some("p")),
+            Ok(Found::Replay)
+        ));
+        assert!(matches!(
+            examined(&completed, "ours", Some("q")),
+            Err(Error::PayloadMismatch { .. })
+        ));
+        // Replayed through its last second of retention, expired after it.
+        completed.replay_until_s = Some(NOW_S);
+        assert!(matches!(
+            examined(&completed, "ours", Some("p")),
+            Ok(Found::Replay)
+        ));
+        completed.replay_until_s = Some(NOW_S - 1);
+        assert!(matches!(
+            examined(&completed, "ours", Some("p")),
+            Err(Error::Expired { .. })
+        ));
+        // A response too large to store is never replayed as if it were there.
+        completed.replay_until_s = None;
+        completed.response = None;
+        assert!(matches!(
+            examined(&completed, "ours", Some("p")),
+            Err(Error::ResponseTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_live_claim_is_in_progress_until_its_lease_ends() {
+        let pending = record(Status::Pending);
+        let found = examined(&pending, "ours", None);
+        assert!(
+            matches!(found, Ok(Found::InProgress(d)) if d == Duration::from_millis(1_500)),
+            "{found:?}"
+        );
+        let mut lapsed = pending;
+        lapsed.lease_until_ms = Some(NOW_MS - 1);
+        assert!(matches!(
+            examined(&lapsed, "ours", None),
+            Ok(Found::Claimable)
+        ));
+        let failed = record(Status::Failed);
+        assert!(matches!(
+            examined(&failed, "ours", None),
+            Ok(Found::Claimable)
+        ));
+    }
+
+    #[test]
+    fn a_callers_times_are_its_clock_less_the_margin_and_never_shorten_its_lease() {
+        let margin = Duration::from_secs(1);
+        assert_eq!(judged_ms(NOW_MS, margin), NOW_MS - 1_000);
+        assert_eq!(judged_ms(500, margin), 0, "saturates");
+        let times = claim_times(
+            NOW_MS,
+            margin,
+            Duration::from_secs(30),
+            Duration::from_mins(1),
+        );
+        assert_eq!(times.now_ms, NOW_MS - 1_000);
+        assert_eq!(times.lease_until_ms, NOW_MS + 30_000);
+        assert_eq!(times.expires_at_s, NOW_S + 90);
+    }
+
+    #[test]
+    fn an_expiry_is_rounded_up_to_the_second_and_saturates() {
+        assert_eq!(expiry_s(NOW_MS, Duration::from_secs(2)), NOW_S + 2);
+        assert_eq!(expiry_s(NOW_MS + 1, Duration::ZERO), NOW_S + 1);
+        assert_eq!(expiry_s(NOW_MS, Duration::MAX), u64::MAX.div_ceil(1000));
+    }
+
+    #[test]
+    fn a_rejected_transition_landed_only_if_the_record_has_our_token_and_its_status() {
+        let mut failed = record(Status::Failed);
+        failed.token = "ours".into();
+        assert!(landed(Some(&failed), "ours", Status::Failed));
+        assert!(!landed(Some(&failed), "theirs", Status::Failed));
+        assert!(!landed(Some(&failed), "ours", Status::Completed));
+        assert!(!landed(None, "ours", Status::Failed));
+    }
+
+    #[test]
+    fn a_panics_message_is_stored_after_panicked() {
+        let text: Box<dyn Any + Send> = Box::new("out of stock");
+        assert_eq!(panicked(&*text), "panicked: out of stock");
+        let owned: Box<dyn Any + Send> = Box::new(String::from("card 42 declined"));
+        assert_eq!(panicked(&*owned), "panicked: card 42 declined");
+        let other: Box<dyn Any + Send> = Box::new(42_u32);
+        assert_eq!(panicked(&*other), "panicked: a panic without a message");
+    }
+
+    #[test]
+    fn a_long_error_is_cut_on_a_character_boundary_and_says_how_long_it_was() {
+        assert_eq!(truncate("declined", 8), "declined");
+        let long = "é".repeat(40);
+        let cut = truncate(&long, 40);
+        assert!(cut.len() <= 40, "{cut}");
+        assert_eq!(cut, format!("{}… (80 bytes in all)", "é".repeat(9)));
+    }
+}
+
 #[cfg(test)]
 mod serialize_panic {
     use std::sync::Arc;
@@ -2026,5 +2194,142 @@ mod serialize_panic {
         let second = tokio::spawn(call(idem.clone(), runs.clone())).await;
         assert!(second.is_err(), "the second call panics too");
         assert_eq!(runs.load(Ordering::SeqCst), 2, "the key was left blocked");
+    }
+}
+
+/// How [`Held::fail`] settles a FAILED write the store rejected.
+#[cfg(test)]
+mod failure {
+    use std::fmt;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+
+    use crate::record::Status;
+    use crate::{Error, Idempotency, ManualClock, MemoryStore};
+
+    /// A body's own error, or the library's.
+    #[derive(Debug)]
+    enum Failure {
+        Declined,
+        Idempotency(Error),
+    }
+
+    impl fmt::Display for Failure {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                Self::Declined => f.write_str("declined"),
+                Self::Idempotency(e) => e.fmt(f),
+            }
+        }
+    }
+
+    impl From<Error> for Failure {
+        fn from(e: Error) -> Self {
+            Self::Idempotency(e)
+        }
+    }
+
+    /// A zombie (its lease lapsed, another call took the key over and completed it) whose body fails:
+    /// its FAILED write is rejected by the new holder's record, which it leaves alone, and it returns its
+    /// body's error at once rather than trying again. Run on a thread of its own, so that a call that
+    /// never returns (a retry loop that never yields) fails the test instead of hanging it; the call
+    /// takes milliseconds, the test waits 10 s.
+    #[test]
+    fn a_zombies_failure_leaves_the_new_holders_record_alone() {
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let clock = ManualClock::new(1_000_000);
+            let store = Arc::new(MemoryStore::new());
+            let idem = Idempotency::builder_arc(store.clone())
+                .clock(clock.clone())
+                .heartbeat(false)
+                .build();
+            let op = || {
+                idem.operation("tests::zombie", "k")
+                    .lease(Duration::from_secs(10))
+            };
+            let zombie = runtime.block_on(op().run(|| async {
+                clock.advance(Duration::from_mins(1));
+                let taken_over = op().run(|| async { Ok::<u32, Failure>(2) }).await;
+                assert!(matches!(taken_over, Ok(2)), "{taken_over:?}");
+                Err::<u32, _>(Failure::Declined)
+            }));
+            let replay = runtime.block_on(op().run(|| async { Ok::<u32, Failure>(3) }));
+            done.send((zombie, replay, store.records()))
+                .expect("the test waits");
+        });
+        let (zombie, replay, records) = outcome
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the zombie's call never returned");
+        assert!(matches!(zombie, Err(Failure::Declined)), "{zombie:?}");
+        assert!(matches!(replay, Ok(2)), "{replay:?}");
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].status, Status::Completed);
+    }
+
+    /// `available = available <op> 1` on the one apple of `inventory`.
+    fn adjust(op: &str) -> TransactWriteItem {
+        let update = Update::builder()
+            .table_name("inventory")
+            .key("sku", AttributeValue::S("apple".into()))
+            .update_expression(format!("SET available = available {op} :one"))
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .expect("an update");
+        TransactWriteItem::builder().update(update).build()
+    }
+
+    /// A failure whose compensation is refused because its claim-time writes are no longer in effect
+    /// (the compensation is conditioned on the mark) has nothing to undo: it is recorded without the
+    /// compensation, so the key is free at once, and the writes are not undone a second time.
+    #[tokio::test]
+    async fn a_failure_whose_claim_writes_are_gone_is_recorded_without_its_compensation() {
+        let store = Arc::new(MemoryStore::new());
+        store
+            .create_table("inventory", "sku", None)
+            .expect("a table");
+        store
+            .put_item(
+                "inventory",
+                [
+                    ("sku".to_owned(), AttributeValue::S("apple".into())),
+                    ("available".to_owned(), AttributeValue::N("10".into())),
+                ]
+                .into(),
+            )
+            .expect("an apple");
+        let available = || {
+            store
+                .get_item(
+                    "inventory",
+                    &[("sku".to_owned(), AttributeValue::S("apple".into()))].into(),
+                )
+                .expect("the apple")["available"]
+                .clone()
+        };
+        let idem = Idempotency::builder_arc(store.clone()).build();
+        let result = idem
+            .operation("tests::reserve", "order-1")
+            .claim_with([adjust("-")])
+            .compensate_with([adjust("+")])
+            .run(|| async {
+                assert_eq!(available(), AttributeValue::N("9".into()));
+                // The mark goes away under the running call (as if undone elsewhere).
+                let mut record = store.records().pop().expect("our claim");
+                record.claim_writes_in_effect = false;
+                store.insert(record);
+                Err::<u32, _>(Failure::Declined)
+            })
+            .await;
+        assert!(matches!(result, Err(Failure::Declined)), "{result:?}");
+        let record = store.records().pop().expect("the record");
+        assert_eq!(record.status, Status::Failed, "the key is left blocked");
+        assert_eq!(available(), AttributeValue::N("9".into()), "undone again");
     }
 }

@@ -236,3 +236,106 @@ impl Default for AttributeNames {
         }
     }
 }
+
+/// The claim rules at their edges: the stores' conditions and the model rest on them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Expires after second 1000 (its last live millisecond is `1_000_999`).
+    const EXPIRES_S: u64 = 1_000;
+
+    fn record(status: Status) -> Record {
+        Record {
+            key: "ns#k".into(),
+            status,
+            token: "t".into(),
+            attempt: 1,
+            lease_until_ms: (status == Status::Pending).then_some(900_000),
+            expires_at_s: EXPIRES_S,
+            fingerprint: None,
+            response: None,
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+        }
+    }
+
+    #[test]
+    fn every_status_is_stored_as_its_name_and_read_back() {
+        for (status, stored) in [
+            (Status::Pending, "PENDING"),
+            (Status::Completed, "COMPLETED"),
+            (Status::Failed, "FAILED"),
+        ] {
+            assert_eq!(status.as_str(), stored);
+            assert_eq!(Status::parse(stored), Some(status));
+        }
+        assert_eq!(Status::parse("pending"), None);
+        assert_eq!(Status::parse(""), None);
+    }
+
+    #[test]
+    fn a_record_expires_once_its_expiry_second_has_passed() {
+        let completed = record(Status::Completed);
+        assert!(!completed.is_expired(999_999));
+        assert!(!completed.is_expired(1_000_999), "its last second is live");
+        assert!(completed.is_expired(1_001_000));
+    }
+
+    #[test]
+    fn a_pending_claim_is_claimable_only_once_its_lease_has_passed() {
+        let pending = record(Status::Pending);
+        assert!(!pending.is_claimable(899_999));
+        assert!(
+            !pending.is_claimable(900_000),
+            "the lease's last millisecond is live"
+        );
+        assert!(pending.is_claimable(900_001));
+        // A claim without a lease (not one this library writes) blocks until the record expires.
+        let unleased = Record {
+            lease_until_ms: None,
+            ..record(Status::Pending)
+        };
+        assert!(!unleased.is_claimable(950_000));
+        assert!(unleased.is_claimable(1_001_000));
+    }
+
+    #[test]
+    fn a_completed_record_blocks_until_it_expires_and_a_failed_one_never() {
+        let completed = record(Status::Completed);
+        assert!(!completed.is_claimable(950_000));
+        assert!(completed.is_claimable(1_001_000));
+        assert!(record(Status::Failed).is_claimable(950_000));
+    }
+
+    /// `is_claimable_with_writes` and `is_claimable_keeping_writes` split the claimable records by
+    /// whether claim-time writes are in effect; an expired record is a new operation for both.
+    #[test]
+    fn claimable_records_split_by_whether_claim_writes_are_in_effect() {
+        let without = record(Status::Failed);
+        let with = Record {
+            claim_writes_in_effect: true,
+            ..record(Status::Failed)
+        };
+        let live_ms = 950_000;
+        let expired_ms = 1_001_000;
+        assert!(without.is_claimable_with_writes(live_ms));
+        assert!(!without.is_claimable_keeping_writes(live_ms));
+        assert!(!with.is_claimable_with_writes(live_ms));
+        assert!(with.is_claimable_keeping_writes(live_ms));
+        assert!(with.is_claimable_with_writes(expired_ms));
+        assert!(!with.is_claimable_keeping_writes(expired_ms));
+        // A record that is not claimable at all is neither.
+        let held = Record {
+            claim_writes_in_effect: true,
+            ..record(Status::Pending)
+        };
+        assert!(!held.is_claimable_with_writes(899_000));
+        assert!(!held.is_claimable_keeping_writes(899_000));
+        let held_without = record(Status::Pending);
+        assert!(!held_without.is_claimable_with_writes(899_000));
+        assert!(!held_without.is_claimable_keeping_writes(899_000));
+    }
+}

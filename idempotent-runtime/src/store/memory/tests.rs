@@ -272,3 +272,137 @@ async fn claim_transaction_takes_over_a_claimable_record() {
     assert_eq!((record.token.as_str(), record.attempt), ("next", 2));
     assert_eq!(available(&store), n("6"));
 }
+
+/// `mine`'s claim, failed at once: claimable, with its claim-time writes in effect or not.
+fn failed_record(writes_in_effect: bool) -> Record {
+    Record {
+        key: KEY.to_owned(),
+        status: Status::Failed,
+        token: "mine".to_owned(),
+        attempt: 1,
+        lease_until_ms: None,
+        expires_at_s: NOW_MS / 1000 + 3600,
+        fingerprint: None,
+        response: None,
+        error: Some("declined".to_owned()),
+        replay_until_s: None,
+        claim_writes_in_effect: writes_in_effect,
+        completed_in: None,
+    }
+}
+
+/// A claim with writes never takes a record whose claim-time writes are still in effect, claimable as
+/// it is: they would be applied twice.
+#[tokio::test]
+async fn claim_transaction_refuses_a_claimable_record_whose_writes_are_in_effect() {
+    let store = store();
+    store.insert(failed_record(true));
+    let outcome = store
+        .claim_transaction(&claim_request("next"), &reserve("4").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        TransactOutcome::Rejected(Some(failed_record(true)))
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), Some(failed_record(true)));
+    assert_eq!(available(&store), n("10"));
+}
+
+/// A claim with writes marks them in effect, and a plain claim that keeps them keeps the mark.
+#[tokio::test]
+async fn the_mark_that_claim_writes_are_in_effect_is_set_and_kept() {
+    let store = store();
+    let outcome = store
+        .claim_transaction(&claim_request("mine"), &reserve("4").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Committed);
+    assert!(
+        store
+            .get(KEY)
+            .await
+            .unwrap()
+            .unwrap()
+            .claim_writes_in_effect
+    );
+
+    let store = self::store();
+    store.insert(failed_record(true));
+    let keeping = ClaimRequest {
+        keep_claim_writes: true,
+        ..claim_request("next")
+    };
+    assert_eq!(store.claim(&keeping).await.unwrap(), ClaimOutcome::Claimed);
+    let record = store.get(KEY).await.unwrap().unwrap();
+    assert_eq!((record.token.as_str(), record.attempt), ("next", 2));
+    assert!(record.claim_writes_in_effect, "the mark was dropped");
+}
+
+/// A plain claim that keeps claim-time writes takes only a record whose writes are in effect: one whose
+/// writes were undone meanwhile is refused (the caller then claims with the writes), and left as it was.
+#[tokio::test]
+async fn a_claim_keeping_writes_refuses_a_record_without_them() {
+    let store = store();
+    store.insert(failed_record(false));
+    let keeping = ClaimRequest {
+        keep_claim_writes: true,
+        ..claim_request("next")
+    };
+    assert_eq!(
+        store.claim(&keeping).await.unwrap(),
+        ClaimOutcome::Existing(failed_record(false))
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), Some(failed_record(false)));
+    // A plain claim that does not keep them takes it.
+    assert_eq!(
+        store.claim(&claim_request("next")).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+}
+
+/// A compensation (a failure that releases claim-time writes) needs them still in effect: without them
+/// it is rejected and nothing is undone.
+#[tokio::test]
+async fn a_compensation_without_claim_writes_in_effect_is_rejected() {
+    let store = claimed_store().await;
+    let before = store.get(KEY).await.unwrap();
+    assert!(!before.as_ref().unwrap().claim_writes_in_effect);
+    let compensate = Transition {
+        key: KEY,
+        token: "mine",
+        change: Change::Fail {
+            error: "declined",
+            expires_at_s: NOW_MS / 1000 + 60,
+            release_claim_writes: true,
+        },
+    };
+    let outcome = store
+        .transact_transition(&compensate, &reserve("3").into_iter().collect())
+        .await
+        .unwrap();
+    assert_eq!(outcome, TransactOutcome::Rejected(before.clone()));
+    assert_eq!(store.get(KEY).await.unwrap(), before);
+    assert_eq!(available(&store), n("10"));
+}
+
+/// A plain transition is fenced like a transactional one: another claim's token is rejected with the
+/// record, which stays as it was; our own lands.
+#[tokio::test]
+async fn a_transition_with_another_token_is_rejected_with_the_record() {
+    let store = claimed_store().await;
+    let before = store.get(KEY).await.unwrap();
+    assert_eq!(
+        store.transition(&complete("theirs")).await.unwrap(),
+        WriteOutcome::Rejected(before.clone())
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), before);
+    assert_eq!(
+        store.transition(&complete("mine")).await.unwrap(),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        store.get(KEY).await.unwrap().unwrap().status,
+        Status::Completed
+    );
+}
