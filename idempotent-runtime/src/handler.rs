@@ -1956,6 +1956,7 @@ mod decision {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            steps: None,
         }
     }
 

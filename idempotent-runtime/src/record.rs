@@ -259,6 +259,7 @@ mod tests {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            steps: None,
         }
     }
 

@@ -288,6 +288,7 @@ fn failed_record(writes_in_effect: bool) -> Record {
         replay_until_s: None,
         claim_writes_in_effect: writes_in_effect,
         completed_in: None,
+        steps: None,
     }
 }
 
