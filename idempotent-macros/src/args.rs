@@ -20,6 +20,8 @@ enum Argument {
     Name,
     Store,
     Transact,
+    Steps,
+    OnFailure,
     MissingKey,
     Crate,
     Detach,
@@ -27,7 +29,7 @@ enum Argument {
 
 impl Argument {
     /// Every argument, in the order the documentation lists them.
-    const ALL: [Self; 11] = [
+    const ALL: [Self; 13] = [
         Self::Key,
         Self::Ttl,
         Self::Lease,
@@ -36,6 +38,8 @@ impl Argument {
         Self::Name,
         Self::Store,
         Self::Transact,
+        Self::Steps,
+        Self::OnFailure,
         Self::MissingKey,
         Self::Crate,
         Self::Detach,
@@ -51,6 +55,8 @@ impl Argument {
             Self::Name => "name",
             Self::Store => "store",
             Self::Transact => "transact",
+            Self::Steps => "steps",
+            Self::OnFailure => "on_failure",
             Self::MissingKey => "missing_key",
             Self::Crate => "crate",
             Self::Detach => "detach",
@@ -75,9 +81,19 @@ impl Argument {
             Self::Name => "\"charge-v1\"",
             Self::Store => "self.idempotency",
             Self::Transact => "tx",
+            Self::Steps => "s",
+            Self::OnFailure => "\"restart\"",
             Self::MissingKey => "\"allow\"",
             Self::Crate => "\"idempotent_runtime\"",
             Self::Detach => "",
+        }
+    }
+
+    /// What an argument that binds a name in the body binds it to.
+    fn bound(self) -> &'static str {
+        match self {
+            Self::Steps => "the steps",
+            _ => "the transaction",
         }
     }
 
@@ -95,6 +111,9 @@ impl Argument {
 const MISSING_KEY_VALUES: [(&str, &str); 3] =
     [("reject", "Reject"), ("allow", "Allow"), ("skip", "Skip")];
 
+/// The accepted values of `on_failure`: whether a retry after a failure restarts the steps.
+const ON_FAILURE_VALUES: [(&str, bool); 2] = [("resume", false), ("restart", true)];
+
 /// A duration given as a string literal, checked.
 pub(crate) struct DurationArg {
     pub(crate) value: Duration,
@@ -104,6 +123,13 @@ pub(crate) struct DurationArg {
 /// `missing_key = ".."`: the runtime's `MissingKey` variant to emit, spanned on its literal.
 pub(crate) struct MissingKeyArg {
     pub(crate) variant: Ident,
+    pub(crate) literal: LitStr,
+}
+
+/// `on_failure = ".."`: whether the steps start over after a failure, spanned on its literal.
+pub(crate) struct OnFailureArg {
+    pub(crate) restart: bool,
+    pub(crate) ident: Ident,
     pub(crate) literal: LitStr,
 }
 
@@ -118,6 +144,9 @@ pub(crate) struct Args {
     pub(crate) name: Option<LitStr>,
     pub(crate) store: Option<Expr>,
     pub(crate) transact: Option<Ident>,
+    /// `steps = s`: the name the body's `Steps` is bound to.
+    pub(crate) steps: Option<Ident>,
+    pub(crate) on_failure: Option<OnFailureArg>,
     pub(crate) missing_key: Option<MissingKeyArg>,
     pub(crate) krate: Option<Path>,
     /// `detach`: the body runs on a task of its own (the flag's ident, for spans).
@@ -187,7 +216,9 @@ impl Args {
                 Argument::Lease => out.lease = duration(argument, &value, diag),
                 Argument::Wait => out.wait = duration(argument, &value, diag),
                 Argument::Name => out.name = name_literal(&value, diag),
-                Argument::Transact => out.transact = transact_ident(&value, diag),
+                Argument::Transact => out.transact = binding(argument, &value, diag),
+                Argument::Steps => out.steps = binding(argument, &value, diag),
+                Argument::OnFailure => out.on_failure = on_failure(ident, &value, diag),
                 Argument::MissingKey => out.missing_key = missing_key(&value, diag),
                 Argument::Crate => out.krate = crate_path(&value, diag),
                 Argument::Detach => unreachable!("a flag, handled above"),
@@ -201,6 +232,7 @@ impl Args {
                 "missing `key` argument; expected `#[idempotent(key = <expr>, ttl = \"<duration>\")]`",
             ));
         }
+        out.check_steps(&seen, diag);
         // Staged writes commit only with a record, so skipping it would drop them without a word.
         if let (Some(MissingKeyArg { variant, literal }), Some(_)) =
             (&out.missing_key, &out.transact)
@@ -212,6 +244,61 @@ impl Args {
             );
         }
         Ok(out)
+    }
+}
+
+impl Args {
+    /// `steps` and `transact` bind two names in the body, so they must differ; `on_failure` says what
+    /// becomes of the steps, so it needs them. `seen` is the arguments in the order written.
+    fn check_steps(&self, seen: &[Argument], diag: &mut Diagnostics) {
+        if let (Some(steps), Some(tx)) = (&self.steps, &self.transact)
+            && steps == tx
+        {
+            let position = |argument| seen.iter().position(|a| *a == argument);
+            // On the second of the two, as a duplicate is.
+            let (second, first) = if position(Argument::Steps) > position(Argument::Transact) {
+                (Argument::Steps, Argument::Transact)
+            } else {
+                (Argument::Transact, Argument::Steps)
+            };
+            diag.error(
+                if second == Argument::Steps { steps } else { tx },
+                format!(
+                    "`{} = {steps}` binds the same name as `{} = {steps}`; give each a name of its own, like `steps = s, transact = tx`",
+                    second.name(),
+                    first.name()
+                ),
+            );
+        }
+        if let (Some(OnFailureArg { ident, .. }), None) = (&self.on_failure, &self.steps) {
+            diag.error(
+                ident,
+                "`on_failure` says whether a retry after a failure resumes or restarts the finished steps, so it needs `steps`; add `steps = s` (and run each effect with `s.run(..)`), or remove `on_failure`",
+            );
+        }
+    }
+}
+
+/// The names `steps` and `transact` bind in the body must not be parameters' (`self` included): the
+/// body would see the binding where its code means the parameter, and fail to type-check far from the
+/// cause.
+pub(crate) fn check_bindings(args: &Args, parameters: &[Ident], diag: &mut Diagnostics) {
+    for (argument, binding) in [
+        (Argument::Transact, &args.transact),
+        (Argument::Steps, &args.steps),
+    ] {
+        let Some(binding) = binding else { continue };
+        if parameters.contains(binding) {
+            let name = argument.name();
+            diag.error(
+                binding,
+                format!(
+                    "`{name} = {binding}` would hide the parameter `{binding}` from the body; bind {} to a name of its own, like `{name} = {}`",
+                    argument.bound(),
+                    argument.example()
+                ),
+            );
+        }
     }
 }
 
@@ -581,7 +668,8 @@ fn missing_key(value: &Expr, diag: &mut Diagnostics) -> Option<MissingKeyArg> {
     })
 }
 
-fn transact_ident(value: &Expr, diag: &mut Diagnostics) -> Option<Ident> {
+/// The name `transact` or `steps` binds in the body.
+fn binding(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<Ident> {
     if let Expr::Path(p) = value
         && p.qself.is_none()
         && p.attrs.is_empty()
@@ -591,9 +679,40 @@ fn transact_ident(value: &Expr, diag: &mut Diagnostics) -> Option<Ident> {
     }
     diag.error(
         value,
-        "`transact` must be an identifier to bind the transaction to in the body, like `transact = tx`",
+        format!(
+            "`{name}` must be an identifier to bind {what} to in the body, like `{name} = {example}`",
+            name = argument.name(),
+            what = argument.bound(),
+            example = argument.example()
+        ),
     );
     None
+}
+
+fn on_failure(ident: Ident, value: &Expr, diag: &mut Diagnostics) -> Option<OnFailureArg> {
+    let expected = r#"expected "resume" (the default) or "restart""#;
+    let Some(literal) = string_literal(value) else {
+        diag.error(
+            value,
+            format!("`on_failure` must be a string literal; {expected}"),
+        );
+        return None;
+    };
+    let text = literal.value();
+    let Some((_, restart)) = ON_FAILURE_VALUES.iter().find(|(value, _)| *value == text) else {
+        let did_you_mean = closest(&text, ON_FAILURE_VALUES.map(|(value, _)| value))
+            .map_or_else(String::new, |guess| format!(" did you mean {guess:?}?"));
+        diag.error(
+            literal,
+            format!("invalid `on_failure` {text:?}:{did_you_mean} {expected}"),
+        );
+        return None;
+    };
+    Some(OnFailureArg {
+        restart: *restart,
+        ident,
+        literal: literal.clone(),
+    })
 }
 
 fn crate_path(value: &Expr, diag: &mut Diagnostics) -> Option<Path> {
@@ -735,7 +854,8 @@ mod tests {
     fn every_argument_is_known_by_its_exact_name() {
         let all = quote! {
             key = id, ttl = "1h", lease = "1m", payload = id, wait = "1s", name = "n",
-            store = idem, transact = tx, missing_key = "allow", crate = "idem", detach
+            store = idem, transact = tx, steps = s, on_failure = "restart", missing_key = "allow",
+            crate = "idem", detach
         };
         assert_eq!(errors(all), Vec::<String>::new());
         for unknown in [quote!(ke), quote!(keys), quote!(Key), quote!(ttl_)] {
@@ -750,13 +870,13 @@ mod tests {
         assert_eq!(
             errors(quote!(key = id, tll = "1h")),
             [
-                "unknown argument `tll`; did you mean `ttl`? expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`, `detach`"
+                "unknown argument `tll`; did you mean `ttl`? expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `steps`, `on_failure`, `missing_key`, `crate`, `detach`"
             ]
         );
         assert_eq!(
             errors(quote!(key = id, timeout = "1h")),
             [
-                "unknown argument `timeout`; expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `missing_key`, `crate`, `detach`"
+                "unknown argument `timeout`; expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `steps`, `on_failure`, `missing_key`, `crate`, `detach`"
             ]
         );
     }
@@ -785,10 +905,17 @@ mod tests {
             quote!(name = "n"),
             quote!(store = idem),
             quote!(transact = tx),
+            quote!(steps = s),
+            quote!(on_failure = "restart"),
             quote!(missing_key = "allow"),
             quote!(crate = "idem"),
         ] {
-            let errors = errors(quote!(key = id, #argument, #argument));
+            // `on_failure` needs `steps`: with it, the duplicate is the only error.
+            let steps = argument
+                .to_string()
+                .starts_with("on_failure")
+                .then(|| quote!(steps = s,));
+            let errors = errors(quote!(key = id, #steps #argument, #argument));
             assert_eq!(errors.len(), 1, "{argument}: {errors:?}");
             assert!(errors[0].starts_with("duplicate `"), "{errors:?}");
         }
@@ -920,6 +1047,117 @@ mod tests {
         assert_eq!(args.name.unwrap().value(), "charge-v1");
         assert_eq!(args.transact.unwrap(), "tx");
         assert!(matches!(args.key, Some(syn::Expr::Tuple(_))));
+    }
+
+    #[test]
+    fn steps_binds_an_identifier() {
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(quote!(key = id, steps = s), &mut diag).unwrap();
+        assert!(diag.finish().is_ok());
+        assert_eq!(args.steps.unwrap(), "s");
+        assert!(args.on_failure.is_none());
+        for value in [quote!(3), quote!("s"), quote!(self.s), quote!(s.clone())] {
+            assert_eq!(
+                errors(quote!(key = id, steps = #value)),
+                [
+                    "`steps` must be an identifier to bind the steps to in the body, like `steps = s`"
+                ],
+                "{value}"
+            );
+        }
+        assert_eq!(
+            errors(quote!(key = id, steps)),
+            ["`steps` needs a value: `steps = s`"]
+        );
+    }
+
+    /// The message is on the second of the two, and says which came first.
+    #[test]
+    fn steps_and_transact_bind_different_names() {
+        assert_eq!(
+            errors(quote!(key = id, transact = tx, steps = tx)),
+            [
+                "`steps = tx` binds the same name as `transact = tx`; give each a name of its own, like `steps = s, transact = tx`"
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = id, steps = s, transact = s)),
+            [
+                "`transact = s` binds the same name as `steps = s`; give each a name of its own, like `steps = s, transact = tx`"
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = id, steps = s, transact = tx)),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn bindings_do_not_hide_parameters() {
+        let errors = |args: proc_macro2::TokenStream| {
+            let mut diag = Diagnostics::default();
+            let args = Args::parse(args, &mut diag).unwrap();
+            let parameters = ["self", "order", "tx"]
+                .map(|name| proc_macro2::Ident::new(name, proc_macro2::Span::call_site()));
+            super::check_bindings(&args, &parameters, &mut diag);
+            diag.finish()
+                .err()
+                .map(|e| e.into_iter().map(|e| e.to_string()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            errors(quote!(key = order, steps = order)),
+            [
+                "`steps = order` would hide the parameter `order` from the body; bind the steps to a name of its own, like `steps = s`"
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = order, transact = tx, steps = s)),
+            [
+                "`transact = tx` would hide the parameter `tx` from the body; bind the transaction to a name of its own, like `transact = tx`"
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = order, transact = batch, steps = s)),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn on_failure_values() {
+        for (given, restart) in [("resume", false), ("restart", true)] {
+            let mut diag = Diagnostics::default();
+            let args =
+                Args::parse(quote!(key = id, steps = s, on_failure = #given), &mut diag).unwrap();
+            assert!(diag.finish().is_ok());
+            assert_eq!(args.on_failure.unwrap().restart, restart, "{given}");
+        }
+        assert_eq!(
+            errors(quote!(key = id, steps = s, on_failure = "restrat")),
+            [
+                r#"invalid `on_failure` "restrat": did you mean "restart"? expected "resume" (the default) or "restart""#
+            ]
+        );
+        assert_eq!(
+            errors(quote!(key = id, steps = s, on_failure = "retry")),
+            [r#"invalid `on_failure` "retry": expected "resume" (the default) or "restart""#]
+        );
+        assert_eq!(
+            errors(quote!(key = id, steps = s, on_failure = restart)),
+            [
+                r#"`on_failure` must be a string literal; expected "resume" (the default) or "restart""#
+            ]
+        );
+    }
+
+    #[test]
+    fn on_failure_needs_steps() {
+        let errors = errors(quote!(key = id, on_failure = "restart"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("`on_failure` says whether a retry after a failure resumes or restarts the finished steps, so it needs `steps`"),
+            "{errors:?}"
+        );
     }
 
     #[test]

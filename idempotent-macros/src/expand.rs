@@ -239,24 +239,34 @@ impl Emit<'_> {
             __idempotent_fingerprint,
         };
         let describe = self.describe();
-        let body = self.body(block);
+        let (body, restart, types) = self.steps(self.body(block));
         let last = last_span(output).unwrap_or(output_span);
-        let (execute, execute_transact) = if self.args.detach.is_some() {
-            (
-                format_ident!("execute_detached"),
-                format_ident!("execute_transact_detached"),
+        // `execute`, `execute_steps`, `execute_transact`, ..., each with `_detached` for `detach`.
+        let function = |transact: bool| {
+            format_ident!(
+                "execute{}{}{}",
+                if self.args.steps.is_some() {
+                    "_steps"
+                } else {
+                    ""
+                },
+                if transact { "_transact" } else { "" },
+                if self.args.detach.is_some() {
+                    "_detached"
+                } else {
+                    ""
+                },
             )
-        } else {
-            (format_ident!("execute"), format_ident!("execute_transact"))
         };
+        let (execute, execute_transact) = (function(false), function(true));
         let Some(tx) = &self.args.transact else {
             let arguments = group_at(
                 Delimiter::Parenthesis,
-                quote!(#common #describe, #body),
+                quote!(#common #restart #describe, #body),
                 last,
             );
             return quote_spanned! {output_span=>
-                #at_output::#execute::<#output, _, _> #arguments .await
+                #at_output::#execute::<#output, #types> #arguments .await
             };
         };
         // `transact!` passes its input through when the runtime has the `dynamodb` feature and is a
@@ -265,12 +275,12 @@ impl Emit<'_> {
         let call_site = self.private(Span::call_site());
         let arguments = group_at(
             Delimiter::Parenthesis,
-            quote!(#common ::core::clone::Clone::clone(&#tx), #describe, #body,),
+            quote!(#common ::core::clone::Clone::clone(&#tx), #restart #describe, #body,),
             last,
         );
         let staged = quote_spanned! {output_span=>
             let #tx = #call_site::transaction();
-            #at_output::#execute_transact::<#output, _, _> #arguments .await
+            #at_output::#execute_transact::<#output, #types> #arguments .await
         };
         // Called by a local name: the note rustc adds under the error of a `macro_rules!` macro names it as
         // it was called, and the runtime's path would show its hidden module.
@@ -278,6 +288,25 @@ impl Emit<'_> {
             use #guard::transact as __idempotent_transact;
             __idempotent_transact! {{ #staged }}
         }}
+    }
+
+    /// With `steps = s`: the body as a closure that binds `s` to its `Steps`, whether a retry after a
+    /// failure restarts them (`on_failure`, as an argument before `describe`), and the runtime call's
+    /// type arguments after the return type; otherwise the body as it is.
+    fn steps(&self, body: TokenStream) -> (TokenStream, Option<TokenStream>, TokenStream) {
+        let Some(steps) = &self.args.steps else {
+            return (body, None, quote!(_, _));
+        };
+        let private = self.private(steps.span());
+        let restart = self.args.on_failure.as_ref().map_or_else(
+            || quote!(false,),
+            |on_failure| {
+                let restart = on_failure.restart;
+                quote_spanned!(on_failure.literal.span()=> #restart,)
+            },
+        );
+        let closure = quote_spanned!(steps.span()=> move |#steps: #private::Steps| #body);
+        (closure, Some(restart), quote!(_, _, _))
     }
 
     /// The `&'static Call` of this function.
@@ -505,6 +534,49 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("execute_transact"), "{out}");
+    }
+
+    /// `steps` picks the runtime's function for every combination with `transact` and `detach`, binds
+    /// the name given, and passes `on_failure` as a flag.
+    #[test]
+    fn steps_call_the_steps_functions() {
+        let function = |out: &str| {
+            let at = out.find(":: __private :: execute").expect("a runtime call") + 15;
+            out[at..].split_whitespace().next().unwrap().to_owned()
+        };
+        for (args, expected) in [
+            (quote!(key = order_id), "execute"),
+            (quote!(key = order_id, steps = s), "execute_steps"),
+            (
+                quote!(key = order_id, steps = s, detach),
+                "execute_steps_detached",
+            ),
+            (
+                quote!(key = order_id, steps = s, transact = tx),
+                "execute_steps_transact",
+            ),
+            (
+                quote!(key = order_id, steps = s, transact = tx, detach),
+                "execute_steps_transact_detached",
+            ),
+            (
+                quote!(key = order_id, transact = tx, detach),
+                "execute_transact_detached",
+            ),
+        ] {
+            let out = expanded(args.clone());
+            assert_eq!(function(&out), expected, "{args}");
+        }
+        let out = expanded(quote!(key = order_id, steps = checkpoint));
+        assert!(
+            out.contains("move | checkpoint : :: idempotent_runtime :: __private :: Steps |"),
+            "{out}"
+        );
+        assert!(out.contains("__idempotent_fingerprint , false ,"), "{out}");
+        let out = expanded(quote!(key = order_id, steps = s, on_failure = "restart"));
+        assert!(out.contains("__idempotent_fingerprint , true ,"), "{out}");
+        let out = expanded(quote!(key = order_id, steps = s, on_failure = "resume"));
+        assert!(out.contains("__idempotent_fingerprint , false ,"), "{out}");
     }
 
     #[test]

@@ -235,6 +235,59 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// ## `steps = <ident>`
+///
+/// Binds the given name in the body to the call's `idempotent_runtime::Steps` (owned), as
+/// `Operation::run_steps` does: a body of several effects runs each through `s.run("<name>", || ..)`, and
+/// each step's `Ok` value is stored in the record (one fenced `UpdateItem`) before the body goes on. A
+/// call that takes the key over after a crash or a lapsed lease, or retries it after the body returned
+/// `Err`, gets the finished steps' values back without running them and goes on from the first
+/// unfinished one: what a crash runs again is at most the step that was running. `s.key("<name>")` is
+/// a key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key`), the same in
+/// every run of the operation, so that not even that step's effect happens twice when the downstream
+/// honours it. Once the record expires, the key is a new operation and its steps run again. Works with
+/// `transact` (a second name: the staged writes still commit with the completion) and `detach`.
+/// Default: none, the body runs whole on every claim.
+///
+/// ```
+/// use idempotent_runtime::{Error, idempotent};
+///
+/// # async fn reserve_stock(order_id: u64) -> Result<u32, Error> { Ok(17) }
+/// # async fn charge_card(order_id: u64, idempotency_key: &str) -> Result<String, Error> { Ok("ch_1".into()) }
+/// # async fn send_confirmation(order_id: u64, charge: &str) -> Result<(), Error> { Ok(()) }
+/// #[idempotent(key = order_id, steps = s)]
+/// async fn checkout(order_id: u64) -> Result<(u32, String), Error> {
+///     let hold = s.run("reserve", || reserve_stock(order_id)).await?;
+///     let key = s.key("charge"); // the same in every run of this checkout
+///     let charge = s.run("charge", || charge_card(order_id, &key)).await?;
+///     s.run("email", || send_confirmation(order_id, &charge)).await?;
+///     Ok((hold, charge))
+/// }
+/// ```
+///
+/// ## `on_failure = "resume" | "restart"`
+///
+/// With `steps`: what the next call does after the body returned `Err`.
+///
+/// - `"resume"` (the default): it goes on from the step that failed; the finished steps are not run again
+///   and keep their downstream keys.
+/// - `"restart"`: it starts over from the first step, with new downstream keys
+///   (`Operation::restart_steps_after_failure`), for bodies whose failure undoes what their finished steps
+///   did (a refund after a declined shipment).
+///
+/// A crash or a lapsed lease resumes either way. Without `steps`, a compile error.
+///
+/// ```
+/// # use idempotent_runtime::{Error, idempotent};
+/// # async fn hold_seat(trip: u64) -> Result<u32, Error> { Ok(3) }
+/// # async fn issue_ticket(trip: u64, seat: u32) -> Result<String, Error> { Ok("t".into()) }
+/// #[idempotent(key = trip, steps = s, on_failure = "restart")]
+/// async fn book(trip: u64) -> Result<String, Error> {
+///     let seat = s.run("hold", || hold_seat(trip)).await?;
+///     s.run("ticket", || issue_ticket(trip, seat)).await // its failure releases the seat
+/// }
+/// ```
+///
 /// ## `missing_key = "reject" | "allow" | "skip"`
 ///
 /// What a call without a key means. A key is missing when it serializes to `null` (an `Option` that is
@@ -331,6 +384,9 @@ use proc_macro::TokenStream;
 /// - `key` and `payload` implement `serde::Serialize`; `store` is an `Idempotency` or a pointer to one.
 /// - Without `store`, a handle installed with `Idempotency::install` before the first call.
 /// - With `transact`, the runtime's `dynamodb` feature.
+/// - With `steps`, each step's value `Serialize + DeserializeOwned`, as the `Ok` value is.
+/// - `steps` and `transact` bind names of their own: neither a parameter's (the body would lose it) nor
+///   each other's.
 ///
 /// # Renaming the crate
 ///
@@ -437,6 +493,7 @@ fn entry(
     }
     if let Some(args) = &args {
         args::check_detach(args, &function.sig, &mut diag);
+        args::check_bindings(args, &item::parameters(&function), &mut diag);
     }
     match (diag.finish(), args) {
         (Ok(()), Some(args)) => expand::expand(&args, function),

@@ -585,8 +585,9 @@ impl<'a, H> Operation<'a, H> {
     }
 }
 
-/// An [`Operation`] whose body runs on a task of its own ([`Operation::detach`]): `run` and
-/// `run_transact` as on [`Operation`], for a body that is `Send + 'static`.
+/// An [`Operation`] whose body runs on a task of its own ([`Operation::detach`]): `run`,
+/// `run_transact`, `run_steps` and `run_steps_transact` as on [`Operation`], for a body that is
+/// `Send + 'static`.
 #[derive(Debug)]
 #[must_use = "an operation does nothing until `run` is awaited"]
 pub struct Detached<'a, H = Unchanged>(Operation<'a, H>);
@@ -640,6 +641,35 @@ impl<H> Detached<'_, H> {
                 None,
                 ToString::to_string,
                 async move { body(steps).await },
+                Detach,
+            )
+            .await
+    }
+
+    /// [`Operation::run_steps_transact`], with the body on a task of its own (see [`run`](Self::run)).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    ///
+    /// # Panics
+    /// As [`run`](Self::run).
+    #[cfg(feature = "dynamodb")]
+    pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Display + Send + 'static,
+        F: FnOnce(Steps, crate::Transaction) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        H: OnReplay<T>,
+    {
+        let steps = self.0.with_steps();
+        let transaction = crate::Transaction::new();
+        let staged = transaction.staged().clone();
+        self.0
+            .drive(
+                Some(&staged),
+                ToString::to_string,
+                async move { body(steps, transaction).await },
                 Detach,
             )
             .await

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 pub use crate::handler::{Call, MissingKey};
 pub use crate::key::DerivedKey;
 pub use crate::operation::Early;
+pub use crate::steps::Steps;
 use crate::{Error, Idempotency, Operation};
 
 // The checks below exist for the compile errors. Generated code calls each through its trait's path
@@ -446,6 +447,81 @@ where
     }
 }
 
+/// [`execute`] for `steps = s`: `body` gets the call's [`Steps`], as with
+/// [`Operation::run_steps`](crate::Operation::run_steps); with `restart`, the steps start over after a
+/// failure ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
+pub fn execute_steps<R, F, Fut, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    restart: bool,
+    describe: D,
+    body: F,
+) -> impl Future<Output = R>
+where
+    R: Output,
+    F: FnOnce(Steps) -> Fut,
+    Fut: Future<Output = R>,
+    D: FnOnce(&R::Err) -> String,
+{
+    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
+    let body = Map {
+        future: body(steps),
+        map: R::into_result,
+    };
+    Map {
+        future: operation.drive(None, describe, body, crate::handler::Inline),
+        map: R::from_result,
+    }
+}
+
+/// [`execute_steps`] for `detach`
+/// ([`Detached::run_steps`](crate::operation::Detached::run_steps)).
+pub fn execute_steps_detached<R, F, Fut, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    restart: bool,
+    describe: D,
+    body: F,
+) -> impl Future<Output = R>
+where
+    R: Output + 'static,
+    R::Ok: Send + 'static,
+    R::Err: Send + 'static,
+    F: FnOnce(Steps) -> Fut,
+    Fut: Future<Output = R> + Send + 'static,
+    D: FnOnce(&R::Err) -> String + Send + 'static,
+{
+    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
+    let body = Map {
+        future: body(steps),
+        map: R::into_result,
+    };
+    Map {
+        future: operation.drive(None, describe, body, crate::handler::Detach),
+        map: R::from_result,
+    }
+}
+
+/// The operation of a call with `steps = s`, and the steps its body gets.
+fn with_steps(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    restart: bool,
+) -> (Operation<'static>, Steps) {
+    let mut operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
+    if restart {
+        operation = operation.restart_steps_after_failure();
+    }
+    let steps = operation.with_steps();
+    (operation, steps)
+}
+
 pin_project_lite::pin_project! {
     /// `future`, its output passed through `map`: a future with no state of its own.
     struct Map<Fut, M> {
@@ -546,6 +622,79 @@ where
     D: FnOnce(&R::Err) -> String + Send + 'static,
 {
     let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        operation
+            .drive(
+                Some(transaction.staged()),
+                describe,
+                body,
+                crate::handler::Detach,
+            )
+            .await,
+    )
+}
+
+/// [`execute_steps`] for `steps = s` with `transact = tx`: the writes staged on `transaction` commit
+/// with the COMPLETED record, as with
+/// [`Operation::run_steps_transact`](crate::Operation::run_steps_transact).
+#[cfg(feature = "dynamodb")]
+#[allow(clippy::too_many_arguments)] // The attribute's arguments, in the order of `execute_transact`.
+pub async fn execute_steps_transact<R, F, Fut, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    transaction: crate::Transaction,
+    restart: bool,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output,
+    F: FnOnce(Steps) -> Fut,
+    Fut: Future<Output = R>,
+    D: FnOnce(&R::Err) -> String,
+{
+    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
+    let body = body(steps);
+    let body = async move { body.await.into_result() };
+    R::from_result(
+        operation
+            .drive(
+                Some(transaction.staged()),
+                describe,
+                body,
+                crate::handler::Inline,
+            )
+            .await,
+    )
+}
+
+/// [`execute_steps_transact`] for `detach`
+/// ([`Detached::run_steps_transact`](crate::operation::Detached::run_steps_transact)).
+#[cfg(feature = "dynamodb")]
+#[allow(clippy::too_many_arguments)] // As `execute_steps_transact`.
+pub async fn execute_steps_transact_detached<R, F, Fut, D>(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    transaction: crate::Transaction,
+    restart: bool,
+    describe: D,
+    body: F,
+) -> R
+where
+    R: Output + 'static,
+    R::Ok: Send + 'static,
+    R::Err: Send + 'static,
+    F: FnOnce(Steps) -> Fut,
+    Fut: Future<Output = R> + Send + 'static,
+    D: FnOnce(&R::Err) -> String + Send + 'static,
+{
+    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
+    let body = body(steps);
     let body = async move { body.await.into_result() };
     R::from_result(
         operation

@@ -30,6 +30,28 @@ use crate::{Error, Idempotency, Record, codec};
 /// downstream API that honours idempotency keys.
 ///
 /// Cloning gives another handle on the same steps (for a body that runs steps from several futures).
+///
+/// With the attribute, `steps = s` binds the call's `Steps` to `s` in the body, and
+/// `on_failure = "restart"` is [`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure):
+///
+/// ```
+/// use idempotent_runtime::{Error, Idempotency, idempotent};
+///
+/// #[idempotent(key = order_id, store = idem, steps = s)]
+/// async fn checkout(idem: &Idempotency, order_id: u64) -> Result<(u32, String), Error> {
+///     let hold = s.run("reserve", || async { Ok::<_, Error>(17) }).await?;
+///     let gateway_key = s.key("charge"); // the gateway's `Idempotency-Key`
+///     let charge = s
+///         .run("charge", || async { Ok::<_, Error>(format!("ch_{}", &gateway_key[..8])) })
+///         .await?;
+///     Ok((hold, charge))
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let idem = Idempotency::in_memory();
+/// assert_eq!(checkout(&idem, 7).await?, checkout(&idem, 7).await?);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Steps {
     shared: Arc<Shared>,

@@ -59,6 +59,15 @@ async fn refund(order_id: u64) -> ::core::result::Result<u64, Error> {
     ::core::result::Result::Ok(order_id)
 }
 
+#[idempotent(key = order_id, store = idem, steps = s, on_failure = "restart")]
+async fn checkout(idem: &Idempotency, order_id: u64) -> ::core::result::Result<u64, Error> {
+    s.run("reserve", || async move {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        ::core::result::Result::Ok::<u64, Error>(order_id)
+    })
+    .await
+}
+
 fn main() {
     ::tokio::runtime::Builder::new_current_thread()
         .build()
@@ -73,5 +82,7 @@ async fn calls() {
     assert_eq!(charge(&idem, 1).await.unwrap(), 1);
     assert_eq!(refund(1).await.unwrap(), 1);
     assert_eq!(refund(1).await.unwrap(), 1);
-    assert_eq!(RUNS.load(Ordering::SeqCst), 2);
+    assert_eq!(checkout(&idem, 1).await.unwrap(), 1);
+    assert_eq!(checkout(&idem, 1).await.unwrap(), 1);
+    assert_eq!(RUNS.load(Ordering::SeqCst), 3);
 }
