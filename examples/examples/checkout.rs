@@ -35,6 +35,7 @@ struct Stock {
 
 impl Stock {
     async fn reserve(&self, order: &str) -> Result<String, Error> {
+        tokio::task::yield_now().await; // the stock service's round trip
         let n = self.holds.fetch_add(1, Ordering::SeqCst) + 1;
         println!("  stock:   reserved 1 item for {order} (hold #{n})");
         Ok(format!("hold-{n}"))
@@ -51,6 +52,7 @@ struct Gateway {
 
 impl Gateway {
     async fn charge(&self, order: &str, idempotency_key: &str) -> Result<String, Error> {
+        tokio::task::yield_now().await; // the gateway's round trip
         let mut charges = self.charges.lock().unwrap();
         if let Some(charge) = charges.get(idempotency_key) {
             println!(
@@ -77,6 +79,7 @@ struct Mailer {
 
 impl Mailer {
     async fn confirm(&self, order: &str, charge: &str) -> Result<(), Error> {
+        tokio::task::yield_now().await; // the mail service's round trip
         self.sent.fetch_add(1, Ordering::SeqCst);
         println!("  mailer:  confirmation for {order} ({charge}) sent");
         Ok(())

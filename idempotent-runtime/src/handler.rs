@@ -589,7 +589,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         // The request is moved into the attempt's own future: this one then holds it only while that
         // future is awaited, and the record it may return can share its place.
         let mut record = match claim_once(idem, plan, request).await? {
-            Claimed::Claimed => {
+            Claim::Held => {
                 if let Some(steps) = plan.steps {
                     steps.claimed(resume.map(|seen| *seen));
                 }
@@ -598,14 +598,14 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                     took_over,
                 });
             }
-            Claimed::Blocked(record) => record,
+            Claim::Blocked(record) => record,
             // The record is gone (deleted since the transaction, or the claim that saw it): a new
             // operation, whose claim applies the writes, and starts its steps afresh.
-            Claimed::Vanished(_) if number <= CLAIMABLE_RETRIES => {
+            Claim::Vanished(_) if number <= CLAIMABLE_RETRIES => {
                 resume = None;
                 continue 'claim;
             }
-            Claimed::Vanished(e) => return Err(store_error(plan.call.namespace, e)),
+            Claim::Vanished(e) => return Err(store_error(plan.call.namespace, e)),
         };
         // The claim was refused: the record is someone else's (or ours, which `examine` says).
         attempt.stage.set(Stage::Waiting);
@@ -659,9 +659,9 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
 }
 
 /// What one claim attempt found.
-enum Claimed {
+enum Claim {
     /// The key is ours.
-    Claimed,
+    Held,
     /// Here is the record that blocked the claim.
     Blocked(Record),
     /// A claim that needs the record (one keeping claim-time writes, or a resume of steps) found none:
@@ -679,12 +679,12 @@ fn claim_once<'a>(
     idem: &'a Idempotency,
     plan: &'a Plan<'a>,
     mut request: ClaimRequest<'a>,
-) -> impl Future<Output = Result<Claimed, Error>> + 'a {
+) -> impl Future<Output = Result<Claim, Error>> + 'a {
     async move {
         if !plan.claim_writes.is_empty() {
             match claim_with_writes(idem, plan, &request).await? {
-                Some(ClaimOutcome::Claimed) => return Ok(Claimed::Claimed),
-                Some(ClaimOutcome::Existing(record)) => return Ok(Claimed::Blocked(record)),
+                Some(ClaimOutcome::Claimed) => return Ok(Claim::Held),
+                Some(ClaimOutcome::Existing(record)) => return Ok(Claim::Blocked(record)),
                 // The writes are in effect: a plain claim keeps them, conditioned on their mark still
                 // being set, so that a decision made stale by another caller (who released them
                 // meanwhile) never runs the body without them.
@@ -692,13 +692,13 @@ fn claim_once<'a>(
             }
         }
         match telemetry::observe("claim", idem.store().claim(&request)).await {
-            Ok(ClaimOutcome::Claimed) => Ok(Claimed::Claimed),
-            Ok(ClaimOutcome::Existing(record)) => Ok(Claimed::Blocked(record)),
+            Ok(ClaimOutcome::Claimed) => Ok(Claim::Held),
+            Ok(ClaimOutcome::Existing(record)) => Ok(Claim::Blocked(record)),
             Err(e @ StoreError::Corrupt(_))
                 if request.keep_claim_writes
                     || matches!(request.steps, StepsClaim::Resume { .. }) =>
             {
-                Ok(Claimed::Vanished(e))
+                Ok(Claim::Vanished(e))
             }
             Err(e) => Err(store_error(plan.call.namespace, e)),
         }

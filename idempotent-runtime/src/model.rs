@@ -336,7 +336,7 @@ impl Protocol {
             expires_at_s: times.expires_at_s,
             fingerprint: None,
             keep_claim_writes: true,
-            steps: Default::default(),
+            steps: crate::store::StepsClaim::Untouched,
         };
         let old = state.record.clone();
         let Some(old) = old else {
@@ -491,7 +491,7 @@ impl Protocol {
             expires_at_s: times.expires_at_s,
             fingerprint: None,
             keep_claim_writes: false,
-            steps: Default::default(),
+            steps: crate::store::StepsClaim::Untouched,
         };
         let old = state.record.clone();
         let with_writes = self.claim_writes;
@@ -1016,7 +1016,7 @@ impl Protocol {
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
                 keep_claim_writes: false,
-                steps: Default::default(),
+                steps: crate::store::StepsClaim::Untouched,
             };
             claimed(Some(record), &request, false).is_ok()
         })

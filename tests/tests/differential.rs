@@ -631,7 +631,7 @@ async fn on_memory(store: &MemoryStore, case: &Case) -> (Outcome, String) {
         expires_at_s: 100_000,
         fingerprint: None,
         keep_claim_writes: false,
-        steps: Default::default(),
+        steps: idempotent_runtime::store::StepsClaim::Untouched,
     };
     match store
         .claim_transaction(&request, &case.writes.iter().cloned().collect())

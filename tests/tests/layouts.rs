@@ -302,7 +302,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
         expires_at_s: now_ms / 1000 + 3600,
         fingerprint: None,
         keep_claim_writes: false,
-        steps: Default::default(),
+        steps: idempotent_runtime::store::StepsClaim::Untouched,
     }
 }
 

@@ -377,7 +377,7 @@ macro_rules! steps {
                 let h = harness().await;
                 let effects = Arc::new(Effects::default());
                 crash_after_charge(&h, "o-7", &effects).await;
-                h.clock.advance(Duration::from_secs(3 * 24 * 3600));
+                h.clock.advance(Duration::from_hours(72));
                 checkout(&h.idem, "o-7", &effects, Email::Sends, None)
                     .await
                     .unwrap();
@@ -567,7 +567,11 @@ async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_f
         slow: std::sync::atomic::AtomicBool::new(false),
         landed: Notify::new(),
     });
-    let h = Harness::over(slow.clone(), Default::default(), |b| b.default_lease(LEASE));
+    let h = Harness::over(
+        slow.clone(),
+        idempotent_tests::RequestCounter::default(),
+        |b| b.default_lease(LEASE),
+    );
     let effects = Arc::new(Effects::default());
     let reserved = Notify::new();
     let call = |hang: bool| {

@@ -544,7 +544,7 @@ impl Baseline {
             expires_at_s: now / 1000 + 60 + 86_400,
             fingerprint: Some(fingerprint),
             keep_claim_writes: false,
-            steps: Default::default(),
+            steps: idempotent_runtime::store::StepsClaim::Untouched,
         }
     }
 

@@ -569,7 +569,7 @@ fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
         expires_at_s: (now_ms + LEASE) / 1000 + 3600,
         fingerprint: Some("fp-1"),
         keep_claim_writes: false,
-        steps: Default::default(),
+        steps: crate::store::StepsClaim::Untouched,
     }
 }
 

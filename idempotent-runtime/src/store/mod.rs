@@ -83,6 +83,10 @@ pub enum StepsClaim<'a> {
 }
 
 /// What a claim found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every duplicate's path: boxing the record would allocate there"
+)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
     /// The key was absent or claimable; it is now PENDING under the request's token.
@@ -159,6 +163,10 @@ impl Change<'_> {
 }
 
 /// What a fenced write found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every duplicate's path: boxing the record would allocate there"
+)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOutcome {
     /// The record was PENDING under our token; the write was applied.

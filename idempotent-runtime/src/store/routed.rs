@@ -842,7 +842,7 @@ mod tests {
             expires_at_s: 100_000,
             fingerprint: None,
             keep_claim_writes: false,
-            steps: Default::default(),
+            steps: crate::store::StepsClaim::Untouched,
         }
     }
 
@@ -1112,6 +1112,7 @@ mod tests {
     /// it, and only there,
     /// whatever fails; a request that cannot reach it fails as that region's
     /// [`StoreError::RegionUnavailable`]. Without failover, everything goes to the key's home.
+    #[allow(clippy::too_many_lines, reason = "one scripted run, step by step")]
     async fn stays_together(failover: bool, steps: &[Step], script: &[Fault]) {
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let names = ["a", "b", "c"];
@@ -1194,7 +1195,7 @@ mod tests {
                         && !matches!(
                             change,
                             Change::ExtendLease { .. } | Change::SaveSteps { .. }
-                        )
+                        );
                 }
                 Err(StoreError::RegionUnavailable { region: name, .. }) => {
                     assert_eq!(name, names[region], "{step:?}");

@@ -694,7 +694,7 @@ async fn a_claim_keeping_writes_needs_them_in_effect<S: Store>(
 ) -> Result<(), Violation> {
     let keeping = |key, token, now_ms| ClaimRequest {
         keep_claim_writes: true,
-        steps: Default::default(),
+        steps: crate::store::StepsClaim::Untouched,
         ..claim(key, token, now_ms)
     };
     // No record at all: refused (the caller claims with its writes instead), nothing written.

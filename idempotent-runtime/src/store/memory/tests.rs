@@ -73,7 +73,7 @@ fn claim_request(token: &str) -> ClaimRequest<'_> {
         expires_at_s: NOW_MS / 1000 + 3600,
         fingerprint: None,
         keep_claim_writes: false,
-        steps: Default::default(),
+        steps: crate::store::StepsClaim::Untouched,
     }
 }
 
