@@ -2198,8 +2198,9 @@ mod serialize_panic {
     }
 }
 
-/// How [`Held::fail`] settles a FAILED write the store rejected.
-#[cfg(test)]
+/// How [`Held::fail`] settles a FAILED write the store rejected (with the memory store's emulated
+/// business tables).
+#[cfg(all(test, feature = "emulator"))]
 mod failure {
     use std::fmt;
     use std::sync::Arc;
