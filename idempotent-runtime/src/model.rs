@@ -453,6 +453,8 @@ struct StepsCall {
 }
 
 /// What the model knows about steps: how often each one's effect happened, and which were stored.
+// Each flag is one property's independent witness.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 struct StepsLedger {
     /// How many times each step's effect happened in the current operation.
@@ -530,7 +532,7 @@ impl Protocol {
     }
 
     /// A resume found no record: the handler claims afresh, within its claimable retries.
-    fn claim_afresh(&self, state: &mut State, worker: usize) {
+    fn claim_afresh(state: &mut State, worker: usize) {
         let w = &mut state.workers[worker];
         w.steps.resume = None;
         w.phase = if w.attempt <= CLAIMABLE_RETRIES {
@@ -542,7 +544,7 @@ impl Protocol {
 
     /// The body comes to its next step ([`Steps::run`]): replays every step it knows finished, then
     /// runs the first unfinished one's effect, whose value is then to be stored.
-    fn step(&self, state: &mut State, worker: usize) {
+    fn step(state: &mut State, worker: usize) {
         let Phase::Running { beating } = state.workers[worker].phase else {
             return;
         };
@@ -713,7 +715,12 @@ impl Protocol {
     /// A claim attempt by `worker` with `times`: the store's rule (with writes when the call has them).
     /// Records who holds the key. `Err`: refused, by the record that blocked it, or (`None`) for want of
     /// the record a resume of steps saw.
-    fn claim(&self, state: &mut State, worker: usize, times: Times) -> Result<(), Option<Record>> {
+    fn claim(
+        &self,
+        state: &mut State,
+        worker: usize,
+        times: Times,
+    ) -> Result<(), Option<Box<Record>>> {
         let token = token(worker);
         let handle = self.handle();
         let seen = state.workers[worker].steps.resume.clone();
@@ -737,7 +744,7 @@ impl Protocol {
         // step of its own ([`Protocol::keep_claim`]).
         let new = match claimed(old.as_ref(), &request, with_writes) {
             Ok(new) => new,
-            Err(blocking) => return Err(Some(blocking.clone())),
+            Err(blocking) => return Err(Some(Box::new(blocking.clone()))),
         };
         self.land_claim(state, worker, old.as_ref(), with_writes);
         state.record = Some(new);
@@ -822,7 +829,7 @@ impl Protocol {
             }
             // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
             Err(_) if lost => return false,
-            Err(None) => self.claim_afresh(state, worker),
+            Err(None) => Self::claim_afresh(state, worker),
             Err(Some(blocking)) if self.keeps_writes(state, worker, &blocking, times) => {}
             Err(Some(blocking)) => self.examine(state, worker, &blocking),
         }
@@ -1106,7 +1113,7 @@ impl Model for Protocol {
                     return None;
                 }
             }
-            Action::Step(i) => self.step(&mut state, i),
+            Action::Step(i) => Self::step(&mut state, i),
             Action::SaveStep(i, lost) => {
                 if !self.save_step(&mut state, i, lost) {
                     return None;
@@ -1297,7 +1304,7 @@ impl Protocol {
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
                 keep_claim_writes: false,
-                steps: Default::default(),
+                steps: StepsClaim::default(),
             };
             claimed(Some(record), &request, false).is_ok()
         })
@@ -1318,6 +1325,9 @@ impl fmt::Display for State {
         }
         if let Some(steps) = self.record.as_ref().and_then(|r| r.steps.as_deref()) {
             write!(f, " steps={}", shown(steps))?;
+        }
+        if self.ghost.steps.effects.iter().any(|e| *e > 0) {
+            write!(f, " step effects={:?}", self.ghost.steps.effects)?;
         }
         for (i, w) in self.workers.iter().enumerate() {
             write!(f, " | w{i} (clock {:+}s): {:?}", w.skew, w.phase)?;
