@@ -267,6 +267,12 @@ pub(crate) fn failed_lifetime(failed_ttl: Duration, keeps_writes: Option<Duratio
     keeps_writes.map_or(failed_ttl, |lifetime| lifetime.max(failed_ttl))
 }
 
+/// Whether a failure keeps its record for the operation's lifetime rather than `failed_ttl`: it leaves
+/// claim-time writes in effect (`keeps_claim_writes`), or its body's steps are resumed by a retry.
+pub(crate) fn failure_keeps_record(keeps_claim_writes: bool, steps: Option<&Steps>) -> bool {
+    keeps_claim_writes || steps.is_some_and(|steps| !steps.restart_failed())
+}
+
 /// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier
 /// attempt (its response lost) already moved the record to `status` under our `token`.
 pub(crate) fn landed(record: Option<&Record>, token: &str, status: Status) -> bool {
@@ -412,10 +418,7 @@ impl<'a> Attempt<'a> {
             steps: self
                 .plan
                 .steps
-                .map_or(StepsClaim::Untouched, |steps| StepsClaim::Fresh {
-                    initial: steps.initial(self.token),
-                    restart_failed: steps.restart_failed(),
-                }),
+                .map_or(StepsClaim::Untouched, |steps| steps.claim(self.token, None)),
         }
     }
 }
@@ -579,10 +582,7 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         let mut request = attempt.request(number);
         if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
             steps.resuming();
-            request.steps = StepsClaim::Resume {
-                steps: seen,
-                restart_failed: steps.restart_failed(),
-            };
+            request.steps = steps.claim(token, Some(seen));
         }
         let claimed_until_ms = request.lease_until_ms;
         attempt.stage.set(Stage::Claiming);
@@ -1562,8 +1562,10 @@ impl Held<'_> {
             // would be a new operation and apply the writes again.
             // Likewise the steps of a body that resumes after a failure: once the record expired, a
             // retry would run them all again.
-            let keeps_writes = (!self.plan.claim_writes.is_empty() && writes.is_empty())
-                || self.plan.steps.is_some_and(|steps| !steps.restart_failed());
+            let keeps_writes = failure_keeps_record(
+                !self.plan.claim_writes.is_empty() && writes.is_empty(),
+                self.plan.steps,
+            );
             let lifetime = failed_lifetime(
                 self.idem.failed_ttl(),
                 keeps_writes.then(|| writes_lifetime(self.idem, self.plan, self.ttl)),

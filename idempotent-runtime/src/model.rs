@@ -29,8 +29,24 @@
 //! record expired early. `claim_time_writes_outlive_a_failure` checks that with a `failed_ttl` shorter
 //! than the `ttl`.
 //!
+//! Steps (issue 31): with `steps`, every call's body runs two named steps, then completes. A step's
+//! effect and its write are separate steps of the model (a crash between them runs that step again:
+//! the one the design allows); the write ([`Change::SaveSteps`], every finished step's value) is fenced
+//! like any transition, and may be applied with its response lost and then resent. What a claim does
+//! with the record's steps (start afresh or resume those it saw) is [`Steps::claim`], whether to resume
+//! a record found claimable [`Steps::resumes`], whether the store admits it
+//! [`Record::allows_steps_claim`] (in [`claimed`]), a resume that finds no record is refused
+//! ([`needs_record`]) and the call claims afresh, and how long a failure's record lives
+//! [`handler::failure_keeps_record`]. The ground truth counts each step's effects and which steps were
+//! stored in the current operation; `steps_are_resumed_never_run_again` checks that the key's holder
+//! never runs a stored step and that no zombie stores one. A zombie whose lease lapsed may still run
+//! its next step's effect: that is the lease's promise, as for a whole body (and what `Steps::key` is
+//! for), not the steps'.
+//!
 //! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
-//! them to the memory store's rules), payload fingerprints, the local cache, and retention.
+//! them to the memory store's rules), payload fingerprints, the local cache, and retention; with steps,
+//! `restart_steps_after_failure`, claim-time writes, `transact`, waiting, interruptions, and steps run
+//! from several futures of one body.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -39,8 +55,9 @@ use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use crate::handler::{self, CLAIMABLE_RETRIES, Call, Found};
 use crate::record::{Record, Status};
-use crate::store::memory::{claimed, transitioned};
-use crate::store::{Change, ClaimRequest, Transition};
+use crate::steps::{Steps, Stored};
+use crate::store::memory::{claimed, needs_record, transitioned};
+use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
 
 /// One tick of true time; clocks and skews move in whole ticks.
 const TICK_MS: u64 = 1000;
@@ -74,6 +91,9 @@ struct Protocol {
     /// body that panics (recorded as a failure), and worker 0's calls detached (its caller may leave at
     /// any time once the body runs; the body goes on).
     interruptions: bool,
+    /// Bodies run with steps ([`Steps`]): each call's body runs [`STEPS`] in a row, storing each
+    /// finished one's value, then completes; claims start afresh or resume (issue 31).
+    steps: bool,
     /// The last tick of true time explored.
     horizon: u64,
 }
@@ -93,6 +113,7 @@ impl Protocol {
             compensate: true,
             transact: true,
             interruptions: false,
+            steps: false,
             horizon: START + horizon,
         }
     }
@@ -126,6 +147,10 @@ enum Phase {
     /// The claim with writes was refused because they are in effect: about to take the key with a plain
     /// claim that keeps them (with the refused attempt's times), while other workers go on.
     KeepingClaim(Times),
+    // --- Steps (issue 31).
+    /// A step's effect happened: its value, with every step finished before it, is being stored (a
+    /// fenced write); `resent`: the write was applied but its response lost, and the SDK sends it again.
+    SavingStep { beating: bool, resent: bool },
 }
 
 /// The times of one claim request (what the SDK resends unchanged).
@@ -172,6 +197,8 @@ struct Worker {
     attempt: u32,
     /// A detached call whose caller has left: its body goes on, nobody hears of its outcome.
     caller_gone: bool,
+    /// With steps: what the call knows of its operation's steps.
+    steps: StepsCall,
 }
 
 /// What the model knows that no participant does: the ground truth the properties are stated against.
@@ -212,6 +239,8 @@ struct Ghost {
     answer: Option<Vec<u8>>,
     /// A success or replay returned another value than an earlier one of the same operation.
     disagreed: bool,
+    /// Steps: their effects and stored values (issue 31).
+    steps: StepsLedger,
 }
 
 // --- Claim-time writes (issue 37): their lifetime across expiry, and stale decisions. ---
@@ -248,6 +277,7 @@ impl Protocol {
             state.ghost.completions = 0;
             state.ghost.answer = None;
             state.ghost.returned_ok = None;
+            state.ghost.steps.new_operation();
             // Writes in effect belong to the old operation until a claim applies them anew (a claim
             // that keeps them takes the old operation over).
             if with_writes {
@@ -270,6 +300,7 @@ impl Protocol {
                 matches!(
                     state.workers[holder].phase,
                     Phase::Running { .. }
+                        | Phase::SavingStep { .. }
                         | Phase::Completing { .. }
                         | Phase::Failing { .. }
                         | Phase::Done(Outcome::Abandoned)
@@ -298,10 +329,11 @@ impl Protocol {
     /// How long a FAILED record lives (the handler's rule): `failed_ttl`, or the operation's `ttl` when
     /// the failure leaves claim-time writes in effect.
     fn failed_lifetime(&self) -> Duration {
-        handler::failed_lifetime(
-            self.failed_ttl,
-            (self.claim_writes && !self.compensate).then_some(self.ttl),
-        )
+        let keeps = handler::failure_keeps_record(
+            self.claim_writes && !self.compensate,
+            self.handle().as_ref(),
+        );
+        handler::failed_lifetime(self.failed_ttl, keeps.then_some(self.ttl))
     }
 
     /// Whether `worker`'s claim with writes, refused with `blocking`, is to be followed by a claim that
@@ -327,6 +359,8 @@ impl Protocol {
             return false;
         };
         let token = token(worker);
+        let handle = self.handle();
+        let seen = state.workers[worker].steps.resume.clone();
         let request = ClaimRequest {
             key: KEY,
             token: &token,
@@ -336,19 +370,19 @@ impl Protocol {
             expires_at_s: times.expires_at_s,
             fingerprint: None,
             keep_claim_writes: true,
-            steps: crate::store::StepsClaim::Untouched,
+            steps: steps_claim(handle.as_ref(), &token, seen.as_deref()),
         };
         let old = state.record.clone();
         let Some(old) = old else {
             state.workers[worker].phase = Phase::Claiming;
+            state.workers[worker].steps.resume = None;
             return true;
         };
         match claimed(Some(&old), &request, false) {
             Ok(new) => {
                 self.land_claim(state, worker, Some(&old), false);
                 state.record = Some(new);
-                state.ghost.ran[worker] = true;
-                state.workers[worker].phase = Phase::Running { beating: true };
+                self.begin(state, worker, seen);
             }
             Err(blocking) => {
                 let blocking = blocking.clone();
@@ -400,6 +434,200 @@ impl Protocol {
 
 // --- End of the claim-time writes' part. ---
 
+// --- Steps (issue 31): a body that stores each finished step, and resumes where it stopped. ---
+
+/// The steps of every call's body, in order; then it completes.
+const STEPS: [&str; 2] = ["reserve", "charge"];
+
+/// What a call knows of its operation's steps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+struct StepsCall {
+    /// The steps of a record found claimable that the next claim resumes, as seen (the handler's
+    /// `resume`); `None`: the claim starts afresh.
+    resume: Option<Vec<u8>>,
+    /// The steps as the body knows them, encoded as [`Steps`] holds them: those its claim left, and
+    /// those it stored since.
+    known: Vec<u8>,
+    /// The index of the next step the body comes to.
+    next: usize,
+}
+
+/// What the model knows about steps: how often each one's effect happened, and which were stored.
+// Each flag is one property's independent witness.
+#[allow(clippy::struct_excessive_bools)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+struct StepsLedger {
+    /// How many times each step's effect happened in the current operation.
+    effects: [u8; STEPS.len()],
+    /// Which steps' values a step write stored in the current operation.
+    stored: [bool; STEPS.len()],
+    /// The key's holder ran the effect of a step whose value was stored: a finished step ran again.
+    rerun: bool,
+    /// A step write landed under a token that was not the holder's (a zombie after a takeover).
+    zombie_saved: bool,
+    /// A body replayed a stored step instead of running it (a witness).
+    replayed: bool,
+    /// A step write was rejected and its body stopped with `LeaseLost` (a witness).
+    fenced: bool,
+}
+
+impl StepsLedger {
+    /// A claim found the record absent or expired: the key is a new operation.
+    fn new_operation(&mut self) {
+        self.effects = Default::default();
+        self.stored = Default::default();
+    }
+
+    /// A step write of `steps` landed, by the key's holder or not.
+    fn saved(&mut self, by_holder: bool, steps: &[u8]) {
+        self.zombie_saved |= !by_holder;
+        let stored = Stored::decode(steps).expect("the model's steps decode");
+        for (i, name) in STEPS.iter().enumerate() {
+            self.stored[i] |= stored.steps.contains_key(*name);
+        }
+    }
+}
+
+/// The steps part of a claim (the handler's choice, [`Steps::claim`]): none without steps.
+fn steps_claim<'a>(
+    handle: Option<&'a Steps>,
+    token: &str,
+    seen: Option<&'a [u8]>,
+) -> StepsClaim<'a> {
+    handle.map_or(StepsClaim::Untouched, |steps| steps.claim(token, seen))
+}
+
+/// The value `worker`'s body gets from step `step`: its own, so that a replay tells whose it is.
+fn step_value(worker: usize, step: usize) -> serde_json::Value {
+    format!("{} by w{worker}", STEPS[step]).into()
+}
+
+impl Protocol {
+    /// A call's handle on its steps, when the model runs bodies with steps.
+    fn handle(&self) -> Option<Steps> {
+        self.steps.then(|| Steps::new(CALL.namespace, false))
+    }
+
+    /// The steps a claim resumes after finding `record` claimable at `judged_ms` (the handler's rule,
+    /// [`Steps::resumes`]): the record's, as seen; `None` to start afresh.
+    fn resume(&self, record: &Record, judged_ms: u64) -> Option<Vec<u8>> {
+        self.handle()
+            .filter(|steps| steps.resumes(record, judged_ms))
+            .and(record.steps.clone())
+    }
+
+    /// `worker`'s claim landed (or was found ours): its body starts, from the steps the claim left
+    /// (`stored`; `None`: the operation's initial steps, as [`Steps::begin`] takes them).
+    fn begin(&self, state: &mut State, worker: usize, stored: Option<Vec<u8>>) {
+        state.ghost.ran[worker] = true;
+        let w = &mut state.workers[worker];
+        w.phase = Phase::Running { beating: true };
+        if let Some(handle) = self.handle() {
+            w.steps = StepsCall {
+                resume: None,
+                known: stored.unwrap_or_else(|| handle.initial(&token(worker)).to_vec()),
+                next: 0,
+            };
+        }
+    }
+
+    /// A resume found no record: the handler claims afresh, within its claimable retries.
+    fn claim_afresh(state: &mut State, worker: usize) {
+        let w = &mut state.workers[worker];
+        w.steps.resume = None;
+        w.phase = if w.attempt <= CLAIMABLE_RETRIES {
+            Phase::Claiming
+        } else {
+            Phase::Done(Outcome::Error)
+        };
+    }
+
+    /// The body comes to its next step ([`Steps::run`]): replays every step it knows finished, then
+    /// runs the first unfinished one's effect, whose value is then to be stored.
+    fn step(state: &mut State, worker: usize) {
+        let Phase::Running { beating } = state.workers[worker].phase else {
+            return;
+        };
+        let w = &mut state.workers[worker];
+        let known = Stored::decode(&w.steps.known).expect("the model's steps decode");
+        while w.steps.next < STEPS.len() && known.steps.contains_key(STEPS[w.steps.next]) {
+            state.ghost.steps.replayed = true;
+            w.steps.next += 1;
+        }
+        let Some(step) = (w.steps.next < STEPS.len()).then_some(w.steps.next) else {
+            return;
+        };
+        let ledger = &mut state.ghost.steps;
+        ledger.effects[step] += 1;
+        // A zombie (its lease lapsed, the key taken over) may still run its next step: the lease's
+        // promise, as for a whole body; what it may not do is store it.
+        ledger.rerun |= ledger.stored[step] && state.ghost.owner == Some(worker);
+        w.phase = Phase::SavingStep {
+            beating,
+            resent: false,
+        };
+    }
+
+    /// The step's write ([`Change::SaveSteps`]: every step the body knows finished, and this one),
+    /// fenced by the call's claim. Rejected: `LeaseLost`, the body stops at its step.
+    fn save_step(&self, state: &mut State, worker: usize, lost: bool) -> bool {
+        let Phase::SavingStep { beating, .. } = state.workers[worker].phase else {
+            return false;
+        };
+        let step = state.workers[worker].steps.next;
+        let mut stored =
+            Stored::decode(&state.workers[worker].steps.known).expect("the model's steps decode");
+        stored
+            .steps
+            .insert(STEPS[step].to_owned(), step_value(worker, step));
+        let bytes = stored.encode();
+        let applied = self.transition(state, worker, Change::SaveSteps { steps: &bytes });
+        let w = &mut state.workers[worker];
+        match (applied, lost) {
+            // The SDK sends the same request again.
+            (true, true) => {
+                w.phase = Phase::SavingStep {
+                    beating,
+                    resent: true,
+                };
+            }
+            (true, false) => {
+                w.steps.known = bytes;
+                w.steps.next += 1;
+                w.phase = Phase::Running { beating };
+            }
+            (false, true) => return false,
+            (false, false) => {
+                state.ghost.steps.fenced = true;
+                w.phase = Phase::Done(Outcome::LeaseLost);
+            }
+        }
+        true
+    }
+
+    /// What steps must not break, and witnesses that they are resumed and fenced.
+    fn steps_properties() -> Vec<Property<Self>> {
+        vec![
+            Property::always(
+                "a finished step never runs again while its record lives",
+                |_, s: &State| !s.ghost.steps.rerun,
+            ),
+            Property::always(
+                "a zombie never stores a step after a takeover",
+                |_, s: &State| !s.ghost.steps.zombie_saved,
+            ),
+            Property::sometimes("a stored step is replayed", |_, s: &State| {
+                s.ghost.steps.replayed
+            }),
+            Property::sometimes("a zombie's step write is fenced", |_, s: &State| {
+                s.ghost.steps.fenced
+            }),
+        ]
+    }
+}
+
+// --- End of the steps' part. ---
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct State {
     /// True time, in ticks.
@@ -440,6 +668,12 @@ enum Action {
     Release(usize),
     /// The body panics.
     Panic(usize),
+    // --- Steps (issue 31).
+    /// The body comes to its next step: replays the steps its claim found finished, then runs the
+    /// first unfinished one's effect.
+    Step(usize),
+    /// Send the step's write; `lost`: applied, but its response is lost (the SDK resends).
+    SaveStep(usize, bool),
 }
 
 /// The worker whose calls are detached when the model explores interruptions.
@@ -479,9 +713,17 @@ const CALL: Call = Call::new("model");
 
 impl Protocol {
     /// A claim attempt by `worker` with `times`: the store's rule (with writes when the call has them).
-    /// Records who holds the key.
-    fn claim(&self, state: &mut State, worker: usize, times: Times) -> Option<Record> {
+    /// Records who holds the key. `Err`: refused, by the record that blocked it, or (`None`) for want of
+    /// the record a resume of steps saw.
+    fn claim(
+        &self,
+        state: &mut State,
+        worker: usize,
+        times: Times,
+    ) -> Result<(), Option<Box<Record>>> {
         let token = token(worker);
+        let handle = self.handle();
+        let seen = state.workers[worker].steps.resume.clone();
         let request = ClaimRequest {
             key: KEY,
             token: &token,
@@ -491,19 +733,22 @@ impl Protocol {
             expires_at_s: times.expires_at_s,
             fingerprint: None,
             keep_claim_writes: false,
-            steps: crate::store::StepsClaim::Untouched,
+            steps: steps_claim(handle.as_ref(), &token, seen.as_deref()),
         };
         let old = state.record.clone();
+        if old.is_none() && needs_record(&request) {
+            return Err(None);
+        }
         let with_writes = self.claim_writes;
         // A refusal because the writes are in effect is followed by a claim that keeps them, as a
         // step of its own ([`Protocol::keep_claim`]).
         let new = match claimed(old.as_ref(), &request, with_writes) {
             Ok(new) => new,
-            Err(blocking) => return Some(blocking.clone()),
+            Err(blocking) => return Err(Some(Box::new(blocking.clone()))),
         };
         self.land_claim(state, worker, old.as_ref(), with_writes);
         state.record = Some(new);
-        None
+        Ok(())
     }
 
     /// A fenced transition by `worker`: whether it was applied (if not, the record that rejected it is
@@ -525,6 +770,12 @@ impl Protocol {
             state.ghost.completions += 1;
             state.ghost.applied[worker] = true;
         }
+        if let Change::SaveSteps { steps } = change {
+            state
+                .ghost
+                .steps
+                .saved(state.ghost.owner == Some(worker), steps);
+        }
         self.book_writes(state, &change);
         state.record = Some(new);
         true
@@ -534,6 +785,7 @@ impl Protocol {
     fn examine(&self, state: &mut State, worker: usize, record: &Record) {
         let judged = handler::judged_ms(state.clock_ms(worker), self.margin);
         let found = handler::examine(&CALL, record, &token(worker), None, judged);
+        let ours = matches!(found, Ok(Found::Ours));
         let w = &mut state.workers[worker];
         w.phase = match found {
             Ok(Found::Ours) => {
@@ -554,24 +806,32 @@ impl Protocol {
             Ok(Found::Claimable) if w.attempt > CLAIMABLE_RETRIES => {
                 Phase::Done(Outcome::Contended)
             }
-            Ok(Found::Claimable) => Phase::Claiming,
+            Ok(Found::Claimable) => {
+                w.steps.resume = self.resume(record, judged);
+                Phase::Claiming
+            }
             Ok(Found::InProgress(_)) if self.wait => Phase::Waiting,
             Ok(Found::InProgress(_)) => Phase::Done(Outcome::InProgress),
             Err(_) => Phase::Done(Outcome::Error),
         };
+        if ours {
+            // Our own claim (its response lost): the body goes on from the steps it left.
+            self.begin(state, worker, record.steps.clone());
+        }
     }
 
     fn send_claim(&self, state: &mut State, worker: usize, times: Times, lost: bool) -> bool {
         match self.claim(state, worker, times) {
-            None if lost => state.workers[worker].phase = Phase::ClaimResent(times),
-            None => {
-                state.ghost.ran[worker] = true;
-                state.workers[worker].phase = Phase::Running { beating: true };
+            Ok(()) if lost => state.workers[worker].phase = Phase::ClaimResent(times),
+            Ok(()) => {
+                let seen = state.workers[worker].steps.resume.clone();
+                self.begin(state, worker, seen);
             }
             // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
-            Some(_) if lost => return false,
-            Some(blocking) if self.keeps_writes(state, worker, &blocking, times) => {}
-            Some(blocking) => self.examine(state, worker, &blocking),
+            Err(_) if lost => return false,
+            Err(None) => Self::claim_afresh(state, worker),
+            Err(Some(blocking)) if self.keeps_writes(state, worker, &blocking, times) => {}
+            Err(Some(blocking)) => self.examine(state, worker, &blocking),
         }
         true
     }
@@ -639,10 +899,14 @@ impl Protocol {
         let now_ms = state.clock_ms(worker);
         let change = Change::Fail {
             error: handler::RELEASED,
-            // A release sends no compensation: claim-time writes stay in effect.
+            // A release sends no compensation: claim-time writes stay in effect; so may steps (the
+            // handler's rule for a dropped claim).
             expires_at_s: handler::expiry_s(
                 now_ms,
-                handler::failed_lifetime(self.failed_ttl, self.claim_writes.then_some(self.ttl)),
+                handler::failed_lifetime(
+                    self.failed_ttl,
+                    (self.claim_writes || self.steps).then_some(self.ttl),
+                ),
             ),
             release_claim_writes: false,
         };
@@ -684,6 +948,7 @@ impl Model for Protocol {
                                 phase: Phase::Idle,
                                 attempt: 0,
                                 caller_gone: false,
+                                steps: StepsCall::default(),
                             })
                             .collect(),
                         ghost: Ghost::default(),
@@ -723,7 +988,13 @@ impl Model for Protocol {
                 Phase::Waiting => actions.extend([Action::Poll(i), Action::GiveUp(i)]),
                 Phase::Releasing => actions.extend([Action::Release(i), Action::Crash(i)]),
                 Phase::Running { beating } => {
-                    actions.extend([Action::Body(i, true), Action::Body(i, false)]);
+                    // With steps, the body completes once it came past its last step.
+                    if self.steps && w.steps.next < STEPS.len() {
+                        actions.push(Action::Step(i));
+                    } else {
+                        actions.push(Action::Body(i, true));
+                    }
+                    actions.push(Action::Body(i, false));
                     if *beating {
                         actions.push(Action::Heartbeat(i));
                     }
@@ -743,6 +1014,14 @@ impl Model for Protocol {
                 ]),
                 Phase::Done(_) | Phase::Crashed => {}
                 Phase::KeepingClaim(_) => actions.extend([Action::KeepClaim(i), Action::Crash(i)]),
+                Phase::SavingStep { resent: false, .. } => actions.extend([
+                    Action::SaveStep(i, false),
+                    Action::SaveStep(i, true),
+                    Action::Crash(i),
+                ]),
+                Phase::SavingStep { resent: true, .. } => {
+                    actions.extend([Action::SaveStep(i, false), Action::Crash(i)]);
+                }
             }
         }
     }
@@ -834,6 +1113,12 @@ impl Model for Protocol {
                     return None;
                 }
             }
+            Action::Step(i) => Self::step(&mut state, i),
+            Action::SaveStep(i, lost) => {
+                if !self.save_step(&mut state, i, lost) {
+                    return None;
+                }
+            }
         }
         if let Some(old) = &before.record
             && old.status == Status::Completed
@@ -922,6 +1207,9 @@ impl Model for Protocol {
         ]);
         if self.interruptions {
             properties.extend(Self::interruption_properties());
+        }
+        if self.steps {
+            properties.extend(Self::steps_properties());
         }
         properties
     }
@@ -1016,7 +1304,7 @@ impl Protocol {
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
                 keep_claim_writes: false,
-                steps: crate::store::StepsClaim::Untouched,
+                steps: StepsClaim::Untouched,
             };
             claimed(Some(record), &request, false).is_ok()
         })
@@ -1035,10 +1323,30 @@ impl fmt::Display for State {
                 r.status, r.token, r.lease_until_ms, r.expires_at_s
             )?,
         }
+        if let Some(steps) = self.record.as_ref().and_then(|r| r.steps.as_deref()) {
+            write!(f, " steps={}", shown(steps))?;
+        }
+        if self.ghost.steps.effects.iter().any(|e| *e > 0) {
+            write!(f, " step effects={:?}", self.ghost.steps.effects)?;
+        }
         for (i, w) in self.workers.iter().enumerate() {
             write!(f, " | w{i} (clock {:+}s): {:?}", w.skew, w.phase)?;
+            if !w.steps.known.is_empty() {
+                write!(f, " knows {} next {}", shown(&w.steps.known), w.steps.next)?;
+            }
+            if let Some(seen) = &w.steps.resume {
+                write!(f, " resumes {}", shown(seen))?;
+            }
         }
         Ok(())
+    }
+}
+
+/// Stored steps as a trace shows them: their origin and values.
+fn shown(steps: &[u8]) -> String {
+    match Stored::decode(steps) {
+        Ok(s) => format!("{}:{:?}", s.origin, s.steps.values().collect::<Vec<_>>()),
+        Err(e) => format!("undecodable ({e})"),
     }
 }
 
@@ -1187,4 +1495,29 @@ fn claim_time_writes_outlive_a_failure() {
         );
     }
     checker.assert_no_discovery("no second body while a claim is live");
+}
+
+// --- Steps (issue 31). ---
+
+/// Bodies of two steps: a step stored is never run again by a call holding the key (across crashes,
+/// lost responses and their resends, takeovers, failures retried and records expiring), a zombie never
+/// stores one, and a body does resume. Clocks exact (skews are the other runs' concern; no margin is
+/// then needed) and a lease of 1 s, so that leases lapse within the bounded horizon; without `wait`,
+/// claim-time writes and `transact`, which steps do not concern.
+#[test]
+fn steps_are_resumed_never_run_again() {
+    let protocol = Protocol {
+        steps: true,
+        skew: 0,
+        margin: Duration::ZERO,
+        lease: Duration::from_secs(1),
+        wait: false,
+        claim_writes: false,
+        compensate: false,
+        transact: false,
+        ..Protocol::new(horizon())
+    };
+    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
+    println!("model [steps]: {run}");
+    checker.assert_properties();
 }

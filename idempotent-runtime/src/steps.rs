@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::store::StepsClaim;
 use crate::{Error, Idempotency, Record, codec};
 
 /// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
@@ -167,6 +168,23 @@ impl Steps {
             }
             .encode()
         })
+    }
+
+    /// What a claim attempt of the call holding `token` does with the record's steps: resumes `seen`
+    /// (the steps of a record that refused an earlier attempt and that it [`resumes`](Self::resumes)),
+    /// or starts the operation afresh.
+    pub(crate) fn claim<'a>(&'a self, token: &str, seen: Option<&'a [u8]>) -> StepsClaim<'a> {
+        let restart_failed = self.restart_failed();
+        match seen {
+            Some(steps) => StepsClaim::Resume {
+                steps,
+                restart_failed,
+            },
+            None => StepsClaim::Fresh {
+                initial: self.initial(token),
+                restart_failed,
+            },
+        }
     }
 
     /// Whether a claim that found `record` claimable should resume its steps rather than start afresh:

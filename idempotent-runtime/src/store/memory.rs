@@ -262,6 +262,12 @@ pub(crate) fn vanished() -> StoreError {
     StoreError::Corrupt("the claim condition failed but no item was returned".to_owned())
 }
 
+/// Whether `request` is refused when no record is there ([`vanished`]): a claim that keeps claim-time
+/// writes, or that resumes steps, is conditioned on the record it saw.
+pub(crate) fn needs_record(request: &ClaimRequest<'_>) -> bool {
+    request.keep_claim_writes || matches!(request.steps, StepsClaim::Resume { .. })
+}
+
 /// `record` after `transition` (which [`fenced`] allows).
 fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
     match transition.change {
@@ -312,9 +318,7 @@ impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut state = self.lock();
         let old = state.records.get(request.key);
-        if (request.keep_claim_writes || matches!(request.steps, StepsClaim::Resume { .. }))
-            && old.is_none()
-        {
+        if old.is_none() && needs_record(request) {
             return Err(vanished());
         }
         let Ok(record) = claimed(old.as_ref(), request, false).map_err(drop) else {
