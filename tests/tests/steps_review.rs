@@ -261,7 +261,7 @@ macro_rules! store_cases {
                         .unwrap();
                 assert!(matches!(released, idempotent_runtime::admin::Released::Released));
 
-                h.clock.advance(Duration::from_secs(90 * 60));
+                h.clock.advance(Duration::from_mins(90));
                 let charged = two_steps(&h.idem, "r-2", false, &effects, false, None)
                     .await
                     .unwrap();
