@@ -125,9 +125,10 @@ pub async fn release(
     }
     // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
     // from the claim): the FAILED record must remember the writes as long as the claim would have, or
-    // a retry after it expired would apply them again.
+    // a retry after it expired would apply them again. So does one with finished steps: a retry after
+    // it expired would be a new operation, and run them again.
     let released_for = now_ms.div_ceil(1000) + 3600;
-    let expires_at_s = if record.claim_writes_in_effect {
+    let expires_at_s = if record.claim_writes_in_effect || record.steps.is_some() {
         released_for.max(record.expires_at_s)
     } else {
         released_for

@@ -498,8 +498,9 @@ fn steps_claim<'a>(
 }
 
 /// The value `worker`'s body gets from step `step`: its own, so that a replay tells whose it is.
-fn step_value(worker: usize, step: usize) -> serde_json::Value {
-    format!("{} by w{worker}", STEPS[step]).into()
+fn step_value(worker: usize, step: usize) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(&format!("{} by w{worker}", STEPS[step]))
+        .expect("a string serializes")
 }
 
 impl Protocol {

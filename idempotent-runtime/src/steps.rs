@@ -95,6 +95,10 @@ struct State {
     claimed: Option<Vec<u8>>,
 }
 
+/// Room the steps leave in the record for a failure's error text (at most
+/// [`MAX_ERROR_BYTES`](crate::handler::MAX_ERROR_BYTES), and its attribute's name).
+const FAILURE_ROOM: usize = crate::handler::MAX_ERROR_BYTES + 64;
+
 /// What storing a step needs of the call holding the key.
 struct Call {
     idem: Idempotency,
@@ -107,13 +111,14 @@ struct Call {
 }
 
 /// The stored form of an operation's steps (JSON, compressed as responses are).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Stored {
     /// The token of the claim that started the operation.
     pub(crate) origin: String,
-    /// Each finished step's value, by name.
+    /// Each finished step's value, by name: its JSON as the value serialized it (not through
+    /// `serde_json::Value`, which would turn a 128-bit integer into a float).
     #[serde(default)]
-    pub(crate) steps: BTreeMap<String, serde_json::Value>,
+    pub(crate) steps: BTreeMap<String, Box<serde_json::value::RawValue>>,
 }
 
 impl Stored {
@@ -253,6 +258,9 @@ impl Steps {
     /// returns `Ok`, stores its value in the record before returning it. A step's `Err` is not stored:
     /// it is returned as it is, and the body ends with it as usual.
     ///
+    /// With [`run_steps_transact`](crate::Operation::run_steps_transact), stage business writes in the
+    /// body, not inside a step: a replayed step does not run, so what it would stage is not staged again.
+    ///
     /// The value must serialize to JSON and deserialize back (as a call's response must); it counts
     /// toward the record's 400 KB with the values of the steps before it (compressed above
     /// [`COMPRESS_ABOVE`](crate::COMPRESS_ABOVE) bytes), so keep it small: an id, not a whole object.
@@ -305,7 +313,7 @@ impl Steps {
                 "step finished before; replaying its value"
             );
             crate::telemetry::step(namespace, "replayed");
-            return T::deserialize(value).map_err(|source| {
+            return serde_json::from_str::<T>(value.get()).map_err(|source| {
                 Error::StepValue {
                     namespace: namespace.to_owned(),
                     step: name.to_owned(),
@@ -320,8 +328,16 @@ impl Steps {
     }
 
     /// Stores `value` as the step `name`'s, with every step finished before it.
-    async fn save<T: Serialize>(&self, name: &str, value: &T) -> Result<(), Error> {
+    async fn save<T: Serialize + DeserializeOwned>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), Error> {
         let namespace = self.shared.namespace;
+        if self.state().call.is_none() {
+            // No record: nothing to store, and the value goes back as it is.
+            return Ok(());
+        }
         let serialize_error = |source| Error::Serialize {
             namespace: namespace.to_owned(),
             what: "step",
@@ -331,7 +347,19 @@ impl Steps {
         if let Some(source) = codec::non_finite(value, &json) {
             return Err(serialize_error(source));
         }
-        let value: serde_json::Value = serde_json::from_slice(&json).map_err(serialize_error)?;
+        // What is stored must read back as the value: refused now, not at the replay, where every
+        // retry would fail the same way.
+        if let Err(source) = serde_json::from_slice::<T>(&json) {
+            return Err(serialize_error(
+                <serde_json::Error as serde::ser::Error>::custom(format!(
+                    "it does not read back from JSON ({source})"
+                )),
+            ));
+        }
+        let value = serde_json::value::RawValue::from_string(
+            String::from_utf8(json).expect("serde_json writes UTF-8"),
+        )
+        .map_err(serialize_error)?;
         // One write at a time, so that each carries every step finished before it.
         let _writing = self.shared.writing.lock().await;
         let (idem, key, token, lease, bytes) = {
@@ -345,10 +373,13 @@ impl Steps {
             };
             stored.steps.insert(name.to_owned(), value);
             let bytes = stored.encode();
+            // The record must still take a failure's error text beside the steps (a FAILED record
+            // keeps them), or the failure could not be written.
             let budget = call
                 .idem
                 .store()
-                .response_budget(&call.key, call.fingerprint.as_deref());
+                .response_budget(&call.key, call.fingerprint.as_deref())
+                .saturating_sub(FAILURE_ROOM);
             if bytes.len() > budget {
                 stored.steps.remove(name);
                 return Err(Error::StepTooLarge {
