@@ -1,6 +1,7 @@
-//! Review of steps (`Operation::run_steps`): regression tests for behaviours that break the feature's
-//! promise. Each failing test is `#[ignore = "reproduces: .."]`, so that the branch stays green; run
-//! them with `--ignored`.
+//! Steps (`Operation::run_steps`) under attack: regression tests for the behaviours that broke the
+//! feature's promise, each of which failed before its fix. Two known limitations remain
+//! `#[ignore = "reproduces: .."]` (run them with `--ignored`): a write staged inside a replayed step, and a
+//! custom `steps` attribute name longer than `response`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
