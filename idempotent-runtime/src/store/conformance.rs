@@ -48,9 +48,9 @@
 //! | `a_stale_token_cannot_complete_or_fail_after_a_takeover` | the old holder is fenced out after a takeover |
 //! | `a_claim_without_a_fingerprint_clears_the_old_one` | a claim writes the request's fingerprint, or none |
 //! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
-//! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`](super::StepsClaim::Fresh)) stores its `initial` steps; [`Change::SaveSteps`](super::Change::SaveSteps) is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
+//! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`]) stores its `initial` steps; [`Change::SaveSteps`] is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
-//! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`](super::StepsClaim::Resume)) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
