@@ -65,21 +65,24 @@
 //!
 //! Table layouts (`DynamoDbStore::with_layout`): by default the record key is the partition key; a
 //! static partition key with the record key as sort key, or the namespace as partition key with the key's
-//! hash as sort key, serve queries over keys at the price of hot partitions (the README's "Table
-//! layouts").
+//! hash as sort key, serve queries over keys at the price of hot partitions (the `guide::regions`
+//! module, in the documentation built with all features).
 //!
 //! What is never run twice: once a body has returned `Ok`, its outcome is final while the record lives.
 //! A value over DynamoDB's 400 KB item limit even compressed is recorded without it (duplicates get
 //! [`Error::ResponseTooLarge`]); a value that does not serialize, or holds a NaN or ±infinity (which JSON
 //! cannot hold), is recorded without it too: the first caller gets [`Error::Serialize`], duplicates
 //! [`Error::ResponseNotSerialized`]. Only a result the store could not take at all for a whole lease
-//! ([`Error::ResultNotStored`]) leaves the key claimable again (the README's "Waiting, payloads, long
-//! bodies, large responses" has the table).
+//! ([`Error::ResultNotStored`]) leaves the key claimable again (the `guide::attribute`
+//! module has the table).
 //!
 //! How we know: the protocol is model-checked exhaustively (three workers, crashes, lost responses, lapsing
 //! leases, expiry and skewed clocks) against the runtime's own decision functions, every decoder is fuzzed,
-//! and the memory store's transaction emulator is differential-tested against DynamoDB Local; the README's
-//! "How we know it is correct" has the details and figures.
+//! and the memory store's transaction emulator is differential-tested against DynamoDB Local; the
+//! `guide::correctness` module has the details and figures.
+//!
+//! The `guide` module (in the documentation built with all features, as on docs.rs) has a guide per
+//! kind of service: HTTP, Lambda, queues, transactions, steps, interruptions, regions, operations.
 
 #[cfg(feature = "cli")]
 pub mod admin;
@@ -95,6 +98,16 @@ mod error;
 mod execution;
 #[cfg(all(test, feature = "dynamodb"))]
 mod fuzz;
+// The guides compile their examples against every integration, so they need its features (the
+// workspace's tests enable them all, and docs.rs builds with all features).
+#[cfg(all(
+    any(doc, doctest),
+    feature = "macros",
+    feature = "emulator",
+    feature = "axum",
+    feature = "batch"
+))]
+pub mod guide;
 mod handler;
 #[cfg(feature = "axum")]
 pub mod http;
@@ -149,3 +162,8 @@ pub use aws_sdk_dynamodb;
 
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;
+
+/// The README's code blocks, compiled and run as doctests so that the front page cannot rot.
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -16,7 +16,7 @@ use crate::store::StoreError;
 /// the command line).
 pub const DEFAULT_STATIC_PARTITION: &str = "idempotency";
 
-/// How a record key maps onto the table's primary key (also the README's "Table layouts").
+/// How a record key maps onto the table's primary key (also the `guide::regions` module).
 ///
 /// The record key the store is given is `"{namespace}#{hex(sha256(key))}"` (see
 /// [`derive_key`](crate::derive_key)). A layout decides which attribute values hold it:

@@ -197,8 +197,8 @@ impl DynamoDbStore {
         })
     }
 
-    /// The same store with records laid out as `layout` (see [`Layout`] and the README's "Table
-    /// layouts"); the table must have the layout's key schema, which [`ensure_table`](Self::ensure_table)
+    /// The same store with records laid out as `layout` (see [`Layout`] and the `guide::regions`
+    /// module); the table must have the layout's key schema, which [`ensure_table`](Self::ensure_table)
     /// creates and [`check`](Self::check) verifies.
     ///
     /// ```
