@@ -792,7 +792,7 @@ mod tests {
         );
         let response = HttpResponse::new(400.try_into().unwrap(), SdkBody::empty());
         let error = SdkError::service_error(error, response);
-        let classified = crate::store::dynamodb::classify("t", error);
+        let classified = crate::store::dynamodb::store_error("t", error);
         assert_eq!(classified.code(), Some("TransactionConflictException"));
         classified
     }

@@ -1,4 +1,5 @@
-//! The SDK's errors, sorted into [`StoreError`]s, and read back ([`error_code`]).
+//! The SDK's errors, sorted into [`StoreError`]s ([`store_error`]), each with its service's error code
+//! ([`error_code`], boxed with the error as a [`CodedError`] for [`StoreError::code`]).
 //!
 //! Throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts, broken
 //! connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
@@ -16,7 +17,7 @@ use aws_sdk_dynamodb::types::error::{
 };
 
 use crate::CancellationReason;
-use crate::store::StoreError;
+use crate::store::{CodedError, StoreError};
 
 const THROTTLING_CODES: [&str; 4] = [
     "ProvisionedThroughputExceededException",
@@ -46,6 +47,30 @@ pub(crate) fn error_code<'e>(err: &'e (dyn std::error::Error + 'static)) -> Opti
     }
     code_of!(UpdateItemError, GetItemError, TransactWriteItemsError);
     None
+}
+
+/// Sorts an SDK error into the store's error kinds ([`classify`]), carrying its service's error code.
+#[cold]
+pub(crate) fn store_error<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match error_code(&err).map(str::to_owned) {
+        Some(code) => with_code(code, classify(table, err)),
+        None => classify(table, err),
+    }
+}
+
+/// Boxes the error `sorted` holds with `code`, for [`StoreError::code`].
+fn with_code(code: String, sorted: StoreError) -> StoreError {
+    let coded = |error| -> crate::error::BoxError { Box::new(CodedError::new(code, error)) };
+    match sorted {
+        StoreError::Throttled(e) => StoreError::Throttled(coded(e)),
+        StoreError::Unavailable(e) => StoreError::Unavailable(coded(e)),
+        StoreError::Invalid(e) => StoreError::Invalid(coded(e)),
+        StoreError::Other(e) => StoreError::Other(coded(e)),
+        other => other,
+    }
 }
 
 /// Sorts an SDK error into the store's error kinds.
