@@ -11,6 +11,9 @@ use crate::record::Record;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+#[doc(hidden)]
+pub mod delegating;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
