@@ -525,6 +525,26 @@ impl Effects {
     }
 }
 
+/// What the steps tests' three-step checkout returns: the reserve's hold and the charge's id.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    /// The reserve step's value.
+    pub hold: u32,
+    /// The charge step's value.
+    pub charge: String,
+}
+
+/// How the steps tests' third step ("email") behaves.
+#[derive(Debug, Clone, Copy)]
+pub enum Email {
+    /// Succeeds.
+    Sends,
+    /// Returns an error.
+    Fails,
+    /// Never finishes: a crash in the making, once the caller drops the call.
+    Hangs,
+}
+
 /// A store whose *resuming* claims land but whose answer never comes back while [`hold`](Self::hold)
 /// is on: the caller's future is still waiting on the claim when it is dropped (a client that hung up,
 /// a `timeout`), which is when the call releases its claim.

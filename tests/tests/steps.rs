@@ -7,27 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::{Error, Idempotency, Status, Steps};
-use idempotent_tests::{AppError, Backend, Effects, Harness, SlowResume, idem_error};
+use idempotent_tests::{
+    AppError, Backend, Effects, Email, Harness, Receipt, SlowResume, idem_error,
+};
 use tokio::sync::Notify;
 
 const NAMESPACE: &str = "steps::checkout";
 const LEASE: Duration = Duration::from_secs(30);
-
-/// What the checkout returns.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Receipt {
-    hold: u32,
-    charge: String,
-}
-
-/// How the third step ("email") behaves.
-#[derive(Clone, Copy)]
-enum Email {
-    Sends,
-    Fails,
-    /// Never finishes (a crash in the making: the caller drops the call).
-    Hangs,
-}
 
 /// The three-step checkout: reserve → charge (with its downstream key) → email.
 async fn checkout(

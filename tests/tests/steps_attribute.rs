@@ -8,25 +8,12 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use idempotent_runtime::{Error, Idempotency, Status, Steps, idempotent};
-use idempotent_tests::{AppError, Backend, Effects, Harness, idem_error, unique_table};
+use idempotent_tests::{
+    AppError, Backend, Effects, Email, Harness, Receipt, idem_error, unique_table,
+};
 use tokio::sync::{Notify, Semaphore};
 
 const LEASE: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Receipt {
-    hold: u32,
-    charge: String,
-}
-
-/// How the third step ("email") behaves.
-#[derive(Clone, Copy)]
-enum Email {
-    Sends,
-    Fails,
-    /// Never finishes: a crash in the making, once the caller drops the call.
-    Hangs,
-}
 
 /// reserve → charge (with its downstream key) → email, each a step of `s`; `charged` is told once the
 /// charge is stored.
