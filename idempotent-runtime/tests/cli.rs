@@ -58,7 +58,7 @@ fn idempotent(args: &[&str]) -> Output {
 /// A fresh table, created by the command line, with a handle on it.
 fn setup(prefix: &str) -> (String, idempotent_runtime::DynamoDbStore, Idempotency) {
     let table = table_name(prefix);
-    stdout(&idempotent(&["table", "create", "--table", &table]));
+    run_text(&["table", "create", "--table", &table]);
     let store = idempotent_runtime::DynamoDbStore::new(client(), &table);
     let idem = Idempotency::builder(store.clone()).build();
     (table, store, idem)
@@ -79,16 +79,51 @@ fn json(output: &Output) -> serde_json::Value {
     serde_json::from_str(&stdout(output)).unwrap()
 }
 
+/// Runs `idempotent args..`, which must succeed, and parses its `--json` output.
+fn run_json(args: &[&str]) -> serde_json::Value {
+    json(&idempotent(args))
+}
+
+/// Runs `idempotent args..`, which must succeed, and returns its text output.
+fn run_text(args: &[&str]) -> String {
+    stdout(&idempotent(args))
+}
+
+/// `key <verb> --table <table> [flags..] <namespace> <key>`: the arguments of a `key` command.
+fn key_args<'a>(
+    verb: &'a str,
+    table: &'a str,
+    flags: &[&'a str],
+    namespace: &'a str,
+    key: &'a str,
+) -> Vec<&'a str> {
+    [
+        &["key", verb, "--table", table][..],
+        flags,
+        &[namespace, key],
+    ]
+    .concat()
+}
+
+/// `capacity` for 2000 requests a second, 15% duplicates and 200-byte responses.
+const CAPACITY: [&str; 7] = [
+    "capacity",
+    "--peak-rps",
+    "2000",
+    "--duplicate-ratio",
+    "0.15",
+    "--response-bytes",
+    "200",
+];
+
 #[tokio::test]
 async fn table_create_and_check() {
     let table = table_name("cli-table");
-    let created = json(&idempotent(&[
-        "table", "create", "--table", &table, "--json",
-    ]));
+    let created = run_json(&["table", "create", "--table", &table, "--json"]);
     assert_eq!(created["status"], "ACTIVE");
     assert_eq!(created["key_attribute"], "pk");
     assert_eq!(created["ttl_attribute"], "expires_at");
-    let text = stdout(&idempotent(&["table", "check", "--table", &table]));
+    let text = run_text(&["table", "check", "--table", &table]);
     assert!(text.contains("fits the store"), "{text}");
     assert!(text.contains("TTL           on `expires_at`"), "{text}");
 
@@ -107,15 +142,8 @@ async fn key_show_decodes_a_completed_record() {
         .await
         .unwrap();
     assert_eq!(value, "ch_7_order-1");
-    let shown = json(&idempotent(&[
-        "key",
-        "show",
-        "--table",
-        &table,
-        "billing::charge",
-        r#"[7, "order-1"]"#,
-        "--json",
-    ]));
+    let show = key_args("show", &table, &[], "billing::charge", r#"[7, "order-1"]"#);
+    let shown = run_json(&[&show[..], &["--json"]].concat());
     assert_eq!(shown["status"], "COMPLETED");
     assert_eq!(shown["attempt"], 1);
     assert_eq!(shown["response_preview"], "\"ch_7_order-1\"");
@@ -123,14 +151,7 @@ async fn key_show_decodes_a_completed_record() {
         shown["key"],
         idempotent_runtime::derive_key("billing::charge", &(7, "order-1")).unwrap()
     );
-    let text = stdout(&idempotent(&[
-        "key",
-        "show",
-        "--table",
-        &table,
-        "billing::charge",
-        r#"[7, "order-1"]"#,
-    ]));
+    let text = run_text(&show);
     assert!(text.contains("status     COMPLETED (attempt 1)"), "{text}");
     let missing = idempotent(&["key", "show", "--table", &table, "billing::charge", "[7]"]);
     assert!(!missing.status.success());
@@ -157,23 +178,15 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
     let key = idempotent_runtime::derive_key("billing::charge", &(7, "order-2")).unwrap();
     body_runs.await.unwrap();
     stuck.abort();
-    let args = [
-        "key",
+    let args = key_args(
         "release",
-        "--table",
         &table,
+        &[],
         "billing::charge",
         r#"[7, "order-2"]"#,
-    ];
-    let shown = json(&idempotent(&[
-        "key",
-        "show",
-        "--table",
-        &table,
-        "billing::charge",
-        r#"[7, "order-2"]"#,
-        "--json",
-    ]));
+    );
+    let show = key_args("show", &table, &[], "billing::charge", r#"[7, "order-2"]"#);
+    let shown = run_json(&[&show[..], &["--json"]].concat());
     assert_eq!(shown["status"], "PENDING");
     assert!(shown["lease_left_ms"].as_i64().unwrap() > 50_000, "{shown}");
 
@@ -193,7 +206,7 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
         Status::Pending
     );
 
-    let released = json(&idempotent(&[&args[..], &["--yes", "--json"]].concat()));
+    let released = run_json(&[&args[..], &["--yes", "--json"]].concat());
     assert_eq!(released["released"], true);
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(record.status, Status::Failed);
@@ -219,16 +232,14 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
 async fn a_tenant_layout_table_is_created_checked_shown_and_released() {
     use idempotent_runtime::Layout;
     let table = table_name("cli-tenant");
-    let created = json(&idempotent(&[
+    let created = run_json(&[
         "table", "create", "--table", &table, "--layout", "tenant", "--json",
-    ]));
+    ]);
     assert_eq!(created["layout"], "tenant");
     assert_eq!(created["key_attribute"], "pk");
     assert_eq!(created["sort_key_attribute"], "sk");
     assert_eq!(created["replicas"], serde_json::json!([]));
-    let text = stdout(&idempotent(&[
-        "table", "check", "--table", &table, "--layout", "tenant",
-    ]));
+    let text = run_text(&["table", "check", "--table", &table, "--layout", "tenant"]);
     assert!(text.contains("sort key      sk (S)"), "{text}");
     // The default layout does not fit the table, and says what would.
     let refused = idempotent(&["table", "check", "--table", &table]);
@@ -255,31 +266,25 @@ async fn a_tenant_layout_table_is_created_checked_shown_and_released() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     stuck.abort();
-    let shown = json(&idempotent(&[
-        "key",
+    let tenant = ["--layout", "tenant"];
+    let show = key_args(
         "show",
-        "--table",
         &table,
-        "--layout",
-        "tenant",
+        &tenant,
         "billing::charge",
         r#"[8, "order-3"]"#,
-        "--json",
-    ]));
+    );
+    let shown = run_json(&[&show[..], &["--json"]].concat());
     assert_eq!(shown["status"], "PENDING");
     assert_eq!(shown["key"], key);
-    let released = json(&idempotent(&[
-        "key",
+    let release = key_args(
         "release",
-        "--table",
         &table,
-        "--layout",
-        "tenant",
+        &tenant,
         "billing::charge",
         r#"[8, "order-3"]"#,
-        "--yes",
-        "--json",
-    ]));
+    );
+    let released = run_json(&[&release[..], &["--yes", "--json"]].concat());
     assert_eq!(released["released"], true);
     assert_eq!(
         store.get(&key).await.unwrap().unwrap().status,
@@ -289,43 +294,20 @@ async fn a_tenant_layout_table_is_created_checked_shown_and_released() {
 
 #[test]
 fn capacity_from_first_principles() {
-    let plain = json(&idempotent(&[
-        "capacity",
-        "--peak-rps",
-        "2000",
-        "--duplicate-ratio",
-        "0.15",
-        "--response-bytes",
-        "200",
-        "--json",
-    ]));
+    let plain = run_json(&[&CAPACITY[..], &["--json"]].concat());
     assert_eq!(plain["total_wcu"], 4300);
     assert_eq!(plain["claims_wcu"], 2000);
     assert_eq!(plain["completions_wcu"], 2000);
     assert_eq!(plain["duplicates_wcu"], 300);
-    let transactional = json(&idempotent(&[
-        "capacity",
-        "--peak-rps",
-        "2000",
-        "--duplicate-ratio",
-        "0.15",
-        "--response-bytes",
-        "200",
-        "--transactional",
-        "--business-items",
-        "1",
-        "--json",
-    ]));
+    let transactional = run_json(
+        &[
+            &CAPACITY[..],
+            &["--transactional", "--business-items", "1", "--json"],
+        ]
+        .concat(),
+    );
     assert_eq!(transactional["total_wcu"], 10300);
-    let text = stdout(&idempotent(&[
-        "capacity",
-        "--peak-rps",
-        "2000",
-        "--duplicate-ratio",
-        "0.15",
-        "--response-bytes",
-        "200",
-    ]));
+    let text = run_text(&CAPACITY);
     assert!(text.contains("total               4300 WCU/s"), "{text}");
     assert!(
         text.contains("peak × (1 + duplicate ratio) = 2300 undercounts"),

@@ -467,3 +467,156 @@ impl Gate {
         self.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// How often each step's effect happened, by step name, and the downstream keys each step was given:
+/// what the steps tests count to show that a finished step does not run again.
+#[derive(Debug, Default)]
+pub struct Effects {
+    runs: Mutex<HashMap<String, usize>>,
+    keys: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl Effects {
+    /// `step`'s effect happened once more.
+    pub fn happened(&self, step: &str) {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(step.to_owned())
+            .or_default() += 1;
+    }
+
+    /// How often `step`'s effect happened.
+    #[must_use]
+    pub fn runs(&self, step: &str) -> usize {
+        self.runs.lock().unwrap().get(step).copied().unwrap_or(0)
+    }
+
+    /// How often the checkout's three steps happened: reserve, charge and email.
+    #[must_use]
+    pub fn checkout(&self) -> (usize, usize, usize) {
+        (
+            self.runs("reserve"),
+            self.runs("charge"),
+            self.runs("email"),
+        )
+    }
+
+    /// `step` was given the downstream key `key`.
+    pub fn keyed(&self, step: &str, key: String) {
+        self.keys
+            .lock()
+            .unwrap()
+            .entry(step.to_owned())
+            .or_default()
+            .push(key);
+    }
+
+    /// The downstream keys `step` was given, in order.
+    #[must_use]
+    pub fn keys(&self, step: &str) -> Vec<String> {
+        self.keys
+            .lock()
+            .unwrap()
+            .get(step)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// What the steps tests' three-step checkout returns: the reserve's hold and the charge's id.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    /// The reserve step's value.
+    pub hold: u32,
+    /// The charge step's value.
+    pub charge: String,
+}
+
+/// How the steps tests' third step ("email") behaves.
+#[derive(Debug, Clone, Copy)]
+pub enum Email {
+    /// Succeeds.
+    Sends,
+    /// Returns an error.
+    Fails,
+    /// Never finishes: a crash in the making, once the caller drops the call.
+    Hangs,
+}
+
+/// A store whose *resuming* claims land but whose answer never comes back while [`hold`](Self::hold)
+/// is on: the caller's future is still waiting on the claim when it is dropped (a client that hung up,
+/// a `timeout`), which is when the call releases its claim.
+#[derive(Debug)]
+pub struct SlowResume {
+    inner: Arc<dyn Store>,
+    hold: std::sync::atomic::AtomicBool,
+    /// Told when a held claim has landed.
+    landed: tokio::sync::Notify,
+}
+
+impl SlowResume {
+    /// `inner`, answering at once until [`hold`](Self::hold) is turned on.
+    #[must_use]
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        SlowResume {
+            inner,
+            hold: std::sync::atomic::AtomicBool::new(false),
+            landed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Holds back (`true`) or no longer holds back the answers to resuming claims that landed.
+    pub fn hold(&self, on: bool) {
+        self.hold.store(on, Ordering::SeqCst);
+    }
+
+    /// Returns once a held claim has landed.
+    pub async fn landed(&self) {
+        self.landed.notified().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SlowResume {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        let outcome = self.inner.claim(request).await?;
+        if self.hold.load(Ordering::SeqCst)
+            && matches!(
+                request.steps,
+                idempotent_runtime::store::StepsClaim::Resume { .. }
+            )
+            && outcome == idempotent_runtime::store::ClaimOutcome::Claimed
+        {
+            self.landed.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(outcome)
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
+        self.inner.transition(transition).await
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+    ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
+        self.inner.get(key).await
+    }
+
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        self.inner.response_budget(key, fingerprint)
+    }
+
+    fn kind(&self) -> &'static str {
+        "slow-resume"
+    }
+}

@@ -2,12 +2,17 @@
 //! store contract, and the suite must fail exactly the cases that check it, by name, saying why.
 
 use idempotent_runtime::store::conformance::{
-    self, BusinessTable, Outcome, Report, Subject, TRANSACTION_CASES,
+    self, BusinessTable, Delegating, Outcome, Override, Report, Subject, TRANSACTION_CASES,
 };
 use idempotent_runtime::store::{
     ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+
+/// A memory store broken by `with`.
+fn broken<O: Override<MemoryStore>>(with: O) -> Delegating<MemoryStore, O> {
+    Delegating::new(MemoryStore::new(), with)
+}
 
 /// The names of the cases `report` failed.
 fn failed(report: &Report) -> Vec<&'static str> {
@@ -16,39 +21,35 @@ fn failed(report: &Report) -> Vec<&'static str> {
 
 /// Breaks fencing: a transition of a PENDING record applies whatever its token.
 #[derive(Debug, Default)]
-struct IgnoresTheToken(MemoryStore);
+struct IgnoresTheToken;
 
 #[async_trait::async_trait]
-impl Store for IgnoresTheToken {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
+impl Override<MemoryStore> for IgnoresTheToken {
+    fn kind(&self) -> &'static str {
+        "ignores-the-token"
     }
 
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        match self.0.get(transition.key).await? {
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        match inner.get(transition.key).await? {
             Some(held) if held.status == Status::Pending => {
                 let as_holder = Transition {
                     token: &held.token,
                     ..*transition
                 };
-                self.0.transition(&as_holder).await
+                inner.transition(&as_holder).await
             }
-            _ => self.0.transition(transition).await,
+            _ => inner.transition(transition).await,
         }
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "ignores-the-token"
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
-    let report = conformance::check(|| async { IgnoresTheToken::default() }).await;
+    let report = conformance::check(|| async { broken(IgnoresTheToken) }).await;
     assert_eq!(
         failed(&report),
         [
@@ -87,34 +88,30 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
 /// Breaks resuming: a claim of an operation with steps is made as if it had none (a store written
 /// before steps, which would let a call run finished steps again).
 #[derive(Debug, Default)]
-struct IgnoresSteps(MemoryStore);
+struct IgnoresSteps;
 
 #[async_trait::async_trait]
-impl Store for IgnoresSteps {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl Override<MemoryStore> for IgnoresSteps {
+    fn kind(&self) -> &'static str {
+        "ignores-steps"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let request = ClaimRequest {
             steps: idempotent_runtime::store::StepsClaim::Untouched,
             ..*request
         };
-        self.0.claim(&request).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "ignores-steps"
+        inner.claim(&request).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_that_ignores_steps_in_claims_fails_the_steps_cases() {
-    let report = conformance::check(|| async { IgnoresSteps::default() }).await;
+    let report = conformance::check(|| async { broken(IgnoresSteps) }).await;
     assert_eq!(
         failed(&report),
         [
@@ -128,16 +125,24 @@ async fn a_store_that_ignores_steps_in_claims_fails_the_steps_cases() {
 
 /// Breaks linearizability: a claim takes a key whose PENDING claim is still live.
 #[derive(Debug, Default)]
-struct TwoWinners(MemoryStore);
+struct TwoWinners;
 
 #[async_trait::async_trait]
-impl Store for TwoWinners {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        match self.0.claim(request).await? {
+impl Override<MemoryStore> for TwoWinners {
+    fn kind(&self) -> &'static str {
+        "two-winners"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        match inner.claim(request).await? {
             ClaimOutcome::Existing(held)
                 if held.status == Status::Pending && held.token != request.token =>
             {
-                self.0.insert(Record {
+                inner.insert(Record {
                     token: request.token.to_owned(),
                     attempt: held.attempt + 1,
                     lease_until_ms: Some(request.lease_until_ms),
@@ -150,23 +155,11 @@ impl Store for TwoWinners {
             outcome => Ok(outcome),
         }
     }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "two-winners"
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_that_lets_two_claims_win_fails_the_claim_cases() {
-    let report = conformance::check(|| async { TwoWinners::default() }).await;
+    let report = conformance::check(|| async { broken(TwoWinners) }).await;
     assert_eq!(
         failed(&report),
         [
@@ -189,32 +182,21 @@ async fn a_store_that_lets_two_claims_win_fails_the_claim_cases() {
 
 /// Supports half of the transactions: `claim_transaction`, not `transact_transition`.
 #[derive(Debug, Default)]
-struct HalfTransactions(MemoryStore);
+struct HalfTransactions;
 
 #[async_trait::async_trait]
-impl Store for HalfTransactions {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
+impl Override<MemoryStore> for HalfTransactions {
+    fn kind(&self) -> &'static str {
+        "half-transactions"
     }
 
     async fn claim_transaction(
         &self,
+        inner: &MemoryStore,
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        self.0.claim_transaction(request, writes).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "half-transactions"
+        inner.claim_transaction(request, writes).await
     }
 }
 
@@ -223,7 +205,7 @@ async fn a_store_with_half_the_transactions_fails_the_first_transaction_case() {
     let report = conformance::check(|| async {
         let store = MemoryStore::new();
         store.create_table("business", "id", None).unwrap();
-        Subject::new(HalfTransactions(store))
+        Subject::new(Delegating::new(store, HalfTransactions))
             .with_business_table(BusinessTable::new("business", "id"))
     })
     .await;
@@ -248,44 +230,34 @@ async fn a_store_with_half_the_transactions_fails_the_first_transaction_case() {
 
 /// Breaks atomicity: a claim whose business writes are canceled is written anyway.
 #[derive(Debug, Default)]
-struct NotAtomic(MemoryStore);
+struct NotAtomic;
 
 #[async_trait::async_trait]
-impl Store for NotAtomic {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
+impl Override<MemoryStore> for NotAtomic {
+    fn kind(&self) -> &'static str {
+        "not-atomic"
     }
 
     async fn claim_transaction(
         &self,
+        inner: &MemoryStore,
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let outcome = self.0.claim_transaction(request, writes).await?;
+        let outcome = inner.claim_transaction(request, writes).await?;
         if matches!(outcome, TransactOutcome::Canceled(_)) {
-            self.0.claim(request).await?;
+            inner.claim(request).await?;
         }
         Ok(outcome)
     }
 
     async fn transact_transition(
         &self,
+        inner: &MemoryStore,
         transition: &Transition<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        self.0.transact_transition(transition, writes).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "not-atomic"
+        inner.transact_transition(transition, writes).await
     }
 }
 
@@ -294,7 +266,8 @@ async fn a_store_whose_canceled_claims_land_fails_the_all_or_nothing_case() {
     let report = conformance::check(|| async {
         let store = MemoryStore::new();
         store.create_table("business", "id", None).unwrap();
-        Subject::new(NotAtomic(store)).with_business_table(BusinessTable::new("business", "id"))
+        Subject::new(Delegating::new(store, NotAtomic))
+            .with_business_table(BusinessTable::new("business", "id"))
     })
     .await;
     assert_eq!(

@@ -3,18 +3,13 @@
 //! then what only the DynamoDB store can show (round trips, custom attribute names). `broken_stores.rs`
 //! shows that the suite catches stores that break the contract.
 
+use idempotent_runtime::store::conformance::request::{NOW, claim, complete};
 use idempotent_runtime::store::conformance::{
     self, BusinessTable, Outcome, RECORD_CASES, Subject, TRANSACTION_CASES,
 };
-use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, Store, Transition, WriteOutcome,
-};
+use idempotent_runtime::store::{ClaimOutcome, Store, WriteOutcome};
 use idempotent_runtime::{MemoryStore, Status};
 use idempotent_tests::{RecordsOnly, create_plain_table, dynamodb_store, unique_table};
-
-/// 2100-01-01: never in the past, so no TTL sweeper ever deletes a record a case wrote.
-const NOW: u64 = 4_102_444_800_000;
-const LEASE: u64 = 60_000;
 
 /// A memory store with a business table for the transaction cases.
 fn memory() -> Subject<MemoryStore> {
@@ -70,37 +65,6 @@ async fn a_store_without_transactions_passes_with_its_transaction_cases_skipped(
     }
     let complete = std::panic::catch_unwind(|| report.assert_complete());
     assert!(complete.is_err(), "skipped cases are not a complete pass");
-}
-
-fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
-    ClaimRequest {
-        key,
-        token,
-        attempt: 1,
-        now_ms,
-        lease_until_ms: now_ms + LEASE,
-        expires_at_s: (now_ms + LEASE) / 1000 + 3600,
-        fingerprint: Some("fp-1"),
-        keep_claim_writes: false,
-        steps: idempotent_runtime::store::StepsClaim::Untouched,
-    }
-}
-
-fn complete<'a>(
-    key: &'a str,
-    token: &'a str,
-    response: &'a [u8],
-    expires_at_s: u64,
-) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::Complete {
-            response: Some(response),
-            expires_at_s,
-            replay_until_s: None,
-        },
-    }
 }
 
 async fn pending(store: &dyn Store, key: &str, token: &str) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use idempotent_runtime::store::conformance::request;
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, TransactOutcome, Transition, WriteOutcome, Writes,
 };
@@ -292,30 +293,17 @@ fn now_ms() -> u64 {
     .unwrap()
 }
 
+/// The suite's claim, without a fingerprint, its TTL an hour after `now_ms`.
 fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
     ClaimRequest {
-        key,
-        token,
-        attempt: 1,
-        now_ms,
-        lease_until_ms: now_ms + 60_000,
         expires_at_s: now_ms / 1000 + 3600,
         fingerprint: None,
-        keep_claim_writes: false,
-        steps: idempotent_runtime::store::StepsClaim::Untouched,
+        ..request::claim(key, token, now_ms)
     }
 }
 
 fn complete<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::Complete {
-            response: Some(b"{}"),
-            expires_at_s: now_ms() / 1000 + 3600,
-            replay_until_s: None,
-        },
-    }
+    request::complete(key, token, b"{}", now_ms() / 1000 + 3600)
 }
 
 #[tokio::test]

@@ -2,73 +2,18 @@
 //! lease or a failure) instead of running them all again; each finished step's value is stored in the
 //! record by a fenced write; `Steps::key` is the same in every run of an operation.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotent_runtime::{Error, Idempotency, Status, Steps};
-use idempotent_tests::{AppError, Backend, Harness, idem_error};
+use idempotent_tests::{
+    AppError, Backend, Effects, Email, Harness, Receipt, SlowResume, idem_error,
+};
 use tokio::sync::Notify;
 
 const NAMESPACE: &str = "steps::checkout";
 const LEASE: Duration = Duration::from_secs(30);
-
-/// How often each step's effect happened, by step name; and the downstream keys each was given.
-#[derive(Debug, Default)]
-struct Effects {
-    runs: Mutex<HashMap<String, usize>>,
-    keys: Mutex<HashMap<String, Vec<String>>>,
-}
-
-impl Effects {
-    fn happened(&self, step: &str) {
-        *self
-            .runs
-            .lock()
-            .unwrap()
-            .entry(step.to_owned())
-            .or_default() += 1;
-    }
-
-    fn runs(&self, step: &str) -> usize {
-        self.runs.lock().unwrap().get(step).copied().unwrap_or(0)
-    }
-
-    fn keyed(&self, step: &str, key: String) {
-        self.keys
-            .lock()
-            .unwrap()
-            .entry(step.to_owned())
-            .or_default()
-            .push(key);
-    }
-
-    fn keys(&self, step: &str) -> Vec<String> {
-        self.keys
-            .lock()
-            .unwrap()
-            .get(step)
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
-/// What the checkout returns.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Receipt {
-    hold: u32,
-    charge: String,
-}
-
-/// How the third step ("email") behaves.
-#[derive(Clone, Copy)]
-enum Email {
-    Sends,
-    Fails,
-    /// Never finishes (a crash in the making: the caller drops the call).
-    Hangs,
-}
 
 /// The three-step checkout: reserve → charge (with its downstream key) → email.
 async fn checkout(
@@ -510,63 +455,15 @@ async fn a_step_write_whose_response_was_lost_is_sent_again_harmlessly() {
     assert_eq!((record.status, record.steps), (Status::Completed, None));
 }
 
-/// A store whose resume claims land at once but, while `slow` is set, answer only much later: a caller
-/// that gives up in between has a claim it never heard of.
-#[derive(Debug)]
-struct SlowClaims {
-    inner: Arc<dyn idempotent_runtime::Store>,
-    slow: std::sync::atomic::AtomicBool,
-    landed: Notify,
-}
-
-#[async_trait::async_trait]
-impl idempotent_runtime::Store for SlowClaims {
-    async fn claim(
-        &self,
-        request: &idempotent_runtime::store::ClaimRequest<'_>,
-    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
-        let outcome = self.inner.claim(request).await;
-        let resume = matches!(
-            request.steps,
-            idempotent_runtime::store::StepsClaim::Resume { .. }
-        );
-        if resume && self.slow.load(Ordering::SeqCst) {
-            self.landed.notify_one();
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        outcome
-    }
-
-    async fn transition(
-        &self,
-        transition: &idempotent_runtime::store::Transition<'_>,
-    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(
-        &self,
-        key: &str,
-    ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "slow-claims"
-    }
-}
-
 /// An operation that restarts after a failure, whose resuming call is dropped while its claim is on
 /// its way: the claim is not released as a failure (a release is no failure of the finished steps,
 /// and a FAILED record would make the next call start over and run them again); it lapses with its
 /// lease, and the next call resumes.
 #[tokio::test]
 async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_failure() {
-    let slow = Arc::new(SlowClaims {
-        inner: Arc::new(idempotent_runtime::MemoryStore::new()),
-        slow: std::sync::atomic::AtomicBool::new(false),
-        landed: Notify::new(),
-    });
+    let slow = Arc::new(SlowResume::new(Arc::new(
+        idempotent_runtime::MemoryStore::new(),
+    )));
     let h = Harness::over(
         slow.clone(),
         idempotent_tests::RequestCounter::default(),
@@ -602,12 +499,12 @@ async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_f
     }
     h.clock.advance(LEASE * 2);
     // The next call's resume claim lands, but its caller gives up before hearing of it.
-    slow.slow.store(true, Ordering::SeqCst);
+    slow.hold(true);
     tokio::select! {
         _ = call(false) => panic!("its claim is slow"),
-        () = slow.landed.notified() => {}
+        () = slow.landed() => {}
     }
-    slow.slow.store(false, Ordering::SeqCst);
+    slow.hold(false);
     h.idem.drain(Duration::from_secs(5)).await;
     let record = h.record(NAMESPACE, "r-1").await.unwrap();
     assert_eq!(

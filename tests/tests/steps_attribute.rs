@@ -3,55 +3,17 @@
 //! with `transact` (DynamoDB Local), the staged writes commit with the completion. Each step's effect is
 //! counted.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use idempotent_runtime::{Error, Idempotency, Status, Steps, idempotent};
-use idempotent_tests::{AppError, Backend, Harness, idem_error, unique_table};
+use idempotent_tests::{
+    AppError, Backend, Effects, Email, Harness, Receipt, idem_error, unique_table,
+};
 use tokio::sync::{Notify, Semaphore};
 
 const LEASE: Duration = Duration::from_secs(30);
-
-/// How often each step's effect happened, by step name; and the downstream keys the charge was given.
-#[derive(Debug, Default)]
-struct Effects {
-    runs: Mutex<HashMap<&'static str, usize>>,
-    charge_keys: Mutex<Vec<String>>,
-}
-
-impl Effects {
-    fn happened(&self, step: &'static str) {
-        *self.runs.lock().unwrap().entry(step).or_default() += 1;
-    }
-
-    /// How often reserve, charge and email happened.
-    fn runs(&self) -> (usize, usize, usize) {
-        let runs = self.runs.lock().unwrap();
-        let of = |step| runs.get(step).copied().unwrap_or(0);
-        (of("reserve"), of("charge"), of("email"))
-    }
-
-    fn charge_keys(&self) -> Vec<String> {
-        self.charge_keys.lock().unwrap().clone()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Receipt {
-    hold: u32,
-    charge: String,
-}
-
-/// How the third step ("email") behaves.
-#[derive(Clone, Copy)]
-enum Email {
-    Sends,
-    Fails,
-    /// Never finishes: a crash in the making, once the caller drops the call.
-    Hangs,
-}
 
 /// reserve → charge (with its downstream key) → email, each a step of `s`; `charged` is told once the
 /// charge is stored.
@@ -68,7 +30,7 @@ async fn three_steps(
         })
         .await?;
     let key = s.key("charge");
-    effects.charge_keys.lock().unwrap().push(key.clone());
+    effects.keyed("charge", key.clone());
     let charge = s
         .run("charge", || async {
             effects.happened("charge");
@@ -173,21 +135,21 @@ macro_rules! steps_attribute {
                 let charged = Notify::new();
                 let call = checkout(&h.idem, "o-1", &effects, Email::Hangs, Some(&charged));
                 cut_off_after_charge(call, &charged).await;
-                assert_eq!(effects.runs(), (1, 1, 0));
+                assert_eq!(effects.checkout(), (1, 1, 0));
                 let record = h.record("steps_attribute::checkout", "o-1").await.unwrap();
                 assert_eq!(record.status, Status::Pending);
                 assert!(record.steps.is_some(), "the finished steps are stored");
 
                 let early = checkout(&h.idem, "o-1", &effects, Email::Sends, None).await;
                 assert!(matches!(idem_error(early), Error::InProgress { .. }));
-                assert_eq!(effects.runs(), (1, 1, 0));
+                assert_eq!(effects.checkout(), (1, 1, 0));
 
                 h.clock.advance(LEASE * 2);
                 let receipt = checkout(&h.idem, "o-1", &effects, Email::Sends, None)
                     .await
                     .unwrap();
-                assert_eq!(effects.runs(), (1, 1, 1), "only step three ran again");
-                let keys = effects.charge_keys();
+                assert_eq!(effects.checkout(), (1, 1, 1), "only step three ran again");
+                let keys = effects.keys("charge");
                 assert_eq!(keys.len(), 2);
                 assert_eq!(keys[0], keys[1], "the charge's downstream key changed");
                 assert_eq!(receipt.charge, format!("ch_{}", &keys[0][..8]));
@@ -200,7 +162,7 @@ macro_rules! steps_attribute {
                     .await
                     .unwrap();
                 assert_eq!(again, receipt);
-                assert_eq!(effects.runs(), (1, 1, 1));
+                assert_eq!(effects.checkout(), (1, 1, 1));
             }
 
             /// After the body returned `Err`, the retry resumes at the step that failed (the
@@ -217,8 +179,8 @@ macro_rules! steps_attribute {
                 checkout(&h.idem, "o-2", &resumed, Email::Sends, None)
                     .await
                     .unwrap();
-                assert_eq!(resumed.runs(), (1, 1, 1));
-                let keys = resumed.charge_keys();
+                assert_eq!(resumed.checkout(), (1, 1, 1));
+                let keys = resumed.keys("charge");
                 assert_eq!(keys[0], keys[1]);
 
                 let restarted = Effects::default();
@@ -232,8 +194,8 @@ macro_rules! steps_attribute {
                 restarting(&h.idem, "o-2", &restarted, Email::Sends)
                     .await
                     .unwrap();
-                assert_eq!(restarted.runs(), (2, 2, 1));
-                let keys = restarted.charge_keys();
+                assert_eq!(restarted.checkout(), (2, 2, 1));
+                let keys = restarted.keys("charge");
                 assert_ne!(
                     keys[0], keys[1],
                     "a restarted operation kept its downstream key"
@@ -260,10 +222,10 @@ macro_rules! steps_attribute {
                     _ = call() => panic!("the charge is held"),
                     () = reserved.notified() => {}
                 }
-                assert_eq!(effects.runs(), (1, 0, 0));
+                assert_eq!(effects.checkout(), (1, 0, 0));
                 gate.add_permits(1);
                 assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
-                assert_eq!(effects.runs(), (1, 1, 0));
+                assert_eq!(effects.checkout(), (1, 1, 0));
                 let record = h.record("steps_attribute::detached", "o-3").await.unwrap();
                 assert_eq!(record.status, Status::Completed);
                 let receipt = call().await.unwrap();
@@ -274,7 +236,7 @@ macro_rules! steps_attribute {
                         charge: "ch_o-3".to_owned()
                     }
                 );
-                assert_eq!(effects.runs(), (1, 1, 0), "the replay ran a step");
+                assert_eq!(effects.checkout(), (1, 1, 0), "the replay ran a step");
             }
         }
     };
@@ -357,7 +319,7 @@ async fn steps_with_transact_commit_the_staged_writes_with_the_completion() {
         Some(&charged),
     );
     cut_off_after_charge(call, &charged).await;
-    assert_eq!(effects.runs(), (1, 1, 0));
+    assert_eq!(effects.checkout(), (1, 1, 0));
     assert!(
         !shop.has_reservation("o-4").await,
         "a staged write committed before the completion"
@@ -370,7 +332,7 @@ async fn steps_with_transact_commit_the_staged_writes_with_the_completion() {
     let receipt = reserve(&h.idem, &shop, "o-4", &effects, Email::Sends, None)
         .await
         .unwrap();
-    assert_eq!(effects.runs(), (1, 1, 1), "only step three ran again");
+    assert_eq!(effects.checkout(), (1, 1, 1), "only step three ran again");
     assert!(shop.has_reservation("o-4").await);
     assert_eq!(
         (
@@ -387,7 +349,7 @@ async fn steps_with_transact_commit_the_staged_writes_with_the_completion() {
         .await
         .unwrap();
     assert_eq!(again, receipt);
-    assert_eq!(effects.runs(), (1, 1, 1));
+    assert_eq!(effects.checkout(), (1, 1, 1));
 }
 
 #[idempotent(
@@ -449,7 +411,7 @@ async fn steps_with_transact_and_detach_commit_without_the_caller() {
     gate.add_permits(1);
     assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
     assert!(shop.has_reservation("o-5").await);
-    assert_eq!(effects.runs(), (1, 1, 0));
+    assert_eq!(effects.checkout(), (1, 1, 0));
     assert_eq!(call().await.unwrap(), 5, "replayed");
-    assert_eq!(effects.runs(), (1, 1, 0));
+    assert_eq!(effects.checkout(), (1, 1, 0));
 }

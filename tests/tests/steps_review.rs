@@ -4,33 +4,19 @@
 //! custom `steps` attribute name longer than `response`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
 use idempotent_runtime::{
     Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
 };
-use idempotent_tests::{AppError, Backend, Harness, RequestCounter};
+use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
 
 const NAMESPACE: &str = "steps-review::checkout";
 const LEASE: Duration = Duration::from_secs(30);
-
-/// How often each step's effect happened, by step name.
-#[derive(Debug, Default)]
-struct Effects(Mutex<HashMap<String, usize>>);
-
-impl Effects {
-    fn happened(&self, step: &str) {
-        *self.0.lock().unwrap().entry(step.to_owned()).or_default() += 1;
-    }
-
-    fn runs(&self, step: &str) -> usize {
-        self.0.lock().unwrap().get(step).copied().unwrap_or(0)
-    }
-}
 
 /// A two-step body: "reserve" (its effect counted), then "charge", which hangs when `hang` (the call is
 /// then dropped: a crash after the reserve) and otherwise succeeds.
@@ -83,48 +69,6 @@ async fn crash_after_reserve(h: &Harness, order: &str, restart: bool, effects: &
     let record = h.record(NAMESPACE, order).await.unwrap();
     assert_eq!(record.status, Status::Pending);
     assert!(record.steps.is_some());
-}
-
-/// A store whose *resuming* claims land but whose answer never comes back while `hold` is set: the
-/// caller's future is still waiting on the claim when it is dropped (a client that hung up, a
-/// `timeout`), which is when the call releases its claim.
-#[derive(Debug)]
-struct SlowResume {
-    inner: Arc<dyn Store>,
-    hold: AtomicBool,
-    /// Told when a held claim has landed.
-    landed: Notify,
-}
-
-#[async_trait::async_trait]
-impl Store for SlowResume {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.claim(request).await?;
-        if self.hold.load(Ordering::SeqCst)
-            && matches!(request.steps, StepsClaim::Resume { .. })
-            && outcome == ClaimOutcome::Claimed
-        {
-            self.landed.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(outcome)
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
-        self.inner.response_budget(key, fingerprint)
-    }
-
-    fn kind(&self) -> &'static str {
-        "slow-resume"
-    }
 }
 
 /// The store of `backend`, bare (no harness around it), with its request counter.
@@ -188,11 +132,7 @@ macro_rules! store_cases {
             #[tokio::test]
             async fn a_released_resume_is_not_a_failure_to_restart_after() {
                 let (inner, counter) = bare_store($backend).await;
-                let slow = Arc::new(SlowResume {
-                    inner,
-                    hold: AtomicBool::new(false),
-                    landed: Notify::new(),
-                });
+                let slow = Arc::new(SlowResume::new(inner));
                 let h = Harness::over(slow.clone(), counter, |b| b.default_lease(LEASE));
                 let effects = Arc::new(Effects::default());
                 crash_after_reserve(&h, "r-1", true, &effects).await;
@@ -201,14 +141,14 @@ macro_rules! store_cases {
                 // The lease lapsed: a retry resumes; its claim lands, but its caller gives up before
                 // hearing so.
                 h.clock.advance(LEASE * 2);
-                slow.hold.store(true, Ordering::SeqCst);
+                slow.hold(true);
                 tokio::select! {
                     _ = two_steps(&h.idem, "r-1", true, &effects, false, None) => {
                         panic!("the resume's answer was held back")
                     }
-                    () = slow.landed.notified() => {}
+                    () = slow.landed() => {}
                 }
-                slow.hold.store(false, Ordering::SeqCst);
+                slow.hold(false);
                 // Such a claim is not released (a release is a FAILED record, which the operation
                 // would restart after): it lapses with its lease.
                 h.idem.drain(Duration::from_secs(5)).await;

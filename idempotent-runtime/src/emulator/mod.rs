@@ -1,44 +1,45 @@
 //! A DynamoDB emulator for transactions: business tables and the `TransactWriteItems` actions that
 //! change them, evaluated in one process as DynamoDB evaluates them.
 //!
-//! [`MemoryStore`](crate::MemoryStore) uses it (feature `emulator`, on by default) so that code staging
-//! business writes — `transact = tx`, [`Operation::claim_with`](crate::Operation::claim_with),
-//! [`Operation::compensate_with`](crate::Operation::compensate_with) — can be unit-tested without
-//! DynamoDB. It interprets the SDK's own types (`TransactWriteItem`, `AttributeValue`), so the feature
-//! implies `dynamodb`. Without it the memory store holds records only, and its transactions are
-//! [`StoreError::Unsupported`].
+//! It is an engine of its own: it knows DynamoDB's tables, expressions and transactions, and nothing of
+//! idempotency. It names no other module of the crate (`scripts/check-layers` keeps it so): its errors are
+//! [`Refused`], its cancellation reasons [`Cancellation`], and the memory store translates both into its
+//! own. The memory store uses it (feature `emulator`, on by default) so that code staging business writes
+//! can be unit-tested without DynamoDB. It interprets the SDK's own types (`TransactWriteItem`,
+//! `AttributeValue`), so the feature implies `dynamodb`.
 //!
 //! # Interface
 //!
-//! [`Tables`] is all the memory store sees: [`create_table`](Tables::create_table),
+//! [`Tables`] is all a caller sees: [`create_table`](Tables::create_table),
 //! [`put_item`](Tables::put_item), [`get_item`](Tables::get_item) and [`items`](Tables::items) to seed
 //! and read business tables, and [`plan`](Tables::plan) + [`commit`](Tables::commit) for a transaction.
 //! A plan checks, parses and evaluates every staged write against the current items and changes nothing;
-//! `commit` applies it only if every write held, so a transaction is all or nothing. Between the two the
-//! caller decides whether its own action (the idempotency record, index 0) holds; it holds one lock
-//! across both, which makes transactions linearizable with the records.
+//! `commit` applies it only if every write held, so a transaction is all or nothing. The transaction's
+//! first action (index 0) is the caller's own: between the two calls the caller decides whether it holds
+//! (the memory store's idempotency record), holding one lock across both, which makes transactions
+//! linearizable with the caller's own items.
 //!
 //! # What it models
 //!
 //! - The four actions, `Put`, `Update` (creating a missing item from its key, as DynamoDB does),
 //!   `Delete` and `ConditionCheck`, each with `ReturnValuesOnConditionCheckFailure = ALL_OLD`; at most
-//!   [`MAX_STAGED_WRITES`](crate::MAX_STAGED_WRITES) of them, the record being the last of DynamoDB's 100.
+//!   [`MAX_ACTIONS`] in all, the caller's own action at index 0 among them.
 //! - Tables with a partition key and an optional sort key of type S, N or B (equal numbers are one key:
 //!   `"1.0"` and `"1"`), created with their key schema (`table.rs`).
 //! - Expressions (`expression.rs`): the forms listed in [`SUPPORTED`](expression::SUPPORTED), with
 //!   `#name` and `:value` placeholders (an unused one is refused, as DynamoDB does), DynamoDB's reserved
 //!   words (`reserved.rs`), and every attribute type with DynamoDB's comparison and set rules.
 //! - Numbers as DynamoDB's exact 38-digit decimals (`number.rs`), stored in canonical text.
-//! - Cancellation: one reason per action (`plan.rs`), index 0 the record, then `None`,
+//! - Cancellation: one reason per action (`plan.rs`), index 0 the caller's, then `None`,
 //!   `ConditionalCheckFailed` (with the `ALL_OLD` item when asked for) or `ValidationError`.
 //!
 //! # What it refuses
 //!
-//! Refused with [`StoreError::Invalid`] naming the part, the expression and the action, never
-//! approximated: nested paths (`a.b`, `a[0]`) and the functions `size`, `contains`, `attribute_type`,
-//! `list_append`. Requests DynamoDB rejects before evaluating anything (an unknown table, a key that does
-//! not match the schema, a syntax error, an undefined or unused placeholder, two actions on one item,
-//! more than 100 actions) are refused the same way, with DynamoDB's message.
+//! Refused ([`Refused`]) naming the part, the expression and the action, never approximated: nested
+//! paths (`a.b`, `a[0]`) and the functions `size`, `contains`, `attribute_type`, `list_append`. Requests
+//! DynamoDB rejects before evaluating anything (an unknown table, a key that does not match the schema, a
+//! syntax error, an undefined or unused placeholder, two actions on one item, more than 100 actions) are
+//! refused the same way, with DynamoDB's message.
 //!
 //! Differs from DynamoDB Local, on purpose (nothing is written either way):
 //! - two actions on one item are refused before any condition is evaluated, as DynamoDB documents;
@@ -53,9 +54,9 @@
 //!   lists and maps are kept as written by both.
 //!
 //! Not modelled, and not refused: DynamoDB rejects redundant parentheses (`((a = :v))`); the emulator
-//! accepts them. Item size limits (400 KB) are not checked per item here; the record's size is checked by
-//! the handler for every store. Neither are `ClientRequestToken`s: the memory store never loses a
-//! response, so it never sees a retry.
+//! accepts them. Item size limits (400 KB) are not checked per item here; the caller checks its own
+//! items' sizes (the memory store's records are checked for every store by `Writes::check_limits`).
+//! Neither are `ClientRequestToken`s: the memory store never loses a response, so it never sees a retry.
 //!
 //! # Checked against DynamoDB Local
 //!
@@ -84,19 +85,51 @@ pub(crate) use self::expression::Item;
 use self::expression::validate_value;
 pub(crate) use self::plan::Plan;
 use self::table::{Table, canonical_item};
-use crate::CancellationReason;
-use crate::store::StoreError;
 
-/// Every business table of one memory store, by name.
+/// Every business table of one emulated database (one memory store's), by name.
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
     tables: HashMap<String, Table>,
 }
 
-/// Every error of the emulator is a request DynamoDB would refuse before writing anything (or one it
-/// does not model, which it refuses rather than approximate).
-fn invalid(message: String) -> StoreError {
-    StoreError::Invalid(message.into())
+/// DynamoDB's limit on the actions of one transaction, the caller's own action (index 0) among them.
+pub(crate) const MAX_ACTIONS: usize = 100;
+
+/// A request the emulator refuses: one DynamoDB would refuse before writing anything, or one it does not
+/// model (refused rather than approximated). The message names the part, the expression and the action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused(String);
+
+impl Refused {
+    /// The message, for the caller's own error.
+    pub(crate) fn into_message(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Why one action of a canceled transaction did not commit, DynamoDB's way.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Cancellation {
+    /// The action's index in the transaction (0 is the caller's own action).
+    pub(crate) index: usize,
+    /// DynamoDB's code: `None` for an action that was fine, `ConditionalCheckFailed`, `ValidationError`.
+    pub(crate) code: String,
+    /// DynamoDB's message, if any.
+    pub(crate) message: Option<String>,
+    /// The item as it was, when the action asked for `ALL_OLD` on a failed condition.
+    pub(crate) item: Option<Item>,
+}
+
+fn invalid(message: String) -> Refused {
+    Refused(message)
 }
 
 fn no_table(name: &str) -> String {
@@ -110,13 +143,13 @@ impl Tables {
     /// again with the same key schema keeps it and its items.
     ///
     /// # Errors
-    /// [`StoreError::Invalid`] if a table of that name exists with another key schema.
+    /// [`Refused`] if a table of that name exists with another key schema.
     pub(crate) fn create_table(
         &mut self,
         name: &str,
         partition_key: &str,
         sort_key: Option<&str>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), Refused> {
         match self.tables.get(name) {
             Some(t) if t.partition_key == partition_key && t.sort_key.as_deref() == sort_key => {
                 Ok(())
@@ -140,9 +173,9 @@ impl Tables {
     /// Inserts or replaces an item, without conditions.
     ///
     /// # Errors
-    /// [`StoreError::Invalid`] if the table was not created, the item lacks a key attribute, or a value
+    /// [`Refused`] if the table was not created, the item lacks a key attribute, or a value
     /// is one DynamoDB rejects.
-    pub(crate) fn put_item(&mut self, table: &str, item: Item) -> Result<(), StoreError> {
+    pub(crate) fn put_item(&mut self, table: &str, item: Item) -> Result<(), Refused> {
         let target = self
             .tables
             .get_mut(table)
@@ -175,24 +208,24 @@ impl Tables {
             .unwrap_or_default()
     }
 
-    /// Checks, parses and evaluates the staged `writes` (transaction indexes 1.., after the record)
+    /// Checks, parses and evaluates the staged `writes` (transaction indexes 1.., after the caller's own action)
     /// against the current items, changing nothing.
     ///
     /// # Errors
-    /// [`StoreError::Invalid`]: what DynamoDB would reject before evaluating anything (an unknown table,
+    /// [`Refused`]: what DynamoDB would reject before evaluating anything (an unknown table,
     /// a key that does not match the schema, an invalid expression, two actions on one item, too many
     /// actions), and expressions the emulator does not model.
-    pub(crate) fn plan(&self, writes: &[TransactWriteItem]) -> Result<Plan, StoreError> {
+    pub(crate) fn plan(&self, writes: &[TransactWriteItem]) -> Result<Plan, Refused> {
         Plan::new(self, writes)
     }
 
     /// Applies `plan` if every staged write held; otherwise changes nothing and returns the
-    /// cancellation reasons, one per action, index 0 being the record's (`"None"`: the caller
+    /// cancellation reasons, one per action, index 0 being the caller's (`"None"`: the caller
     /// commits only once its own action held).
     ///
     /// The plan must have been made by [`plan`](Self::plan) on these tables under the same lock, with
     /// no change in between.
-    pub(crate) fn commit(&mut self, plan: Plan) -> Result<(), Vec<CancellationReason>> {
+    pub(crate) fn commit(&mut self, plan: Plan) -> Result<(), Vec<Cancellation>> {
         if !plan.holds() {
             return Err(plan.cancellation_reasons());
         }

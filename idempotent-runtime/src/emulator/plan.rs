@@ -12,9 +12,7 @@ use super::expression::{
     parse_update, validate_value,
 };
 use super::table::{Key, Table, canonical_item};
-use super::{Tables, invalid, no_table};
-use crate::CancellationReason;
-use crate::store::StoreError;
+use super::{Cancellation, MAX_ACTIONS, Refused, Tables, invalid, no_table};
 
 impl Tables {
     /// Checks and parses one staged write (everything that does not depend on the items).
@@ -22,7 +20,7 @@ impl Tables {
         &'w self,
         index: usize,
         write: &'w TransactWriteItem,
-    ) -> Result<Action<'w>, StoreError> {
+    ) -> Result<Action<'w>, Refused> {
         let parts = Parts::of(write).ok_or_else(|| {
             invalid(format!(
                 "action {index}: a TransactWriteItem must set exactly one of Put, Update, Delete or ConditionCheck"
@@ -95,7 +93,7 @@ impl Tables {
 }
 
 /// DynamoDB rejects a transaction with two actions on one item, before evaluating anything.
-fn check_one_action_per_item(actions: &[Action<'_>]) -> Result<(), StoreError> {
+fn check_one_action_per_item(actions: &[Action<'_>]) -> Result<(), Refused> {
     let mut seen: HashMap<(&str, &Key), usize> = HashMap::new();
     for action in actions {
         if let Some(first) = seen.insert((action.table_name, &action.key), action.index) {
@@ -222,11 +220,11 @@ impl Context<'_> {
         )
     }
 
-    fn error(&self, message: &str) -> StoreError {
+    fn error(&self, message: &str) -> Refused {
         invalid(format!("{}: {message}", self.describe()))
     }
 
-    fn expression_error(&self, field: &str, source: &str, error: ExpressionError) -> StoreError {
+    fn expression_error(&self, field: &str, source: &str, error: ExpressionError) -> Refused {
         let action = self.describe();
         invalid(match error {
             ExpressionError::Unsupported { what, part } => format!(
@@ -245,7 +243,7 @@ impl Context<'_> {
 
 /// One staged write, checked and parsed.
 struct Action<'w> {
-    /// The index in the transaction (0 is the idempotency record).
+    /// The index in the transaction (0 is the caller's own action).
     index: usize,
     table_name: &'w str,
     table: &'w Table,
@@ -332,14 +330,13 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Checks, parses and evaluates `writes` (transaction indexes 1.., after the record) against the
+    /// Checks, parses and evaluates `writes` (transaction indexes 1.., after the caller's own action) against the
     /// current items of `tables`, changing nothing.
-    pub(super) fn new(tables: &Tables, writes: &[TransactWriteItem]) -> Result<Self, StoreError> {
-        if writes.len() > crate::MAX_STAGED_WRITES {
+    pub(super) fn new(tables: &Tables, writes: &[TransactWriteItem]) -> Result<Self, Refused> {
+        if writes.len() >= MAX_ACTIONS {
             return Err(invalid(format!(
-                "{} staged writes: a DynamoDB transaction holds at most {} actions, one of them the idempotency record",
+                "{} staged writes: a DynamoDB transaction holds at most {MAX_ACTIONS} actions, one of them the idempotency record",
                 writes.len(),
-                crate::MAX_STAGED_WRITES + 1
             )));
         }
         let actions = writes
@@ -366,10 +363,10 @@ impl Plan {
         !self.steps.iter().any(|s| matches!(s, Step::Failed { .. }))
     }
 
-    /// One reason per action, DynamoDB's way: index 0 is the idempotency record, whose condition held
+    /// One reason per action, DynamoDB's way: index 0 is the caller's own action, whose condition held
     /// (`"None"`), then every staged write (`"None"` when it was fine).
-    pub(super) fn cancellation_reasons(self) -> Vec<CancellationReason> {
-        let fine = |index| CancellationReason {
+    pub(super) fn cancellation_reasons(self) -> Vec<Cancellation> {
+        let fine = |index| Cancellation {
             index,
             code: "None".to_owned(),
             message: None,
@@ -385,7 +382,7 @@ impl Plan {
                             code,
                             message,
                             item,
-                        } => CancellationReason {
+                        } => Cancellation {
                             index: i + 1,
                             code: code.to_owned(),
                             message: Some(message),

@@ -127,10 +127,9 @@ fn reserve(quantity: &str) -> TransactWriteItem {
     )
 }
 
-fn error_text(result: Result<Plan, StoreError>) -> String {
+fn error_text(result: Result<Plan, Refused>) -> String {
     match result {
-        Err(StoreError::Invalid(e)) => e.to_string(),
-        Err(e) => panic!("expected an invalid request, got {e:?}"),
+        Err(e) => e.to_string(),
         Ok(plan) => panic!("expected an error, got {plan:?}"),
     }
 }

@@ -93,6 +93,10 @@
 //! body staged writes (`transact = tx`) fails at completion. Plain calls are unaffected. Never return
 //! `Unsupported` for a request the store could serve: the caller does not retry it.
 
+#[doc(hidden)]
+pub mod request;
+#[doc(hidden)]
+pub use super::delegating::{Delegating, Override};
 #[cfg(feature = "dynamodb")]
 mod transaction;
 
@@ -107,12 +111,8 @@ use super::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
 };
 use crate::record::{Record, Status};
+use request::{LEASE, NOW, claim, complete, extend, fail};
 
-/// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
-/// never expires by the wall clock either (a table's TTL sweeper would delete it during the case).
-const NOW: u64 = 4_102_444_800_000;
-/// The requests' lease.
-const LEASE: u64 = 60_000;
 /// How long one case may take before it is reported as hanging.
 const CASE_TIMEOUT: Duration = Duration::from_mins(2);
 
@@ -556,60 +556,6 @@ impl<S: Store> Context<S> {
             .get(key)
             .await?
             .ok_or_else(|| Violation(format!("`get(\"{key}\")` found no record")))
-    }
-}
-
-fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
-    ClaimRequest {
-        key,
-        token,
-        attempt: 1,
-        now_ms,
-        lease_until_ms: now_ms + LEASE,
-        expires_at_s: (now_ms + LEASE) / 1000 + 3600,
-        fingerprint: Some("fp-1"),
-        keep_claim_writes: false,
-        steps: crate::store::StepsClaim::Untouched,
-    }
-}
-
-fn complete<'a>(
-    key: &'a str,
-    token: &'a str,
-    response: &'a [u8],
-    expires_at_s: u64,
-) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::Complete {
-            response: Some(response),
-            expires_at_s,
-            replay_until_s: None,
-        },
-    }
-}
-
-fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::Fail {
-            error: "declined",
-            expires_at_s: NOW / 1000 + 60,
-            release_claim_writes: false,
-        },
-    }
-}
-
-fn extend<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::ExtendLease {
-            lease_until_ms: NOW + 5 * LEASE,
-            expires_at_s: NOW / 1000 + 9_999,
-        },
     }
 }
 

@@ -15,7 +15,9 @@ use super::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
 };
 #[cfg(feature = "emulator")]
-use crate::emulator::{Plan, Tables};
+use crate::CancellationReason;
+#[cfg(feature = "emulator")]
+use crate::emulator::{Cancellation, Plan, Refused, Tables};
 use crate::record::{Record, Status};
 use packed::Records;
 
@@ -139,6 +141,7 @@ impl MemoryStore {
         self.lock()
             .tables
             .create_table(name, partition_key, sort_key)
+            .map_err(StoreError::from)
     }
 
     /// Inserts or replaces an item, without conditions: for seeding a table before a test.
@@ -151,7 +154,7 @@ impl MemoryStore {
         table: &str,
         item: HashMap<String, AttributeValue>,
     ) -> Result<(), StoreError> {
-        self.lock().tables.put_item(table, item)
+        Ok(self.lock().tables.put_item(table, item)?)
     }
 
     /// The item whose key attributes are those of `key` (other attributes of `key` are ignored, so an
@@ -181,7 +184,35 @@ impl State {
                 self.records.insert(record);
                 TransactOutcome::Committed
             }
-            Err(reasons) => TransactOutcome::Canceled(reasons),
+            Err(reasons) => TransactOutcome::Canceled(
+                reasons.into_iter().map(CancellationReason::from).collect(),
+            ),
+        }
+    }
+}
+
+/// The emulator refuses what DynamoDB refuses before writing anything: an invalid request.
+#[cfg(feature = "emulator")]
+impl From<Refused> for StoreError {
+    fn from(refused: Refused) -> Self {
+        StoreError::Invalid(refused.into_message().into())
+    }
+}
+
+#[cfg(feature = "emulator")]
+impl From<Cancellation> for CancellationReason {
+    fn from(reason: Cancellation) -> Self {
+        let Cancellation {
+            index,
+            code,
+            message,
+            item,
+        } = reason;
+        CancellationReason {
+            index,
+            code,
+            message,
+            item,
         }
     }
 }

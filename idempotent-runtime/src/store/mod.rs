@@ -11,6 +11,9 @@ use crate::record::Record;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+#[doc(hidden)]
+pub mod delegating;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod memory;
@@ -252,17 +255,74 @@ impl StoreError {
     pub fn code(&self) -> Option<&str> {
         match self {
             StoreError::TableNotFound(_) => Some("ResourceNotFoundException"),
-            // Only the SDK's errors carry a code; without the `dynamodb` feature there are none.
-            #[cfg(feature = "dynamodb")]
+            // A backend reports its service's code by boxing a `CodedError`; other errors have none.
             StoreError::Throttled(e)
             | StoreError::Unavailable(e)
             | StoreError::Invalid(e)
-            | StoreError::Other(e) => dynamodb::error_code(e.as_ref()),
+            | StoreError::Other(e) => e.downcast_ref::<CodedError>().map(CodedError::code),
             StoreError::RegionUnavailable { source, .. } => source
                 .downcast_ref::<StoreError>()
                 .and_then(StoreError::code),
             _ => None,
         }
+    }
+}
+
+/// A backend's error together with its service's error code (`ThrottlingException`, ...): what
+/// [`StoreError::code`] reports. A backend boxes it in a [`StoreError`] for the errors that have a code,
+/// so the contract reads the code without knowing the backend.
+///
+/// It reads as the error it wraps: the same `Display`, `Debug` and sources, so messages and error chains
+/// are the wrapped error's. [`get_ref`](Self::get_ref) and [`into_inner`](Self::into_inner) reach that
+/// error (to downcast it to the backend's own type).
+pub struct CodedError {
+    code: String,
+    error: BoxError,
+}
+
+impl CodedError {
+    /// Wraps `error`, whose service reported `code`.
+    pub fn new(code: impl Into<String>, error: BoxError) -> Self {
+        CodedError {
+            code: code.into(),
+            error,
+        }
+    }
+
+    /// The service's error code.
+    #[must_use]
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The wrapped error.
+    #[must_use]
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.error.as_ref()
+    }
+
+    /// The wrapped error, unwrapped.
+    #[must_use]
+    pub fn into_inner(self) -> BoxError {
+        self.error
+    }
+}
+
+impl std::fmt::Debug for CodedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.error, f)
+    }
+}
+
+impl std::fmt::Display for CodedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl std::error::Error for CodedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 

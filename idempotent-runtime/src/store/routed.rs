@@ -624,6 +624,7 @@ mod tests {
     use std::sync::atomic::{AtomicU8, Ordering};
 
     use super::*;
+    use crate::store::delegating::{Delegating, Override};
     use crate::store::memory::MemoryStore;
 
     const KEYS: usize = 10_000;
@@ -756,20 +757,25 @@ mod tests {
     }
 
     /// A region's store that can be made to fail.
+    type Switch = Delegating<MemoryStore, Mode>;
+
+    /// 0 up, 1 unavailable, 2 throttling, 3 a transaction conflict.
     #[derive(Debug, Default)]
-    struct Switch {
-        store: MemoryStore,
-        /// 0 up, 1 unavailable, 2 throttling, 3 a transaction conflict.
-        mode: AtomicU8,
+    struct Mode(AtomicU8);
+
+    impl Mode {
+        fn set(&self, mode: u8) {
+            self.0.store(mode, Ordering::SeqCst);
+        }
     }
 
-    impl Switch {
-        fn set(&self, mode: u8) {
-            self.mode.store(mode, Ordering::SeqCst);
+    impl Override<MemoryStore> for Mode {
+        fn kind(&self) -> &'static str {
+            "switch"
         }
 
         fn fault(&self) -> Result<(), StoreError> {
-            match self.mode.load(Ordering::SeqCst) {
+            match self.0.load(Ordering::SeqCst) {
                 0 => Ok(()),
                 1 => Err(StoreError::Unavailable("connection refused".into())),
                 2 => Err(StoreError::Throttled("slow down".into())),
@@ -792,7 +798,7 @@ mod tests {
         );
         let response = HttpResponse::new(400.try_into().unwrap(), SdkBody::empty());
         let error = SdkError::service_error(error, response);
-        let classified = crate::store::dynamodb::classify("t", error);
+        let classified = crate::store::dynamodb::store_error("t", error);
         assert_eq!(classified.code(), Some("TransactionConflictException"));
         classified
     }
@@ -800,25 +806,6 @@ mod tests {
     #[cfg(not(feature = "dynamodb"))]
     fn conflict() -> StoreError {
         StoreError::Throttled("stands in for a conflict without the SDK".into())
-    }
-
-    #[async_trait::async_trait]
-    impl Store for Switch {
-        async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-            self.fault()?;
-            self.store.claim(request).await
-        }
-        async fn transition(&self, t: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-            self.fault()?;
-            self.store.transition(t).await
-        }
-        async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-            self.fault()?;
-            self.store.get(key).await
-        }
-        fn kind(&self) -> &'static str {
-            "switch"
-        }
     }
 
     fn switches() -> (Arc<Switch>, Arc<Switch>, RoutedStore) {
@@ -875,8 +862,8 @@ mod tests {
             } else {
                 (&b, &a)
             };
-            assert!(home.store.get(&key).await.unwrap().is_some());
-            assert!(other.store.get(&key).await.unwrap().is_none());
+            assert!(home.inner.get(&key).await.unwrap().is_some());
+            assert!(other.inner.get(&key).await.unwrap().is_none());
             assert!(store.get(&key).await.unwrap().is_some());
         }
     }
@@ -895,7 +882,7 @@ mod tests {
             source.to_string().contains("connection refused"),
             "{source}"
         );
-        assert!(b.store.get(&key).await.unwrap().is_none());
+        assert!(b.inner.get(&key).await.unwrap().is_none());
         // A key at home in the other region is served.
         let other = homed(&store, "b");
         assert_eq!(
@@ -918,7 +905,7 @@ mod tests {
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         #[cfg(not(feature = "dynamodb"))]
         assert!(matches!(err, StoreError::Throttled(_)), "{err:?}");
-        assert!(b.store.get(&key).await.unwrap().is_none());
+        assert!(b.inner.get(&key).await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -931,13 +918,13 @@ mod tests {
             store.claim(&claim(&key, "t")).await.unwrap(),
             ClaimOutcome::Claimed
         );
-        assert!(b.store.get(&key).await.unwrap().is_some());
+        assert!(b.inner.get(&key).await.unwrap().is_some());
         // The home region is back before the call completes: the completion still goes where the
         // claim is.
         a.set(0);
         let applied = store.transition(&complete(&key, "t")).await.unwrap();
         assert_eq!(applied, WriteOutcome::Applied);
-        assert!(a.store.get(&key).await.unwrap().is_none());
+        assert!(a.inner.get(&key).await.unwrap().is_none());
         // The call is forgotten once its outcome is stored: reads go home again.
         assert!(store.pinned(&key, "t").is_none());
         assert!(store.get(&key).await.unwrap().is_none());
@@ -991,9 +978,9 @@ mod tests {
         a.set(0);
         let applied = store.transition(&complete(&live, "live")).await.unwrap();
         assert_eq!(applied, WriteOutcome::Applied);
-        let record = b.store.get(&live).await.unwrap().unwrap();
+        let record = b.inner.get(&live).await.unwrap().unwrap();
         assert_eq!(record.status, Status::Completed);
-        assert!(a.store.get(&live).await.unwrap().is_none());
+        assert!(a.inner.get(&live).await.unwrap().is_none());
     }
 
     /// What a [`Scripted`] region does with a request.

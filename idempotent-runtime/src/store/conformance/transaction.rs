@@ -14,7 +14,7 @@ use super::{
     fail, run, run_task,
 };
 use crate::CancellationReason;
-use crate::record::Status;
+use crate::record::{Record, Status};
 use crate::store::{Change, ClaimRequest, TransactOutcome, Transition, Writes};
 
 /// Runs the transaction cases: the first decides whether the store supports transactions; the others
@@ -202,6 +202,46 @@ impl<S: Store> Context<S> {
         }
     }
 
+    /// A claim of `key` by `token` at `now_ms` with `writes`, which must commit (`what`: which claim).
+    async fn committed(
+        &self,
+        key: &str,
+        token: &str,
+        now_ms: u64,
+        writes: Vec<TransactWriteItem>,
+        what: &str,
+    ) -> Result<(), Violation> {
+        ensure_eq!(
+            self.claim_with(key, token, now_ms, writes).await?,
+            TransactOutcome::Committed,
+            "{what}"
+        );
+        Ok(())
+    }
+
+    /// The record of `key`, which must be PENDING under `token` at `attempt` with its claim-time writes
+    /// in effect (`what`: after which claim).
+    async fn pending_with_writes(
+        &self,
+        key: &str,
+        token: &str,
+        attempt: u64,
+        what: &str,
+    ) -> Result<Record, Violation> {
+        let r = self.record(key).await?;
+        ensure_eq!(
+            (
+                r.status,
+                r.token.as_str(),
+                r.attempt,
+                r.claim_writes_in_effect
+            ),
+            (Status::Pending, token, attempt, true),
+            "{what}"
+        );
+        Ok(r)
+    }
+
     /// Whether the business item `name` exists.
     async fn exists(&self, name: &str) -> Result<bool, Violation> {
         self.holds(name, "attribute_exists(#k)", None).await
@@ -293,11 +333,14 @@ async fn claim_transaction_commits_the_claim_and_the_writes_together<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
     let writes = vec![c.put_new("a")?, c.add_hits("counter", 1)?];
-    ensure_eq!(
-        c.claim_with("k", "t1", NOW, writes).await?,
-        TransactOutcome::Committed,
-        "a claim of an absent key with two writes that hold"
-    );
+    c.committed(
+        "k",
+        "t1",
+        NOW,
+        writes,
+        "a claim of an absent key with two writes that hold",
+    )
+    .await?;
     let r = c.record("k").await?;
     ensure_eq!(
         (r.status, r.token.as_str(), r.attempt, r.lease_until_ms),
@@ -391,12 +434,14 @@ async fn transact_transition_commits_the_transition_and_the_writes_together<S: S
 async fn transact_transition_with_a_failing_write_writes_nothing<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    ensure_eq!(
-        c.claim_with("seed", "s1", NOW, vec![c.put_new("seeded")?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim that writes the item the failing condition reads"
-    );
+    c.committed(
+        "seed",
+        "s1",
+        NOW,
+        vec![c.put_new("seeded")?],
+        "a claim that writes the item the failing condition reads",
+    )
+    .await?;
     c.pending("k", "t1").await?;
     let before = c.record("k").await?;
     let writes: Writes = [
@@ -547,11 +592,8 @@ async fn claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect<S: 
     c: Context<S>,
 ) -> Result<(), Violation> {
     let writes = || -> Result<_, Violation> { Ok(vec![c.add_hits("held", 1)?]) };
-    ensure_eq!(
-        c.claim_with("k", "t1", NOW, writes()?).await?,
-        TransactOutcome::Committed,
-        "a claim with a write"
-    );
+    c.committed("k", "t1", NOW, writes()?, "a claim with a write")
+        .await?;
     c.store.transition(&fail("k", "t1")).await?;
     let failed = c.record("k").await?;
     ensure!(
@@ -568,17 +610,13 @@ async fn claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect<S: 
         ClaimOutcome::Claimed,
         "a plain claim of the FAILED record"
     );
-    let r = c.record("k").await?;
-    ensure_eq!(
-        (
-            r.status,
-            r.token.as_str(),
-            r.attempt,
-            r.claim_writes_in_effect
-        ),
-        (Status::Pending, "t2", 2, true),
-        "status, token, attempt and `claim_writes_in_effect` after a plain claim (which keeps the flag)"
-    );
+    c.pending_with_writes(
+        "k",
+        "t2",
+        2,
+        "status, token, attempt and `claim_writes_in_effect` after a plain claim (which keeps the flag)",
+    )
+    .await?;
     let lapsed = NOW + 1 + LEASE + 1;
     let outcome = c.claim_with("k", "t3", lapsed, writes()?).await?;
     ensure!(
@@ -596,34 +634,28 @@ async fn claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect<S: 
 async fn claim_transaction_claims_an_expired_record_again<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    ensure_eq!(
-        c.claim_with("k", "t1", NOW, vec![c.add_hits("again", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with a write"
-    );
+    c.committed(
+        "k",
+        "t1",
+        NOW,
+        vec![c.add_hits("again", 1)?],
+        "a claim with a write",
+    )
+    .await?;
     let expires_s = NOW / 1000 + 10;
     c.store
         .transition(&complete("k", "t1", b"1", expires_s))
         .await?;
     let later = (expires_s + 1) * 1000;
-    ensure_eq!(
-        c.claim_with("k", "t2", later, vec![c.add_hits("again", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with writes of an expired record whose claim-time writes are in effect (a new operation)"
-    );
-    let r = c.record("k").await?;
-    ensure_eq!(
-        (
-            r.status,
-            r.token.as_str(),
-            r.attempt,
-            r.claim_writes_in_effect
-        ),
-        (Status::Pending, "t2", 2, true),
-        "status, token, attempt and `claim_writes_in_effect` after claiming an expired record"
-    );
+    c.committed("k", "t2", later, vec![c.add_hits("again", 1)?], "a claim with writes of an expired record whose claim-time writes are in effect (a new operation)").await?;
+    let r = c
+        .pending_with_writes(
+            "k",
+            "t2",
+            2,
+            "status, token, attempt and `claim_writes_in_effect` after claiming an expired record",
+        )
+        .await?;
     ensure_eq!(r.response, None, "a new claim clears the old response");
     ensure!(
         c.has_hits("again", 2).await?,
@@ -635,12 +667,14 @@ async fn claim_transaction_claims_an_expired_record_again<S: Store>(
 async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    ensure_eq!(
-        c.claim_with("k", "t1", NOW, vec![c.add_hits("released", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with a write"
-    );
+    c.committed(
+        "k",
+        "t1",
+        NOW,
+        vec![c.add_hits("released", 1)?],
+        "a claim with a write",
+    )
+    .await?;
     let release = Transition {
         key: "k",
         token: "t1",
@@ -665,23 +699,21 @@ async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
         c.has_hits("released", 0).await?,
         "the compensating write must be applied with the failure"
     );
-    ensure_eq!(
-        c.claim_with("k", "t2", NOW + 1, vec![c.add_hits("released", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with writes after the writes were released"
-    );
-    let r = c.record("k").await?;
-    ensure_eq!(
-        (
-            r.status,
-            r.token.as_str(),
-            r.attempt,
-            r.claim_writes_in_effect
-        ),
-        (Status::Pending, "t2", 2, true),
-        "status, token, attempt and `claim_writes_in_effect` after the next claim"
-    );
+    c.committed(
+        "k",
+        "t2",
+        NOW + 1,
+        vec![c.add_hits("released", 1)?],
+        "a claim with writes after the writes were released",
+    )
+    .await?;
+    c.pending_with_writes(
+        "k",
+        "t2",
+        2,
+        "status, token, attempt and `claim_writes_in_effect` after the next claim",
+    )
+    .await?;
     ensure!(
         c.has_hits("released", 1).await?,
         "the next claim applies the writes again"
@@ -717,12 +749,14 @@ async fn a_claim_keeping_writes_needs_them_in_effect<S: Store>(
         "a claim keeping writes of a FAILED record whose writes are not in effect"
     );
     // A FAILED record whose writes are in effect: claimed, the mark kept.
-    ensure_eq!(
-        c.claim_with("k", "t1", NOW, vec![c.add_hits("kept", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with a write"
-    );
+    c.committed(
+        "k",
+        "t1",
+        NOW,
+        vec![c.add_hits("kept", 1)?],
+        "a claim with a write",
+    )
+    .await?;
     c.store.transition(&fail("k", "t1")).await?;
     let expires_s = c.record("k").await?.expires_at_s;
     let past = (expires_s + 1) * 1000;
@@ -753,12 +787,14 @@ async fn a_compensation_needs_the_claim_writes_in_effect<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
     // The business item, at 1 hit.
-    ensure_eq!(
-        c.claim_with("seed", "t0", NOW, vec![c.add_hits("undone", 1)?])
-            .await?,
-        TransactOutcome::Committed,
-        "a claim with a write"
-    );
+    c.committed(
+        "seed",
+        "t0",
+        NOW,
+        vec![c.add_hits("undone", 1)?],
+        "a claim with a write",
+    )
+    .await?;
     // PENDING under our token, but claimed plainly: no claim-time writes in effect.
     c.pending("k", "t1").await?;
     let pending = c.record("k").await?;

@@ -1,4 +1,5 @@
-//! The SDK's errors, sorted into [`StoreError`]s, and read back ([`error_code`]).
+//! The SDK's errors, sorted into [`StoreError`]s ([`store_error`]), each with its service's error code
+//! ([`error_code`], boxed with the error as a [`CodedError`] for [`StoreError::code`]).
 //!
 //! Throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts, broken
 //! connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
@@ -16,7 +17,7 @@ use aws_sdk_dynamodb::types::error::{
 };
 
 use crate::CancellationReason;
-use crate::store::StoreError;
+use crate::store::{CodedError, StoreError};
 
 const THROTTLING_CODES: [&str; 4] = [
     "ProvisionedThroughputExceededException",
@@ -46,6 +47,30 @@ pub(crate) fn error_code<'e>(err: &'e (dyn std::error::Error + 'static)) -> Opti
     }
     code_of!(UpdateItemError, GetItemError, TransactWriteItemsError);
     None
+}
+
+/// Sorts an SDK error into the store's error kinds ([`classify`]), carrying its service's error code.
+#[cold]
+pub(crate) fn store_error<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match error_code(&err).map(str::to_owned) {
+        Some(code) => with_code(code, classify(table, err)),
+        None => classify(table, err),
+    }
+}
+
+/// Boxes the error `sorted` holds with `code`, for [`StoreError::code`].
+fn with_code(code: String, sorted: StoreError) -> StoreError {
+    let coded = |error| -> crate::error::BoxError { Box::new(CodedError::new(code, error)) };
+    match sorted {
+        StoreError::Throttled(e) => StoreError::Throttled(coded(e)),
+        StoreError::Unavailable(e) => StoreError::Unavailable(coded(e)),
+        StoreError::Invalid(e) => StoreError::Invalid(coded(e)),
+        StoreError::Other(e) => StoreError::Other(coded(e)),
+        other => other,
+    }
 }
 
 /// Sorts an SDK error into the store's error kinds.
@@ -108,4 +133,93 @@ pub(super) fn cancellation_reasons(
             item: r.item().cloned(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::error::{ErrorMetadata, SdkError};
+    use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+    use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+    use aws_smithy_types::body::SdkBody;
+
+    use super::{classify, store_error};
+    use crate::store::{CodedError, StoreError};
+
+    fn response(status: u16) -> HttpResponse {
+        HttpResponse::new(status.try_into().unwrap(), SdkBody::empty())
+    }
+
+    fn update_error(code: &str, status: u16) -> SdkError<UpdateItemError, HttpResponse> {
+        let error = UpdateItemError::generic(
+            ErrorMetadata::builder()
+                .code(code)
+                .message("the service says why")
+                .build(),
+        );
+        SdkError::service_error(error, response(status))
+    }
+
+    /// Attaching the code changes neither the kind, nor the message, nor the error chain: the store
+    /// error reads as `classify`'s, and only `code()` and the box's type differ.
+    #[test]
+    fn the_code_is_carried_without_changing_the_error() {
+        for (code, status) in [
+            ("ThrottlingException", 400),
+            ("ValidationException", 400),
+            ("InternalServerError", 500),
+            ("AccessDeniedException", 400),
+        ] {
+            let sorted = classify("t", update_error(code, status));
+            let coded = store_error("t", update_error(code, status));
+            assert_eq!(
+                std::mem::discriminant(&coded),
+                std::mem::discriminant(&sorted),
+                "{code}"
+            );
+            assert_eq!(coded.to_string(), sorted.to_string(), "{code}");
+            assert_eq!(
+                crate::error::chain(&coded),
+                crate::error::chain(&sorted),
+                "{code}"
+            );
+            assert_eq!(format!("{coded:?}"), format!("{sorted:?}"), "{code}");
+            assert_eq!(coded.code(), Some(code));
+            assert_eq!(
+                sorted.code(),
+                None,
+                "the code comes through `CodedError` only"
+            );
+            let (StoreError::Throttled(e)
+            | StoreError::Invalid(e)
+            | StoreError::Unavailable(e)
+            | StoreError::Other(e)) = &coded
+            else {
+                panic!("{code}: {coded:?}")
+            };
+            let wrapped = e.downcast_ref::<CodedError>().unwrap().get_ref();
+            assert!(
+                wrapped
+                    .downcast_ref::<SdkError<UpdateItemError, HttpResponse>>()
+                    .is_some()
+            );
+        }
+    }
+
+    /// Errors of operations whose code `error_code` does not read (table creation) keep no code, as
+    /// before; a missing table has its own code.
+    #[test]
+    fn other_operations_and_a_missing_table_report_as_before() {
+        let error = CreateTableError::generic(
+            ErrorMetadata::builder()
+                .code("LimitExceededException")
+                .build(),
+        );
+        let other = store_error("t", SdkError::service_error(error, response(400)));
+        assert!(matches!(other, StoreError::Other(_)), "{other:?}");
+        assert_eq!(other.code(), None);
+        let missing = store_error("t", update_error("ResourceNotFoundException", 400));
+        assert!(matches!(&missing, StoreError::TableNotFound(t) if t == "t"));
+        assert_eq!(missing.code(), Some("ResourceNotFoundException"));
+    }
 }

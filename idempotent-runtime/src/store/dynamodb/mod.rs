@@ -85,13 +85,12 @@ use super::{
     ClaimOutcome, ClaimRequest, Store, StoreError, TransactOutcome, Transition, WriteOutcome,
 };
 use crate::record::Record;
-pub(crate) use error::classify;
+pub(crate) use error::store_error;
 use error::{canceled, cancellation_reasons, rejected};
 use expression::{PreparedNames, RecordUpdate};
 use request_token::request_token;
 
 pub use crate::record::AttributeNames;
-pub(crate) use error::error_code;
 #[cfg(test)]
 pub(crate) use item::parse_item;
 use item::{Item, parse_record};
@@ -337,7 +336,7 @@ impl DynamoDbStore {
                     item.map(|item| inner.parse_owned(item)).transpose()?,
                 ))
             }
-            Err(err) => Err(classify(&inner.table, err)),
+            Err(err) => Err(store_error(&inner.table, err)),
         }
     }
 
@@ -411,7 +410,7 @@ impl DynamoDbStore {
                     .into(),
                 ));
             }
-            return Err(classify(&inner.table, err));
+            return Err(store_error(&inner.table, err));
         };
         let reasons = cancellation_reasons(canceled);
         match reasons.first() {
@@ -542,7 +541,7 @@ impl Store for DynamoDbStore {
                 .set_key(Some(inner.layout.item_key(&inner.names, key)?))
                 .consistent_read(true)
         )
-        .map_err(|e| classify(&inner.table, e))?;
+        .map_err(|e| store_error(&inner.table, e))?;
         output.item.map(|item| inner.parse_owned(item)).transpose()
     }
 

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, TableDescription, TimeToLiveSpecification,
 };
 
-use super::error::classify;
+use super::error::store_error;
 use super::{DynamoDbStore, Layout};
 use crate::store::StoreError;
 
@@ -68,7 +68,7 @@ impl DynamoDbStore {
             Ok(_) => {}
             // It exists, or is being created by someone else: wait for it below and verify it.
             Err(e) if e.code() == Some("ResourceInUseException") => {}
-            Err(e) => return Err(classify(&inner.table, e)),
+            Err(e) => return Err(store_error(&inner.table, e)),
         }
         inner
             .client
@@ -100,7 +100,7 @@ impl DynamoDbStore {
             let now = self.check().await?;
             return match now.ttl_attribute {
                 Some(_) => Ok(now),
-                None => Err(classify(&inner.table, e)),
+                None => Err(store_error(&inner.table, e)),
             };
         }
         Ok(TableReport {
@@ -129,7 +129,7 @@ impl DynamoDbStore {
             .table_name(&inner.table)
             .send()
             .await
-            .map_err(|e| classify(&inner.table, e))?;
+            .map_err(|e| store_error(&inner.table, e))?;
         let table = described.table().ok_or_else(|| {
             StoreError::Schema(format!(
                 "DescribeTable returned no table for `{}`",
@@ -153,7 +153,7 @@ impl DynamoDbStore {
             .table_name(&inner.table)
             .send()
             .await
-            .map_err(|e| classify(&inner.table, e))?;
+            .map_err(|e| store_error(&inner.table, e))?;
         let description = ttl.time_to_live_description();
         let ttl_status = description
             .and_then(|d| d.time_to_live_status())

@@ -1,0 +1,75 @@
+//! The requests the cases send, for tests of a store beside the suite (hidden: not part of the API).
+//!
+//! One clock ([`NOW`]) and one lease ([`LEASE`]) for every request, so a test that checks a record the
+//! suite's requests wrote knows its times.
+
+use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
+
+/// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
+/// never expires by the wall clock either (a table's TTL sweeper would delete it during the case).
+pub const NOW: u64 = 4_102_444_800_000;
+/// The requests' lease.
+pub const LEASE: u64 = 60_000;
+
+/// A claim of `key` by `token` at `now_ms`: a lease of [`LEASE`], an hour of TTL after it, and the
+/// fingerprint `fp-1`.
+#[must_use]
+pub fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        token,
+        attempt: 1,
+        now_ms,
+        lease_until_ms: now_ms + LEASE,
+        expires_at_s: (now_ms + LEASE) / 1000 + 3600,
+        fingerprint: Some("fp-1"),
+        keep_claim_writes: false,
+        steps: StepsClaim::Untouched,
+    }
+}
+
+/// Completes `key` under `token` with `response`, kept until `expires_at_s`.
+#[must_use]
+pub fn complete<'a>(
+    key: &'a str,
+    token: &'a str,
+    response: &'a [u8],
+    expires_at_s: u64,
+) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::Complete {
+            response: Some(response),
+            expires_at_s,
+            replay_until_s: None,
+        },
+    }
+}
+
+/// Fails `key` under `token` (error `declined`, kept a minute after [`NOW`]).
+#[must_use]
+pub fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::Fail {
+            error: "declined",
+            expires_at_s: NOW / 1000 + 60,
+            release_claim_writes: false,
+        },
+    }
+}
+
+/// Extends the lease of `key` under `token` to five leases after [`NOW`].
+#[must_use]
+pub fn extend<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::ExtendLease {
+            lease_until_ms: NOW + 5 * LEASE,
+            expires_at_s: NOW / 1000 + 9_999,
+        },
+    }
+}
