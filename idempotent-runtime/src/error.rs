@@ -37,7 +37,9 @@ pub enum Error {
         ///
         /// With heartbeats off a lease never moves, so a live call cannot be told from a dead one: the
         /// short hint. The call judges staleness with its own `lease`, so a holder that claimed with a
-        /// longer lease looks live.
+        /// longer lease looks live. A live holder whose heartbeat failed (the store was briefly
+        /// unreachable) looks stalled until its next one lands: its duplicates are told to come back
+        /// when its lease would end, by which time it has usually finished.
         retry_hint: Duration,
     },
 

@@ -415,6 +415,30 @@ fn an_endpoint_without_credentials_uses_dummy_ones_at_once_and_says_so() {
         .unwrap();
     assert!(stdout(&output).contains("fits the store"));
     assert!(!String::from_utf8_lossy(&output.stderr).contains(NOTICE));
+    // A configuration that is there but fails (a credential process that exits with an error) is not
+    // "none": no dummy credentials, and the error says what failed.
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\ncredential_process = /bin/false\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "check",
+            "--table",
+            &table,
+        ])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains("external process exited"), "{stderr}");
     std::fs::remove_dir_all(&home).unwrap();
 }
 

@@ -315,3 +315,25 @@ async fn the_http_layer_sends_the_time_left_once_the_handler_is_gone() {
     h.clock.advance(Duration::from_millis(11_001));
     assert_eq!(retry_after().await, "20");
 }
+
+/// The longest lease a handle accepts (100 years): half of it gone without a heartbeat, the hint is
+/// the other half, to the second, without overflow anywhere on the way.
+async fn a_century_lease_gives_a_hint_of_decades(backend: Backend) {
+    let century = idempotent_runtime::MAX_DURATION;
+    let h = Harness::with(backend, |b| b.default_lease(century)).await;
+    dead_worker(&h.idem, "o-5").await;
+    h.clock.advance(century / 2);
+    let (retry_after, retry_hint) = hint(&h.idem, "o-5").await;
+    assert_eq!(retry_after, century / 2 + Duration::from_secs(1));
+    assert_eq!(retry_hint, retry_after + Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_century_lease_gives_a_hint_of_decades_memory() {
+    a_century_lease_gives_a_hint_of_decades(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn a_century_lease_gives_a_hint_of_decades_dynamodb() {
+    a_century_lease_gives_a_hint_of_decades(Backend::DynamoDb).await;
+}

@@ -332,3 +332,44 @@ async fn the_http_layer_answers_500_without_retry_on_any_store_that_is_not_set_u
     )
     .await;
 }
+
+/// Through a `RoutedStore`: a region whose table is missing or which refuses the credentials is not
+/// set up, not down — the same errors, never `RegionUnavailable`, and no failover (which would give up
+/// exactly-once for a problem no other region fixes).
+#[tokio::test(flavor = "current_thread")]
+async fn a_routed_store_reports_setup_errors_as_they_are_and_does_not_fail_over() {
+    let (errors, _guard) = Errors::capture();
+    let (client, requests) = idempotent_tests::client();
+    let missing = unique_table("routed-missing");
+    let runs = AtomicUsize::new(0);
+    for failover in [false, true] {
+        let routed = idempotent_runtime::RoutedStore::dynamodb(
+            &missing,
+            [("region-a", client.clone()), ("region-b", client.clone())],
+        )
+        .unwrap()
+        .failover(failover);
+        let idem = Idempotency::builder(routed).build();
+        requests.reset();
+        let err = call(&idem, &runs).await;
+        assert!(matches!(&err, Error::TableNotFound { .. }), "{err:?}");
+        assert_setup_error(&err, NS, &["ensure_table"], &errors);
+        assert_eq!(requests.total(), 1, "one region asked, failover {failover}");
+    }
+    let table = unique_table("routed-denied");
+    DynamoDbStore::new(client.clone(), &table)
+        .ensure_table()
+        .await
+        .unwrap();
+    let denied = client_with("not_a_key");
+    let routed = idempotent_runtime::RoutedStore::dynamodb(
+        &table,
+        [("region-a", denied.clone()), ("region-b", denied)],
+    )
+    .unwrap()
+    .failover(true);
+    let err = call(&Idempotency::builder(routed).build(), &runs).await;
+    assert!(matches!(&err, Error::AccessDenied { .. }), "{err:?}");
+    assert_setup_error(&err, NS, &["was refused"], &errors);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

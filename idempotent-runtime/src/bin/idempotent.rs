@@ -27,6 +27,7 @@ use std::io::{BufRead as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aws_credential_types::provider::error::CredentialsError;
 use clap::{Args, Parser, Subcommand};
 use idempotent_runtime::admin::{self, KeyReport, Released, Traffic};
 use idempotent_runtime::aws_sdk_dynamodb::Client;
@@ -264,9 +265,12 @@ async fn endpoint_credentials(endpoint: &str) -> SharedCredentialsProvider {
         "EcsContainer",
         aws_config::ecs::EcsCredentialsProvider::builder().build(),
     );
-    // Asked once, here: unconfigured, every provider answers at once without a request.
-    if configured.provide_credentials().await.is_ok() {
-        return SharedCredentialsProvider::new(configured);
+    // Asked once, here: unconfigured, every provider answers at once without a request. A
+    // configuration that is there but broken (a profile that does not exist) is not "none": its
+    // error comes with the first request.
+    match configured.provide_credentials().await {
+        Err(CredentialsError::CredentialsNotLoaded(_)) => {}
+        _ => return SharedCredentialsProvider::new(configured),
     }
     eprintln!(
         "idempotent: no AWS credentials configured; using dummy ones for --endpoint {endpoint} (DynamoDB Local accepts any)"
