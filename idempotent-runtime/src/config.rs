@@ -336,6 +336,9 @@ impl Builder {
     /// The longest [`retry_hint`](crate::Error::InProgress) to give a caller that found the key in
     /// progress (default 1 s): how long it should wait before asking again, e.g. an HTTP
     /// `Retry-After`. The hint is never longer than the time until the other call's lease runs out.
+    /// A claim whose heartbeats have stopped (its lease not extended for longer than a heartbeat
+    /// interval) gets the time left on its lease instead, in whole seconds: see
+    /// [`Error::InProgress`](crate::Error::InProgress)'s `retry_hint`.
     pub fn retry_hint(mut self, hint: Duration) -> Self {
         self.retry_hint = hint;
         self

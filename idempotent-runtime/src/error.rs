@@ -22,9 +22,24 @@ pub enum Error {
         /// that call died. While it lives, heartbeats keep extending its lease, so this is *not* when
         /// its result will be ready (that is usually much sooner).
         retry_after: Duration,
-        /// How long a caller should wait before asking again: the handle's
-        /// [`retry_hint`](crate::Builder::retry_hint) (1 s by default), never more than `retry_after`.
-        /// What an HTTP service puts in `Retry-After`.
+        /// How long a caller should wait before asking again; what an HTTP service puts in
+        /// `Retry-After`. It follows the record:
+        ///
+        /// - while the other call's heartbeats keep extending its lease: the handle's
+        ///   [`retry_hint`](crate::Builder::retry_hint) (1 s by default), never more than `retry_after`
+        ///   — its result may come at any moment;
+        /// - once its claim is *stalled* — heartbeats are on and its lease has not been extended for
+        ///   longer than a heartbeat interval (a third of the lease) plus the
+        ///   [clock-skew margin](crate::Builder::clock_skew_margin): its worker died, hangs or cannot
+        ///   reach the store — the time until the key can be taken over: `retry_after` in whole
+        ///   seconds, rounded up past the instant the lease counts as lapsed (so `21s` for exactly
+        ///   20 s), never zero. Asking sooner would only find it held again.
+        ///
+        /// With heartbeats off a lease never moves, so a live call cannot be told from a dead one: the
+        /// short hint. The call judges staleness with its own `lease`, so a holder that claimed with a
+        /// longer lease looks live. A live holder whose heartbeat failed (the store was briefly
+        /// unreachable) looks stalled until its next one lands: its duplicates are told to come back
+        /// when its lease would end, by which time it has usually finished.
         retry_hint: Duration,
     },
 
@@ -87,15 +102,45 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The idempotency table does not exist.
+    /// The idempotency table does not exist. Not retryable: every call fails the same way until the
+    /// table is created.
     #[error(
-        "`{namespace}`: the idempotency table `{table}` does not exist; create it with `DynamoDbStore::create_table` (a string partition key named as the store's key attribute) or point the store at the right table"
+        "`{namespace}`: the idempotency table `{table}` does not exist; create it at start-up with `DynamoDbStore::ensure_table` (it creates the table with the store's key schema and TTL, waits until it is ACTIVE, and does nothing if it is ready) or the `idempotent table create` command, or point the store at the right table"
     )]
     TableNotFound {
         /// The key's namespace.
         namespace: String,
         /// The table's name.
         table: String,
+    },
+
+    /// DynamoDB refused the request's credentials or their permissions (`AccessDeniedException`,
+    /// `UnrecognizedClientException`, an invalid signature or an expired token). Not retryable: every
+    /// call fails the same way until the credentials or the policy change.
+    #[error(
+        "`{namespace}`: access to the idempotency table `{table}` was refused ({}); give the service's credentials `dynamodb:UpdateItem` and `dynamodb:GetItem` on the table (the README's IAM section lists every action), or check which credentials, account and region it uses",
+        chain(source.as_ref())
+    )]
+    AccessDenied {
+        /// The key's namespace.
+        namespace: String,
+        /// The table's name.
+        table: String,
+        /// The SDK's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The idempotency table exists but does not fit the store: another key schema (another partition
+    /// key name or type, a sort key the store's layout does not have), TTL on another attribute, or not
+    /// `ACTIVE`. Not retryable: every call fails the same way until the table or the store's settings
+    /// change. The detail names the table and what differs.
+    #[error("`{namespace}`: the idempotency table does not fit the store: {detail}")]
+    TableMismatch {
+        /// The key's namespace.
+        namespace: String,
+        /// What differs, and what to do.
+        detail: String,
     },
 
     /// The store did not answer, or failed with an error that may pass (HTTP 5xx, a timeout, a broken
@@ -173,7 +218,7 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The store failed for another reason (permissions, validation, ...).
+    /// The store failed for another reason (a request it refused as invalid, a misconfigured client, ...).
     #[error("`{namespace}`: the idempotency store failed: {}", chain(source.as_ref()))]
     Store {
         /// The key's namespace.
@@ -431,6 +476,8 @@ impl Error {
             | Error::TooManyWrites { namespace, .. }
             | Error::Throttled { namespace, .. }
             | Error::TableNotFound { namespace, .. }
+            | Error::AccessDenied { namespace, .. }
+            | Error::TableMismatch { namespace, .. }
             | Error::Store { namespace, .. }
             | Error::Unsupported { namespace, .. }
             | Error::Unavailable { namespace, .. }
@@ -468,6 +515,18 @@ impl Error {
                 | Error::Unavailable { .. }
                 | Error::RegionUnavailable { .. }
                 | Error::ResultNotStored { .. }
+        )
+    }
+}
+
+impl Error {
+    /// Whether the error says the store is not set up for the service — the table is missing, refused
+    /// the credentials, or has another shape — rather than anything about the call: every call fails
+    /// the same way until an operator acts, so it is logged at `error` level with what to do.
+    pub(crate) fn is_setup(&self) -> bool {
+        matches!(
+            self,
+            Error::TableNotFound { .. } | Error::AccessDenied { .. } | Error::TableMismatch { .. }
         )
     }
 }

@@ -86,9 +86,11 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
         StoreError::Unavailable(source) => Error::Unavailable { namespace, source },
         StoreError::TableNotFound(table) => Error::TableNotFound { namespace, table },
         StoreError::Corrupt(detail) => Error::CorruptRecord { namespace, detail },
-        StoreError::Schema(detail) => Error::Store {
+        StoreError::Schema(detail) => Error::TableMismatch { namespace, detail },
+        StoreError::AccessDenied { table, source } => Error::AccessDenied {
             namespace,
-            source: detail.into(),
+            table,
+            source,
         },
         StoreError::Unsupported { store, capability } => Error::Unsupported {
             namespace,
@@ -644,7 +646,12 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
                 Found::InProgress(retry_after) => retry_after,
             };
             let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now()) else {
-                return Err(in_progress(idem, plan.call.namespace, retry_after));
+                return Err(in_progress(
+                    idem,
+                    plan.call.namespace,
+                    retry_after,
+                    attempt.lease,
+                ));
             };
             let pause = deadline.min(tokio::time::Instant::now() + poll);
             poll = (poll * 2).min(MAX_POLL);
@@ -714,14 +721,77 @@ fn contended(namespace: &str, attempts: u32) -> Error {
     }
 }
 
-/// [`Error::InProgress`].
+/// Logs, at `error` level, a store that is not set up for the service ([`Error::is_setup`]): every
+/// call fails the same way until an operator acts, and the caller may well turn the error into a
+/// generic one. In the call's span (its namespace and key hash); the message says what to do.
 #[cold]
-fn in_progress(idem: &Idempotency, namespace: &str, retry_after: Duration) -> Error {
+fn setup_error(error: &Error) {
+    let table = match error {
+        Error::TableNotFound { table, .. } | Error::AccessDenied { table, .. } => {
+            Some(table.as_str())
+        }
+        _ => None,
+    };
+    tracing::error!(
+        namespace = error.namespace(),
+        table,
+        error = %error,
+        "the idempotency store is not set up for this service; every call fails until it is"
+    );
+}
+
+/// [`Error::InProgress`] for a call with `lease` that found the key held by a claim that may be taken
+/// over once `retry_after` has passed (see [`Found::InProgress`]).
+#[cold]
+fn in_progress(
+    idem: &Idempotency,
+    namespace: &str,
+    retry_after: Duration,
+    lease: Duration,
+) -> Error {
     Error::InProgress {
         namespace: namespace.to_owned(),
         retry_after,
-        retry_hint: retry_after.min(idem.retry_hint()),
+        retry_hint: retry_hint(idem.heartbeat(), idem.retry_hint(), retry_after, lease),
     }
+}
+
+/// The [`retry_hint`](Error::InProgress) for a caller that found a claim it may take over once
+/// `retry_after` has passed (counted from the caller's clock less the skew margin, as every takeover
+/// decision is).
+///
+/// While heartbeats are on, a live holder extends its lease to `lease` from its own now every
+/// [`heartbeat_interval`]: just after a heartbeat `retry_after` is `lease` (plus the margin), and it
+/// falls to `lease - interval` (plus the margin) by the time the next one is due. So a `retry_after`
+/// below `lease - interval` means the lease has not been extended for longer than an interval even if
+/// the holder's clock runs behind this caller's by the whole margin: the claim is *stalled* (its
+/// worker died, hangs, or cannot reach the store), and the hint is the time until it can be taken
+/// over — whole seconds, rounded up past the instant the lease counts as lapsed, never zero. A live
+/// holder (and any holder while heartbeats are off, when a lease never moves and its result may come
+/// at any moment) gets `hint`, at most `retry_after`.
+///
+/// Judged with this caller's `lease`: a holder that claimed with a longer one looks live, one with a
+/// shorter one looks stalled sooner (its hint is still what is left of its lease).
+pub(crate) fn retry_hint(
+    heartbeat: bool,
+    hint: Duration,
+    retry_after: Duration,
+    lease: Duration,
+) -> Duration {
+    let stalled = heartbeat && retry_after < lease.saturating_sub(heartbeat_interval(lease));
+    if stalled {
+        // Lapsed once the judged clock is strictly past the lease's end: one millisecond after
+        // `retry_after`.
+        Duration::from_secs(millis(retry_after).saturating_add(1).div_ceil(1000).max(1))
+    } else {
+        retry_after.min(hint)
+    }
+}
+
+/// How often a running body's heartbeat extends its lease: every third of the lease (at least every
+/// millisecond).
+pub(crate) fn heartbeat_interval(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
 }
 
 /// Sleeps until `pause`, then reads the key's record again, for a call waiting on an in-flight one.
@@ -861,6 +931,9 @@ where
                 (lease_until_ms, took_over)
             }
             Err(e) => {
+                if e.is_setup() {
+                    setup_error(&e);
+                }
                 let outcome = Outcome::of(&e);
                 return (Err(e.into()), outcome);
             }
@@ -1755,7 +1828,7 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
 
 /// Extends the lease every third of it, until the claim is found lost or completed; never returns.
 async fn heartbeats(heartbeat: Heartbeat<'_>) {
-    let every = (heartbeat.lease / 3).max(Duration::from_millis(1));
+    let every = heartbeat_interval(heartbeat.lease);
     loop {
         tokio::time::sleep(every).await;
         let now_ms = heartbeat.idem.clock().now_ms();
@@ -2335,5 +2408,75 @@ mod failure {
         let record = store.records().pop().expect("the record");
         assert_eq!(record.status, Status::Failed, "the key is left blocked");
         assert_eq!(available(), AttributeValue::N("9".into()), "undone again");
+    }
+}
+
+#[cfg(test)]
+mod retry_hints {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_mins(1);
+    const SHORT: Duration = Duration::from_secs(1);
+
+    fn hint(retry_after: Duration) -> Duration {
+        retry_hint(true, SHORT, retry_after, LEASE)
+    }
+
+    /// A 60 s lease is extended every 20 s: `retry_after` (which counts the skew margin) falls from
+    /// 61 s to 41 s between two heartbeats, and below 40 s the claim is stalled.
+    #[test]
+    fn the_short_hint_until_a_heartbeat_is_overdue_then_the_lease() {
+        assert_eq!(hint(Duration::from_secs(61)), SHORT);
+        assert_eq!(hint(Duration::from_secs(40)), SHORT, "due, not overdue");
+        assert_eq!(hint(Duration::from_millis(39_999)), Duration::from_secs(40));
+        assert_eq!(
+            hint(Duration::from_secs(39)),
+            Duration::from_secs(40),
+            "lapsed only once strictly past the lease's end"
+        );
+        assert_eq!(hint(Duration::from_millis(38_001)), Duration::from_secs(39));
+        assert_eq!(hint(Duration::from_millis(1)), Duration::from_secs(1));
+        // A PENDING record without a lease, or at its lease's very end: never zero.
+        assert_eq!(hint(Duration::ZERO), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn without_heartbeats_a_lease_never_moves_and_the_hint_stays_short() {
+        assert_eq!(
+            retry_hint(false, SHORT, Duration::from_secs(5), LEASE),
+            SHORT
+        );
+        assert_eq!(
+            retry_hint(false, SHORT, Duration::from_millis(300), LEASE),
+            Duration::from_millis(300),
+            "never more than what is left"
+        );
+    }
+
+    #[test]
+    fn extreme_leases_neither_overflow_nor_stall_live_claims() {
+        // The longest lease a handle accepts, nearly all of it left, long overdue by its heartbeat.
+        let century = crate::MAX_DURATION;
+        let left = century / 2;
+        assert_eq!(
+            retry_hint(true, SHORT, left, century),
+            Duration::from_secs(left.as_secs() + 1)
+        );
+        // A `retry_after` as large as milliseconds go (a lease end far past any lease).
+        let huge = Duration::from_millis(u64::MAX);
+        assert_eq!(retry_hint(true, SHORT, huge, century), SHORT);
+        assert_eq!(
+            retry_hint(true, SHORT, huge, Duration::MAX),
+            Duration::from_secs(u64::MAX / 1000 + 1)
+        );
+        // A lease too short to have a heartbeat interval below it is never stalled.
+        assert_eq!(
+            retry_hint(true, SHORT, Duration::ZERO, Duration::ZERO),
+            Duration::ZERO
+        );
+        assert_eq!(
+            retry_hint(true, SHORT, Duration::ZERO, Duration::from_millis(1)),
+            Duration::ZERO
+        );
     }
 }

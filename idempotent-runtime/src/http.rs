@@ -26,7 +26,7 @@
 //! | first with its key | the handler's own response, whole (headers, and a body of any size: what is kept for storage, up to `max_stored_response_bytes`, is read before the caller gets the head, the rest streams through); it is stored unless [it is not final](#which-responses-are-stored) |
 //! | same key, same request, done | the stored status, [headers that matter](IdempotencyLayer::replay_header) and body, plus `Idempotent-Replayed: true` |
 //! | same key, done, but its response could not be stored (too large, or its body failed while it was sent) | 410, saying the request was processed and its response cannot be sent again, plus `Idempotent-Replayed: true` ([below](#responses-that-cannot-be-stored)) |
-//! | same key, still in flight | 409, `Retry-After` from the handle's retry hint |
+//! | same key, still in flight | 409, `Retry-After` from the handle's retry hint; once the request's worker has stopped sending heartbeats, the seconds left on its lease ([`Error::InProgress`]'s `retry_hint`) |
 //! | same key, another request (method, path and query, or body) | 422 |
 //! | no `Idempotency-Key` (or an empty or malformed one) | 400, unless [`optional`](IdempotencyLayer::optional) |
 //! | no caller identity | 401 |
@@ -34,6 +34,7 @@
 //! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
 //! | the handler panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
+//! | the store is not set up: the table is missing, refused the credentials, or has another key schema | 500, without an invitation to retry (the runtime logs an `error` event saying what to do, e.g. create the table with `DynamoDbStore::ensure_table`) |
 //!
 //! Errors are `application/problem+json` (RFC 9457). `GET`, `HEAD`, `OPTIONS` and `TRACE` pass through:
 //! they are idempotent already.
@@ -161,7 +162,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The response header that marks a replayed response (`true`).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The longest key accepted, in bytes (longer ones are a 400).
-pub const MAX_KEY_BYTES: usize = 255;
+pub const MAX_KEY_BYTES: usize = crate::key::http::MAX_KEY_BYTES;
 /// The default limit on request bodies (1 MiB); see [`IdempotencyLayer::max_request_bytes`].
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// The default limit on the response bodies that are stored (1 MiB); see
@@ -255,7 +256,7 @@ impl IdempotencyLayer {
             settings: Arc::new(Settings {
                 idem,
                 identity: Box::new(identity),
-                namespace: "http",
+                namespace: crate::key::http::DEFAULT_HTTP_NAMESPACE,
                 required: true,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
                 max_stored_response_bytes: DEFAULT_MAX_STORED_RESPONSE_BYTES,
@@ -288,8 +289,10 @@ impl IdempotencyLayer {
         Arc::get_mut(&mut self.settings).expect("configure an IdempotencyLayer before cloning it")
     }
 
-    /// The key namespace of the records (default `"http"`): give each API its own, so that keys and
-    /// stored responses of two APIs on one table never meet.
+    /// The key namespace of the records (default [`DEFAULT_HTTP_NAMESPACE`](crate::DEFAULT_HTTP_NAMESPACE),
+    /// `"http"`): give each API its own, so that keys and stored responses of two APIs on one table
+    /// never meet. A request's record key is [`derive_http_key`](crate::derive_http_key)`(namespace,
+    /// identity, key)`; `idempotent key show --http IDENTITY KEY --namespace NS` shows it.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
@@ -602,7 +605,7 @@ impl Settings {
         };
         let fingerprint = fingerprint(&parts, &bytes);
         let request = Request::from_parts(parts, Body::from(bytes));
-        let scope = (identity, key);
+        let scope = crate::key::http::scope(identity, key);
         if !this.detached {
             return this.execute(inner, request, &scope, &fingerprint).await;
         }
@@ -634,7 +637,7 @@ impl Settings {
         &self,
         mut inner: S,
         request: Request<Body>,
-        scope: &(String, String),
+        scope: &crate::key::http::Scope,
         fingerprint: &[String],
     ) -> Response<Body>
     where
@@ -1006,9 +1009,8 @@ fn not_replayable(original: Option<StatusCode>, location: Option<&str>) -> Respo
     response
 }
 
-/// The request's key: `None` when absent; an error text when it is not one usable key. The draft
-/// makes it a Structured Field string (`"8e03978e-..."`); a bare token (`8e03978e-...`) is accepted
-/// too, as most clients send one.
+/// The request's key: `None` when absent; an error text when it is not one usable key (see
+/// [`key_of_header`](crate::key::http::key_of_header), which `derive_http_key` shares).
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, &'static str> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
@@ -1019,37 +1021,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, &'static str> 
     }
     let text = value
         .to_str()
-        .map_err(|_| "the `Idempotency-Key` header must be visible ASCII")?
-        .trim();
-    let key = match text.strip_prefix('"') {
-        Some(quoted) => unquote(quoted).ok_or("the quoted `Idempotency-Key` is malformed")?,
-        None => text.to_owned(),
-    };
-    if key.is_empty() {
-        return Err("the `Idempotency-Key` header is empty");
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err("the `Idempotency-Key` header is longer than 255 bytes");
-    }
-    Ok(Some(key))
-}
-
-/// The content of a Structured Field string after its opening quote (RFC 8941 §3.3.3): `\"` and `\\`
-/// escapes, ending at the closing quote, with nothing after it.
-fn unquote(quoted: &str) -> Option<String> {
-    let mut out = String::with_capacity(quoted.len());
-    let mut chars = quoted.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next()? {
-                escaped @ ('"' | '\\') => out.push(escaped),
-                _ => return None,
-            },
-            '"' => return chars.as_str().is_empty().then_some(out),
-            c => out.push(c),
-        }
-    }
-    None
+        .map_err(|_| "the `Idempotency-Key` header must be visible ASCII")?;
+    crate::key::http::key_of_header(text).map(Some)
 }
 
 /// The response for an error of the protocol: 409 and 422 for the client's own doing, 503 for what
@@ -1091,11 +1064,21 @@ fn error_response(error: &Error) -> Response<Body> {
                 Duration::from_secs(1),
             )
         }
+        // The runtime logged it at `error` level, with what to do. Nothing a client does helps, so
+        // the answer does not invite a retry; the table's name stays out of it.
+        error if error.is_setup() => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the service's idempotency store is not set up, so the request was not processed; the service's error log says what to do",
+        ),
         _ => {
-            tracing::error!(error = %error, "idempotency failed");
+            tracing::error!(namespace = error.namespace(), error = %error, "idempotency failed");
             problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "the request could not be processed idempotently; retry with the same key",
+                if error.is_retryable() {
+                    "the request could not be processed idempotently; retry with the same key"
+                } else {
+                    "the request could not be processed idempotently because of a problem in the service; the service's error log says more"
+                },
             )
         }
     }

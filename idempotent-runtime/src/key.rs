@@ -21,6 +21,8 @@ use sha2::{Digest, Sha256};
 use crate::Error;
 use crate::handler::{Call, MissingKey};
 
+pub(crate) mod http;
+
 /// `value`'s canonical JSON, as [`with_canonical_json`] gives it.
 #[cfg(test)]
 fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {

@@ -141,6 +141,7 @@ pub use config::{
 pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
 pub use handler::MissingKey;
+pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};

@@ -139,6 +139,7 @@ impl<T: Observed> Observed for Result<T, StoreError> {
                     StoreError::Schema(_) => "schema",
                     StoreError::Unsupported { .. } => "unsupported",
                     StoreError::Other(_) => "error",
+                    StoreError::AccessDenied { .. } => "access_denied",
                     StoreError::RegionUnavailable { .. } => "region_unavailable",
                 },
                 e.code(),

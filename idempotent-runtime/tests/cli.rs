@@ -314,3 +314,214 @@ fn capacity_from_first_principles() {
         "{text}"
     );
 }
+
+/// An empty directory of its own, for a `HOME` without AWS configuration.
+fn empty_dir(prefix: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(table_name(prefix));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// With `--endpoint` and no credentials anywhere (no `AWS_*` variables, a `HOME` without `.aws`), the
+/// command uses dummy ones, as DynamoDB Local wants, and says so; it does not wait for the EC2
+/// instance metadata service first. With credentials configured, it uses them, silently.
+#[test]
+fn an_endpoint_without_credentials_uses_dummy_ones_at_once_and_says_so() {
+    const NOTICE: &str = "no AWS credentials configured; using dummy ones for --endpoint";
+    let home = empty_dir("cli-home");
+    let table = table_name("cli-dummy");
+    let started = std::time::Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "create",
+            "--table",
+            &table,
+            "--json",
+        ])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains(&endpoint()), "{stderr}");
+    assert_eq!(json(&output)["status"], "ACTIVE");
+    // Creating a table on DynamoDB Local takes well under a second; the instance metadata service's
+    // timeouts alone take longer than this.
+    assert!(
+        elapsed < std::time::Duration::from_secs(4),
+        "took {elapsed:?}: waited for credentials"
+    );
+
+    // Configured credentials are used, without a notice.
+    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "check",
+            "--table",
+            &table,
+        ])
+        .env_clear()
+        .env("HOME", &home)
+        .env("AWS_ACCESS_KEY_ID", "configured")
+        .env("AWS_SECRET_ACCESS_KEY", "configured")
+        .output()
+        .unwrap();
+    assert!(stdout(&output).contains("fits the store"));
+    assert!(!String::from_utf8_lossy(&output.stderr).contains(NOTICE));
+    // A profile in `HOME` counts as configured too.
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\naws_access_key_id = profile\naws_secret_access_key = profile\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "check",
+            "--table",
+            &table,
+        ])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(stdout(&output).contains("fits the store"));
+    assert!(!String::from_utf8_lossy(&output.stderr).contains(NOTICE));
+    // A configuration that is there but fails (a credential process that exits with an error) is not
+    // "none": no dummy credentials, and the error says what failed.
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\ncredential_process = /bin/false\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "check",
+            "--table",
+            &table,
+        ])
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains("external process exited"), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// `--http IDENTITY KEY` and `--namespace` are refused where they mean nothing.
+#[test]
+fn key_show_http_takes_an_identity_and_a_key_and_no_function_key() {
+    let refused = |args: &[&str]| {
+        let output = idempotent(args);
+        assert!(!output.status.success(), "{args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let err = refused(&["key", "show", "--table", "t", "--http", "acme"]);
+    assert!(err.contains("IDENTITY") && err.contains("KEY"), "{err}");
+    let err = refused(&[
+        "key",
+        "show",
+        "--table",
+        "t",
+        "billing::charge",
+        "[7]",
+        "--namespace",
+        "n",
+    ]);
+    assert!(err.contains("--http"), "{err}");
+    let err = refused(&[
+        "key",
+        "show",
+        "--table",
+        "t",
+        "--http",
+        "acme",
+        "k",
+        "billing::charge",
+    ]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = refused(&["key", "show", "--table", "t", "--http", "acme", "\"open"]);
+    assert!(
+        err.contains("the quoted `Idempotency-Key` is malformed"),
+        "{err}"
+    );
+}
+
+/// A request through the HTTP layer, then `key show --http` finds its record by the caller's identity
+/// and the header as sent (quoted or not), in the layer's namespace.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn key_show_http_finds_a_layers_record() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use idempotent_runtime::http::IdempotencyLayer;
+
+    let (table, _, idem) = setup("cli-http");
+    let layer = IdempotencyLayer::new(idem, |parts: &axum::http::request::Parts| {
+        parts
+            .headers
+            .get("x-tenant")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    })
+    .namespace("payments");
+    let mut app = axum::Router::new().route(
+        "/pay",
+        axum::routing::post(|| async { (StatusCode::CREATED, "paid") }).layer(layer),
+    );
+    let request = Request::post("/pay")
+        .header("x-tenant", "acme")
+        .header("idempotency-key", "\"order-1\"")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = tower_service::Service::call(&mut app, request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let show = |extra: &[&str]| {
+        idempotent(&[&["key", "show", "--table", &table][..], extra, &["--json"]].concat())
+    };
+    for key in ["order-1", "\"order-1\""] {
+        let shown = json(&show(&["--http", "acme", key, "--namespace", "payments"]));
+        assert_eq!(shown["status"], "COMPLETED");
+        assert_eq!(
+            shown["key"],
+            idempotent_runtime::derive_http_key("payments", "acme", "order-1").unwrap()
+        );
+        assert!(
+            shown["response_preview"].as_str().unwrap().contains("paid"),
+            "{shown}"
+        );
+    }
+    // Another caller's key, or the default namespace, is another record.
+    for args in [
+        &["--http", "globex", "order-1", "--namespace", "payments"][..],
+        &["--http", "acme", "order-1"][..],
+    ] {
+        let missing = show(args);
+        assert!(!missing.status.success());
+        let err = String::from_utf8_lossy(&missing.stderr);
+        assert!(
+            err.contains("no record for") && err.contains("layer's"),
+            "{err}"
+        );
+    }
+}

@@ -98,7 +98,7 @@ async fn a_missing_table_is_a_clear_error_and_the_body_does_not_run() {
     );
     assert!(
         err.to_string()
-            .contains("create it with `DynamoDbStore::create_table`"),
+            .contains("create it at start-up with `DynamoDbStore::ensure_table`"),
         "{err}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);

@@ -10,7 +10,16 @@
 //! ```
 //!
 //! The AWS configuration is the usual one (environment, profile, role); `--endpoint` (or
-//! `IDEMPOTENT_DYNAMODB_ENDPOINT`) points it at DynamoDB Local. `--json` prints one JSON document for
+//! `IDEMPOTENT_DYNAMODB_ENDPOINT`) points it at DynamoDB Local, and then, when no credentials are
+//! configured (no `AWS_*` variables, no profile), uses dummy ones and says so on stderr, without
+//! asking the EC2 instance metadata service. An HTTP layer's record is named by the caller's identity
+//! and the `Idempotency-Key` header, in the layer's namespace (default `http`):
+//!
+//! ```text
+//! idempotent key show --table idempotency --http acme order-1 --namespace payments
+//! ```
+//!
+//! Inside this repository: `cargo run -p idempotent-runtime --features cli --bin idempotent -- …`. `--json` prints one JSON document for
 //! scripts. `--layout` (`key`, the default; `static-pk`, `static-pk=VALUE`; `tenant`) names the
 //! table's layout, as the application's `DynamoDbStore::with_layout` does.
 
@@ -18,9 +27,13 @@ use std::io::{BufRead as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aws_credential_types::provider::error::CredentialsError;
 use clap::{Args, Parser, Subcommand};
 use idempotent_runtime::admin::{self, KeyReport, Released, Traffic};
 use idempotent_runtime::aws_sdk_dynamodb::Client;
+use idempotent_runtime::aws_sdk_dynamodb::config::{
+    Credentials, ProvideCredentials as _, SharedCredentialsProvider,
+};
 use idempotent_runtime::{Clock as _, DynamoDbStore, Layout, Store as _, SystemClock, TableReport};
 
 #[derive(Debug, Parser)]
@@ -98,10 +111,46 @@ struct KeyArgs {
     #[arg(long, default_value = "key")]
     layout: Layout,
     /// The function's namespace: its `name = ".."`, or `module::path::fn_name`.
-    namespace: String,
+    #[arg(required_unless_present = "http", conflicts_with = "http")]
+    namespace: Option<String>,
     /// The key as JSON, as the function's `key = ..` serializes it: a tuple key is an array, e.g.
     /// '[7, "order-1"]'.
-    key: String,
+    #[arg(required_unless_present = "http", conflicts_with = "http")]
+    key: Option<String>,
+    /// An HTTP layer's record instead: the caller's identity (what the layer's identity function
+    /// returned) and the request's `Idempotency-Key` header, as sent (quoted or not).
+    #[arg(long, num_args = 2, value_names = ["IDENTITY", "KEY"])]
+    http: Option<Vec<String>>,
+    /// With `--http`: the layer's namespace (`IdempotencyLayer::namespace`; default `http`).
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    http_namespace: Option<String>,
+}
+
+impl KeyArgs {
+    /// The record key: the function's namespace and JSON key, or the HTTP layer's.
+    fn record_key(&self) -> Result<String, Failure> {
+        if let Some([identity, key]) = self.http.as_deref() {
+            let namespace = self
+                .http_namespace
+                .as_deref()
+                .unwrap_or(idempotent_runtime::DEFAULT_HTTP_NAMESPACE);
+            return Ok(idempotent_runtime::derive_http_key(
+                namespace, identity, key,
+            )?);
+        }
+        if self.http_namespace.is_some() {
+            return Err("`--namespace` is an HTTP layer's namespace: use it with `--http IDENTITY KEY` (a function's namespace is the first argument)".into());
+        }
+        let (Some(namespace), Some(key)) = (&self.namespace, &self.key) else {
+            return Err("name the record: NAMESPACE KEY, or --http IDENTITY KEY".into());
+        };
+        let key: serde_json::Value = serde_json::from_str(key).map_err(|e| {
+            format!(
+                "the key {key:?} is not JSON ({e}); write it as the function's key serializes, e.g. '[7, \"order-1\"]' for a tuple"
+            )
+        })?;
+        Ok(idempotent_runtime::derive_key(namespace, &key)?)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -179,7 +228,9 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
 async fn client(cli: &Cli) -> Client {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(endpoint) = &cli.endpoint {
-        loader = loader.endpoint_url(endpoint);
+        loader = loader
+            .endpoint_url(endpoint)
+            .credentials_provider(endpoint_credentials(endpoint).await);
     }
     let region = cli
         .region
@@ -191,6 +242,48 @@ async fn client(cli: &Cli) -> Client {
     Client::new(&loader.load().await)
 }
 
+/// The credentials for `--endpoint`: those the AWS configuration has (environment, profile, web
+/// identity, container), or, when none is configured, dummy ones (what DynamoDB Local accepts), said
+/// on stderr. Never the EC2 instance metadata service, the default chain's last resort, which off EC2
+/// makes every command wait for its timeouts first: on EC2 with an endpoint of your own, export the
+/// role's credentials.
+async fn endpoint_credentials(endpoint: &str) -> SharedCredentialsProvider {
+    use aws_config::meta::credentials::CredentialsProviderChain;
+    let configured = CredentialsProviderChain::first_try(
+        "Environment",
+        aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+    )
+    .or_else(
+        "Profile",
+        aws_config::profile::ProfileFileCredentialsProvider::builder().build(),
+    )
+    .or_else(
+        "WebIdentityToken",
+        aws_config::web_identity_token::WebIdentityTokenCredentialsProvider::builder().build(),
+    )
+    .or_else(
+        "EcsContainer",
+        aws_config::ecs::EcsCredentialsProvider::builder().build(),
+    );
+    // Asked once, here: unconfigured, every provider answers at once without a request. A
+    // configuration that is there but broken (a profile that does not exist) is not "none": its
+    // error comes with the first request.
+    match configured.provide_credentials().await {
+        Err(CredentialsError::CredentialsNotLoaded(_)) => {}
+        _ => return SharedCredentialsProvider::new(configured),
+    }
+    eprintln!(
+        "idempotent: no AWS credentials configured; using dummy ones for --endpoint {endpoint} (DynamoDB Local accepts any)"
+    );
+    SharedCredentialsProvider::new(Credentials::new(
+        "dummy",
+        "dummy",
+        None,
+        None,
+        "idempotent-endpoint-dummy",
+    ))
+}
+
 async fn store(cli: &Cli, table: &str, layout: &Layout) -> DynamoDbStore {
     DynamoDbStore::new(client(cli).await, table).with_layout(layout.clone())
 }
@@ -199,18 +292,17 @@ async fn record(
     cli: &Cli,
     k: &KeyArgs,
 ) -> Result<(DynamoDbStore, idempotent_runtime::Record), Failure> {
-    let key: serde_json::Value = serde_json::from_str(&k.key).map_err(|e| {
-        format!(
-            "the key {:?} is not JSON ({e}); write it as the function's key serializes, e.g. '[7, \"order-1\"]' for a tuple",
-            k.key
-        )
-    })?;
-    let pk = idempotent_runtime::derive_key(&k.namespace, &key)?;
+    let pk = k.record_key()?;
     let store = store(cli, &k.table, &k.layout).await;
     let record = store.get(&pk).await?.ok_or_else(|| {
         format!(
-            "no record for `{pk}` in table `{}`: the key never ran, its record expired and was deleted, or the namespace or key differs from the function's",
-            k.table
+            "no record for `{pk}` in table `{}`: the key never ran, its record expired and was deleted, or the namespace or key differs from the {}",
+            k.table,
+            if k.http.is_some() {
+                "layer's (`--namespace`, the identity, the header)"
+            } else {
+                "function's"
+            }
         )
     })?;
     Ok((store, record))

@@ -231,9 +231,19 @@ pub enum StoreError {
         /// What it does not support.
         capability: &'static str,
     },
-    /// Anything else (permissions, a misconfigured client).
+    /// Anything else (a misconfigured client).
     #[error("{}", crate::error::chain(.0.as_ref()))]
     Other(#[source] BoxError),
+    /// The backend refused the credentials or their permissions on the table (DynamoDB's
+    /// `AccessDeniedException`, `UnrecognizedClientException`, an invalid signature, an expired token).
+    #[error("access to table `{table}` was refused: {}", crate::error::chain(source.as_ref()))]
+    AccessDenied {
+        /// The table's name.
+        table: String,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
     /// The region serving a key (its home region, or the region holding a failed-over claim) is
     /// unavailable: a [`RoutedStore`](routed::RoutedStore) got [`Unavailable`](StoreError::Unavailable)
     /// from the region's store (see the [`routed`] module for exactly which errors count). The request
@@ -259,7 +269,10 @@ impl StoreError {
             StoreError::Throttled(e)
             | StoreError::Unavailable(e)
             | StoreError::Invalid(e)
-            | StoreError::Other(e) => e.downcast_ref::<CodedError>().map(CodedError::code),
+            | StoreError::Other(e)
+            | StoreError::AccessDenied { source: e, .. } => {
+                e.downcast_ref::<CodedError>().map(CodedError::code)
+            }
             StoreError::RegionUnavailable { source, .. } => source
                 .downcast_ref::<StoreError>()
                 .and_then(StoreError::code),

@@ -3,7 +3,9 @@
 //!
 //! Throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts, broken
 //! connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
-//! [`StoreError::Invalid`]; a missing table is [`StoreError::TableNotFound`]. A failed condition is not
+//! [`StoreError::Invalid`], except a key that does not fit the table's key schema, which is
+//! [`StoreError::Schema`]; a missing table is [`StoreError::TableNotFound`]; refused credentials or
+//! permissions are [`StoreError::AccessDenied`]. A failed condition is not
 //! an error but an outcome ([`rejected`]), and a canceled transaction is read per action
 //! ([`cancellation_reasons`]).
 
@@ -24,6 +26,28 @@ const THROTTLING_CODES: [&str; 4] = [
     "ThrottlingException",
     "RequestLimitExceeded",
     "ThrottledException",
+];
+
+/// Refused credentials or permissions: nothing passes until the credentials or the policy change.
+const DENIED_CODES: [&str; 7] = [
+    "AccessDeniedException",
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "MissingAuthenticationTokenException",
+    "IncompleteSignatureException",
+    "ExpiredTokenException",
+    "InvalidClientTokenId",
+];
+
+/// What DynamoDB's `ValidationException` says when a request's key does not fit the table's key
+/// schema: another partition key name or type, or a sort key the store does not send (or the other
+/// way round). The first is the service's message for most cases; DynamoDB Local (checked: 11.1.0)
+/// says the other three, the second also on the service.
+const KEY_SCHEMA_MESSAGES: [&str; 4] = [
+    "The provided key element does not match the schema",
+    "One of the required keys was not given a value",
+    "The number of conditions on the keys is invalid",
+    "Type mismatch for key",
 ];
 
 /// Service errors that may pass with a retry: the service's own trouble, and a collision with a
@@ -69,6 +93,10 @@ fn with_code(code: String, sorted: StoreError) -> StoreError {
         StoreError::Unavailable(e) => StoreError::Unavailable(coded(e)),
         StoreError::Invalid(e) => StoreError::Invalid(coded(e)),
         StoreError::Other(e) => StoreError::Other(coded(e)),
+        StoreError::AccessDenied { table, source } => StoreError::AccessDenied {
+            table,
+            source: coded(source),
+        },
         other => other,
     }
 }
@@ -91,6 +119,22 @@ where
     };
     match err.code() {
         Some("ResourceNotFoundException") => StoreError::TableNotFound(table.to_owned()),
+        Some(code) if DENIED_CODES.contains(&code) => StoreError::AccessDenied {
+            table: table.to_owned(),
+            source: Box::new(err),
+        },
+        // A transaction's items may be business items: their key mismatch stays a refused write.
+        Some("ValidationException")
+            if std::any::TypeId::of::<E>() != std::any::TypeId::of::<TransactWriteItemsError>()
+                && err
+                    .message()
+                    .is_some_and(|m| KEY_SCHEMA_MESSAGES.iter().any(|k| m.contains(k))) =>
+        {
+            StoreError::Schema(format!(
+                "table `{table}` does not have the store's key schema (DynamoDB: {}); `DynamoDbStore::check` (or `idempotent table check`) says what differs: use a table created by `DynamoDbStore::ensure_table`, or give the store the table's key attribute names and layout (`AttributeNames`, `DynamoDbStore::with_layout`)",
+                err.message().unwrap_or_default()
+            ))
+        }
         Some("ValidationException") => StoreError::Invalid(Box::new(err)),
         Some(code) if THROTTLING_CODES.contains(&code) => StoreError::Throttled(Box::new(err)),
         _ if transient => StoreError::Unavailable(Box::new(err)),

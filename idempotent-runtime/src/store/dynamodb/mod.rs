@@ -4,8 +4,8 @@
 //! `TransactWriteItems` (a claim, completion or failure that carries business writes), or a consistent
 //! `GetItem` (waiting for an in-flight call). Conditional writes ask for
 //! `ReturnValuesOnConditionCheckFailure=ALL_OLD`, so a failed condition hands back the blocking record in
-//! the same round trip. [`DynamoDbStore::create_table`] creates the table (`CreateTable`, then
-//! `DescribeTable` until it is active, then `UpdateTimeToLive`).
+//! the same round trip. [`DynamoDbStore::ensure_table`] creates the table (`CreateTable`, then
+//! `DescribeTable` until it is active, then `UpdateTimeToLive`) and verifies it; call it at start-up.
 //!
 //! # The protocol, request by request
 //!
@@ -99,7 +99,8 @@ pub use table::{Replication, TableReport};
 
 /// Idempotency records in a DynamoDB table, one item per key.
 ///
-/// Cheap to clone. Create the table with [`DynamoDbStore::create_table`] or by hand: by default
+/// Cheap to clone. Create the table at start-up with [`DynamoDbStore::ensure_table`] (or the
+/// `idempotent table create` command), or by hand: by default
 /// ([`Layout::Key`]) partition key `pk` (String) only; with [`with_layout`](Self::with_layout), the
 /// layout's key schema (partition key `pk` and sort key `sk`, both String). Any billing mode, TTL on
 /// `expires_at` (optional: expiry is enforced by the conditions, TTL only reclaims space).
