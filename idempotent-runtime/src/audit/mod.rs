@@ -239,6 +239,36 @@ pub struct AuditConfig {
     pub report_from_s: Option<u64>,
 }
 
+impl AuditConfig {
+    /// With [`window`](Self::window) `window`.
+    #[must_use]
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// With [`max_tracked`](Self::max_tracked) `max`.
+    #[must_use]
+    pub fn max_tracked(mut self, max: usize) -> Self {
+        self.max_tracked = max;
+        self
+    }
+
+    /// With the functions' [`ttl`](Self::ttl).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Reporting only changes from `epoch_s` on ([`report_from_s`](Self::report_from_s)).
+    #[must_use]
+    pub fn report_from(mut self, epoch_s: u64) -> Self {
+        self.report_from_s = Some(epoch_s);
+        self
+    }
+}
+
 impl Default for AuditConfig {
     /// A window of 7 days, at most a million deletions remembered (about 100 MB), no `ttl`.
     fn default() -> Self {

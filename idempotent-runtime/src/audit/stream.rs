@@ -4,7 +4,7 @@
 //! are seen in order across a shard split), with `GetShardIterator` and `GetRecords`. Iterators expire
 //! 15 minutes after they are handed out: an `ExpiredIteratorException` is answered with a new iterator
 //! after the last record read. A `TrimmedDataAccessException` (the position is older than the stream's
-//! 24 hours) restarts the shard at its oldest record, and is counted: records were lost in between. A
+//! 24 hours) restarts the shard at its oldest record (records read before are not fed to the auditor again), and is counted: records were lost in between. A
 //! shard that no longer exists (`ResourceNotFoundException`) is dropped, and counted. Throttling
 //! (`LimitExceededException`: more than two readers on a shard) waits and tries again.
 
@@ -121,6 +121,43 @@ pub struct ReadOptions {
     pub limit: i32,
 }
 
+impl ReadOptions {
+    /// With [`follow`](Self::follow).
+    #[must_use]
+    pub fn follow(mut self, follow: bool) -> Self {
+        self.follow = follow;
+        self
+    }
+
+    /// Starting from `start`.
+    #[must_use]
+    pub fn start(mut self, start: StartFrom) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// With [`poll_interval`](Self::poll_interval).
+    #[must_use]
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// With [`idle_polls`](Self::idle_polls).
+    #[must_use]
+    pub fn idle_polls(mut self, polls: u32) -> Self {
+        self.idle_polls = polls;
+        self
+    }
+
+    /// With [`limit`](Self::limit) records per read (1 to 1,000).
+    #[must_use]
+    pub fn limit(mut self, limit: i32) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
 impl Default for ReadOptions {
     /// From the trim horizon, not following, a second between idle rounds, 3 idle reads, 1,000 records
     /// per read.
@@ -161,8 +198,11 @@ struct Shard {
     parent: Option<String>,
     /// How a fresh iterator starts, until a record was read.
     start: ShardIteratorType,
-    /// The last record read.
+    /// The last record read since the iterator's start (where a renewed iterator continues).
     after: Option<String>,
+    /// The last record fed to the auditor, kept across a restart from the trim horizon: records at or
+    /// before it are not fed again.
+    fed: Option<String>,
     iterator: Option<String>,
     /// Read to its end (a closed shard), or gone.
     finished: bool,
@@ -299,6 +339,7 @@ impl StreamReader {
                         ShardIteratorType::TrimHorizon
                     },
                     after: None,
+                    fed: None,
                     iterator: None,
                     finished: latest && closed,
                     idle: 0,
@@ -368,6 +409,14 @@ impl StreamReader {
             if !change.sequence_number.is_empty() {
                 shard.after = Some(change.sequence_number.clone());
             }
+            if shard
+                .fed
+                .as_deref()
+                .is_some_and(|fed| !super::is_after(&change.sequence_number, fed))
+            {
+                continue;
+            }
+            shard.fed = Some(change.sequence_number.clone());
             if let Some(finding) = auditor.observe(&change) {
                 on_finding(finding);
             }
