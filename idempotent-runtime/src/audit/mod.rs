@@ -604,3 +604,8 @@ fn namespace(key: &str) -> &str {
 
 #[cfg(test)]
 mod tests;
+
+// The runbook's examples are doctests here too (the crate's guide includes the page).
+#[cfg(doctest)]
+#[doc = include_str!("../guide/runbook.md")]
+struct RunbookExamples;
