@@ -204,7 +204,7 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
             None,
         ))
         .await;
-        assert_eq!(keys(&stuck), [seeded.stuck.clone()], "{layout}");
+        assert_eq!(keys(&stuck), [seeded.stuck.as_str()], "{layout}");
         assert!(
             stuck.keys[0]
                 .lease_left_ms
@@ -218,7 +218,7 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
         stale.sort();
         assert_eq!(keys(&old), stale, "{layout}");
         let other = list(filter(None, None, Some(OTHER))).await;
-        assert_eq!(keys(&other), [seeded.expired.clone()], "{layout}");
+        assert_eq!(keys(&other), [seeded.expired.as_str()], "{layout}");
         let failed = list(filter(Some(Status::Failed), None, Some(NS))).await;
         assert_eq!(failed.keys.len(), 2, "{layout}");
         assert!(failed.keys.iter().all(|k| {
@@ -227,7 +227,7 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
                 .is_some_and(|e| e.starts_with("declined\n"))
         }));
         let completed = list(filter(Some(Status::Completed), None, Some(NS))).await;
-        assert_eq!(keys(&completed), [seeded.completed.clone()], "{layout}");
+        assert_eq!(keys(&completed), [seeded.completed.as_str()], "{layout}");
         assert_eq!(
             completed.keys[0].response_preview.as_deref(),
             Some("\"ch_3\"")

@@ -569,21 +569,24 @@ impl Auditor {
     }
 }
 
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's `serialize_with` passes a reference"
+)]
 fn status_text<S: serde::Serializer>(status: &Status, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(status.as_str())
 }
 
 /// The rule by which `change`, a deletion of `record`, was TTL's, if it was.
 fn ttl_rule(change: &Change, record: &Record) -> Option<Rule> {
-    match &change.identity {
-        Some(id) => (id.kind == SERVICE_IDENTITY_TYPE && id.principal == TTL_PRINCIPAL)
-            .then_some(Rule::ServiceIdentity),
-        None => {
-            let at = change.created_at_s?;
-            // A time on a whole minute may be a rounded one: the deletion was within that minute.
-            let latest = if at % 60 == 0 { at + 59 } else { at };
-            (record.expires_at_s <= latest).then_some(Rule::Expiry)
-        }
+    if let Some(id) = &change.identity {
+        (id.kind == SERVICE_IDENTITY_TYPE && id.principal == TTL_PRINCIPAL)
+            .then_some(Rule::ServiceIdentity)
+    } else {
+        let at = change.created_at_s?;
+        // A time on a whole minute may be a rounded one: the deletion was within that minute.
+        let latest = if at % 60 == 0 { at + 59 } else { at };
+        (record.expires_at_s <= latest).then_some(Rule::Expiry)
     }
 }
 

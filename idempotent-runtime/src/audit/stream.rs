@@ -30,7 +30,7 @@ pub enum AuditError {
     NoStream {
         /// The table.
         table: String,
-        /// What it has instead: "no stream", "a stream of KEYS_ONLY".
+        /// What it has instead: "no stream", "a stream of `KEYS_ONLY`".
         what: String,
     },
     /// A request failed (after the SDK's retries).
@@ -427,14 +427,9 @@ impl StreamReader {
         } else {
             0
         };
-        match out.next_shard_iterator() {
-            Some(next) => shard.iterator = Some(next.to_owned()),
-            // A closed shard, read to its end.
-            None => {
-                shard.iterator = None;
-                shard.finished = true;
-            }
-        }
+        // None: a closed shard, read to its end.
+        shard.iterator = out.next_shard_iterator().map(str::to_owned);
+        shard.finished = shard.iterator.is_none();
         Ok(records.len())
     }
 

@@ -275,7 +275,7 @@ fn the_completion_is_dated_from_the_ttl_and_retention() {
 #[test]
 fn deletions_are_remembered_for_the_window_and_at_most_max_tracked() {
     let mut a = auditor(AuditConfig {
-        window: Duration::from_secs(3600),
+        window: Duration::from_hours(1),
         max_tracked: 2,
         ..AuditConfig::default()
     });

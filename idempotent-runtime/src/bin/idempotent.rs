@@ -466,17 +466,14 @@ fn print_table(cli: &Cli, report: &TableReport, verdict: &str, stream: &admin::S
         ),
     }
     println!("  billing       {}", report.billing_mode);
-    match (&stream.view_type, stream.fits_the_audit()) {
-        (Some(view), true) => {
-            println!("  stream        on ({view}): `idempotent audit` can read it")
-        }
+    let stream_line = match (&stream.view_type, stream.fits_the_audit()) {
+        (Some(view), true) => format!("on ({view}): `idempotent audit` can read it"),
         (Some(view), false) => {
-            println!("  stream        on ({view}): `idempotent audit` needs NEW_AND_OLD_IMAGES")
+            format!("on ({view}): `idempotent audit` needs NEW_AND_OLD_IMAGES")
         }
-        (None, _) => println!(
-            "  stream        off (`table create --stream` turns it on, for `idempotent audit`)"
-        ),
-    }
+        (None, _) => "off (`table create --stream` turns it on, for `idempotent audit`)".to_owned(),
+    };
+    println!("  stream        {stream_line}");
     if let Some(n) = report.item_count {
         println!("  items         about {n} (updated every few hours)");
     }
