@@ -322,24 +322,30 @@ pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 pub struct KeyList {
     /// Items scanned.
     pub scanned: u64,
+    /// Records that passed the filter (more than [`keys`](Self::keys) holds when the list was cut at
+    /// its limit).
+    pub matched: u64,
     /// Items that are not records of the store's layout and names (another application's), skipped.
     pub not_records: u64,
     /// The records that passed the filter, decoded, by key.
     pub keys: Vec<KeyReport>,
 }
 
-/// Lists the records of `store`'s table that pass `filter`, with a parallel `Scan` of `segments`
-/// segments (one task each; 1 to 1,000,000); `progress` hears how many items were scanned. Works in
-/// every [`Layout`](crate::Layout): records are decoded by the store's own decoder.
+/// Lists the records of `store`'s table that pass `filter`, the first `limit` of them by key, with a
+/// parallel `Scan` of `segments` segments (one task each; 1 to 1,000,000); `progress` hears how many
+/// items were scanned. Works in every [`Layout`](crate::Layout): records are decoded by the store's
+/// own decoder.
 ///
 /// A `Scan` reads the whole table (its read capacity: about one unit per 8 KB, eventually consistent);
-/// only the matching records are kept in memory.
+/// at most `limit` records per segment are kept in memory, whatever the table's size (all of them are
+/// counted: [`KeyList::matched`]).
 ///
 /// # Errors
 /// [`StoreError::Invalid`] for `segments` out of range; the store's error when a `Scan` fails.
 pub async fn list_keys(
     store: &crate::DynamoDbStore,
     filter: &KeyFilter,
+    limit: usize,
     segments: u32,
     now_ms: u64,
     progress: Progress,
@@ -349,14 +355,23 @@ pub async fn list_keys(
         store,
         segments,
         progress,
-        move |list: &mut KeyList, item| {
-            list.scanned += 1;
+        move |part: &mut ListPart, item| {
+            part.scanned += 1;
             match item {
                 Ok((record, _)) if filter.matches(&record, now_ms) => {
-                    list.keys.push(KeyReport::new(&record, now_ms));
+                    part.matched += 1;
+                    // The segment's `limit` smallest keys: all the final list can hold from it.
+                    let largest = part.keys.last_key_value().map(|(k, _)| k.as_str());
+                    if part.keys.len() < limit || largest.is_some_and(|k| record.key.as_str() < k) {
+                        let report = KeyReport::new(&record, now_ms);
+                        part.keys.insert(record.key, report);
+                        if part.keys.len() > limit {
+                            part.keys.pop_last();
+                        }
+                    }
                 }
                 Ok(_) => {}
-                Err(()) => list.not_records += 1,
+                Err(()) => part.not_records += 1,
             }
         },
     )
@@ -364,11 +379,22 @@ pub async fn list_keys(
     let mut all = KeyList::default();
     for part in parts {
         all.scanned += part.scanned;
+        all.matched += part.matched;
         all.not_records += part.not_records;
-        all.keys.extend(part.keys);
+        all.keys.extend(part.keys.into_values());
     }
     all.keys.sort_by(|a, b| a.key.cmp(&b.key));
+    all.keys.truncate(limit);
     Ok(all)
+}
+
+/// One segment's share of a [`KeyList`].
+#[derive(Default)]
+struct ListPart {
+    scanned: u64,
+    matched: u64,
+    not_records: u64,
+    keys: std::collections::BTreeMap<String, KeyReport>,
 }
 
 /// At most this many distinct error lines are counted apart by [`key_stats`]; the rest are counted

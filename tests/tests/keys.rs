@@ -170,7 +170,7 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
         let (store, seeded) = seed(&layout).await;
         let now = now_ms();
         let (progress, seen) = progress();
-        let all = admin::list_keys(&store, &KeyFilter::default(), 3, now, progress)
+        let all = admin::list_keys(&store, &KeyFilter::default(), 1000, 3, now, progress)
             .await
             .unwrap();
         assert_eq!((all.scanned, all.not_records), (7, 1), "{layout}");
@@ -187,7 +187,7 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
         let list = |f: KeyFilter| {
             let store = store.clone();
             async move {
-                admin::list_keys(&store, &f, 2, now, Arc::new(|_| {}))
+                admin::list_keys(&store, &f, 1000, 2, now, Arc::new(|_| {}))
                     .await
                     .unwrap()
             }
@@ -232,6 +232,23 @@ async fn keys_list_finds_stuck_claims_failures_and_completions_in_every_layout()
             completed.keys[0].response_preview.as_deref(),
             Some("\"ch_3\"")
         );
+        // A huge table's list is cut at its limit (per segment too): the first keys, all counted.
+        let mut sorted = keys(&all);
+        sorted.sort();
+        for segments in [1, 4] {
+            let cut = admin::list_keys(
+                &store,
+                &KeyFilter::default(),
+                2,
+                segments,
+                now,
+                Arc::new(|_| {}),
+            )
+            .await
+            .unwrap();
+            assert_eq!((cut.matched, cut.scanned), (6, 7), "{layout}");
+            assert_eq!(keys(&cut), sorted[..2], "{layout}");
+        }
     }
 }
 

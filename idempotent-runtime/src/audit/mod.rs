@@ -590,8 +590,13 @@ fn ttl_rule(change: &Change, record: &Record) -> Option<Rule> {
     }
 }
 
-/// Whether the sequence number `a` comes after `b` (both decimal digits, of any length).
+/// Whether the sequence number `a` comes after `b` (both decimal digits, of any length). A change
+/// without a sequence number (none in a well-formed stream record) comes after anything: it cannot be
+/// recognised as seen before, and is not taken for a duplicate.
 fn is_after(a: &str, b: &str) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return true;
+    }
     let (a, b) = (a.trim_start_matches('0'), b.trim_start_matches('0'));
     (a.len(), a) > (b.len(), b)
 }

@@ -373,6 +373,20 @@ fn sequence_numbers_compare_as_numbers_of_any_length() {
 }
 
 #[test]
+fn a_change_without_a_sequence_number_is_not_taken_for_a_duplicate() {
+    let mut a = auditor(AuditConfig::default());
+    assert!(matches!(
+        a.observe(&removal("", 6000, 5000)),
+        Some(Finding::TtlDeletion(_))
+    ));
+    assert!(matches!(
+        a.observe(&claim("", 6060)),
+        Some(Finding::LateRetry(_))
+    ));
+    assert_eq!(a.summary().duplicates, 0);
+}
+
+#[test]
 fn a_lambda_event_is_read_as_the_streams_api_records_are() {
     let event: aws_lambda_events::event::dynamodb::Event = serde_json::from_value(serde_json::json!({
         "Records": [

@@ -128,6 +128,9 @@ struct KeysListArgs {
     /// Only records of this namespace.
     #[arg(long)]
     namespace: Option<String>,
+    /// List at most this many (the first by key); all matching records are counted.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
 }
 
 fn parse_status(s: &str) -> Result<idempotent_runtime::Status, String> {
@@ -686,6 +689,7 @@ async fn keys_list(cli: &Cli, args: &KeysListArgs) -> Result<(), Failure> {
     let list = admin::list_keys(
         &store,
         &filter,
+        args.limit,
         args.keys.segments,
         SystemClock.now_ms(),
         progress,
@@ -711,6 +715,12 @@ async fn keys_list(cli: &Cli, args: &KeysListArgs) -> Result<(), Failure> {
         if let Some(error) = k.error.as_deref().and_then(|e| e.lines().next()) {
             println!("{:>46}{error}", "");
         }
+    }
+    if list.matched > list.keys.len() as u64 {
+        println!(
+            "... and {} more (`--limit` lists more; `--status`, `--namespace` and `--older-than` narrow the list)",
+            list.matched - list.keys.len() as u64
+        );
     }
     println!(
         "{} records listed of {} items scanned{}",
