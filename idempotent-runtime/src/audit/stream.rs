@@ -535,3 +535,64 @@ fn from_stream_value(value: &aws_sdk_dynamodbstreams::types::AttributeValue) -> 
         _ => AttributeValue::Null(true),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader(follow: bool, shards: &[(&str, Option<&str>, bool, u32)]) -> StreamReader {
+        let config = aws_sdk_dynamodbstreams::Config::builder()
+            .behavior_version(aws_sdk_dynamodbstreams::config::BehaviorVersion::latest())
+            .build();
+        let mut r = StreamReader::new(
+            aws_sdk_dynamodbstreams::Client::from_conf(config),
+            "arn",
+            ReadOptions::default().follow(follow).idle_polls(2),
+        );
+        for (id, parent, finished, idle) in shards {
+            r.shards.push(Shard {
+                id: (*id).to_owned(),
+                parent: parent.map(str::to_owned),
+                start: ShardIteratorType::TrimHorizon,
+                after: None,
+                fed: None,
+                iterator: None,
+                finished: *finished,
+                idle: *idle,
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn a_child_shard_is_read_only_after_its_parent() {
+        // A split: `a` has two children; `b` closed and was read; `c` lost its parent to trimming.
+        let r = reader(
+            false,
+            &[
+                ("a", None, false, 0),
+                ("a1", Some("a"), false, 0),
+                ("a2", Some("a"), false, 0),
+                ("b", None, true, 0),
+                ("b1", Some("b"), false, 0),
+                ("c1", Some("trimmed"), false, 0),
+            ],
+        );
+        let ids = |r: &StreamReader| {
+            r.ready()
+                .into_iter()
+                .map(|i| r.shards[i].id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&r), ["a", "b1", "c1"]);
+        let mut r = r;
+        r.shards[0].finished = true;
+        assert_eq!(ids(&r), ["a1", "a2", "b1", "c1"]);
+        // Without --follow, an open shard read empty `idle_polls` times in a row is done for this run;
+        // with --follow it is polled again.
+        r.shards[1].idle = 2;
+        assert_eq!(ids(&r), ["a2", "b1", "c1"]);
+        r.options.follow = true;
+        assert_eq!(ids(&r), ["a1", "a2", "b1", "c1"]);
+    }
+}
