@@ -1,10 +1,14 @@
 //! What the `idempotent` command line computes, as a library: a record decoded for operators
 //! ([`KeyReport`]), releasing a stuck key ([`release`]), and write capacity from first principles
-//! ([`capacity`]). Behind the `cli` feature.
+//! ([`capacity`]); the table's records listed and counted with a parallel `Scan` ([`list_keys`],
+//! [`key_stats`]); the table's stream, for the audit ([`stream_report`], [`enable_stream`]). Behind
+//! the `cli` feature.
 
 use std::time::Duration;
 
 use serde::Serialize;
+
+use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::record::{AttributeNames, Record, Status};
 use crate::store::{Change, Store, StoreError, Transition, WriteOutcome};
@@ -261,6 +265,481 @@ pub fn capacity(traffic: &Traffic) -> Capacity {
         reference_wcu: units(peak * (1.0 + traffic.duplicate_ratio)),
         record_bytes,
     }
+}
+
+/// Which records [`list_keys`] lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyFilter {
+    /// Only records in this status.
+    pub status: Option<Status>,
+    /// Only records that stopped holding their key at least this long ago: a PENDING claim whose lease
+    /// ran out, a COMPLETED or FAILED record that expired (both wait for TTL to delete them).
+    pub older_than: Option<Duration>,
+    /// Only records of this namespace.
+    pub namespace: Option<String>,
+}
+
+impl KeyFilter {
+    /// Whether `record` passes, at `now_ms`.
+    #[must_use]
+    pub fn matches(&self, record: &Record, now_ms: u64) -> bool {
+        if self.status.is_some_and(|s| s != record.status) {
+            return false;
+        }
+        if self
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| namespace_of(&record.key) != ns)
+        {
+            return false;
+        }
+        match self.older_than {
+            None => true,
+            Some(age) => {
+                let age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+                let stale_since_ms = match (record.status, record.lease_until_ms) {
+                    (Status::Pending, Some(until)) => until,
+                    _ => record.expires_at_s.saturating_mul(1000),
+                };
+                stale_since_ms.saturating_add(age_ms) <= now_ms
+            }
+        }
+    }
+}
+
+/// The namespace of a record key: before its last `#`.
+fn namespace_of(key: &str) -> &str {
+    key.rsplit_once('#').map_or(key, |(ns, _)| ns)
+}
+
+/// Called with the number of items scanned so far (from each segment's task: it must be cheap).
+pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The records [`list_keys`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyList {
+    /// Items scanned.
+    pub scanned: u64,
+    /// Records that passed the filter (more than [`keys`](Self::keys) holds when the list was cut at
+    /// its limit).
+    pub matched: u64,
+    /// Items that are not records of the store's layout and names (another application's), skipped.
+    pub not_records: u64,
+    /// The records that passed the filter, decoded, by key.
+    pub keys: Vec<KeyReport>,
+}
+
+/// Lists the records of `store`'s table that pass `filter`, the first `limit` of them by key, with a
+/// parallel `Scan` of `segments` segments (one task each; 1 to 1,000,000); `progress` hears how many
+/// items were scanned. Works in every [`Layout`](crate::Layout): records are decoded by the store's
+/// own decoder.
+///
+/// A `Scan` reads the whole table (its read capacity: about one unit per 8 KB, eventually consistent);
+/// at most `limit` records per segment are kept in memory, whatever the table's size (all of them are
+/// counted: [`KeyList::matched`]).
+///
+/// # Errors
+/// [`StoreError::Invalid`] for `segments` out of range; the store's error when a `Scan` fails.
+pub async fn list_keys(
+    store: &crate::DynamoDbStore,
+    filter: &KeyFilter,
+    limit: usize,
+    segments: u32,
+    now_ms: u64,
+    progress: Progress,
+) -> Result<KeyList, StoreError> {
+    let filter = std::sync::Arc::new(filter.clone());
+    let parts = scan(
+        store,
+        segments,
+        progress,
+        move |part: &mut ListPart, item| {
+            part.scanned += 1;
+            match item {
+                Ok((record, _)) if filter.matches(&record, now_ms) => {
+                    part.matched += 1;
+                    // The segment's `limit` smallest keys: all the final list can hold from it.
+                    let largest = part.keys.last_key_value().map(|(k, _)| k.as_str());
+                    if part.keys.len() < limit || largest.is_some_and(|k| record.key.as_str() < k) {
+                        let report = KeyReport::new(&record, now_ms);
+                        part.keys.insert(record.key, report);
+                        if part.keys.len() > limit {
+                            part.keys.pop_last();
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(()) => part.not_records += 1,
+            }
+        },
+    )
+    .await?;
+    let mut all = KeyList::default();
+    for part in parts {
+        all.scanned += part.scanned;
+        all.matched += part.matched;
+        all.not_records += part.not_records;
+        all.keys.extend(part.keys.into_values());
+    }
+    all.keys.sort_by(|a, b| a.key.cmp(&b.key));
+    all.keys.truncate(limit);
+    Ok(all)
+}
+
+/// One segment's share of a [`KeyList`].
+#[derive(Default)]
+struct ListPart {
+    scanned: u64,
+    matched: u64,
+    not_records: u64,
+    keys: std::collections::BTreeMap<String, KeyReport>,
+}
+
+/// At most this many distinct error lines are counted apart by [`key_stats`]; the rest are counted
+/// together (as [`OTHER_ERRORS`]).
+pub const MAX_ERROR_LINES: usize = 100;
+/// The error line under which [`key_stats`] counts errors beyond [`MAX_ERROR_LINES`].
+pub const OTHER_ERRORS: &str = "(other errors)";
+
+/// Records of one namespace and status ([`KeyStats::groups`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyGroup {
+    /// The namespace.
+    pub namespace: String,
+    /// `PENDING`, `COMPLETED` or `FAILED`.
+    pub status: String,
+    /// Records.
+    pub count: u64,
+    /// Their items' size, bytes (as DynamoDB counts them: names and values).
+    pub bytes: u64,
+    /// The largest item, bytes.
+    pub max_bytes: u64,
+    /// Records past their `expires_at`, waiting for TTL to delete them.
+    pub expired: u64,
+    /// PENDING records whose lease ran out: their worker stopped (or is late); the next call takes
+    /// them over.
+    pub past_lease: u64,
+}
+
+/// FAILED records with the same error's first line ([`KeyStats::errors`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ErrorLine {
+    /// The namespace.
+    pub namespace: String,
+    /// The error's first line ([`OTHER_ERRORS`] for the lines beyond [`MAX_ERROR_LINES`]).
+    pub error: String,
+    /// Records.
+    pub count: u64,
+}
+
+/// What [`key_stats`] counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyStats {
+    /// Items scanned.
+    pub scanned: u64,
+    /// Items that are not records (skipped).
+    pub not_records: u64,
+    /// Counts and sizes by namespace and status, sorted so.
+    pub groups: Vec<KeyGroup>,
+    /// FAILED records by namespace and their error's first line, most frequent first.
+    pub errors: Vec<ErrorLine>,
+}
+
+#[derive(Default)]
+struct StatsPart {
+    scanned: u64,
+    not_records: u64,
+    groups: std::collections::BTreeMap<(String, &'static str), KeyGroup>,
+    errors: std::collections::HashMap<(String, String), u64>,
+}
+
+/// Counts `store`'s records by namespace and status (their number, sizes, how many expired, PENDING
+/// past their lease) and FAILED records by their error's first line, with a parallel `Scan` as
+/// [`list_keys`]. Memory stays bounded whatever the table's size: the groups, and at most
+/// [`MAX_ERROR_LINES`] error lines per segment.
+///
+/// # Errors
+/// As [`list_keys`].
+pub async fn key_stats(
+    store: &crate::DynamoDbStore,
+    segments: u32,
+    now_ms: u64,
+    progress: Progress,
+) -> Result<KeyStats, StoreError> {
+    let parts = scan(
+        store,
+        segments,
+        progress,
+        move |part: &mut StatsPart, item| {
+            part.scanned += 1;
+            let Ok((record, bytes)) = item else {
+                part.not_records += 1;
+                return;
+            };
+            let namespace = namespace_of(&record.key).to_owned();
+            let group = part
+                .groups
+                .entry((namespace.clone(), record.status.as_str()))
+                .or_insert_with(|| KeyGroup {
+                    namespace: namespace.clone(),
+                    status: record.status.as_str().to_owned(),
+                    ..KeyGroup::default()
+                });
+            group.count += 1;
+            group.bytes += bytes;
+            group.max_bytes = group.max_bytes.max(bytes);
+            group.expired += u64::from(record.is_expired(now_ms));
+            group.past_lease += u64::from(
+                record.status == Status::Pending
+                    && record.lease_until_ms.is_some_and(|until| until < now_ms),
+            );
+            if record.status == Status::Failed {
+                let line = record
+                    .error
+                    .as_deref()
+                    .and_then(|e| e.lines().next())
+                    .unwrap_or("")
+                    .to_owned();
+                let line = if part.errors.len() < MAX_ERROR_LINES
+                    || part.errors.contains_key(&(namespace.clone(), line.clone()))
+                {
+                    line
+                } else {
+                    OTHER_ERRORS.to_owned()
+                };
+                *part.errors.entry((namespace, line)).or_default() += 1;
+            }
+        },
+    )
+    .await?;
+    let mut groups = std::collections::BTreeMap::new();
+    let mut errors = std::collections::HashMap::<(String, String), u64>::new();
+    let (mut scanned, mut not_records) = (0, 0);
+    for part in parts {
+        scanned += part.scanned;
+        not_records += part.not_records;
+        for (key, g) in part.groups {
+            let all: &mut KeyGroup = groups.entry(key).or_insert_with(|| KeyGroup {
+                namespace: g.namespace.clone(),
+                status: g.status.clone(),
+                ..KeyGroup::default()
+            });
+            all.count += g.count;
+            all.bytes += g.bytes;
+            all.max_bytes = all.max_bytes.max(g.max_bytes);
+            all.expired += g.expired;
+            all.past_lease += g.past_lease;
+        }
+        for (key, n) in part.errors {
+            *errors.entry(key).or_default() += n;
+        }
+    }
+    let mut errors: Vec<ErrorLine> = errors
+        .into_iter()
+        .map(|((namespace, error), count)| ErrorLine {
+            namespace,
+            error,
+            count,
+        })
+        .collect();
+    errors.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| (&a.namespace, &a.error).cmp(&(&b.namespace, &b.error)))
+    });
+    Ok(KeyStats {
+        scanned,
+        not_records,
+        groups: groups.into_values().collect(),
+        errors,
+    })
+}
+
+/// A parallel `Scan` of the store's table: `segments` tasks, each folding its items (decoded by the
+/// store, with their size; `Err(())`: not a record) into its own `A`.
+async fn scan<A, F>(
+    store: &crate::DynamoDbStore,
+    segments: u32,
+    progress: Progress,
+    fold: F,
+) -> Result<Vec<A>, StoreError>
+where
+    A: Default + Send + 'static,
+    F: Fn(&mut A, Result<(Record, u64), ()>) + Send + Sync + 'static,
+{
+    if !(1..=1_000_000).contains(&segments) {
+        return Err(StoreError::Invalid(
+            format!("a parallel scan takes 1 to 1,000,000 segments, not {segments}").into(),
+        ));
+    }
+    let fold = std::sync::Arc::new(fold);
+    let scanned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for segment in 0..segments {
+        let (store, fold, progress, scanned) = (
+            store.clone(),
+            fold.clone(),
+            progress.clone(),
+            scanned.clone(),
+        );
+        tasks.spawn(async move {
+            let mut acc = A::default();
+            let mut start = None;
+            loop {
+                let page = store
+                    .client()
+                    .scan()
+                    .table_name(store.table())
+                    .segment(i32::try_from(segment).unwrap_or(i32::MAX))
+                    .total_segments(i32::try_from(segments).unwrap_or(i32::MAX))
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(|e| crate::store::dynamodb::store_error(store.table(), e))?;
+                let items = page.items();
+                for item in items {
+                    let decoded = store.parse_item(item).map_err(|_| ());
+                    fold(&mut acc, decoded.map(|r| (r, item_bytes(item))));
+                }
+                let n = items.len() as u64;
+                progress(scanned.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n);
+                match page.last_evaluated_key {
+                    Some(key) if !key.is_empty() => start = Some(key),
+                    _ => return Ok::<A, StoreError>(acc),
+                }
+            }
+        });
+    }
+    let mut parts = Vec::with_capacity(tasks.len());
+    while let Some(done) = tasks.join_next().await {
+        parts.push(done.map_err(|e| StoreError::Other(e.into()))??);
+    }
+    Ok(parts)
+}
+
+/// An item's size as DynamoDB counts it: each attribute's name and value.
+fn item_bytes(item: &std::collections::HashMap<String, AttributeValue>) -> u64 {
+    item.iter()
+        .map(|(name, value)| (name.len() + value_bytes(value)) as u64)
+        .sum()
+}
+
+fn value_bytes(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(s) => s.len(),
+        // A number: about one byte per two digits, plus one.
+        AttributeValue::N(n) => n.len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Ss(v) | AttributeValue::Ns(v) => v.iter().map(String::len).sum(),
+        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| k.len() + value_bytes(v) + 1)
+                .sum::<usize>()
+        }
+        AttributeValue::L(l) => 3 + l.iter().map(|v| value_bytes(v) + 1).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+/// The table's stream, as `DescribeTable` reports it ([`stream_report`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StreamReport {
+    /// Whether a stream is on.
+    pub enabled: bool,
+    /// What its records hold (`NEW_AND_OLD_IMAGES`, which the audit needs; `KEYS_ONLY`, ..).
+    pub view_type: Option<String>,
+    /// Its ARN.
+    pub arn: Option<String>,
+}
+
+impl StreamReport {
+    /// Whether the audit can read it: on, with old and new images.
+    #[must_use]
+    pub fn fits_the_audit(&self) -> bool {
+        self.enabled && self.view_type.as_deref() == Some("NEW_AND_OLD_IMAGES")
+    }
+}
+
+/// The stream of `store`'s table.
+///
+/// # Errors
+/// The store's error when `DescribeTable` fails.
+pub async fn stream_report(store: &crate::DynamoDbStore) -> Result<StreamReport, StoreError> {
+    let described = store
+        .client()
+        .describe_table()
+        .table_name(store.table())
+        .send()
+        .await
+        .map_err(|e| crate::store::dynamodb::store_error(store.table(), e))?;
+    let table = described.table();
+    let spec = table.and_then(|t| t.stream_specification());
+    let enabled = spec.is_some_and(aws_sdk_dynamodb::types::StreamSpecification::stream_enabled);
+    Ok(StreamReport {
+        enabled,
+        view_type: spec
+            .filter(|_| enabled)
+            .and_then(|s| s.stream_view_type())
+            .map(|v| v.as_str().to_owned()),
+        arn: table
+            .filter(|_| enabled)
+            .and_then(|t| t.latest_stream_arn())
+            .map(str::to_owned),
+    })
+}
+
+/// Turns on the table's stream with old and new images (what the audit reads), unless it is on
+/// already, and waits until the table is `ACTIVE` again.
+///
+/// # Errors
+/// [`StoreError::Schema`] when a stream of another view type is on (DynamoDB cannot change it in
+/// place: turn it off first, which ends that stream for its readers); the store's error when a request
+/// fails.
+pub async fn enable_stream(store: &crate::DynamoDbStore) -> Result<StreamReport, StoreError> {
+    let now = stream_report(store).await?;
+    if now.fits_the_audit() {
+        return Ok(now);
+    }
+    if now.enabled {
+        return Err(StoreError::Schema(format!(
+            "table `{}` has a stream of {}; the audit needs NEW_AND_OLD_IMAGES, and DynamoDB changes a stream's view type only by turning it off (ending it for its readers) and on again",
+            store.table(),
+            now.view_type.as_deref().unwrap_or("unknown images")
+        )));
+    }
+    store
+        .client()
+        .update_table()
+        .table_name(store.table())
+        .stream_specification(
+            aws_sdk_dynamodb::types::StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(aws_sdk_dynamodb::types::StreamViewType::NewAndOldImages)
+                .build()
+                .map_err(|e| StoreError::Other(e.into()))?,
+        )
+        .send()
+        .await
+        .map_err(|e| crate::store::dynamodb::store_error(store.table(), e))?;
+    {
+        use aws_sdk_dynamodb::client::Waiters as _;
+        store
+            .client()
+            .wait_until_table_exists()
+            .table_name(store.table())
+            .wait(Duration::from_mins(2))
+            .await
+            .map_err(|e| StoreError::Other(e.into()))?;
+    }
+    stream_report(store).await
 }
 
 #[cfg(test)]

@@ -86,6 +86,8 @@
 
 #[cfg(feature = "cli")]
 pub mod admin;
+#[cfg(feature = "audit")]
+pub mod audit;
 #[cfg(feature = "batch")]
 pub mod batch;
 mod cache;

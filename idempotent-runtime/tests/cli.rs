@@ -525,3 +525,107 @@ async fn key_show_http_finds_a_layers_record() {
         );
     }
 }
+
+#[tokio::test]
+async fn audit_and_keys_end_to_end_with_json() {
+    let table = table_name("cli-audit");
+    let created = json(&idempotent(&[
+        "table", "create", "--table", &table, "--stream", "--json",
+    ]));
+    assert_eq!(created["stream"]["enabled"], true, "{created}");
+    assert_eq!(created["stream"]["view_type"], "NEW_AND_OLD_IMAGES");
+    let text = stdout(&idempotent(&["table", "check", "--table", &table]));
+    assert!(
+        text.contains("stream        on (NEW_AND_OLD_IMAGES)"),
+        "{text}"
+    );
+    let store = idempotent_runtime::DynamoDbStore::new(client(), &table);
+    let idem = Idempotency::builder(store.clone()).build();
+    for n in [1, 2] {
+        let _: u32 = idem
+            .operation("billing::charge", &n)
+            .run(|| async { Ok::<_, idempotent_runtime::Error>(n) })
+            .await
+            .unwrap();
+    }
+    // A user deletes one: not TTL's.
+    let deleted = idempotent_runtime::derive_key("billing::charge", &2).unwrap();
+    client()
+        .delete_item()
+        .table_name(&table)
+        .set_key(Some(store.item_key(&deleted).unwrap()))
+        .send()
+        .await
+        .unwrap();
+    let audit = json(&idempotent(&[
+        "audit",
+        "--table",
+        &table,
+        "--json",
+        "--idle-polls",
+        "2",
+        "--poll-interval",
+        "20ms",
+    ]));
+    assert_eq!(audit["table"], table.as_str());
+    assert_eq!(audit["findings"], serde_json::json!([]), "{audit}");
+    let summary = &audit["summary"];
+    assert_eq!(summary["other_deletions"], 1, "{audit}");
+    assert_eq!(summary["late_retries"], 0, "{audit}");
+    assert_eq!(summary["ttl_deletions_by_expiry"], 0, "{audit}");
+    // Two claims, two completions, one delete.
+    assert_eq!(audit["stream"]["records"], 5, "{audit}");
+    assert_eq!(summary["changes"], 5, "{audit}");
+    let text = stdout(&idempotent(&[
+        "audit",
+        "--table",
+        &table,
+        "--idle-polls",
+        "1",
+        "--poll-interval",
+        "10ms",
+    ]));
+    assert!(text.contains("other deletions    1"), "{text}");
+    assert!(text.contains("late retries       0"), "{text}");
+
+    let stats = json(&idempotent(&["keys", "stats", "--table", &table, "--json"]));
+    assert_eq!(stats["scanned"], 1, "{stats}");
+    assert_eq!(stats["groups"][0]["namespace"], "billing::charge");
+    assert_eq!(stats["groups"][0]["status"], "COMPLETED");
+    assert_eq!(stats["groups"][0]["count"], 1);
+    let list = json(&idempotent(&[
+        "keys",
+        "list",
+        "--table",
+        &table,
+        "--status",
+        "completed",
+        "--json",
+    ]));
+    let kept = idempotent_runtime::derive_key("billing::charge", &1).unwrap();
+    assert_eq!(list["keys"][0]["key"], kept.as_str(), "{list}");
+    assert_eq!(list["keys"].as_array().map(Vec::len), Some(1));
+    let text = stdout(&idempotent(&["keys", "list", "--table", &table]));
+    assert!(
+        text.contains(&kept) && text.contains("1 records listed of 1 items scanned"),
+        "{text}"
+    );
+
+    let bad = idempotent(&["keys", "list", "--table", &table, "--status", "done"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("expected `pending`, `completed` or `failed`"),
+        "{err}"
+    );
+
+    // A table without a stream: the error says how to turn it on.
+    let (plain, _, _) = setup("cli-nostream");
+    let refused = idempotent(&["audit", "--table", &plain]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("has no stream") && err.contains("--stream"),
+        "{err}"
+    );
+}

@@ -7,6 +7,10 @@
 //! idempotent key show --table idempotency billing::charge '[7, "order-1"]'
 //! idempotent key release --table idempotency billing::charge '[7, "order-1"]'
 //! idempotent capacity --peak-rps 2000 --duplicate-ratio 0.15 --response-bytes 200
+//! idempotent table create --table idempotency --stream
+//! idempotent audit --table idempotency --since 6h --ttl 24h
+//! idempotent keys list --table idempotency --status pending --older-than 10m
+//! idempotent keys stats --table idempotency
 //! ```
 //!
 //! The AWS configuration is the usual one (environment, profile, role); `--endpoint` (or
@@ -66,6 +70,85 @@ enum Command {
     Key(KeyCommand),
     /// Write capacity per second for a traffic profile, from first principles.
     Capacity(CapacityArgs),
+    /// Read the table's stream: records TTL deleted, and keys claimed again after their deletion.
+    Audit(AuditArgs),
+    /// List or count the table's records (a parallel Scan).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// The idempotency table (its stream must be on, with old and new images: `table create --stream`).
+    #[arg(long)]
+    table: String,
+    /// The table's layout, as for `table create`.
+    #[arg(long, default_value = "key")]
+    layout: Layout,
+    /// Keep reading new records until interrupted (with `--json`: one JSON document per line).
+    #[arg(long)]
+    follow: bool,
+    /// Report only what happened in the last DURATION (e.g. `6h`); older records still pair deletions
+    /// with later claims. Default: all the stream holds (24 hours).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    since: Option<Duration>,
+    /// The functions' `ttl`, to report each deleted record's age since its completion.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// How long after a deletion a claim still counts as a late retry.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    window: Duration,
+    /// Without `--follow`: an open shard counts as read after this many empty reads in a row.
+    #[arg(long, default_value_t = 3)]
+    idle_polls: u32,
+    /// The wait after a round of reads that found nothing new.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    poll_interval: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// List records, decoded: stuck claims, failures, ...
+    List(KeysListArgs),
+    /// Count records by namespace and status: sizes, expired, PENDING past their lease, FAILED by error.
+    Stats(KeysArgs),
+}
+
+#[derive(Debug, Args)]
+struct KeysArgs {
+    /// The idempotency table.
+    #[arg(long)]
+    table: String,
+    /// The table's layout, as for `table create`.
+    #[arg(long, default_value = "key")]
+    layout: Layout,
+    /// Parallel Scan segments (one request in flight each).
+    #[arg(long, default_value_t = 4)]
+    segments: u32,
+}
+
+#[derive(Debug, Args)]
+struct KeysListArgs {
+    #[command(flatten)]
+    keys: KeysArgs,
+    /// Only records in this status: `pending`, `completed` or `failed`.
+    #[arg(long, value_parser = parse_status)]
+    status: Option<idempotent_runtime::Status>,
+    /// Only records that stopped holding their key at least DURATION ago (a PENDING claim's lease ran
+    /// out; a COMPLETED or FAILED record expired), e.g. `10m`.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// Only records of this namespace.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// List at most this many (the first by key); all matching records are counted.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+}
+
+fn parse_status(s: &str) -> Result<idempotent_runtime::Status, String> {
+    idempotent_runtime::Status::parse(&s.to_ascii_uppercase())
+        .ok_or_else(|| format!("unknown status `{s}`; expected `pending`, `completed` or `failed`"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,6 +169,10 @@ struct TableArg {
     /// namespace; sort key = the key's hash).
     #[arg(long, default_value = "key")]
     layout: Layout,
+    /// `table create`: also turn on the table's stream with old and new images (for `idempotent
+    /// audit`).
+    #[arg(long)]
+    stream: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -206,15 +293,26 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Capacity(args) => capacity(cli, args),
         Command::Table(TableCommand::Create(t)) => {
-            let report = store(cli, &t.table, &t.layout).await.ensure_table().await?;
-            print_table(cli, &report, "ready");
+            let store = store(cli, &t.table, &t.layout).await;
+            let report = store.ensure_table().await?;
+            let stream = if t.stream {
+                admin::enable_stream(&store).await?
+            } else {
+                admin::stream_report(&store).await?
+            };
+            print_table(cli, &report, "ready", &stream);
             Ok(())
         }
         Command::Table(TableCommand::Check(t)) => {
-            let report = store(cli, &t.table, &t.layout).await.check().await?;
-            print_table(cli, &report, "fits the store");
+            let store = store(cli, &t.table, &t.layout).await;
+            let report = store.check().await?;
+            let stream = admin::stream_report(&store).await?;
+            print_table(cli, &report, "fits the store", &stream);
             Ok(())
         }
+        Command::Audit(args) => audit(cli, args).await,
+        Command::Keys(KeysCommand::List(args)) => keys_list(cli, args).await,
+        Command::Keys(KeysCommand::Stats(args)) => keys_stats(cli, args).await,
         Command::Key(KeyCommand::Show(k)) => {
             let (store, record) = record(cli, k).await?;
             let _ = store;
@@ -424,7 +522,7 @@ fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
+fn print_table(cli: &Cli, report: &TableReport, verdict: &str, stream: &admin::StreamReport) {
     if cli.json {
         let json = serde_json::json!({
             "table": report.table,
@@ -437,6 +535,7 @@ fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
             "ttl_attribute": report.ttl_attribute,
             "billing_mode": report.billing_mode,
             "item_count": report.item_count,
+            "stream": stream,
         });
         println!("{json}");
         return;
@@ -462,6 +561,14 @@ fn print_table(cli: &Cli, report: &TableReport, verdict: &str) {
         ),
     }
     println!("  billing       {}", report.billing_mode);
+    let stream_line = match (&stream.view_type, stream.fits_the_audit()) {
+        (Some(view), true) => format!("on ({view}): `idempotent audit` can read it"),
+        (Some(view), false) => {
+            format!("on ({view}): `idempotent audit` needs NEW_AND_OLD_IMAGES")
+        }
+        (None, _) => "off (`table create --stream` turns it on, for `idempotent audit`)".to_owned(),
+    };
+    println!("  stream        {stream_line}");
     if let Some(n) = report.item_count {
         println!("  items         about {n} (updated every few hours)");
     }
@@ -506,5 +613,255 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     if r.claim_writes_in_effect {
         println!("claim-time writes are in effect");
     }
+    Ok(())
+}
+
+async fn streams_client(cli: &Cli) -> aws_sdk_dynamodbstreams::Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    // DynamoDB Local serves its streams at its own endpoint.
+    if let Some(endpoint) = &cli.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let region = cli
+        .region
+        .clone()
+        .or_else(|| cli.endpoint.as_ref().map(|_| "us-east-1".to_owned()));
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    aws_sdk_dynamodbstreams::Client::new(&loader.load().await)
+}
+
+async fn audit(cli: &Cli, args: &AuditArgs) -> Result<(), Failure> {
+    use idempotent_runtime::audit::{
+        AuditConfig, Auditor, Finding, ReadOptions, StreamReader, stream_arn,
+    };
+    let store = store(cli, &args.table, &args.layout).await;
+    let arn = stream_arn(store.client(), &args.table).await?;
+    let now_s = SystemClock.now_ms() / 1000;
+    let mut config = AuditConfig::default().window(args.window);
+    if let Some(ttl) = args.ttl {
+        config = config.ttl(ttl);
+    }
+    if let Some(since) = args.since {
+        config = config.report_from(now_s.saturating_sub(since.as_secs()));
+    }
+    let mut auditor = Auditor::new(&store, config);
+    let options = ReadOptions::default()
+        .follow(args.follow)
+        .idle_polls(args.idle_polls)
+        .poll_interval(args.poll_interval);
+    let mut reader = StreamReader::new(streams_client(cli).await, arn, options);
+    let (json, follow) = (cli.json, args.follow);
+    let mut findings = Vec::new();
+    if !json {
+        println!(
+            "{:<12} {:<20} {:>9} {:>9}  key",
+            "finding", "at (UTC)", "lag s", "gap s"
+        );
+    }
+    reader
+        .read(&mut auditor, &mut |finding: Finding| {
+            if json && follow {
+                println!("{}", serde_json::to_string(&finding).unwrap_or_default());
+            } else if json {
+                findings.push(finding);
+            } else {
+                print_finding(&finding);
+            }
+        })
+        .await?;
+    let summary = auditor.summary();
+    if json {
+        let doc = serde_json::json!({
+            "table": args.table,
+            "findings": findings,
+            "summary": summary,
+            "stream": reader.stats(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let stats = reader.stats();
+    println!();
+    println!(
+        "read {} stream records from {} shards ({} GetRecords)",
+        stats.records, stats.shards, stats.get_records
+    );
+    println!(
+        "TTL deletions      {} ({} by the service identity, {} by expiry)",
+        summary.ttl_deletions(),
+        summary.ttl_deletions_by_identity,
+        summary.ttl_deletions_by_expiry
+    );
+    if let (Some(min), Some(mean), Some(max)) =
+        (summary.min_lag_s, summary.mean_lag_s, summary.max_lag_s)
+    {
+        println!("deletion lag       min {min} s, mean {mean} s, max {max} s (after expires_at)");
+    }
+    println!("other deletions    {}", summary.other_deletions);
+    println!("late retries       {}", summary.late_retries);
+    if let Some(after) = summary.max_retry_after_expiry_s {
+        println!(
+            "                   the latest came {after} s after its record expired: ttl + retain would need to be {after} s longer"
+        );
+    }
+    if let Some(after) = summary.max_retry_after_completion_s {
+        println!(
+            "                   and {after} s after its completion: ttl + retain above {after} s answers every late retry seen"
+        );
+    }
+    if summary.not_records > 0 {
+        println!(
+            "not records        {} (other items in the table)",
+            summary.not_records
+        );
+    }
+    if stats.trimmed > 0 || stats.shards_gone > 0 {
+        println!(
+            "records lost       {} positions trimmed, {} shards gone before they were read",
+            stats.trimmed, stats.shards_gone
+        );
+    }
+    Ok(())
+}
+
+fn print_finding(finding: &idempotent_runtime::audit::Finding) {
+    use idempotent_runtime::audit::Finding;
+    let utc = |s: u64| {
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(s))
+            .to_string()
+    };
+    match finding {
+        Finding::TtlDeletion(d) => println!(
+            "{:<12} {:<20} {:>9} {:>9}  {} ({}, {})",
+            "ttl-delete",
+            utc(d.deleted_at_s),
+            d.deletion_lag_s,
+            "",
+            d.key,
+            d.status,
+            d.rule.as_str()
+        ),
+        Finding::LateRetry(r) => println!(
+            "{:<12} {:<20} {:>9} {:>9}  {} ({} s after expiry)",
+            "late-retry",
+            utc(r.retried_at_s),
+            "",
+            r.after_deletion_s,
+            r.key,
+            r.after_expiry_s
+        ),
+        _ => {}
+    }
+}
+
+/// A progress bar on stderr when it is a terminal; none when piped.
+fn progress_bar() -> (indicatif::ProgressBar, admin::Progress) {
+    use std::io::IsTerminal as _;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message("items scanned");
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let shown = bar.clone();
+    (bar, std::sync::Arc::new(move |n| shown.set_position(n)))
+}
+
+async fn keys_list(cli: &Cli, args: &KeysListArgs) -> Result<(), Failure> {
+    let store = store(cli, &args.keys.table, &args.keys.layout).await;
+    let mut filter = admin::KeyFilter::default();
+    filter.status = args.status;
+    filter.older_than = args.older_than;
+    filter.namespace.clone_from(&args.namespace);
+    let (bar, progress) = progress_bar();
+    let list = admin::list_keys(
+        &store,
+        &filter,
+        args.limit,
+        args.keys.segments,
+        SystemClock.now_ms(),
+        progress,
+    )
+    .await?;
+    bar.finish_and_clear();
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    println!(
+        "{:<10} {:>7} {:>12} {:>12}  key / error",
+        "status", "attempt", "lease left s", "expires in s"
+    );
+    for k in &list.keys {
+        let lease = k
+            .lease_left_ms
+            .map_or_else(String::new, |ms| (ms / 1000).to_string());
+        println!(
+            "{:<10} {:>7} {:>12} {:>12}  {}",
+            k.status, k.attempt, lease, k.expires_in_s, k.key
+        );
+        if let Some(error) = k.error.as_deref().and_then(|e| e.lines().next()) {
+            println!("{:>46}{error}", "");
+        }
+    }
+    if list.matched > list.keys.len() as u64 {
+        println!(
+            "... and {} more (`--limit` lists more; `--status`, `--namespace` and `--older-than` narrow the list)",
+            list.matched - list.keys.len() as u64
+        );
+    }
+    println!(
+        "{} records listed of {} items scanned{}",
+        list.keys.len(),
+        list.scanned,
+        if list.not_records > 0 {
+            format!(" ({} not records, skipped)", list.not_records)
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+async fn keys_stats(cli: &Cli, args: &KeysArgs) -> Result<(), Failure> {
+    let store = store(cli, &args.table, &args.layout).await;
+    let (bar, progress) = progress_bar();
+    let stats = admin::key_stats(&store, args.segments, SystemClock.now_ms(), progress).await?;
+    bar.finish_and_clear();
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:<10} {:>8} {:>12} {:>10} {:>8} {:>10}",
+        "namespace", "status", "records", "bytes", "max bytes", "expired", "past lease"
+    );
+    for g in &stats.groups {
+        println!(
+            "{:<32} {:<10} {:>8} {:>12} {:>10} {:>8} {:>10}",
+            g.namespace, g.status, g.count, g.bytes, g.max_bytes, g.expired, g.past_lease
+        );
+    }
+    if !stats.errors.is_empty() {
+        println!();
+        println!("FAILED records by error:");
+        for e in &stats.errors {
+            println!("{:>8}  {}: {}", e.count, e.namespace, e.error);
+        }
+    }
+    println!();
+    println!(
+        "{} items scanned{}",
+        stats.scanned,
+        if stats.not_records > 0 {
+            format!(" ({} not records, skipped)", stats.not_records)
+        } else {
+            String::new()
+        }
+    );
     Ok(())
 }
