@@ -485,14 +485,18 @@ impl Auditor {
             return None;
         }
         known.last_sequence.clone_from(&change.sequence_number);
-        if known.retried {
+        let retried_at_s = change.created_at_s.unwrap_or(known.deleted_at_s);
+        // The age-based forgetting stops at the first deletion still in the window, and deletions
+        // read from several shards are not in time order: one past the window may still be here.
+        if known.retried
+            || retried_at_s.saturating_sub(known.deleted_at_s) > self.config.window.as_secs()
+        {
             return None;
         }
         known.retried = true;
         if !reported {
             return None;
         }
-        let retried_at_s = change.created_at_s.unwrap_or(known.deleted_at_s);
         let retry = LateRetry {
             namespace: namespace(&record.key).to_owned(),
             deleted_at_s: known.deleted_at_s,

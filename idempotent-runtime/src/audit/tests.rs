@@ -454,3 +454,28 @@ fn every_layout_decodes_the_images() {
     };
     assert_eq!(d.key, KEY);
 }
+
+/// A remove and an insert of `key` at `at` (the record expired 10 s before the removal).
+fn remove_at(key: &str, seq: &str, at: u64) -> Change {
+    Change::new(seq, "REMOVE")
+        .created_at(at)
+        .old_image(item(key, "COMPLETED", at - 10))
+}
+
+fn insert_at(key: &str, seq: &str, at: u64) -> Change {
+    Change::new(seq, "INSERT")
+        .created_at(at)
+        .new_image(item(key, "PENDING", at + 10))
+}
+
+#[test]
+fn a_claim_later_than_the_window_after_its_deletion_is_not_a_late_retry_in_any_order() {
+    // Two shards read in turn: shard B's deletion (later in event time) is seen before shard A's, so the
+    // remembered deletions are not in time order, and the age-based forgetting stops at B's.
+    let mut a = auditor(AuditConfig::default().window(Duration::from_hours(1)));
+    a.observe(&remove_at("b#1", "1", 100_000));
+    a.observe(&remove_at("a#1", "2", 90_000));
+    // a#1 claimed again 2 h after its deletion: beyond the window, not a late retry.
+    assert_eq!(a.observe(&insert_at("a#1", "3", 90_000 + 7200)), None);
+    assert_eq!(a.summary().late_retries, 0);
+}
