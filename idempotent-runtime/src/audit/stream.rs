@@ -208,7 +208,14 @@ struct Shard {
     finished: bool,
     /// Reads in a row that returned nothing.
     idle: u32,
+    /// `DescribeStream` gave it an ending sequence number: no record will be added to it.
+    closed: bool,
 }
+
+/// Without `follow`, a closed shard is read to its end past empty pages (a shard may return some before
+/// the records further in), but at most this many in a row: a stream that never ends a closed shard
+/// does not keep the run from ending.
+const CLOSED_SHARD_EMPTY_PAGES: u32 = 100;
 
 /// Reads a table's stream and feeds an [`Auditor`].
 #[derive(Debug)]
@@ -293,8 +300,13 @@ impl StreamReader {
         (0..self.shards.len())
             .filter(|&i| {
                 let s = &self.shards[i];
+                let idle_polls = if s.closed {
+                    CLOSED_SHARD_EMPTY_PAGES.max(self.options.idle_polls)
+                } else {
+                    self.options.idle_polls
+                };
                 !s.finished
-                    && (self.options.follow || s.idle < self.options.idle_polls)
+                    && (self.options.follow || s.idle < idle_polls)
                     && s.parent
                         .as_deref()
                         .is_none_or(|p| finished.contains(p) || !known.contains(p))
@@ -320,13 +332,14 @@ impl StreamReader {
             };
             for shard in description.shards() {
                 let Some(id) = shard.shard_id() else { continue };
-                if self.shards.iter().any(|s| s.id == id) {
-                    continue;
-                }
                 let closed = shard
                     .sequence_number_range()
                     .and_then(|r| r.ending_sequence_number())
                     .is_some();
+                if let Some(known) = self.shards.iter_mut().find(|s| s.id == id) {
+                    known.closed |= closed;
+                    continue;
+                }
                 // `Latest` applies to the shards open when the reader starts; a closed one has
                 // nothing new, and a shard found later is read from its start.
                 let latest = first && self.options.start == StartFrom::Latest;
@@ -343,6 +356,7 @@ impl StreamReader {
                     iterator: None,
                     finished: latest && closed,
                     idle: 0,
+                    closed,
                 });
                 self.stats.shards += 1;
             }
@@ -559,6 +573,7 @@ mod tests {
                 iterator: None,
                 finished: *finished,
                 idle: *idle,
+                closed: false,
             });
         }
         r
@@ -594,5 +609,23 @@ mod tests {
         assert_eq!(ids(&r), ["a2", "b1", "c1"]);
         r.options.follow = true;
         assert_eq!(ids(&r), ["a1", "a2", "b1", "c1"]);
+    }
+
+    #[test]
+    fn a_closed_shard_is_read_past_empty_pages_and_then_its_children() {
+        // GetRecords may return empty pages before the records further in a shard. A closed shard ends
+        // (no next iterator): three empty pages must not end it, else its children are never read.
+        let mut r = reader(false, &[("a", None, false, 2), ("a1", Some("a"), false, 0)]);
+        r.shards[0].closed = true;
+        let ids = |r: &StreamReader| {
+            r.ready()
+                .into_iter()
+                .map(|i| r.shards[i].id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&r), ["a"]);
+        // A closed shard that only ever returns empty pages is given up on, so that the run ends.
+        r.shards[0].idle = CLOSED_SHARD_EMPTY_PAGES;
+        assert_eq!(ids(&r), Vec::<String>::new());
     }
 }
