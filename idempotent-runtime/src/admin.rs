@@ -48,15 +48,28 @@ pub struct KeyReport {
     pub completed_in: Option<String>,
 }
 
+/// `epoch_s` (seconds since the epoch) as an RFC 3339 UTC time, or `(beyond the year 9999)`: an
+/// `expires_at` written in milliseconds by another writer of the table is that far, and RFC 3339 (and
+/// `SystemTime` on some platforms) cannot hold it.
+#[must_use]
+pub fn utc_text(epoch_s: u64) -> String {
+    // The first second of the year 10000.
+    const YEAR_10000_S: u64 = 253_402_300_800;
+    std::time::UNIX_EPOCH
+        .checked_add(Duration::from_secs(epoch_s))
+        .filter(|_| epoch_s < YEAR_10000_S)
+        .map_or_else(
+            || "(beyond the year 9999)".to_owned(),
+            |t| humantime::format_rfc3339_seconds(t).to_string(),
+        )
+}
+
 impl KeyReport {
     /// `record` as seen at `now_ms`.
     #[must_use]
     pub fn new(record: &Record, now_ms: u64) -> Self {
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let expires_at_utc = humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + Duration::from_secs(record.expires_at_s),
-        )
-        .to_string();
+        let expires_at_utc = utc_text(record.expires_at_s);
         let preview = record.response.as_deref().map(|bytes| {
             let text = match crate::codec::decode::<serde_json::Value>(bytes) {
                 Ok(value) => value.to_string(),
@@ -818,5 +831,34 @@ mod tests {
         assert_eq!((c.completions_wcu, c.duplicates_wcu), (8000, 1200));
         // 45 s of body with a 60 s lease: a heartbeat at 20 s and at 40 s.
         assert_eq!(c.heartbeats_wcu, 4000);
+    }
+
+    #[test]
+    fn a_record_expiring_past_the_year_9999_is_reported_without_a_panic() {
+        // `expires_at` written in milliseconds by mistake (by another writer of the table): `keys list`
+        // must still list it, and a stuck table is exactly where such a record is looked for.
+        let record = Record {
+            key: "billing#00".to_owned(),
+            status: Status::Completed,
+            token: "t".to_owned(),
+            attempt: 1,
+            lease_until_ms: None,
+            expires_at_s: 1_700_000_000_000,
+            fingerprint: None,
+            response: None,
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+            steps: None,
+        };
+        let report = KeyReport::new(&record, 1_700_000_000_000);
+        assert_eq!(report.expires_at, 1_700_000_000_000);
+        assert_eq!(report.expires_at_utc, "(beyond the year 9999)");
+        let record = Record {
+            expires_at_s: u64::MAX,
+            ..record
+        };
+        assert_eq!(KeyReport::new(&record, 0).expires_in_s, i64::MAX);
     }
 }

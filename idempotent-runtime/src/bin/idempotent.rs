@@ -728,10 +728,7 @@ async fn audit(cli: &Cli, args: &AuditArgs) -> Result<(), Failure> {
 
 fn print_finding(finding: &idempotent_runtime::audit::Finding) {
     use idempotent_runtime::audit::Finding;
-    let utc = |s: u64| {
-        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(s))
-            .to_string()
-    };
+    let utc = idempotent_runtime::admin::utc_text;
     match finding {
         Finding::TtlDeletion(d) => println!(
             "{:<12} {:<20} {:>9} {:>9}  {} ({}, {})",
