@@ -510,3 +510,31 @@ fn a_batch_read_again_does_not_count_a_users_delete_twice() {
     }
     assert_eq!(a.summary().other_deletions, 1, "{:?}", a.summary());
 }
+
+#[test]
+fn extreme_times_and_malformed_expiries_do_not_panic() {
+    let mut a = auditor(AuditConfig::default());
+    // A creation time on a whole minute at the end of u64: the minute's end does not overflow.
+    let at = u64::MAX - u64::MAX % 60;
+    let change = Change::new("1", "REMOVE")
+        .created_at(at)
+        .old_image(item(KEY, "COMPLETED", 5));
+    assert!(matches!(
+        a.observe(&change),
+        Some(Finding::TtlDeletion(TtlDeletion {
+            rule: Rule::Expiry,
+            ..
+        }))
+    ));
+    // An old image whose `expires_at` is missing, negative, fractional or not a number is not a record.
+    for bad in [None, Some("-5"), Some("1.5"), Some("1e3")] {
+        let mut old = item("x#1", "COMPLETED", 5);
+        match bad {
+            None => old.remove("expires_at"),
+            Some(v) => old.insert("expires_at".into(), AttributeValue::N(v.into())),
+        };
+        let change = Change::new("2", "REMOVE").created_at(6000).old_image(old);
+        assert_eq!(a.observe(&change), None);
+    }
+    assert_eq!(a.summary().not_records, 4);
+}
