@@ -210,6 +210,9 @@ struct Shard {
     idle: u32,
     /// `DescribeStream` gave it an ending sequence number: no record will be added to it.
     closed: bool,
+    /// Without `follow`: it gave a record written after the run started, so it was read as far as
+    /// the run goes (on a table written to all the time, an open shard is never idle).
+    caught_up: bool,
 }
 
 /// Without `follow`, a closed shard is read to its end past empty pages (a shard may return some before
@@ -226,6 +229,8 @@ pub struct StreamReader {
     shards: Vec<Shard>,
     listed: bool,
     stats: ReadStats,
+    /// When the current [`read`](Self::read) started, epoch seconds.
+    started_s: u64,
 }
 
 impl StreamReader {
@@ -243,6 +248,7 @@ impl StreamReader {
             shards: Vec::new(),
             listed: false,
             stats: ReadStats::default(),
+            started_s: 0,
         }
     }
 
@@ -253,7 +259,8 @@ impl StreamReader {
     }
 
     /// Reads the stream into `auditor`, calling `on_finding` with each finding: until every shard is read
-    /// (closed shards to their end, open ones until [`ReadOptions::idle_polls`] reads found nothing),
+    /// (closed shards to their end, open ones until [`ReadOptions::idle_polls`] reads found nothing, or
+    /// until a read returns records written after this call started),
     /// or with [`ReadOptions::follow`], for as long as the future runs.
     ///
     /// # Errors
@@ -265,6 +272,10 @@ impl StreamReader {
     ) -> Result<(), AuditError> {
         let mut relist = true;
         let mut listed_at = tokio::time::Instant::now();
+        self.started_s = crate::clock::Clock::now_ms(&crate::clock::SystemClock) / 1000;
+        for shard in &mut self.shards {
+            shard.caught_up = false;
+        }
         loop {
             // New shards appear when a shard closes (a split, or every few hours on AWS).
             if relist || (self.options.follow && listed_at.elapsed() > Duration::from_mins(1)) {
@@ -306,7 +317,7 @@ impl StreamReader {
                     self.options.idle_polls
                 };
                 !s.finished
-                    && (self.options.follow || s.idle < idle_polls)
+                    && (self.options.follow || (!s.caught_up && s.idle < idle_polls))
                     && s.parent
                         .as_deref()
                         .is_none_or(|p| finished.contains(p) || !known.contains(p))
@@ -357,6 +368,7 @@ impl StreamReader {
                     finished: latest && closed,
                     idle: 0,
                     closed,
+                    caught_up: false,
                 });
                 self.stats.shards += 1;
             }
@@ -431,6 +443,7 @@ impl StreamReader {
                 continue;
             }
             shard.fed = Some(change.sequence_number.clone());
+            shard.caught_up |= change.created_at_s.is_some_and(|at| at >= self.started_s);
             if let Some(finding) = auditor.observe(&change) {
                 on_finding(finding);
             }
@@ -574,6 +587,7 @@ mod tests {
                 finished: *finished,
                 idle: *idle,
                 closed: false,
+                caught_up: false,
             });
         }
         r
@@ -627,5 +641,106 @@ mod tests {
         // A closed shard that only ever returns empty pages is given up on, so that the run ends.
         r.shards[0].idle = CLOSED_SHARD_EMPTY_PAGES;
         assert_eq!(ids(&r), Vec::<String>::new());
+    }
+
+    /// A fake Streams endpoint of one shard whose `GetRecords` never ends: `busy` (an open shard of a
+    /// table written to all the time: a new record on every read) or empty pages of a closed shard.
+    async fn endless_shard(busy: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let reads = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = reads.clone();
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let reads = counter.clone();
+            async move {
+                let target = headers
+                    .get("x-amz-target")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let body = match target.as_str() {
+                    "DescribeStream" => {
+                        let range = if busy {
+                            serde_json::json!({"StartingSequenceNumber": "1"})
+                        } else {
+                            serde_json::json!({"StartingSequenceNumber": "1", "EndingSequenceNumber": "9"})
+                        };
+                        serde_json::json!({"StreamDescription": {"StreamArn": "arn", "StreamStatus": "ENABLED",
+                            "Shards": [{"ShardId": "s1", "SequenceNumberRange": range}]}})
+                    }
+                    "GetShardIterator" => serde_json::json!({"ShardIterator": "it"}),
+                    _ => {
+                        let n = reads.fetch_add(1, Ordering::Relaxed) + 1;
+                        let records = if busy {
+                            serde_json::json!([{"eventID": "e", "eventName": "INSERT", "dynamodb": {
+                                "ApproximateCreationDateTime": now, "SequenceNumber": (100 + n).to_string(),
+                                "NewImage": {"pk": {"S": "another application's item"}}}}])
+                        } else {
+                            serde_json::json!([])
+                        };
+                        serde_json::json!({"Records": records, "NextShardIterator": "it"})
+                    }
+                };
+                (
+                    [("content-type", "application/x-amz-json-1.0")],
+                    body.to_string(),
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, reads)
+    }
+
+    async fn read_to_the_end(busy: bool) -> (Result<(), AuditError>, u64) {
+        let (url, reads) = endless_shard(busy).await;
+        let config = aws_sdk_dynamodbstreams::Config::builder()
+            .behavior_version(aws_sdk_dynamodbstreams::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodbstreams::config::Region::new("us-east-1"))
+            .endpoint_url(url)
+            .credentials_provider(aws_sdk_dynamodbstreams::config::Credentials::new(
+                "a", "b", None, None, "test",
+            ))
+            .build();
+        let mut reader = StreamReader::new(
+            aws_sdk_dynamodbstreams::Client::from_conf(config),
+            "arn",
+            ReadOptions::default().poll_interval(Duration::from_millis(1)),
+        );
+        let table = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .build();
+        let store = crate::DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(table), "t");
+        let mut auditor = Auditor::new(&store, super::super::AuditConfig::default());
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            reader.read(&mut auditor, &mut |_| {}),
+        )
+        .await;
+        let reads = reads.load(std::sync::atomic::Ordering::Relaxed);
+        (read.expect("`audit` without --follow did not end"), reads)
+    }
+
+    #[tokio::test]
+    async fn without_follow_a_closed_shard_of_empty_pages_ends_the_run() {
+        let (read, reads) = read_to_the_end(false).await;
+        read.unwrap();
+        assert_eq!(u64::from(CLOSED_SHARD_EMPTY_PAGES), reads);
+    }
+
+    #[tokio::test]
+    async fn without_follow_a_busy_open_shard_ends_the_run() {
+        // A table written to all the time: each read of its open shard returns a record, so it never
+        // has `idle_polls` empty reads in a row. The run reads what was there when it started, and ends.
+        let (read, reads) = read_to_the_end(true).await;
+        read.unwrap();
+        assert!(reads < 100, "{reads} reads");
     }
 }
