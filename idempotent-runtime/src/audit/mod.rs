@@ -589,7 +589,11 @@ fn ttl_rule(change: &Change, record: &Record) -> Option<Rule> {
     } else {
         let at = change.created_at_s?;
         // A time on a whole minute may be a rounded one: the deletion was within that minute.
-        let latest = if at % 60 == 0 { at.saturating_add(59) } else { at };
+        let latest = if at % 60 == 0 {
+            at.saturating_add(59)
+        } else {
+            at
+        };
         (record.expires_at_s <= latest).then_some(Rule::Expiry)
     }
 }

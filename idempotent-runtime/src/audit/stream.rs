@@ -115,7 +115,8 @@ pub struct ReadOptions {
     /// How long to wait after a round of reads that found nothing new.
     pub poll_interval: Duration,
     /// Without `follow`: an open shard counts as read after this many reads in a row return no record
-    /// (a stream may return an empty page before records that follow it).
+    /// (a stream may return an empty page before records that follow it), or once a read returns a
+    /// record written after the read started. A closed shard is read to its end.
     pub idle_polls: u32,
     /// Records per `GetRecords` (at most 1,000).
     pub limit: i32,

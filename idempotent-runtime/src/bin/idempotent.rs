@@ -85,7 +85,8 @@ struct AuditArgs {
     /// The table's layout, as for `table create`.
     #[arg(long, default_value = "key")]
     layout: Layout,
-    /// Keep reading new records until interrupted (with `--json`: one JSON document per line).
+    /// Keep reading new records until interrupted (with `--json`: one JSON document per line). Without
+    /// it, the run reads what the stream held when it started, and ends.
     #[arg(long)]
     follow: bool,
     /// Report only what happened in the last DURATION (e.g. `6h`); older records still pair deletions
