@@ -373,3 +373,50 @@ async fn a_routed_store_reports_setup_errors_as_they_are_and_does_not_fail_over(
     assert_setup_error(&err, NS, &["was refused"], &errors);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Credentials refused when the result is stored (they expired during the body, or the role lacks a
+/// permission only the completion needs): the same setup error, logged at `error` level as at claim
+/// time — an operator must act, and the caller may well turn the error into a generic one. The body
+/// ran once.
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_refused_at_completion_are_logged_as_a_setup_error() {
+    use idempotent_runtime::MemoryStore;
+    use idempotent_runtime::store::conformance::{Delegating, Override};
+    use idempotent_runtime::store::{Transition, WriteOutcome};
+
+    /// Claims pass; every completion is refused, as DynamoDB refuses expired credentials.
+    #[derive(Debug)]
+    struct DeniedAtCompletion;
+
+    #[async_trait::async_trait]
+    impl Override<MemoryStore> for DeniedAtCompletion {
+        fn kind(&self) -> &'static str {
+            "denied-at-completion"
+        }
+
+        async fn transition(
+            &self,
+            _: &MemoryStore,
+            _: &Transition<'_>,
+        ) -> Result<WriteOutcome, idempotent_runtime::StoreError> {
+            Err(idempotent_runtime::StoreError::AccessDenied {
+                table: "records".to_owned(),
+                source:
+                    "ExpiredTokenException: the security token included in the request is expired"
+                        .into(),
+            })
+        }
+    }
+
+    let (errors, _guard) = Errors::capture();
+    let store = Delegating::new(MemoryStore::new(), DeniedAtCompletion);
+    let idem = Idempotency::builder(store).build();
+    let runs = AtomicUsize::new(0);
+    let err = call(&idem, &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        matches!(&err, Error::AccessDenied { table, .. } if table == "records"),
+        "{err:?}"
+    );
+    assert_setup_error(&err, NS, &["was refused", "records"], &errors);
+}
