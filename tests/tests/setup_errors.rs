@@ -420,3 +420,62 @@ async fn credentials_refused_at_completion_are_logged_as_a_setup_error() {
     );
     assert_setup_error(&err, NS, &["was refused", "records"], &errors);
 }
+
+/// No credentials at all (no environment variables, no profile, no role: a service deployed without
+/// its role, a local run without a profile): the SDK fails before sending anything, and that is a
+/// setup error like a refused key — not retryable, not a 503 inviting a retry, and logged with what to
+/// do — never "the store is unavailable". A credentials provider that timed out may pass, and stays
+/// retryable.
+#[tokio::test(flavor = "current_thread")]
+async fn missing_credentials_are_a_setup_error_not_an_outage() {
+    use aws_credential_types::provider::{
+        ProvideCredentials, error::CredentialsError, future::ProvideCredentials as Provided,
+    };
+    use idempotent_runtime::aws_sdk_dynamodb::config::SharedCredentialsProvider;
+
+    #[derive(Debug)]
+    struct Failing(fn() -> CredentialsError);
+
+    impl ProvideCredentials for Failing {
+        fn provide_credentials<'a>(&'a self) -> Provided<'a>
+        where
+            Self: 'a,
+        {
+            Provided::ready(Err((self.0)()))
+        }
+    }
+
+    let client_failing = |error: fn() -> CredentialsError| {
+        Client::from_conf(
+            idempotent_runtime::aws_sdk_dynamodb::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .region(Region::new("us-east-1"))
+                .endpoint_url(idempotent_tests::endpoint())
+                .credentials_provider(SharedCredentialsProvider::new(Failing(error)))
+                .build(),
+        )
+    };
+    let (errors, _guard) = Errors::capture();
+    let table = unique_table("no-credentials");
+    let runs = AtomicUsize::new(0);
+    let none = client_failing(|| {
+        CredentialsError::not_loaded("no providers in chain provided credentials")
+    });
+    let err = call(
+        &Idempotency::builder(DynamoDbStore::new(none, &table)).build(),
+        &runs,
+    )
+    .await;
+    assert!(matches!(&err, Error::AccessDenied { .. }), "{err:?}");
+    assert_setup_error(&err, NS, &["was refused", "credentials"], &errors);
+
+    let slow =
+        client_failing(|| CredentialsError::provider_timed_out(std::time::Duration::from_secs(1)));
+    let err = call(
+        &Idempotency::builder(DynamoDbStore::new(slow, &table)).build(),
+        &runs,
+    )
+    .await;
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
