@@ -525,3 +525,49 @@ async fn key_show_http_finds_a_layers_record() {
         );
     }
 }
+
+/// A configuration that names credentials but is broken — `AWS_PROFILE` naming a profile that does not
+/// exist, an access key without its secret — is not "no credentials": the command does not fall back to
+/// dummy ones (which would hide the mistake, and which real AWS refuses with a misleading "access
+/// denied"), and its error names what is wrong.
+#[test]
+fn an_endpoint_with_a_broken_credentials_configuration_does_not_use_dummy_ones() {
+    const NOTICE: &str = "no AWS credentials configured; using dummy ones for --endpoint";
+    let home = empty_dir("cli-broken");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\naws_access_key_id = profile\naws_secret_access_key = profile\n",
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+            .args([
+                "--endpoint",
+                &endpoint(),
+                "table",
+                "check",
+                "--table",
+                "absent",
+            ])
+            .env_clear()
+            .env("HOME", &home)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = run(&[("AWS_PROFILE", "no-such-profile")]);
+    assert!(!ok, "{stderr}");
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains("no-such-profile"), "{stderr}");
+    // Without the profile file: the access key alone, its secret forgotten.
+    std::fs::remove_dir_all(home.join(".aws")).unwrap();
+    let (ok, stderr) = run(&[("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")]);
+    assert!(!ok, "{stderr}");
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
+}
