@@ -479,3 +479,67 @@ async fn missing_credentials_are_a_setup_error_not_an_outage() {
     assert!(err.is_retryable(), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// The first call of a service may well stage business writes (`claim_with`): on an idempotency table
+/// of another key schema it is the same setup error as without them (`TableMismatch`, logged with
+/// what to do), not "the staged business writes were refused", which sends the reader to the wrong
+/// table. A business write that does not fit its own table's key schema is still refused as the
+/// business write's fault. The body never runs.
+#[tokio::test(flavor = "current_thread")]
+async fn claim_with_on_a_table_of_another_key_schema_is_a_table_mismatch() {
+    use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+
+    let (errors, _guard) = Errors::capture();
+    let (client, _) = idempotent_tests::client();
+    let runs = AtomicUsize::new(0);
+    let business = unique_table("business");
+    create_plain_table(&client, &business, "id").await;
+    let put = |key: &str| {
+        TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name(&business)
+                    .item(key, AttributeValue::S("order-1".to_owned()))
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+    };
+    let claim_with = |idem: Idempotency, write: TransactWriteItem| {
+        let runs = &runs;
+        async move {
+            idem.operation(NS, &("acme", "order-1"))
+                .claim_with([write])
+                .run(|| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, Error>(1)
+                })
+                .await
+                .unwrap_err()
+        }
+    };
+
+    let by_id = unique_table("claim-with-by-id");
+    create_plain_table(&client, &by_id, "id").await;
+    let err = claim_with(Idempotency::dynamodb(client.clone(), &by_id), put("id")).await;
+    assert!(matches!(&err, Error::TableMismatch { .. }), "{err:?}");
+    assert_setup_error(
+        &err,
+        NS,
+        &[&format!(
+            "table `{by_id}` does not have the store's key schema"
+        )],
+        &errors,
+    );
+
+    // The idempotency table is right; the business item lacks its table's key.
+    let right = unique_table("claim-with-right");
+    DynamoDbStore::new(client.clone(), &right)
+        .ensure_table()
+        .await
+        .unwrap();
+    let err = claim_with(Idempotency::dynamodb(client.clone(), &right), put("sku")).await;
+    assert!(matches!(&err, Error::WriteRejected { .. }), "{err:?}");
+    assert!(errors.take().is_empty());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -175,6 +175,17 @@ fn credentials_unavailable(
     false
 }
 
+/// Whether DynamoDB refused the request because a key does not fit its table's key schema (in a
+/// transaction, it does not say which table's).
+pub(super) fn key_schema_mismatch<E: ProvideErrorMetadata>(
+    err: &SdkError<E, HttpResponse>,
+) -> bool {
+    err.code() == Some("ValidationException")
+        && err
+            .message()
+            .is_some_and(|m| KEY_SCHEMA_MESSAGES.iter().any(|k| m.contains(k)))
+}
+
 /// The failed condition, when that is what the error is (it carries the old item, if there was one).
 pub(super) fn rejected<R>(
     err: &SdkError<UpdateItemError, R>,
