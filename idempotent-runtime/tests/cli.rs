@@ -587,7 +587,7 @@ async fn key_show_http_names_the_layers_record_for_odd_identities_and_keys() {
     let idem = Idempotency::builder_arc(store.clone()).build();
     let layer = IdempotencyLayer::new(idem, |parts: &axum::http::request::Parts| {
         let id = parts.headers.get("x-id")?.as_bytes();
-        Some(String::from_utf8(id.to_vec()).ok()?)
+        String::from_utf8(id.to_vec()).ok()
     })
     .namespace("odd");
     let mut app = axum::Router::new().route(
