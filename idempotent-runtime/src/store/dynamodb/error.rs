@@ -281,7 +281,8 @@ mod tests {
             let (StoreError::Throttled(e)
             | StoreError::Invalid(e)
             | StoreError::Unavailable(e)
-            | StoreError::Other(e)) = &coded
+            | StoreError::Other(e)
+            | StoreError::AccessDenied { source: e, .. }) = &coded
             else {
                 panic!("{code}: {coded:?}")
             };
