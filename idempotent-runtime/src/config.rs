@@ -194,7 +194,9 @@ impl Idempotency {
         self.inner.clock_skew_margin
     }
 
-    /// The longest [`Error::InProgress::retry_hint`](crate::Error::InProgress) this handle gives.
+    /// The longest [`Error::InProgress::retry_hint`](crate::Error::InProgress) this handle gives for a
+    /// claim whose holder is alive; a stalled claim's hint is the time left on its lease (see
+    /// [`Builder::retry_hint`]).
     #[must_use]
     pub fn retry_hint(&self) -> Duration {
         self.inner.retry_hint

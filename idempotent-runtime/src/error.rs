@@ -118,7 +118,7 @@ pub enum Error {
     /// `UnrecognizedClientException`, an invalid signature or an expired token). Not retryable: every
     /// call fails the same way until the credentials or the policy change.
     #[error(
-        "`{namespace}`: access to the idempotency table `{table}` was refused ({}); give the service's credentials `dynamodb:UpdateItem` and `dynamodb:GetItem` on the table (the README's IAM section lists every action), or check which credentials, account and region it uses",
+        "`{namespace}`: access to the idempotency table `{table}` was refused ({}); give the service's credentials `dynamodb:UpdateItem` and `dynamodb:GetItem` on the table (the IAM table of the `idempotent_runtime::guide::operations` docs lists every action, business tables' included), or check which credentials, account and region it uses",
         chain(source.as_ref())
     )]
     AccessDenied {

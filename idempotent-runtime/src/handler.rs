@@ -1560,7 +1560,13 @@ impl Held<'_> {
                 self.fail_boxed(&error.to_string(), persist).await;
                 return Err(error);
             }
-            Stored::Failed(error) => return Err(error),
+            Stored::Failed(error) => {
+                // As at claim time: an operator must act (credentials that expired during the body).
+                if error.is_setup() {
+                    setup_error(&error);
+                }
+                return Err(error);
+            }
         }
         if let Some(source) = unserializable {
             return Err(unserializable_response(namespace, source));

@@ -629,3 +629,117 @@ async fn audit_and_keys_end_to_end_with_json() {
         "{err}"
     );
 }
+
+/// A configuration that names credentials but is broken — `AWS_PROFILE` naming a profile that does not
+/// exist, an access key without its secret — is not "no credentials": the command does not fall back to
+/// dummy ones (which would hide the mistake, and which real AWS refuses with a misleading "access
+/// denied"), and its error names what is wrong.
+#[test]
+fn an_endpoint_with_a_broken_credentials_configuration_does_not_use_dummy_ones() {
+    const NOTICE: &str = "no AWS credentials configured; using dummy ones for --endpoint";
+    let home = empty_dir("cli-broken");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\naws_access_key_id = profile\naws_secret_access_key = profile\n",
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
+            .args([
+                "--endpoint",
+                &endpoint(),
+                "table",
+                "check",
+                "--table",
+                "absent",
+            ])
+            .env_clear()
+            .env("HOME", &home)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = run(&[("AWS_PROFILE", "no-such-profile")]);
+    assert!(!ok, "{stderr}");
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains("no-such-profile"), "{stderr}");
+    // Without the profile file: the access key alone, its secret forgotten.
+    std::fs::remove_dir_all(home.join(".aws")).unwrap();
+    let (ok, stderr) = run(&[("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")]);
+    assert!(!ok, "{stderr}");
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// `key show --http IDENTITY KEY` names exactly the record the layer writes, for odd identities and
+/// keys (unicode, quotes, empty, the longest key), and refuses what the layer refuses with 400 — a key
+/// that is not visible ASCII, empty, malformed or too long — rather than name a record that cannot exist.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn key_show_http_names_the_layers_record_for_odd_identities_and_keys() {
+    use axum::body::Body;
+    use axum::http::{HeaderValue, Request, StatusCode};
+    use idempotent_runtime::MemoryStore;
+    use idempotent_runtime::http::IdempotencyLayer;
+
+    let store = std::sync::Arc::new(MemoryStore::new());
+    let idem = Idempotency::builder_arc(store.clone()).build();
+    let layer = IdempotencyLayer::new(idem, |parts: &axum::http::request::Parts| {
+        let id = parts.headers.get("x-id")?.as_bytes();
+        String::from_utf8(id.to_vec()).ok()
+    })
+    .namespace("odd");
+    let mut app = axum::Router::new().route(
+        "/pay",
+        axum::routing::post(|| async { (StatusCode::CREATED, "paid") }).layer(layer),
+    );
+    let long = "k".repeat(255);
+    let too_long = "k".repeat(256);
+    let cases: [(&str, &[u8]); 9] = [
+        ("acme", b"order-1"),
+        ("Z\u{fc}rich \"quoted\"", b"\"with \\\"escapes\\\" inside\""),
+        ("", b"empty-identity"),
+        ("acme", long.as_bytes()),
+        ("acme", too_long.as_bytes()),
+        ("acme", "\u{43a}\u{43b}\u{44e}\u{447}".as_bytes()),
+        ("acme", b"\"open"),
+        ("acme", b"\"\""),
+        ("acme", b"tab\tinside"),
+    ];
+    for (identity, header) in cases {
+        let request = Request::post("/pay")
+            .header(
+                "x-id",
+                HeaderValue::from_bytes(identity.as_bytes()).unwrap(),
+            )
+            .header("idempotency-key", HeaderValue::from_bytes(header).unwrap())
+            .body(Body::from("{}"))
+            .unwrap();
+        let status = tower_service::Service::call(&mut app, request)
+            .await
+            .unwrap()
+            .status();
+        let as_typed = String::from_utf8(header.to_vec()).unwrap();
+        let derived = idempotent_runtime::derive_http_key("odd", identity, &as_typed);
+        match status {
+            StatusCode::CREATED => {
+                let key = derived.unwrap_or_else(|e| panic!("{identity:?} {as_typed:?}: {e}"));
+                let record = store.get(&key).await.unwrap();
+                assert!(
+                    record.is_some(),
+                    "{identity:?} {as_typed:?}: no record at {key}"
+                );
+            }
+            StatusCode::BAD_REQUEST => assert!(
+                derived.is_err(),
+                "{identity:?} {as_typed:?}: the layer refused it, the command names {derived:?}"
+            ),
+            other => panic!("{identity:?} {as_typed:?}: {other}"),
+        }
+    }
+}

@@ -373,3 +373,173 @@ async fn a_routed_store_reports_setup_errors_as_they_are_and_does_not_fail_over(
     assert_setup_error(&err, NS, &["was refused"], &errors);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Credentials refused when the result is stored (they expired during the body, or the role lacks a
+/// permission only the completion needs): the same setup error, logged at `error` level as at claim
+/// time — an operator must act, and the caller may well turn the error into a generic one. The body
+/// ran once.
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_refused_at_completion_are_logged_as_a_setup_error() {
+    use idempotent_runtime::MemoryStore;
+    use idempotent_runtime::store::conformance::{Delegating, Override};
+    use idempotent_runtime::store::{Transition, WriteOutcome};
+
+    /// Claims pass; every completion is refused, as DynamoDB refuses expired credentials.
+    #[derive(Debug)]
+    struct DeniedAtCompletion;
+
+    #[async_trait::async_trait]
+    impl Override<MemoryStore> for DeniedAtCompletion {
+        fn kind(&self) -> &'static str {
+            "denied-at-completion"
+        }
+
+        async fn transition(
+            &self,
+            _: &MemoryStore,
+            _: &Transition<'_>,
+        ) -> Result<WriteOutcome, idempotent_runtime::StoreError> {
+            Err(idempotent_runtime::StoreError::AccessDenied {
+                table: "records".to_owned(),
+                source:
+                    "ExpiredTokenException: the security token included in the request is expired"
+                        .into(),
+            })
+        }
+    }
+
+    let (errors, _guard) = Errors::capture();
+    let store = Delegating::new(MemoryStore::new(), DeniedAtCompletion);
+    let idem = Idempotency::builder(store).build();
+    let runs = AtomicUsize::new(0);
+    let err = call(&idem, &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        matches!(&err, Error::AccessDenied { table, .. } if table == "records"),
+        "{err:?}"
+    );
+    assert_setup_error(&err, NS, &["was refused", "records"], &errors);
+}
+
+/// No credentials at all (no environment variables, no profile, no role: a service deployed without
+/// its role, a local run without a profile): the SDK fails before sending anything, and that is a
+/// setup error like a refused key — not retryable, not a 503 inviting a retry, and logged with what to
+/// do — never "the store is unavailable". A credentials provider that timed out may pass, and stays
+/// retryable.
+#[tokio::test(flavor = "current_thread")]
+async fn missing_credentials_are_a_setup_error_not_an_outage() {
+    use aws_credential_types::provider::{
+        ProvideCredentials, error::CredentialsError, future::ProvideCredentials as Provided,
+    };
+    use idempotent_runtime::aws_sdk_dynamodb::config::SharedCredentialsProvider;
+
+    #[derive(Debug)]
+    struct Failing(fn() -> CredentialsError);
+
+    impl ProvideCredentials for Failing {
+        fn provide_credentials<'a>(&'a self) -> Provided<'a>
+        where
+            Self: 'a,
+        {
+            Provided::ready(Err((self.0)()))
+        }
+    }
+
+    let client_failing = |error: fn() -> CredentialsError| {
+        Client::from_conf(
+            idempotent_runtime::aws_sdk_dynamodb::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .region(Region::new("us-east-1"))
+                .endpoint_url(idempotent_tests::endpoint())
+                .credentials_provider(SharedCredentialsProvider::new(Failing(error)))
+                .build(),
+        )
+    };
+    let (errors, _guard) = Errors::capture();
+    let table = unique_table("no-credentials");
+    let runs = AtomicUsize::new(0);
+    let none = client_failing(|| {
+        CredentialsError::not_loaded("no providers in chain provided credentials")
+    });
+    let err = call(
+        &Idempotency::builder(DynamoDbStore::new(none, &table)).build(),
+        &runs,
+    )
+    .await;
+    assert!(matches!(&err, Error::AccessDenied { .. }), "{err:?}");
+    assert_setup_error(&err, NS, &["was refused", "credentials"], &errors);
+
+    let slow =
+        client_failing(|| CredentialsError::provider_timed_out(std::time::Duration::from_secs(1)));
+    let err = call(
+        &Idempotency::builder(DynamoDbStore::new(slow, &table)).build(),
+        &runs,
+    )
+    .await;
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// The first call of a service may well stage business writes (`claim_with`): on an idempotency table
+/// of another key schema it is the same setup error as without them (`TableMismatch`, logged with
+/// what to do), not "the staged business writes were refused", which sends the reader to the wrong
+/// table. A business write that does not fit its own table's key schema is still refused as the
+/// business write's fault. The body never runs.
+#[tokio::test(flavor = "current_thread")]
+async fn claim_with_on_a_table_of_another_key_schema_is_a_table_mismatch() {
+    use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+
+    let (errors, _guard) = Errors::capture();
+    let (client, _) = idempotent_tests::client();
+    let runs = AtomicUsize::new(0);
+    let business = unique_table("business");
+    create_plain_table(&client, &business, "id").await;
+    let put = |key: &str| {
+        TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name(&business)
+                    .item(key, AttributeValue::S("order-1".to_owned()))
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+    };
+    let claim_with = |idem: Idempotency, write: TransactWriteItem| {
+        let runs = &runs;
+        async move {
+            idem.operation(NS, &("acme", "order-1"))
+                .claim_with([write])
+                .run(|| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, Error>(1)
+                })
+                .await
+                .unwrap_err()
+        }
+    };
+
+    let by_id = unique_table("claim-with-by-id");
+    create_plain_table(&client, &by_id, "id").await;
+    let err = claim_with(Idempotency::dynamodb(client.clone(), &by_id), put("id")).await;
+    assert!(matches!(&err, Error::TableMismatch { .. }), "{err:?}");
+    assert_setup_error(
+        &err,
+        NS,
+        &[&format!(
+            "table `{by_id}` does not have the store's key schema"
+        )],
+        &errors,
+    );
+
+    // The idempotency table is right; the business item lacks its table's key.
+    let right = unique_table("claim-with-right");
+    DynamoDbStore::new(client.clone(), &right)
+        .ensure_table()
+        .await
+        .unwrap();
+    let err = claim_with(Idempotency::dynamodb(client.clone(), &right), put("sku")).await;
+    assert!(matches!(&err, Error::WriteRejected { .. }), "{err:?}");
+    assert!(errors.take().is_empty());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

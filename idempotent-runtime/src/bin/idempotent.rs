@@ -365,11 +365,30 @@ async fn endpoint_credentials(endpoint: &str) -> SharedCredentialsProvider {
         aws_config::ecs::EcsCredentialsProvider::builder().build(),
     );
     // Asked once, here: unconfigured, every provider answers at once without a request. A
-    // configuration that is there but broken (a profile that does not exist) is not "none": its
-    // error comes with the first request.
+    // configuration that is there but broken is not "none": its error comes with the first request.
+    // The SDK reports some broken ones as "not loaded" too (`AWS_PROFILE` naming a profile that does
+    // not exist, an access key without its secret), so a variable that names credentials counts as
+    // configured whatever the chain answers.
+    let named = ["AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .any(|var| std::env::var_os(var).is_some_and(|v| !v.is_empty()));
     match configured.provide_credentials().await {
-        Err(CredentialsError::CredentialsNotLoaded(_)) => {}
-        _ => return SharedCredentialsProvider::new(configured),
+        Err(CredentialsError::CredentialsNotLoaded(_)) if !named => {}
+        // Some providers give their error once (the profile provider's second answer is "already
+        // taken"): every request gets this one, which names what is wrong.
+        Err(error) => {
+            let why = format!(
+                "the AWS credentials configured could not be loaded: {}",
+                aws_smithy_types::error::display::DisplayErrorContext(&error)
+            );
+            return SharedCredentialsProvider::new(
+                aws_credential_types::credential_fn::provide_credentials_fn(move || {
+                    let why = why.clone();
+                    async move { Err(CredentialsError::invalid_configuration(why)) }
+                }),
+            );
+        }
+        Ok(_) => return SharedCredentialsProvider::new(configured),
     }
     eprintln!(
         "idempotent: no AWS credentials configured; using dummy ones for --endpoint {endpoint} (DynamoDB Local accepts any)"

@@ -71,13 +71,20 @@ fn unquote(quoted: &str) -> Option<String> {
 /// ```
 ///
 /// # Errors
-/// Why `idempotency_key` is not a key the layer accepts (empty, malformed quoting, longer than 255
-/// bytes); the layer answers such a request with 400.
+/// Why `idempotency_key` is not a key the layer accepts (not visible ASCII, empty, malformed quoting,
+/// longer than 255 bytes); the layer answers such a request with 400.
 pub fn derive_http_key(
     namespace: &str,
     identity: &str,
     idempotency_key: &str,
 ) -> Result<String, &'static str> {
+    // What the layer reads a header with (`HeaderValue::to_str`): a key outside it never has a record.
+    if !idempotency_key
+        .bytes()
+        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        return Err("the `Idempotency-Key` header must be visible ASCII");
+    }
     let key = key_of_header(idempotency_key)?;
     crate::derive_key(namespace, &scope(identity.to_owned(), key))
         .map_err(|_| "the key does not serialize")

@@ -107,6 +107,16 @@ pub(crate) fn classify<E>(table: &str, err: SdkError<E, HttpResponse>) -> StoreE
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
+    // No credentials to sign with: the SDK fails before sending, as a dispatch failure, and nothing
+    // passes until credentials are configured (not an outage, which a retry or a failover would help).
+    if let SdkError::DispatchFailure(failure) = &err
+        && credentials_unavailable(failure)
+    {
+        return StoreError::AccessDenied {
+            table: table.to_owned(),
+            source: Box::new(err),
+        };
+    }
     let transient = match &err {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             true
@@ -140,6 +150,40 @@ where
         _ if transient => StoreError::Unavailable(Box::new(err)),
         _ => StoreError::Other(Box::new(err)),
     }
+}
+
+/// Whether a dispatch failure is the credentials provider's finding that there are no credentials, or
+/// that their configuration is invalid (a provider that timed out or failed may pass, and stays
+/// transient).
+fn credentials_unavailable(
+    failure: &aws_smithy_runtime_api::client::result::DispatchFailure,
+) -> bool {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = failure
+        .as_connector_error()
+        .map(|e| e as &(dyn std::error::Error + 'static));
+    while let Some(error) = source {
+        if let Some(credentials) = error.downcast_ref::<CredentialsError>() {
+            return matches!(
+                credentials,
+                CredentialsError::CredentialsNotLoaded(_)
+                    | CredentialsError::InvalidConfiguration(_)
+            );
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// Whether DynamoDB refused the request because a key does not fit its table's key schema (in a
+/// transaction, it does not say which table's).
+pub(super) fn key_schema_mismatch<E: ProvideErrorMetadata>(
+    err: &SdkError<E, HttpResponse>,
+) -> bool {
+    err.code() == Some("ValidationException")
+        && err
+            .message()
+            .is_some_and(|m| KEY_SCHEMA_MESSAGES.iter().any(|k| m.contains(k)))
 }
 
 /// The failed condition, when that is what the error is (it carries the old item, if there was one).

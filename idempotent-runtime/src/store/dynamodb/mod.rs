@@ -86,7 +86,7 @@ use super::{
 };
 use crate::record::Record;
 pub(crate) use error::store_error;
-use error::{canceled, cancellation_reasons, rejected};
+use error::{canceled, cancellation_reasons, key_schema_mismatch, rejected};
 use expression::{PreparedNames, RecordUpdate};
 use request_token::request_token;
 
@@ -360,6 +360,7 @@ impl DynamoDbStore {
     async fn transact(
         &self,
         op: &'static str,
+        key: &str,
         record: Update,
         writes: Vec<TransactWriteItem>,
         request_token: String,
@@ -399,6 +400,13 @@ impl DynamoDbStore {
             Err(err) => err,
         };
         let Some(canceled) = canceled(&err) else {
+            // DynamoDB does not say whose key missed its table's key schema: if the record's own table
+            // has another one, that is the setup error every call gets (the business writes may be fine).
+            if key_schema_mismatch(&err)
+                && let Err(schema @ StoreError::Schema(_)) = Box::pin(self.get(key)).await
+            {
+                return Err(schema);
+            }
             // The missing table may be a business table: say so rather than blame the record's table.
             if err.code() == Some("ResourceNotFoundException") {
                 return Err(StoreError::Invalid(
@@ -506,6 +514,7 @@ impl Store for DynamoDbStore {
         );
         self.transact(
             transition.change.op(true),
+            transition.key,
             record,
             writes.items().to_vec(),
             token,
@@ -527,8 +536,14 @@ impl Store for DynamoDbStore {
             request.token,
             request.attempt,
         );
-        self.transact("claim_transaction", record, writes.items().to_vec(), token)
-            .await
+        self.transact(
+            "claim_transaction",
+            request.key,
+            record,
+            writes.items().to_vec(),
+            token,
+        )
+        .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
