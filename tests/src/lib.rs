@@ -171,6 +171,24 @@ pub async fn dynamodb_store() -> (DynamoDbStore, RequestCounter) {
 }
 
 /// Creates `table` on DynamoDB Local with a partition key `key` of type S, on-demand, TTL off: a table
+/// The raw item of the record `key`, read consistently by the store's own item key (so in any table
+/// layout), or `None` once it is gone.
+pub async fn raw_item(
+    store: &DynamoDbStore,
+    key: &str,
+) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .set_key(Some(store.item_key(key).unwrap()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+}
+
 /// as someone might create it by hand (business tables, or idempotency tables to verify).
 pub async fn create_plain_table(client: &Client, table: &str, key: &str) {
     use aws_sdk_dynamodb::types::{

@@ -25,7 +25,7 @@ use idempotent_runtime::audit::{
     AuditConfig, Auditor, Finding, ReadOptions, StreamReader, stream_arn,
 };
 use idempotent_runtime::{DynamoDbStore, Error, Idempotency, ManualClock, admin, derive_key};
-use idempotent_tests::{client, client_at, create_plain_table, unique_table};
+use idempotent_tests::{client, client_at, create_plain_table, raw_item, unique_table};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 const NS: &str = "billing::charge";
@@ -57,20 +57,6 @@ fn options() -> ReadOptions {
     ReadOptions::default()
         .idle_polls(2)
         .poll_interval(Duration::from_millis(20))
-}
-
-/// The record's item, if it is still there.
-async fn item(store: &DynamoDbStore, key: &str) -> Option<HashMap<String, AttributeValue>> {
-    store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .set_key(Some(store.item_key(key).unwrap()))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
 }
 
 /// A DynamoDB Local of this test's own (see the module's docs), stopped when dropped (also when the
@@ -186,14 +172,14 @@ async fn seed(endpoint: &str) -> Seeded {
     store.ensure_table().await.expect("turn TTL on");
     // Wait for TTL: a few seconds on DynamoDB Local.
     let start = std::time::Instant::now();
-    while item(&store, &retried).await.is_some() {
+    while raw_item(&store, &retried).await.is_some() {
         assert!(
             start.elapsed() < Duration::from_mins(1),
             "TTL never deleted the record"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    while item(&store, "order-9").await.is_some() {
+    while raw_item(&store, "order-9").await.is_some() {
         assert!(
             start.elapsed() < Duration::from_mins(1),
             "TTL never deleted the item"

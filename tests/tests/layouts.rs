@@ -13,7 +13,9 @@ use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{DynamoDbStore, Error, Layout, Status, Store, StoreError, derive_key};
-use idempotent_tests::{AppError, Harness, RequestCounter, client, idem_error, unique_table};
+use idempotent_tests::{
+    AppError, Harness, RequestCounter, client, idem_error, raw_item, unique_table,
+};
 
 const NS: &str = "billing::charge";
 
@@ -53,17 +55,7 @@ async fn item(
     store: &DynamoDbStore,
     key: &str,
 ) -> std::collections::HashMap<String, AttributeValue> {
-    store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .set_key(Some(store.item_key(key).unwrap()))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .expect("the record's item")
+    raw_item(store, key).await.expect("the record's item")
 }
 
 #[tokio::test]
