@@ -322,6 +322,29 @@ fn empty_dir(prefix: &str) -> std::path::PathBuf {
     dir
 }
 
+/// `table check --table TABLE` against the test's endpoint, in an environment of nothing but `HOME`
+/// and `env`: how the command finds (or does not find) credentials.
+fn check_in_bare_env(
+    table: &str,
+    home: &std::path::Path,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .args([
+            "--endpoint",
+            &endpoint(),
+            "table",
+            "check",
+            "--table",
+            table,
+        ])
+        .env_clear()
+        .env("HOME", home)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
 /// With `--endpoint` and no credentials anywhere (no `AWS_*` variables, a `HOME` without `.aws`), the
 /// command uses dummy ones, as DynamoDB Local wants, and says so; it does not wait for the EC2
 /// instance metadata service first. With credentials configured, it uses them, silently.
@@ -358,21 +381,14 @@ fn an_endpoint_without_credentials_uses_dummy_ones_at_once_and_says_so() {
     );
 
     // Configured credentials are used, without a notice.
-    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
-        .args([
-            "--endpoint",
-            &endpoint(),
-            "table",
-            "check",
-            "--table",
-            &table,
-        ])
-        .env_clear()
-        .env("HOME", &home)
-        .env("AWS_ACCESS_KEY_ID", "configured")
-        .env("AWS_SECRET_ACCESS_KEY", "configured")
-        .output()
-        .unwrap();
+    let output = check_in_bare_env(
+        &table,
+        &home,
+        &[
+            ("AWS_ACCESS_KEY_ID", "configured"),
+            ("AWS_SECRET_ACCESS_KEY", "configured"),
+        ],
+    );
     assert!(stdout(&output).contains("fits the store"));
     assert!(!String::from_utf8_lossy(&output.stderr).contains(NOTICE));
     // A profile in `HOME` counts as configured too.
@@ -382,19 +398,7 @@ fn an_endpoint_without_credentials_uses_dummy_ones_at_once_and_says_so() {
         "[default]\naws_access_key_id = profile\naws_secret_access_key = profile\n",
     )
     .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
-        .args([
-            "--endpoint",
-            &endpoint(),
-            "table",
-            "check",
-            "--table",
-            &table,
-        ])
-        .env_clear()
-        .env("HOME", &home)
-        .output()
-        .unwrap();
+    let output = check_in_bare_env(&table, &home, &[]);
     assert!(stdout(&output).contains("fits the store"));
     assert!(!String::from_utf8_lossy(&output.stderr).contains(NOTICE));
     // A configuration that is there but fails (a credential process that exits with an error) is not
@@ -404,19 +408,7 @@ fn an_endpoint_without_credentials_uses_dummy_ones_at_once_and_says_so() {
         "[default]\ncredential_process = /bin/false\n",
     )
     .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
-        .args([
-            "--endpoint",
-            &endpoint(),
-            "table",
-            "check",
-            "--table",
-            &table,
-        ])
-        .env_clear()
-        .env("HOME", &home)
-        .output()
-        .unwrap();
+    let output = check_in_bare_env(&table, &home, &[]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains(NOTICE), "{stderr}");
@@ -645,20 +637,7 @@ fn an_endpoint_with_a_broken_credentials_configuration_does_not_use_dummy_ones()
     )
     .unwrap();
     let run = |env: &[(&str, &str)]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_idempotent"))
-            .args([
-                "--endpoint",
-                &endpoint(),
-                "table",
-                "check",
-                "--table",
-                "absent",
-            ])
-            .env_clear()
-            .env("HOME", &home)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
+        let output = check_in_bare_env("absent", &home, env);
         (
             output.status.success(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
