@@ -308,6 +308,83 @@ async fn check_a_claim_whose_answer_never_came_is_released(backend: Backend) {
     assert_eq!(runs.count(), 1);
 }
 
+/// A claim the store applies `after` it was sent, whether or not its caller is still there (real
+/// DynamoDB goes on with a request whose client left): the request goes on a task of its own.
+#[derive(Debug)]
+struct ClaimAppliedLate(Duration);
+
+#[async_trait::async_trait]
+impl Override<Forward> for ClaimAppliedLate {
+    fn kind(&self) -> &'static str {
+        "claim-applied-late"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let store = inner.0.clone();
+        let (key, token) = (request.key.to_owned(), request.token.to_owned());
+        let fingerprint = request.fingerprint.map(str::to_owned);
+        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
+            request.attempt,
+            request.now_ms,
+            request.lease_until_ms,
+            request.expires_at_s,
+        );
+        let after = self.0;
+        let applied = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let request = ClaimRequest {
+                key: &key,
+                token: &token,
+                attempt,
+                now_ms,
+                lease_until_ms,
+                expires_at_s,
+                fingerprint: fingerprint.as_deref(),
+                keep_claim_writes: false,
+                steps: idempotent_runtime::store::StepsClaim::Untouched,
+            };
+            store.claim(&request).await
+        });
+        applied.await.unwrap()
+    }
+}
+
+/// A caller that gives up at 50 ms on a claim the store applies at 150 ms: its release finds no record,
+/// and its claim lands after the release. The release leaves a mark under the call's token that the
+/// late claim respects, so the next caller runs the body at once rather than waiting out the lease.
+async fn check_a_dropped_calls_release_does_not_lose_to_its_late_claim(backend: Backend) {
+    let store = backing(backend).await;
+    let late = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    ));
+    let clock = ManualClock::starting_now();
+    let dropped = Idempotency::builder_arc(late).clock(clock.clone()).build();
+    let runs = Runs::default();
+    let lease = Duration::from_secs(60);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        charge(&dropped, &runs, "order-1", lease, Duration::ZERO),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    // The release has been sent; then the claim lands.
+    dropped.drain(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = Idempotency::builder_arc(store).clock(clock).build();
+    let answer = charge(&next, &runs, "order-1", lease, Duration::ZERO).await;
+    assert_eq!(
+        answer.unwrap(),
+        1,
+        "the key must be free: the dropped call's late claim must not hold it for the lease"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
 /// A value serde writes but refuses to read: nested deeper than serde_json's recursion limit.
 fn too_deep() -> serde_json::Value {
     let mut value = serde_json::json!(1);
@@ -428,4 +505,6 @@ on_both_stores! {
     a_u128_in_an_untagged_enum_is_final =>
         |b| check_a_value_that_does_not_read_back_is_final_and_never_replayed(b, "u128", || Amount::Big(u128::MAX));
     a_lease_under_the_floor_is_refused => check_a_lease_under_the_floor_is_refused;
+    a_dropped_calls_release_does_not_lose_to_its_late_claim =>
+        check_a_dropped_calls_release_does_not_lose_to_its_late_claim;
 }

@@ -532,25 +532,28 @@ fn release(
     let tasks = idem.tasks().clone();
     let release = async move {
         let now_ms = idem.clock().now_ms();
+        // A release, not a failure: where the claim has not landed yet (its request still in
+        // flight), it leaves a FAILED record under the call's token that the claim, landing later,
+        // finds and does not overwrite.
         let transition = Transition {
             key: &key,
             token: &token,
-            change: Change::Fail {
+            change: Change::Release {
                 error: RELEASED,
                 expires_at_s: expiry_s(now_ms, lifetime),
-                release_claim_writes: false,
             },
         };
         match telemetry::observe("release", idem.store().transition(&transition)).await {
             Ok(WriteOutcome::Applied) => {
                 tracing::debug!(namespace, "dropped call's claim released");
             }
-            // The claim never landed, or is no longer ours: nothing to release.
+            // The claim is no longer ours (or never landed on a record of another call's): nothing to
+            // release.
             Ok(WriteOutcome::Rejected(_)) => {}
             Err(error) => tracing::warn!(
                 namespace,
                 %error,
-                "could not release a dropped call's claim; it lapses with its lease"
+                "could not release the claim of a call that gave it up; it lapses with its lease"
             ),
         }
     };
