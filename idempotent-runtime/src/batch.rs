@@ -43,7 +43,7 @@
 //! |---|---|---|
 //! | its work ran now and succeeded | [`Outcome::Executed`] | no |
 //! | an earlier delivery's stored result is replayed | [`Outcome::Replayed`] | no |
-//! | an earlier delivery did the work, but its result cannot be replayed: too large to store ([`Error::ResponseTooLarge`]), expired with only its tombstone retained ([`Error::Expired`], [`Builder::retain`](crate::Builder::retain)), or no longer of the handler's output type ([`Error::Deserialize`]) | [`Outcome::Done`] | no |
+//! | the work was done (now or by an earlier delivery), but its result cannot be replayed: too large to store ([`Error::ResponseTooLarge`]), not serializable, such as a NaN ([`Error::Serialize`] of the response now, [`Error::ResponseNotSerialized`] later), expired with only its tombstone retained ([`Error::Expired`], [`Builder::retain`](crate::Builder::retain)), or no longer of the handler's output type ([`Error::Deserialize`]) | [`Outcome::Done`] | no |
 //! | the handler failed, or it or the message's key panicked (`panicked: <message>`; the other messages go on) | [`Outcome::Failed`] | yes |
 //! | its key was used with another body ([`payload`](Batch::payload)): [`Error::PayloadMismatch`] | [`Outcome::Failed`] | yes |
 //! | another delivery of the key is in flight, or the store failed | [`Outcome::Failed`] | yes |
@@ -142,12 +142,14 @@ pub enum Outcome {
     /// (another delivery in flight, a different payload, a store failure): the message should be
     /// delivered again. The text is the error's.
     Failed(String),
-    /// The work was done by an earlier delivery, but its result cannot be replayed: it was too large
-    /// to store ([`Error::ResponseTooLarge`]), it expired and only its tombstone is retained
+    /// The work was done, by this delivery or an earlier one, but its result cannot be replayed: it
+    /// was too large to store ([`Error::ResponseTooLarge`]), it did not serialize, such as a NaN
+    /// ([`Error::Serialize`] of the response for the delivery that ran it, then
+    /// [`Error::ResponseNotSerialized`]), it expired and only its tombstone is retained
     /// ([`Error::Expired`]), or it no longer deserializes into the handler's output type
-    /// ([`Error::Deserialize`]; a batch never uses it). The handler did not run; the message is done and is not delivered again
-    /// (delivering it again would only end the same way, until it is dead-lettered). The text is the
-    /// error's, which says which.
+    /// ([`Error::Deserialize`]; a batch never uses it). The handler does not run again for the key;
+    /// the message is done and is not delivered again (delivering it again would only end the same
+    /// way, until it is dead-lettered). The text is the error's, which says which.
     Done(String),
 }
 
@@ -379,14 +381,21 @@ impl<P> Batch<'_, P> {
         match crate::observe(operation.run(body)).await {
             (Ok(_), Some(Execution::Replayed)) => Outcome::Replayed,
             (Ok(_), _) => Outcome::Executed,
-            // Work an earlier delivery did whose result cannot be replayed. A batch never uses a
-            // replayed value, so a stored one that no longer deserializes (the handler's output type
-            // changed in a deploy) is done work too; `Deserialize` comes only from a stored response.
+            // Work done (now or by an earlier delivery) whose result cannot be replayed. A batch never
+            // uses a replayed value, so a stored one that no longer deserializes (the handler's output
+            // type changed in a deploy) is done work too; `Deserialize` comes only from a stored
+            // response. A result that does not serialize (a NaN) is recorded as COMPLETED without it:
+            // the first delivery gets `Serialize` of the response, every later one
+            // `ResponseNotSerialized`, and the handler never runs again for the key.
             (
                 Err(Failure::Library(
                     e @ (Error::ResponseTooLarge { .. }
                     | Error::Expired { .. }
-                    | Error::Deserialize { .. }),
+                    | Error::Deserialize { .. }
+                    | Error::ResponseNotSerialized { .. }
+                    | Error::Serialize {
+                        what: "response", ..
+                    }),
                 )),
                 _,
             ) => Outcome::Done(e.to_string()),

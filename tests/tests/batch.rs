@@ -478,3 +478,81 @@ async fn done_work_whose_result_no_longer_deserializes_is_not_redelivered() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A handler that runs once and returns a value JSON cannot hold (a NaN): the work is done and the
+/// record is COMPLETED without a response, so neither the first delivery nor a redelivery may be
+/// reported for redelivery, where the message would come back until it is dead-lettered.
+#[tokio::test]
+async fn a_result_that_does_not_serialize_is_done_never_redelivered() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::new(backend).await;
+        let runs = AtomicUsize::new(0);
+        let batch = h.idem.batch("orders::nan");
+        let process = |messages: Vec<(&'static str, u32)>| {
+            batch.process(
+                messages,
+                |m| m.0.to_owned(),
+                |m| m.1,
+                |_| {
+                    let runs = &runs;
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(f64::NAN)
+                    }
+                },
+            )
+        };
+        let first = process(vec![("m1", 7)]).await;
+        assert!(
+            matches!(&first.items[0].outcome, Outcome::Done(why) if why.contains("serialize")),
+            "{backend:?}: {first:?}"
+        );
+        assert!(
+            first.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {first:?}"
+        );
+        assert_eq!(
+            h.record("orders::nan", &7_u32).await.unwrap().status,
+            Status::Completed,
+            "{backend:?}"
+        );
+        let again = process(vec![("m2", 7)]).await;
+        assert!(
+            matches!(&again.items[0].outcome, Outcome::Done(why) if why.contains("serialize")),
+            "{backend:?}: {again:?}"
+        );
+        assert!(
+            again.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {again:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend:?}: ran once");
+    }
+}
+
+/// A key that does not serialize is no work done: the message fails (its record was never claimed).
+#[tokio::test]
+async fn a_key_that_does_not_serialize_fails() {
+    let h = Harness::new(Backend::Memory).await;
+    let runs = AtomicUsize::new(0);
+    let report = h
+        .idem
+        .batch("orders::nan_key")
+        .process(
+            vec![("m1", f64::NAN)],
+            |m| m.0.to_owned(),
+            |m| std::collections::BTreeMap::from([(vec![1_u8], m.1)]),
+            |_| {
+                let runs = &runs;
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                }
+            },
+        )
+        .await;
+    assert!(
+        matches!(&report.items[0].outcome, Outcome::Failed(why) if why.contains("serialize")),
+        "{report:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
