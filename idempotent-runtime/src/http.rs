@@ -32,7 +32,7 @@
 //! | no caller identity | 401 |
 //! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
 //! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
-//! | the handler panicked | 500; nothing is stored and the key is free at once |
+//! | the handler, or the identity function, panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
 //! | the store is not set up: the table is missing, refused the credentials, or has another key schema | 500, without an invitation to retry (the runtime logs an `error` event saying what to do, e.g. create the table with `DynamoDbStore::ensure_table`) |
 //!
@@ -129,7 +129,8 @@
 //!
 //! A handler that panics is a failure: the record becomes FAILED with the text `panicked: <message>`,
 //! so the key is free at once, and the client gets a 500 `application/problem+json`. The panic does not
-//! reach hyper, which would close the connection without an answer. A response *body* that panics after
+//! reach hyper, which would close the connection without an answer. An identity function that panics
+//! gets the same 500 before anything is claimed, so the key stays free. A response *body* that panics after
 //! the handler answered with a stored status is a body that failed mid-stream: the outcome is final, as
 //! [above](#responses-that-cannot-be-stored).
 
@@ -364,7 +365,11 @@ impl IdempotencyLayer {
     /// One more response header to store and replay, besides the representation's (`Content-Type`,
     /// `Content-Encoding`, `Content-Language`, `Content-Location`, `Content-Disposition`,
     /// `Content-Digest`, `Repr-Digest`), `Location`, `ETag` and `Last-Modified`. Headers about the
-    /// connection or the moment (`Date`, `Set-Cookie`, rate limits) are not replayed.
+    /// connection or the moment (`Date`, `Set-Cookie`, rate limits) are not replayed. Values are kept
+    /// byte for byte, UTF-8 or not.
+    ///
+    /// The list applies to replays as well as to storing: a record holding other headers (written by
+    /// another service on the table, or tampered with) is replayed without them.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
@@ -475,8 +480,37 @@ where
 #[derive(Serialize, Deserialize)]
 struct StoredResponse {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, StoredValue)>,
     body: StoredBody,
+}
+
+/// A header value as stored: text when it is UTF-8 (readable in the table, and what records held before
+/// values of other bytes were kept), else its bytes in hex (`{"hex": ".."}`), so that a Latin-1
+/// `Content-Disposition` file name is replayed byte for byte.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredValue {
+    Text(String),
+    Bytes { hex: String },
+}
+
+impl StoredValue {
+    fn new(value: &HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) => StoredValue::Text(text.to_owned()),
+            Err(_) => StoredValue::Bytes {
+                hex: hex::encode(value.as_bytes()),
+            },
+        }
+    }
+
+    /// The value, when it is one a header can carry (a record is untrusted input).
+    fn to_header(&self) -> Option<HeaderValue> {
+        match self {
+            StoredValue::Text(text) => HeaderValue::from_str(text).ok(),
+            StoredValue::Bytes { hex } => HeaderValue::from_bytes(&hex::decode(hex).ok()?).ok(),
+        }
+    }
 }
 
 /// A body as text when it is UTF-8 (JSON APIs: stored as is, readable in the table), hex otherwise;
@@ -581,11 +615,21 @@ impl Settings {
             Err(why) => return problem(StatusCode::BAD_REQUEST, why),
         };
         let (parts, body) = request.into_parts();
-        let Some(identity) = (this.identity)(&parts) else {
-            return problem(
-                StatusCode::UNAUTHORIZED,
-                "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
-            );
+        // The service's own code, run in the service's future: its panic must not reach hyper, which
+        // would close the connection without an answer. Nothing is claimed yet, so the key stays free.
+        let identity = match std::panic::catch_unwind(AssertUnwindSafe(|| (this.identity)(&parts)))
+        {
+            Ok(Some(identity)) => identity,
+            Ok(None) => {
+                return problem(
+                    StatusCode::UNAUTHORIZED,
+                    "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
+                );
+            }
+            Err(panic) => {
+                tracing::error!(namespace = this.namespace, panic = %panic_message(&*panic), "the identity function panicked; nothing was processed");
+                return panicked();
+            }
         };
         let bytes = match read_request(body, this.max_request_bytes).await {
             Ok(bytes) => bytes,
@@ -690,7 +734,7 @@ impl Settings {
             (Ok(_), Some(original)) => {
                 Response::from_parts(original.parts, Body::new(original.body))
             }
-            (Ok(stored), None) => replay(stored),
+            (Ok(stored), None) => self.replay(stored),
             (Err(Failure::NotStored(response)), _) => response,
             (Err(Failure::Panicked(message)), _) => {
                 tracing::error!(namespace = self.namespace, panic = %message, "the handler panicked; recorded as failed");
@@ -719,16 +763,63 @@ impl Settings {
             .map_or_else(|| storable(status), |(_, store)| *store)
     }
 
-    fn stored_headers(&self, headers: &HeaderMap) -> Vec<(String, String)> {
+    /// The headers of `headers` that are stored for replay (see [`IdempotencyLayer::replay_header`]),
+    /// their values byte for byte.
+    fn stored_headers(&self, headers: &HeaderMap) -> Vec<(String, StoredValue)> {
         headers
             .iter()
             .filter(|(name, _)| self.replay_headers.contains(name))
-            // UTF-8 too, not only visible ASCII: a `Content-Disposition` file name is often UTF-8.
-            .filter_map(|(name, value)| {
-                let value = std::str::from_utf8(value.as_bytes()).ok()?;
-                Some((name.as_str().to_owned(), value.to_owned()))
-            })
+            .map(|(name, value)| (name.as_str().to_owned(), StoredValue::new(value)))
             .collect()
+    }
+
+    /// The stored headers that a replay sends: only those the layer stores, whoever wrote the record (a
+    /// record is untrusted input: one written by another service on the table, or tampered with, could
+    /// otherwise set a cookie), and only names and values a header can carry.
+    fn replayed_headers(&self, stored: &[(String, StoredValue)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in stored {
+            let Ok(name) = HeaderName::try_from(name.as_str()) else {
+                continue;
+            };
+            if !self.replay_headers.contains(&name) {
+                continue;
+            }
+            if let Some(value) = value.to_header() {
+                headers.append(name, value);
+            }
+        }
+        headers
+    }
+
+    /// A stored response, sent again with `Idempotent-Replayed: true`; one stored without its body is
+    /// the 410 of [`not_replayable`].
+    fn replay(&self, stored: StoredResponse) -> Response<Body> {
+        let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+        let headers = self.replayed_headers(&stored.headers);
+        let mut response = match stored.body {
+            StoredBody::Unstored => {
+                let location = headers
+                    .get(header::LOCATION)
+                    .and_then(|value| value.to_str().ok());
+                return not_replayable(Some(status), location);
+            }
+            body => match body.into_bytes() {
+                Some(body) => Response::new(Body::from(body)),
+                None => {
+                    return problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the stored response is unreadable",
+                    );
+                }
+            },
+        };
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
     }
 }
 
@@ -948,41 +1039,6 @@ impl HttpBody for Passthrough {
             }
         }
     }
-}
-
-/// A stored response, sent again with `Idempotent-Replayed: true`; one stored without its body is the
-/// 410 of [`not_replayable`].
-fn replay(stored: StoredResponse) -> Response<Body> {
-    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let mut response = match stored.body {
-        StoredBody::Unstored => {
-            let location = stored
-                .headers
-                .iter()
-                .find(|(name, _)| name == header::LOCATION.as_str())
-                .map(|(_, value)| value.as_str());
-            return not_replayable(Some(status), location);
-        }
-        body => match body.into_bytes() {
-            Some(body) => Response::new(Body::from(body)),
-            None => {
-                return problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the stored response is unreadable",
-                );
-            }
-        },
-    };
-    *response.status_mut() = status;
-    for (name, value) in stored.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-            response.headers_mut().append(name, value);
-        }
-    }
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
 }
 
 /// The answer to a retry of a request that was processed but whose response was not stored: 410, with

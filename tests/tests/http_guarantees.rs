@@ -61,6 +61,9 @@ on_both_stores!(
     identical_bytes_in_another_content_encoding_are_another_request,
     utf8_representation_headers_are_replayed,
     a_request_body_that_fails_is_400_not_413,
+    a_panicking_identity_function_answers_500_and_leaves_the_key_free,
+    header_values_that_are_not_utf8_are_replayed_byte_for_byte,
+    a_replay_sends_only_the_headers_the_layer_stores,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -1175,4 +1178,125 @@ async fn a_request_body_that_fails_is_400_not_413(backend: Backend) {
         (whole.status, whole.bytes().as_ref()),
         (StatusCode::CREATED, &b"charge 1"[..])
     );
+}
+
+// The identity function runs in the service's own future, before any claim: its panic reached hyper,
+// which closed the connection without an answer.
+async fn a_panicking_identity_function_answers_500_and_leaves_the_key_free(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(
+        harness.idem.clone(),
+        |parts: &axum::http::request::Parts| {
+            assert!(
+                !parts.headers.contains_key("x-broken-token"),
+                "the token's claims did not parse"
+            );
+            Some(TENANT.to_owned())
+        },
+    )
+    .namespace(NAMESPACE);
+    let router = Router::new().route("/payments", charge(&runs).layer(layer));
+    let server = Server::start(harness, router).await;
+    let broken = server
+        .send(
+            server
+                .request("/payments", "i-1")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("x-broken-token", "1"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&broken, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.count(), 0);
+    assert!(server.record("i-1").await.is_none(), "nothing claimed");
+    let fixed = server.post("/payments", "i-1", "{}").await;
+    assert_eq!(
+        (fixed.status, fixed.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..]),
+        "{fixed:?}"
+    );
+}
+
+// A `Content-Disposition` whose file name is Latin-1 (`filename="r\xe9sum\xe9.pdf"`, as older servers
+// and some frameworks send it) is a valid header value that is not UTF-8: the first caller got it, the
+// retry did not.
+async fn header_values_that_are_not_utf8_are_replayed_byte_for_byte(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let disposition: &[u8] = b"attachment; filename=\"r\xe9sum\xe9.pdf\"";
+    let handler = post(move || async move {
+        let mut response = (StatusCode::CREATED, "%PDF-1.7").into_response();
+        response.headers_mut().insert(
+            header::CONTENT_DISPOSITION,
+            header::HeaderValue::from_bytes(disposition).unwrap(),
+        );
+        response
+    });
+    let router = Router::new().route("/documents", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server.post("/documents", "l-1", "{}").await;
+    let again = server.post("/documents", "l-1", "{}").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    for reply in [&first, &again] {
+        assert_eq!(
+            reply
+                .headers
+                .get(header::CONTENT_DISPOSITION)
+                .map(header::HeaderValue::as_bytes),
+            Some(disposition),
+            "{reply:?}"
+        );
+    }
+}
+
+/// The SHA-256 of an empty body, as the layer fingerprints one.
+const EMPTY_BODY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+// A record the layer did not write (another service sharing the table, a tampered item) holds a
+// `Set-Cookie` header: the layer never stores one, and its replay must not send it either.
+async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    // The stored response as the layer writes one, with headers it would never have stored.
+    let crafted = serde_json::json!({
+        "status": 201,
+        "headers": [
+            ["content-type", "text/plain"],
+            ["set-cookie", "session=attacker; Path=/; HttpOnly"],
+            ["x-internal", "1"],
+        ],
+        "body": { "text": "charge 0" },
+    });
+    let fingerprint = vec![
+        "POST".to_owned(),
+        "/payments".to_owned(),
+        EMPTY_BODY_SHA256.to_owned(),
+    ];
+    harness
+        .idem
+        .operation(NAMESPACE, &(TENANT.to_owned(), "c-1".to_owned()))
+        .payload(&fingerprint)
+        .run(|| async { Ok::<_, idempotent_runtime::Error>(crafted) })
+        .await
+        .unwrap();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let replay = server
+        .send(server.request("/payments", "c-1"), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        replay.header("idempotent-replayed"),
+        Some("true"),
+        "{replay:?}"
+    );
+    assert_eq!(
+        (replay.status, replay.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 0"[..])
+    );
+    assert_eq!(replay.header("content-type"), Some("text/plain"));
+    assert_eq!(replay.header("set-cookie"), None, "{replay:?}");
+    assert_eq!(replay.header("x-internal"), None, "{replay:?}");
+    assert_eq!(runs.count(), 0);
 }
