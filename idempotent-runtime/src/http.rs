@@ -65,6 +65,27 @@
 //! in neither the identity nor the fingerprint cannot tell two requests apart, and the second would get
 //! the first one's response.
 //!
+//! # The fingerprint
+//!
+//! A retry of the same request is replayed however the client framed it again (the IETF draft leaves
+//! the fingerprint to the server; Stripe replays a retry whatever its encoding). Common clients encode
+//! a retry anew: Python's `gzip.compress` stamps the current second into a gzip header, and requests
+//! and urllib3 draw a fresh random boundary for each multipart form. So the body's part of the default
+//! fingerprint ([`request_fingerprint`]) is a digest of what the body says:
+//!
+//! - a body whose only `Content-Encoding` is `gzip` (or `x-gzip`): the SHA-256 of the content it
+//!   inflates to, so the header's timestamp, file name and operating system, and the compression
+//!   level, do not count. Inflating stops at 64 MiB; a body that inflates to more, or does not inflate,
+//!   counts as its compressed stream without its header;
+//! - a `multipart/*` body: the SHA-256 of its parts between the boundary delimiters, so the boundary
+//!   does not count (a gzip-encoded multipart body counts by its inflated bytes, boundary included);
+//! - any other body: the SHA-256 of its bytes.
+//!
+//! The `Content-Encoding` still counts (a `.gz` file uploaded as it is and the same bytes sent
+//! gzip-encoded are two requests). Anything else that tells two requests apart for a service (a JSON
+//! body by its meaning, a version header) goes into a fingerprint of its own:
+//! [`IdempotencyLayer::fingerprint`].
+//!
 //! A replay is the first response as its request's negotiation made it. A compression layer between
 //! this layer and the handler stores the coding the first client accepted (`Content-Encoding: gzip`),
 //! and a retry whose `Accept-Encoding` does not take it gets it all the same: put compression *in
@@ -153,10 +174,11 @@ use axum::response::{IntoResponseParts, ResponseParts};
 use futures_util::FutureExt as _;
 use http_body::{Frame, SizeHint};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
 
 use crate::{Error, Idempotency};
+
+mod fingerprint;
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -173,6 +195,9 @@ pub const DEFAULT_MAX_STORED_RESPONSE_BYTES: usize = 1 << 20;
 /// Who is asking: returns the caller's identity (a tenant, an account, an API key's owner) from the
 /// request, or `None` when there is none (the request is refused with 401).
 type Identity = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// What tells two requests with the same key apart: see [`IdempotencyLayer::fingerprint`].
+type Fingerprint = dyn Fn(&Parts, &[u8]) -> Vec<String> + Send + Sync;
 
 /// Marks a handler's response as final: stored and replayed whatever its status, also one that the
 /// layer would not store by default (a rejection such as 403, or a 5xx). See
@@ -210,6 +235,7 @@ pub struct IdempotencyLayer {
 struct Settings {
     idem: Idempotency,
     identity: Box<Identity>,
+    fingerprint: Box<Fingerprint>,
     namespace: &'static str,
     required: bool,
     max_request_bytes: usize,
@@ -257,6 +283,7 @@ impl IdempotencyLayer {
             settings: Arc::new(Settings {
                 idem,
                 identity: Box::new(identity),
+                fingerprint: Box::new(request_fingerprint),
                 namespace: crate::key::http::DEFAULT_HTTP_NAMESPACE,
                 required: true,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
@@ -376,6 +403,45 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn replay_header(mut self, name: HeaderName) -> Self {
         self.settings().replay_headers.push(name);
+        self
+    }
+
+    /// How the layer tells two requests with the same key apart, instead of
+    /// [`request_fingerprint`]: `fingerprint` gets the request's head and its whole body, and returns
+    /// the values whose hash is stored with the record; a later request with the key and other values
+    /// is a 422, never a replay. The same request must give the same values however the client framed
+    /// it (the IETF draft leaves the fingerprint to the server), and two requests that must not share a
+    /// response must give different ones: start from [`request_fingerprint`], which covers the method,
+    /// the path and query, and the body, and add to it or replace its body digest. A `fingerprint`
+    /// that panics gets a 500, and nothing is claimed.
+    ///
+    /// ```
+    /// use axum::http::request::Parts;
+    /// use idempotent_runtime::Idempotency;
+    /// use idempotent_runtime::http::{IdempotencyLayer, request_fingerprint};
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::in_memory(), |_: &Parts| Some("all".into()))
+    ///     .fingerprint(|parts, body| {
+    ///         // A JSON body by its meaning: member order and white space do not count. (A member
+    ///         // that appears twice counts as its last value, as serde_json reads it.)
+    ///         let canonical = serde_json::from_slice::<serde_json::Value>(body)
+    ///             .map(|json| json.to_string().into_bytes());
+    ///         let mut fingerprint = request_fingerprint(parts, canonical.as_deref().unwrap_or(body));
+    ///         // The API version selects the behaviour: the same body under another is another request.
+    ///         let version = parts.headers.get("api-version").map(|v| v.as_bytes().to_vec());
+    ///         fingerprint.push(format!("api-version {version:?}"));
+    ///         fingerprint
+    ///     });
+    /// ```
+    ///
+    /// # Panics
+    /// When the layer was cloned already (configure it first).
+    #[must_use]
+    pub fn fingerprint(
+        mut self,
+        fingerprint: impl Fn(&Parts, &[u8]) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().fingerprint = Box::new(fingerprint);
         self
     }
 
@@ -647,7 +713,15 @@ impl Settings {
                 );
             }
         };
-        let fingerprint = fingerprint(&parts, &bytes);
+        let fingerprint = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            (this.fingerprint)(&parts, &bytes)
+        })) {
+            Ok(fingerprint) => fingerprint,
+            Err(panic) => {
+                tracing::error!(namespace = this.namespace, panic = %panic_message(&*panic), "the fingerprint function panicked; nothing was processed");
+                return panicked();
+            }
+        };
         let request = Request::from_parts(parts, Body::from(bytes));
         let scope = crate::key::http::scope(identity, key);
         if !this.detached {
@@ -857,14 +931,26 @@ async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody
     })
 }
 
-/// What tells a request apart from another with the same key: the method, the URI as the client sent it
-/// (a router that `nest`s this one stripped its prefix, the account or the mode, from `parts.uri`), and
-/// the SHA-256 of the body; then, only when they differ or are there (so that a plain request's
-/// fingerprint is the same three values it always was), the URI the request was routed by (`nest`'s
-/// stripped path, or a middleware's rewrite after the outer router recorded the client's URI, such as a
-/// version picked from a header behind `nest_service`), and the body's `Content-Encoding` (the same
-/// bytes gzip-encoded or as they are are two bodies).
-fn fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
+/// The layer's default request fingerprint: what tells a request apart from another with the same key
+/// (a key reused with another fingerprint is a 422). In order:
+///
+/// 1. the method;
+/// 2. the path and query as the client sent them (axum's [`OriginalUri`]: a router that `nest`s this
+///    one stripped its prefix, the account or the mode, from `parts.uri`);
+/// 3. the digest of the body: the SHA-256 of its bytes, except that a gzip body (`Content-Encoding:
+///    gzip`) is hashed by the content it inflates to, and a `multipart/*` body without its boundary, so
+///    that a retry the client encoded again is the same request (see
+///    [the fingerprint](self#the-fingerprint));
+/// 4. only when they differ from the second (so that a plain request's fingerprint is the same three
+///    values it always was), `routed <path and query>`: the URI the request was routed by (`nest`'s
+///    stripped path, or a middleware's rewrite after the outer router recorded the client's URI, such
+///    as a version picked from a header behind `nest_service`);
+/// 5. `content-encoding <coding>` for each `Content-Encoding` of the body (the same bytes gzip-encoded
+///    or as they are are two bodies).
+///
+/// A service that defines its own with [`IdempotencyLayer::fingerprint`] can start from this one.
+#[must_use]
+pub fn request_fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
     fn target(uri: &axum::http::Uri) -> String {
         uri.path_and_query()
             .map_or_else(|| uri.path().to_owned(), ToString::to_string)
@@ -877,7 +963,7 @@ fn fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
     let mut fingerprint = vec![
         parts.method.as_str().to_owned(),
         sent,
-        hex::encode(Sha256::digest(body)),
+        fingerprint::body_digest(&parts.headers, body),
     ];
     if fingerprint[1] != routed {
         fingerprint.push(format!("routed {routed}"));

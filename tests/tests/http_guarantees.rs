@@ -64,6 +64,9 @@ on_both_stores!(
     a_panicking_identity_function_answers_500_and_leaves_the_key_free,
     header_values_that_are_not_utf8_are_replayed_byte_for_byte,
     a_replay_sends_only_the_headers_the_layer_stores,
+    a_retry_gzipped_again_is_replayed,
+    a_retry_with_a_new_multipart_boundary_is_replayed,
+    a_fingerprint_of_the_services_own_decides_what_is_the_same_request,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -1299,4 +1302,185 @@ async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
     assert_eq!(replay.header("set-cookie"), None, "{replay:?}");
     assert_eq!(replay.header("x-internal"), None, "{replay:?}");
     assert_eq!(runs.count(), 0);
+}
+
+/// A handler that counts its runs and answers 201 with the run's number and the body's length.
+fn upload(runs: &Runs) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move |body: Bytes| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            (
+                StatusCode::CREATED,
+                format!("upload {run}: {} bytes", body.len()),
+            )
+        }
+    })
+}
+
+/// `content` as Python's `gzip.compress(content)` encodes it at Unix time `mtime`: compression level
+/// 9 (`XFL` 2), no file name, operating system 255 ("unknown"), the time in the header.
+fn python_gzip(content: &[u8], mtime: u32) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::GzBuilder::new()
+        .mtime(mtime)
+        .operating_system(255)
+        .write(Vec::new(), flate2::Compression::best());
+    encoder.write_all(content).unwrap();
+    let bytes = encoder.finish().unwrap();
+    let mut header = vec![0x1f, 0x8b, 0x08, 0x00];
+    header.extend(mtime.to_le_bytes());
+    header.extend([0x02, 0xff]);
+    assert_eq!(bytes[..10], header[..], "gzip.compress's header");
+    bytes
+}
+
+// The same JSON sent twice, gzip-encoded each time by Python's `gzip.compress`, one second apart: the
+// bodies differ only in the header's timestamp, and the retry got 422 "use a new key" instead of the
+// replay (a client that followed the advice ran the request twice).
+async fn a_retry_gzipped_again_is_replayed(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/uploads", upload(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let content = br#"{"amount": 4200, "currency": "eur"}"#;
+    let send = |key: &'static str, body: Vec<u8>| {
+        let request = server
+            .request("/uploads", key)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let client = server.client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            Reply {
+                status,
+                headers,
+                body: Ok(body),
+            }
+        }
+    };
+    let first = send("z-1", python_gzip(content, 1_765_000_000)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = send("z-1", python_gzip(content, 1_765_000_001)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes(), first.bytes());
+    // Another content under the same key is still another request.
+    let other = send("z-1", python_gzip(br#"{"amount": 9900}"#, 1_765_000_002)).await;
+    assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs.count(), 1);
+}
+
+/// A form as requests and urllib3 encode it (`requests.post(url, files=..)`), with `boundary`.
+fn multipart_form(boundary: &str, amount: &str) -> String {
+    format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"amount\"\r\n\r\n{amount}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"receipt\"; filename=\"receipt.txt\"\r\n\
+         Content-Type: text/plain\r\n\r\npaid in full\r\n\
+         --{boundary}--\r\n"
+    )
+}
+
+// The same form sent twice, each encoding drawing its own random boundary as urllib3 does: the retry got
+// 422 instead of the replay.
+async fn a_retry_with_a_new_multipart_boundary_is_replayed(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/uploads", upload(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let send = async |boundary: &str, amount: &str| {
+        server
+            .send(
+                server.request("/uploads", "f-1").header(
+                    header::CONTENT_TYPE,
+                    format!("multipart/form-data; boundary={boundary}"),
+                ),
+                &multipart_form(boundary, amount),
+            )
+            .await
+    };
+    let first = send("9c1f0b6e2a7d4e58b3a0c6d1e2f3a4b5", "4200")
+        .await
+        .unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = send("f0e1d2c3b4a5968778695a4b3c2d1e0f", "4200")
+        .await
+        .unwrap();
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes(), first.bytes());
+    let other = send("0123456789abcdef0123456789abcdef", "9900")
+        .await
+        .unwrap();
+    assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs.count(), 1);
+}
+
+// A service's own fingerprint: its JSON bodies compared by meaning, and an `Api-Version` header that
+// makes the same body another request. A fingerprint function that panics answers 500 and claims nothing.
+async fn a_fingerprint_of_the_services_own_decides_what_is_the_same_request(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let layer = layer(&harness).fingerprint(|parts, body| {
+        assert!(
+            !parts.headers.contains_key("x-broken"),
+            "the fingerprint broke"
+        );
+        let canonical = serde_json::from_slice::<Value>(body).map(|json| json.to_string());
+        let mut fingerprint = idempotent_runtime::http::request_fingerprint(
+            parts,
+            canonical.as_ref().map_or(body, String::as_bytes),
+        );
+        let version = parts
+            .headers
+            .get("api-version")
+            .map(|v| v.as_bytes().to_vec());
+        fingerprint.push(format!("api-version {version:?}"));
+        fingerprint
+    });
+    let router = Router::new().route("/payments", charge(&runs).layer(layer));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .post("/payments", "j-1", r#"{"amount":5,"currency":"eur"}"#)
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let reordered = server
+        .post("/payments", "j-1", r#"{ "currency": "eur", "amount": 5 }"#)
+        .await;
+    assert_eq!(
+        reordered.header("idempotent-replayed"),
+        Some("true"),
+        "{reordered:?}"
+    );
+    assert_eq!(reordered.bytes(), first.bytes());
+    let versioned = server
+        .send(
+            server
+                .request("/payments", "j-1")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("api-version", "2026-01-01"),
+            r#"{"amount":5,"currency":"eur"}"#,
+        )
+        .await
+        .unwrap();
+    assert_problem(&versioned, StatusCode::UNPROCESSABLE_ENTITY);
+    let broken = server
+        .send(
+            server
+                .request("/payments", "j-2")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("x-broken", "1"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&broken, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(server.record("j-2").await.is_none(), "nothing claimed");
+    assert_eq!(runs.count(), 1);
 }
