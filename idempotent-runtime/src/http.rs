@@ -28,7 +28,8 @@
 //! | same key, done, but its response could not be stored (too large, or its body failed while it was sent) | 410, saying the request was processed and its response cannot be sent again, plus `Idempotent-Replayed: true` ([below](#responses-that-cannot-be-stored)) |
 //! | same key, still in flight | 409, `Retry-After` from the handle's retry hint; once the request's worker has stopped sending heartbeats, the seconds left on its lease ([`Error::InProgress`]'s `retry_hint`) |
 //! | same key, another request (method, path and query, or body) | 422 |
-//! | no `Idempotency-Key` (or an empty or malformed one) | 400, unless [`optional`](IdempotencyLayer::optional) |
+//! | no `Idempotency-Key` | 400; with [`optional`](IdempotencyLayer::optional), passed to the handler without idempotency |
+//! | an empty or malformed `Idempotency-Key` (several, not visible ASCII, bad quoting, over 255 bytes) | 400, `optional` or not: a key the client meant to send is never ignored |
 //! | no caller identity | 401 |
 //! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
 //! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
@@ -330,7 +331,9 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Requests without `Idempotency-Key` pass through without idempotency, instead of a 400.
+    /// Requests without an `Idempotency-Key` header pass through without idempotency, instead of a 400.
+    /// A request whose key is present but empty or malformed is still a 400: the client meant to send
+    /// one, and running its request without would lose the guarantee it asked for.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).

@@ -1484,3 +1484,30 @@ async fn a_fingerprint_of_the_services_own_decides_what_is_the_same_request(back
     assert!(server.record("j-2").await.is_none(), "nothing claimed");
     assert_eq!(runs.count(), 1);
 }
+
+// With `optional()`, a request without a key passes through without idempotency; one whose key is
+// present but malformed is still a 400, and its handler does not run: the client meant to send a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_lets_a_missing_key_through_never_a_malformed_one() {
+    let harness = Harness::new(Backend::Memory).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness).optional()));
+    let server = Server::start(harness, router).await;
+    for malformed in ["\"\"", "\"open", &"k".repeat(256)] {
+        let reply = server.post("/payments", malformed, "{}").await;
+        assert_problem(&reply, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(runs.count(), 0);
+    let keyless = server
+        .send(
+            Request::post(format!("http://{}/payments", server.addr))
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (keyless.status, keyless.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..])
+    );
+}
