@@ -107,6 +107,18 @@
 //! A handler whose rejection is final after all (it had effects, or the answer must not change) marks
 //! its response with [`Final`]; [`IdempotencyLayer::store_status`] changes the rule for a status.
 //!
+//! # Trailers
+//!
+//! A request's trailers reach the handler after its body, as they came (they are not part of the
+//! fingerprint, as headers are not). A response's trailers (gRPC's `grpc-status`, a checksum) reach
+//! the first caller after the body, and are stored and replayed with it: every trailer but the fields
+//! that cannot be trailers (framing, routing, authentication, the representation's headers) and
+//! those about the connection or the moment (`Set-Cookie`, `Date`, `Server-Timing`); the same rule
+//! decides what a replay sends, whoever wrote the record. Over HTTP/1.1, trailers travel only in a
+//! chunked body, to a client that sent `TE: trailers`, and only those the response names in its
+//! `Trailer` header: a response with trailers is sent chunked (never with a `Content-Length`), and a
+//! replay names its stored trailers in a `Trailer` header. HTTP/2 sends them as they are.
+//!
 //! # Responses that cannot be stored
 //!
 //! Once the handler has answered with a status that is stored, its outcome is final, whatever happens to
@@ -551,6 +563,10 @@ struct StoredResponse {
     status: u16,
     headers: Vec<(String, StoredValue)>,
     body: StoredBody,
+    /// The body's trailers ([`replays_trailer`]); absent from records of responses without any, which
+    /// are stored as they always were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    trailers: Vec<(String, StoredValue)>,
 }
 
 /// A header value as stored: text when it is UTF-8 (readable in the table, and what records held before
@@ -700,8 +716,8 @@ impl Settings {
                 return panicked();
             }
         };
-        let bytes = match read_request(body, this.max_request_bytes).await {
-            Ok(bytes) => bytes,
+        let (bytes, trailers) = match read_request(body, this.max_request_bytes).await {
+            Ok(read) => read,
             Err(RequestBody::TooLarge) => {
                 return problem(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -725,7 +741,7 @@ impl Settings {
                 return panicked();
             }
         };
-        let request = Request::from_parts(parts, Body::from(bytes));
+        let request = Request::from_parts(parts, Buffered::body(bytes, trailers));
         let scope = crate::key::http::scope(identity, key);
         if !this.detached {
             return this.execute(inner, request, &scope, &fingerprint).await;
@@ -793,10 +809,15 @@ impl Settings {
             }
             let (parts, body) = response.into_parts();
             let (body, whole) = Passthrough::read(body, self.max_stored_response_bytes).await;
+            let (body_bytes, trailers) = match whole {
+                Some((bytes, trailers)) => (StoredBody::new(bytes), stored_trailers(&trailers)),
+                None => (StoredBody::Unstored, Vec::new()),
+            };
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: self.stored_headers(&parts.headers),
-                body: whole.map_or(StoredBody::Unstored, StoredBody::new),
+                body: body_bytes,
+                trailers,
             };
             *original.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some(Original { parts, body });
@@ -869,11 +890,13 @@ impl Settings {
         headers
     }
 
-    /// A stored response, sent again with `Idempotent-Replayed: true`; one stored without its body is
+    /// A stored response, sent again with `Idempotent-Replayed: true`, its trailers after its body (and
+    /// named in a `Trailer` header, which HTTP/1.1 needs to send them); one stored without its body is
     /// the 410 of [`not_replayable`].
     fn replay(&self, stored: StoredResponse) -> Response<Body> {
         let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-        let headers = self.replayed_headers(&stored.headers);
+        let mut headers = self.replayed_headers(&stored.headers);
+        let trailers = replayed_trailers(&stored.trailers);
         let mut response = match stored.body {
             StoredBody::Unstored => {
                 let location = headers
@@ -882,7 +905,15 @@ impl Settings {
                 return not_replayable(Some(status), location);
             }
             body => match body.into_bytes() {
-                Some(body) => Response::new(Body::from(body)),
+                Some(body) => {
+                    if let Some(trailers) = &trailers {
+                        let names: Vec<&str> = trailers.keys().map(HeaderName::as_str).collect();
+                        if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+                            headers.insert(header::TRAILER, value);
+                        }
+                    }
+                    Response::new(Buffered::body(body.into(), trailers))
+                }
                 None => {
                     return problem(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -900,6 +931,30 @@ impl Settings {
     }
 }
 
+/// The trailers of `trailers` that are stored ([`replays_trailer`]), values byte for byte.
+fn stored_trailers(trailers: &HeaderMap) -> Vec<(String, StoredValue)> {
+    trailers
+        .iter()
+        .filter(|(name, _)| replays_trailer(name))
+        .map(|(name, value)| (name.as_str().to_owned(), StoredValue::new(value)))
+        .collect()
+}
+
+/// The stored trailers a replay sends (by the rule they were stored by, whoever wrote the record), or
+/// `None` when there are none.
+fn replayed_trailers(stored: &[(String, StoredValue)]) -> Option<HeaderMap> {
+    let mut trailers = HeaderMap::new();
+    for (name, value) in stored {
+        let Ok(name) = HeaderName::try_from(name.as_str()) else {
+            continue;
+        };
+        if let (true, Some(value)) = (replays_trailer(&name), value.to_header()) {
+            trailers.append(name, value);
+        }
+    }
+    (!trailers.is_empty()).then_some(trailers)
+}
+
 /// Why a request body was not read.
 enum RequestBody {
     /// Over the limit: said by its `Content-Length`, or found while it was read.
@@ -910,16 +965,28 @@ enum RequestBody {
 
 /// The request body, whole, if it is at most `limit` bytes; one whose declared length is over the
 /// limit is refused before a byte of it is read (and before a `100 Continue`).
-async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody> {
+/// With its trailers, when it has some: they are passed on to the handler (a checksum, gRPC's
+/// metadata), not fingerprinted.
+async fn read_request(
+    mut body: Body,
+    limit: usize,
+) -> Result<(Bytes, Option<HeaderMap>), RequestBody> {
     let limit = u64::try_from(limit).unwrap_or(u64::MAX);
     if body.size_hint().lower() > limit {
         return Err(RequestBody::TooLarge);
     }
     let mut chunks = Vec::new();
+    let mut trailers: Option<HeaderMap> = None;
     let mut len = 0_u64;
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let Ok(data) = frame.map_err(RequestBody::Failed)?.into_data() else {
-            continue; // trailers
+        let data = match frame.map_err(RequestBody::Failed)?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_default().extend(more);
+                }
+                continue;
+            }
         };
         len = len.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
         if len > limit {
@@ -928,10 +995,96 @@ async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody
         chunks.push(data);
     }
     // One chunk (a body with a `Content-Length`, mostly) as it came; several joined.
-    Ok(match chunks.len() {
+    let bytes = match chunks.len() {
         1 => chunks.pop().unwrap_or_default(),
         _ => chunks.concat().into(),
-    })
+    };
+    Ok((bytes, trailers))
+}
+
+/// A body read whole, sent again: its bytes, then its trailers when it has some. With trailers its
+/// size is not given as exact, so that HTTP/1.1 sends it chunked, the only framing with trailers.
+struct Buffered {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Buffered {
+    /// `data` and `trailers` as a body: a plain one without trailers.
+    fn body(data: Bytes, trailers: Option<HeaderMap>) -> Body {
+        match trailers {
+            None => Body::from(data),
+            Some(trailers) => Body::new(Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers: Some(trailers),
+            }),
+        }
+    }
+}
+
+impl HttpBody for Buffered {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let frame = match this.data.take() {
+            Some(data) => Frame::data(data),
+            None => match this.trailers.take() {
+                Some(trailers) => Frame::trailers(trailers),
+                None => return Poll::Ready(None),
+            },
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.data.as_ref().map_or(0, |d| d.len() as u64));
+        hint
+    }
+}
+
+/// Whether a response trailer is stored and replayed: every field but those that cannot be trailers
+/// (RFC 9110 §6.5.1: framing, routing, authentication, response control, the representation's
+/// headers, as hyper refuses them) and those about the connection or the moment (`Set-Cookie`,
+/// `Date`, `Server-Timing`). Trailers carry values whose names the application chooses (gRPC's
+/// `grpc-status`, checksums), so this is a list of what never is, not of what is. The same rule
+/// decides what a replay sends, whoever wrote the record.
+fn replays_trailer(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "authorization"
+            | "cache-control"
+            | "connection"
+            | "content-encoding"
+            | "content-length"
+            | "content-range"
+            | "content-type"
+            | "date"
+            | "expires"
+            | "host"
+            | "keep-alive"
+            | "location"
+            | "max-forwards"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "retry-after"
+            | "server-timing"
+            | "set-cookie"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "www-authenticate"
+    )
 }
 
 /// The layer's default request fingerprint: what tells a request apart from another with the same key
@@ -1026,7 +1179,7 @@ enum Rest {
 impl Passthrough {
     /// Reads `body` until its end, its error, or `limit` bytes and more; with the bytes to store when
     /// the body was read whole within `limit`. A body that panics ends as a failed one.
-    async fn read(mut body: Body, limit: usize) -> (Passthrough, Option<Vec<u8>>) {
+    async fn read(mut body: Body, limit: usize) -> (Passthrough, Option<(Vec<u8>, HeaderMap)>) {
         let mut read = VecDeque::new();
         let mut len = 0_usize;
         let rest = AssertUnwindSafe(async {
@@ -1062,10 +1215,15 @@ impl Passthrough {
         };
         let whole = matches!(rest, Rest::Done).then(|| {
             let mut bytes = Vec::with_capacity(len);
-            for data in read.iter().filter_map(Frame::data_ref) {
-                bytes.extend_from_slice(data);
+            let mut trailers = HeaderMap::new();
+            for frame in &read {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                } else if let Some(more) = frame.trailers_ref() {
+                    trailers.extend(more.clone());
+                }
             }
-            bytes
+            (bytes, trailers)
         });
         if let Rest::Failed(Some(e)) = &rest {
             tracing::warn!(error = %e, "the response body failed after the handler answered; recorded as processed without its body");
@@ -1111,6 +1269,13 @@ impl HttpBody for Passthrough {
             .sum();
         let read = u64::try_from(read).unwrap_or(u64::MAX);
         match &self.rest {
+            // Trailers follow: not an exact size, which would make HTTP/1.1 send a `Content-Length`
+            // and drop them.
+            Rest::Done if self.read.iter().any(Frame::is_trailers) => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(read);
+                hint
+            }
             Rest::Done => SizeHint::with_exact(read),
             Rest::Body(body) => {
                 let rest = body.size_hint();

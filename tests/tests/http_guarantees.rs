@@ -67,6 +67,9 @@ on_both_stores!(
     a_retry_gzipped_again_is_replayed,
     a_retry_with_a_new_multipart_boundary_is_replayed,
     a_fingerprint_of_the_services_own_decides_what_is_the_same_request,
+    trailers_pass_through_and_replay_over_http1,
+    trailers_pass_through_and_replay_over_http2,
+    a_client_that_resets_its_http2_stream_does_not_cancel_the_handler,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -1510,4 +1513,221 @@ async fn optional_lets_a_missing_key_through_never_a_malformed_one() {
         (keyless.status, keyless.bytes().as_ref()),
         (StatusCode::CREATED, &b"charge 1"[..])
     );
+}
+
+/// Which protocol a connection of its own speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), as gRPC clients and proxies speak it to a service.
+    Http2,
+}
+
+/// A request body of data frames, then trailers.
+type Framed = http_body_util::StreamBody<
+    futures_util::stream::Iter<
+        std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    >,
+>;
+
+fn framed(data: &'static str, trailers: Option<HeaderMap>) -> Framed {
+    let mut frames = vec![Ok(hyper::body::Frame::data(Bytes::from_static(
+        data.as_bytes(),
+    )))];
+    frames.extend(trailers.map(|t| Ok(hyper::body::Frame::trailers(t))));
+    http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+}
+
+/// Sends `request` over a new connection to `addr` speaking `protocol`; its reply and trailers.
+async fn send_on_own_connection(
+    addr: SocketAddr,
+    protocol: Protocol,
+    request: Request<Framed>,
+) -> (Reply, Option<HeaderMap>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let response = match protocol {
+        Protocol::Http1 => {
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(connection);
+            sender.send_request(request).await.unwrap()
+        }
+        Protocol::Http2 => {
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            sender.send_request(request).await.unwrap()
+        }
+    };
+    let status = response.status();
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    let reply = Reply {
+        status,
+        headers,
+        body: Ok(collected.to_bytes()),
+    };
+    (reply, trailers)
+}
+
+/// A gRPC-style handler: reads the request's trailers, answers 201 with a body and trailers
+/// (`grpc-status`, and the request's checksum trailer echoed), naming them in `Trailer`.
+fn with_trailers(runs: &Runs) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move |request: Request<Body>| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            let collected = request.into_body().collect().await.unwrap();
+            let checksum = collected
+                .trailers()
+                .and_then(|t| t.get("x-checksum").cloned())
+                .unwrap_or_else(|| header::HeaderValue::from_static("none"));
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", header::HeaderValue::from_static("0"));
+            trailers.insert("x-request-checksum", checksum);
+            trailers.insert(
+                header::SET_COOKIE,
+                header::HeaderValue::from_static("late=1"),
+            );
+            let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
+                Ok(hyper::body::Frame::data(Bytes::from(format!(
+                    "run {run}: {} bytes",
+                    collected.to_bytes().len()
+                )))),
+                Ok(hyper::body::Frame::trailers(trailers)),
+            ];
+            Response::builder()
+                .status(StatusCode::CREATED)
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .header(header::TRAILER, "grpc-status, x-request-checksum")
+                .body(Body::new(http_body_util::StreamBody::new(
+                    futures_util::stream::iter(frames),
+                )))
+                .unwrap()
+        }
+    })
+}
+
+// The body's trailers were dropped on the way in (the request was rebuilt from its data frames), on
+// the replay, and over HTTP/1.1 for the first caller too (its response went out with a
+// `Content-Length`, which cannot carry trailers): gRPC's status and checksums were lost.
+async fn trailers_pass_through_and_replay(backend: Backend, protocol: Protocol) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/rpc", with_trailers(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let request = || {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", header::HeaderValue::from_static("crc32=9a3b"));
+        let mut request = Request::post(format!("http://{}/rpc", server.addr))
+            .header("idempotency-key", "t-1")
+            .header(header::CONTENT_TYPE, "application/grpc");
+        if protocol == Protocol::Http1 {
+            request = request
+                .header(header::TE, "trailers")
+                .header(header::TRAILER, "x-checksum");
+        }
+        request.body(framed("hello", Some(trailers))).unwrap()
+    };
+    let (first, first_trailers) = send_on_own_connection(server.addr, protocol, request()).await;
+    let (again, again_trailers) = send_on_own_connection(server.addr, protocol, request()).await;
+    assert_eq!(first.header("idempotent-replayed"), None, "{first:?}");
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        Some("true"),
+        "{again:?}"
+    );
+    for (reply, trailers) in [(&first, &first_trailers), (&again, &again_trailers)] {
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        assert_eq!(reply.bytes().as_ref(), b"run 1: 5 bytes", "{reply:?}");
+        let trailers = trailers
+            .as_ref()
+            .unwrap_or_else(|| panic!("{protocol:?}: no trailers: {reply:?}"));
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{trailers:?}");
+        assert_eq!(
+            trailers.get("x-request-checksum").unwrap(),
+            "crc32=9a3b",
+            "{protocol:?}: the request's trailer did not reach the handler: {trailers:?}"
+        );
+    }
+    // A trailer about the moment (hyper's HTTP/1.1 drops it; HTTP/2 passes it to the first caller, as
+    // without the layer) is not stored.
+    let replayed = again_trailers.unwrap();
+    assert!(replayed.get(header::SET_COOKIE).is_none(), "{replayed:?}");
+    assert_eq!(runs.count(), 1);
+}
+
+async fn trailers_pass_through_and_replay_over_http1(backend: Backend) {
+    trailers_pass_through_and_replay(backend, Protocol::Http1).await;
+}
+
+async fn trailers_pass_through_and_replay_over_http2(backend: Backend) {
+    trailers_pass_through_and_replay(backend, Protocol::Http2).await;
+}
+
+// Over HTTP/2 a client that gives up resets its stream (`RST_STREAM`) or closes the connection: hyper
+// drops the handler's future, as on an HTTP/1 EOF. The handler runs to completion on its own task, its
+// response is stored, and the retry (over HTTP/2 as well) is its replay.
+async fn a_client_that_resets_its_http2_stream_does_not_cancel_the_handler(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(1))).await;
+    let charges = Runs::default();
+    let router = slow_charge(&harness, &charges);
+    let server = Server::start(harness, router).await;
+
+    let stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::post(format!("http://{}/payments", server.addr))
+        .header("idempotency-key", "h2-hang-up")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(framed("{}", None))
+        .unwrap();
+    let patience = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while charges.count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the handler never started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::select! {
+        answer = sender.send_request(request) => panic!("the handler answered: {answer:?}"),
+        () = patience => {}
+    }
+    // Dropping the request's future resets its stream; closing the connection ends the rest.
+    drop(sender);
+    connection.abort();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline
+        && server
+            .record("h2-hang-up")
+            .await
+            .is_none_or(|r| r.status != Status::Completed)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.harness.clock.advance(Duration::from_secs(3));
+    let request = Request::post(format!("http://{}/payments", server.addr))
+        .header("idempotency-key", "h2-hang-up")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(framed("{}", None))
+        .unwrap();
+    let (retry, _) = send_on_own_connection(server.addr, Protocol::Http2, request).await;
+    assert_eq!(charges.count(), 1, "charged twice: {retry:?}");
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes().as_ref(), b"charge 1");
 }
