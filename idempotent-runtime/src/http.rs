@@ -76,7 +76,7 @@
 //!
 //! - a body whose only `Content-Encoding` is `gzip` (or `x-gzip`): the SHA-256 of the content it
 //!   inflates to, so the header's timestamp, file name and operating system, and the compression
-//!   level, do not count. Inflating stops at 64 MiB; a body that inflates to more, or does not inflate,
+//!   level, do not count. Inflating stops at 16 MiB; a body that inflates to more, or does not inflate,
 //!   counts as its compressed stream without its header;
 //! - a `multipart/*` body: the SHA-256 of its parts between the boundary delimiters, so the boundary
 //!   does not count (a gzip-encoded multipart body counts by its inflated bytes, boundary included);
