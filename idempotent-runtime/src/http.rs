@@ -33,7 +33,7 @@
 //! | no caller identity | 401 |
 //! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
 //! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
-//! | the handler, or the identity function, panicked | 500; nothing is stored and the key is free at once |
+//! | the handler, or the identity or fingerprint function, panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
 //! | the store is not set up: the table is missing, refused the credentials, or has another key schema | 500, without an invitation to retry (the runtime logs an `error` event saying what to do, e.g. create the table with `DynamoDbStore::ensure_table`) |
 //!
@@ -53,7 +53,8 @@
 //! reason. The request fingerprint is the method, the path and query *as the client sent them* (axum's
 //! [`OriginalUri`], so a layer inside [`Router::nest`](axum::Router::nest)
 //! sees the prefix that `nest` strips: `/accounts/A/payments` and `/accounts/B/payments`, or one API
-//! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body; with the path
+//! mounted at `/test` and `/live`, are different requests) and a digest of the body
+//! ([the fingerprint](#the-fingerprint)); with the path
 //! and query the request was routed by when a middleware rewrote them after the outer router recorded
 //! the client's (a version picked from a header behind [`Router::nest_service`](axum::Router::nest_service)),
 //! and the body's `Content-Encoding` when it has one (the same bytes gzip-encoded or as they are are two
@@ -163,8 +164,8 @@
 //!
 //! A handler that panics is a failure: the record becomes FAILED with the text `panicked: <message>`,
 //! so the key is free at once, and the client gets a 500 `application/problem+json`. The panic does not
-//! reach hyper, which would close the connection without an answer. An identity function that panics
-//! gets the same 500 before anything is claimed, so the key stays free. A response *body* that panics after
+//! reach hyper, which would close the connection without an answer. An identity or fingerprint
+//! function that panics gets the same 500 before anything is claimed, so the key stays free. A response *body* that panics after
 //! the handler answered with a stored status is a body that failed mid-stream: the outcome is final, as
 //! [above](#responses-that-cannot-be-stored).
 
