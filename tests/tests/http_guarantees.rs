@@ -1273,6 +1273,11 @@ async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
             ["x-internal", "1"],
         ],
         "body": { "text": "charge 0" },
+        "trailers": [
+            ["grpc-status", "0"],
+            ["set-cookie", "late=attacker"],
+            ["content-length", "999"],
+        ],
     });
     let fingerprint = vec![
         "POST".to_owned(),
@@ -1304,6 +1309,8 @@ async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
     assert_eq!(replay.header("content-type"), Some("text/plain"));
     assert_eq!(replay.header("set-cookie"), None, "{replay:?}");
     assert_eq!(replay.header("x-internal"), None, "{replay:?}");
+    // Of the trailers, only those the layer stores are named for sending.
+    assert_eq!(replay.header("trailer"), Some("grpc-status"), "{replay:?}");
     assert_eq!(runs.count(), 0);
 }
 
