@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens as _;
 use syn::parse::Parser as _;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path};
 
@@ -405,30 +406,45 @@ pub(crate) fn ungroup(expr: Expr) -> Expr {
 }
 
 /// Checks the `key` expression against the function's parameters (`self` included): a key that is the
-/// same for every call, written where a parameter was meant, makes every call share one record.
+/// same for every call makes every call share one record, so the body runs once and every later caller
+/// gets the first one's result.
 ///
-/// - A string literal naming a parameter (`key = "order_id"`, `key = "req.order_id"`) is an error that
-///   suggests the parameter.
+/// - A key computed from literals alone ([`is_constant`]: `"seed"`, `(1, "a")`, `String::from("a")`,
+///   `stringify!(order_id)`, `{ "x" }`, `if true { 1 } else { 2 }`) is an error. When one of its strings
+///   spells a parameter (`key = "order_id"`, `Some("req.order_id")`, `stringify!(order_id)`), the error
+///   suggests the parameter; otherwise it says how to ask for one record for all calls deliberately:
+///   through a named constant, which the macro cannot tell from a parameter and so takes at its word.
+/// - In a key that may differ between calls, a string among its parts that spells a parameter is an
+///   error too (`(tenant, "order_id")`: all orders of a tenant would share one record), unless the key
+///   also holds what the string spells: `("user", user)` tags the value with its name.
 /// - `key = ()` serializes to `null`: every call would be a missing key.
-/// - A key made only of literals (`key = "seed"`, `key = (1, "a")`) is an error that says how to ask for
-///   one record for all calls deliberately: through a named constant, which the macro cannot tell from
-///   a parameter and so takes at its word.
 pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics) {
+    let constant = is_constant(key);
+    let code = flat_tokens(key.to_token_stream());
     let mut named = false;
-    for_each_literal(key, &mut |literal| {
-        let Lit::Str(text) = literal else { return };
-        let value = text.value();
-        let Ok(meant) = syn::parse_str::<Expr>(&value) else {
+    for_each_spelling(key, &mut |spelling| {
+        let Some((value, meant)) = spelling.meant() else {
             return;
         };
-        if names_parameter(&meant, parameters) {
-            named = true;
-            diag.error(
+        if !names_parameter(&meant, parameters)
+            || (!constant && contains(&code, &flat_tokens(meant.to_token_stream())))
+        {
+            return;
+        }
+        named = true;
+        match spelling {
+            Spelling::Literal(text) => diag.error(
                 text,
                 format!(
                     "`key` is the string {value:?}, the same for every call, so every call would share one record; did you mean `{value}`, without the quotes?"
                 ),
-            );
+            ),
+            Spelling::Stringify(mac) => diag.error(
+                mac,
+                format!(
+                    "`stringify!({value})` is the string {value:?}, the same for every call, so every call would share one record; did you mean `{value}`, without `stringify!`?"
+                ),
+            ),
         }
     });
     if named {
@@ -441,45 +457,304 @@ pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics
             key,
             "`key = ()` serializes to `null`, a missing key for every call; expected an expression over the parameters, like `key = order_id`",
         );
-    } else if is_constant(key) {
+    } else if constant {
+        let what = if is_literal(key) {
+            "a literal"
+        } else {
+            "computed from literals alone"
+        };
         diag.error(
             key,
-            "`key` is a literal, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)",
+            format!(
+                "`key` is {what}, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)"
+            ),
         );
     }
 }
 
-/// Calls `f` on each literal of `expr` that is part of the key as written: alone, in a tuple or array,
-/// behind `&`, parentheses or a unary minus.
-fn for_each_literal(expr: &Expr, f: &mut impl FnMut(&Lit)) {
+/// A piece of a key that spells code as text: a string literal, or a `stringify!`.
+enum Spelling<'a> {
+    Literal(&'a LitStr),
+    Stringify(&'a syn::Macro),
+}
+
+impl Spelling<'_> {
+    /// The text, and the code it spells when it is an expression.
+    fn meant(&self) -> Option<(String, Expr)> {
+        match self {
+            Self::Literal(text) => {
+                let value = text.value();
+                let meant = syn::parse_str::<Expr>(&value).ok()?;
+                Some((value, meant))
+            }
+            Self::Stringify(mac) => {
+                let meant = syn::parse2::<Expr>(mac.tokens.clone()).ok()?;
+                Some((mac.tokens.to_string(), meant))
+            }
+        }
+    }
+}
+
+/// Calls `f` on each spelling among the parts of the key as written (alone, in a tuple or array, behind
+/// `&` or parentheses), and anywhere inside a part computed from literals alone (`String::from("id")`).
+/// A literal given to code that may read something else (`header(&req, "id")`) is not a part of it.
+fn for_each_spelling<'a>(expr: &'a Expr, f: &mut impl FnMut(Spelling<'a>)) {
     match expr {
-        Expr::Lit(literal) => f(&literal.lit),
-        Expr::Tuple(tuple) => tuple.elems.iter().for_each(|e| for_each_literal(e, f)),
-        Expr::Array(array) => array.elems.iter().for_each(|e| for_each_literal(e, f)),
-        Expr::Reference(r) => for_each_literal(&r.expr, f),
-        Expr::Paren(p) => for_each_literal(&p.expr, f),
-        Expr::Group(g) => for_each_literal(&g.expr, f),
+        Expr::Tuple(tuple) => tuple.elems.iter().for_each(|e| for_each_spelling(e, f)),
+        Expr::Array(array) => array.elems.iter().for_each(|e| for_each_spelling(e, f)),
+        Expr::Reference(r) => for_each_spelling(&r.expr, f),
+        Expr::Paren(p) => for_each_spelling(&p.expr, f),
+        Expr::Group(g) => for_each_spelling(&g.expr, f),
+        _ if is_constant(expr) => for_each_constant_spelling(expr, f),
         _ => {}
     }
 }
 
-/// Whether `expr` is made of literals only, or computed from them by casts, arithmetic and array
-/// repetition (and is not `()`, which has its own message).
+/// [`for_each_spelling`] inside a part computed from literals alone: every spelling in it.
+fn for_each_constant_spelling<'a>(expr: &'a Expr, f: &mut impl FnMut(Spelling<'a>)) {
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) => f(Spelling::Literal(text)),
+        Expr::Macro(mac) if macro_name(&mac.mac).is_some_and(|name| name == "stringify") => {
+            f(Spelling::Stringify(&mac.mac));
+        }
+        _ => {
+            if let Some(Parts::Borrowed(parts)) = parts(expr) {
+                for part in parts {
+                    for_each_constant_spelling(part, f);
+                }
+            }
+        }
+    }
+}
+
+/// The expressions an expression is computed from, when it is computed from them alone.
+enum Parts<'a> {
+    /// Written in the key.
+    Borrowed(Vec<&'a Expr>),
+    /// Parsed from a macro's arguments.
+    Parsed(Vec<Expr>),
+}
+
+/// Whether `expr` gives the same value on every call: it is computed from literals alone. A literal is
+/// constant; so is what is built from constants alone by a tuple, array, struct literal, operator, cast,
+/// index, field, range, block, `if` or `match`, by a method called on a constant, by a function or
+/// constructor given only constants (at least one: a call without arguments, like `Uuid::new_v4()` or
+/// `request_id()`, may read what differs per call), and by the standard macros that make constants
+/// (`stringify!`, `concat!`, `env!`, `line!`, ...) or format, or collect, only constants (`format!`,
+/// `vec!`). Anything named (a parameter, a constant, a static, a unit struct) and any other macro is
+/// taken at its word: it may differ between calls.
 fn is_constant(expr: &Expr) -> bool {
+    match parts(expr) {
+        None => false,
+        Some(Parts::Borrowed(parts)) => parts.into_iter().all(is_constant),
+        Some(Parts::Parsed(parts)) => parts.iter().all(is_constant),
+    }
+}
+
+/// What `expr` is computed from when its form makes it constant once they are ([`is_constant`]), or
+/// `None` when its form may differ between calls whatever it is computed from.
+fn parts(expr: &Expr) -> Option<Parts<'_>> {
+    fn borrowed(parts: Vec<&Expr>) -> Option<Parts<'_>> {
+        Some(Parts::Borrowed(parts))
+    }
+    match expr {
+        Expr::Lit(_) => borrowed(Vec::new()),
+        Expr::Tuple(tuple) => borrowed(tuple.elems.iter().collect()),
+        Expr::Array(array) => borrowed(array.elems.iter().collect()),
+        Expr::Reference(r) => borrowed(vec![&r.expr]),
+        Expr::Paren(p) => borrowed(vec![&p.expr]),
+        Expr::Group(g) => borrowed(vec![&g.expr]),
+        Expr::Unary(u) => (matches!(u.op, syn::UnOp::Neg(_) | syn::UnOp::Not(_)))
+            .then(|| Parts::Borrowed(vec![&u.expr])),
+        Expr::Cast(c) => borrowed(vec![&c.expr]),
+        Expr::Binary(b) => borrowed(vec![&b.left, &b.right]),
+        Expr::Repeat(r) => borrowed(vec![&r.expr]),
+        Expr::Index(i) => borrowed(vec![&i.expr, &i.index]),
+        Expr::Field(f) => borrowed(vec![&f.base]),
+        Expr::Range(r) => borrowed(r.start.iter().chain(&r.end).map(AsRef::as_ref).collect()),
+        Expr::Struct(s) => borrowed(
+            s.fields
+                .iter()
+                .map(|field| &field.expr)
+                .chain(s.rest.as_deref())
+                .collect(),
+        ),
+        // A function or constructor given only constants: `String::from("a")`, `Some(1)`.
+        Expr::Call(call) if matches!(*call.func, Expr::Path(_)) && !call.args.is_empty() => {
+            borrowed(call.args.iter().collect())
+        }
+        // A method of a constant: `"seed".to_string()`.
+        Expr::MethodCall(call) => {
+            borrowed(std::iter::once(&*call.receiver).chain(&call.args).collect())
+        }
+        Expr::Block(block) if block.label.is_none() => block_parts(&block.block),
+        Expr::Unsafe(block) => block_parts(&block.block),
+        Expr::If(i) => {
+            let (_, otherwise) = i.else_branch.as_ref()?;
+            let Some(Parts::Borrowed(mut parts)) = block_parts(&i.then_branch) else {
+                return None;
+            };
+            parts.extend([&*i.cond, &**otherwise]);
+            borrowed(parts)
+        }
+        Expr::Match(m) => borrowed(
+            std::iter::once(&*m.expr)
+                .chain(m.arms.iter().flat_map(|arm| {
+                    arm.guard
+                        .iter()
+                        .map(|(_, guard)| &**guard)
+                        .chain([&*arm.body])
+                }))
+                .collect(),
+        ),
+        Expr::Macro(mac) => macro_parts(&mac.mac),
+        _ => None,
+    }
+}
+
+/// A block's statements, when it ends in a value and each of them is an expression or a `let` with
+/// a value (a name it binds is then taken at its word, as any name is).
+fn block_parts(block: &syn::Block) -> Option<Parts<'_>> {
+    let Some(syn::Stmt::Expr(_, None)) = block.stmts.last() else {
+        return None;
+    };
+    let mut parts = Vec::new();
+    for stmt in &block.stmts {
+        match stmt {
+            syn::Stmt::Expr(expr, _) => parts.push(expr),
+            syn::Stmt::Local(local) => parts.push(&*local.init.as_ref()?.expr),
+            syn::Stmt::Item(_) => {}
+            syn::Stmt::Macro(_) => return None,
+        }
+    }
+    Some(Parts::Borrowed(parts))
+}
+
+/// The standard macros whose value is fixed when the program is compiled, whatever their arguments.
+const CONSTANT_MACROS: [&str; 10] = [
+    "stringify",
+    "concat",
+    "env",
+    "option_env",
+    "file",
+    "line",
+    "column",
+    "module_path",
+    "include_str",
+    "include_bytes",
+];
+
+/// A standard macro's arguments, for the macros that make a constant (no parts), or format or collect
+/// their arguments (`format!`, `vec!`); `None` for any other macro.
+fn macro_parts(mac: &syn::Macro) -> Option<Parts<'static>> {
+    let name = macro_name(mac)?;
+    if CONSTANT_MACROS.contains(&name.as_str()) {
+        return Some(Parts::Parsed(Vec::new()));
+    }
+    let tokens = &mac.tokens;
+    match name.as_str() {
+        // `vec![a, b]` and `vec![a; n]` read as the arrays they make.
+        "vec" => {
+            let array = proc_macro2::Group::new(proc_macro2::Delimiter::Bracket, tokens.clone());
+            let array = syn::parse2(proc_macro2::TokenTree::Group(array).into()).ok()?;
+            Some(Parts::Parsed(vec![array]))
+        }
+        "format" => {
+            let arguments = syn::punctuated::Punctuated::<Expr, syn::Token![,]>::parse_terminated
+                .parse2(tokens.clone())
+                .ok()?;
+            let mut arguments = arguments.into_iter();
+            let Some(Expr::Lit(ExprLit {
+                lit: Lit::Str(template),
+                ..
+            })) = arguments.next()
+            else {
+                return None;
+            };
+            // `format!("{order_id}")` reads `order_id`.
+            if captures(&template.value()) {
+                return None;
+            }
+            let arguments = arguments.map(|argument| match argument {
+                Expr::Assign(named) => *named.right,
+                other => other,
+            });
+            Some(Parts::Parsed(arguments.collect()))
+        }
+        _ => None,
+    }
+}
+
+/// The macro's name, without its path: `stringify` for `::core::stringify!`.
+fn macro_name(mac: &syn::Macro) -> Option<String> {
+    mac.path
+        .segments
+        .last()
+        .map(|segment| segment.ident.to_string())
+}
+
+/// Whether a format string names a variable in braces (`"{order_id}"`, `"{id:>8}"`).
+fn captures(template: &str) -> bool {
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '{' {
+            match chars.next() {
+                Some('{') => {}
+                Some(first) if first.is_alphabetic() || first == '_' => return true,
+                _ => {}
+            }
+        }
+    }
+    false
+}
+
+/// Whether `expr` is literals only, without computation: `"seed"`, `(1, "a")`, `&-1`.
+fn is_literal(expr: &Expr) -> bool {
     match expr {
         Expr::Lit(_) => true,
-        Expr::Tuple(tuple) => !tuple.elems.is_empty() && tuple.elems.iter().all(is_constant),
-        Expr::Array(array) => !array.elems.is_empty() && array.elems.iter().all(is_constant),
-        Expr::Reference(r) => is_constant(&r.expr),
-        Expr::Paren(p) => is_constant(&p.expr),
-        Expr::Group(g) => is_constant(&g.expr),
-        Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_constant(&u.expr),
-        // Computed from literals alone: `1 as u64`, `2 + 2`, `[0; 4]`.
-        Expr::Cast(c) => is_constant(&c.expr),
-        Expr::Binary(b) => is_constant(&b.left) && is_constant(&b.right),
-        Expr::Repeat(r) => is_constant(&r.expr),
+        Expr::Tuple(tuple) => tuple.elems.iter().all(is_literal),
+        Expr::Array(array) => array.elems.iter().all(is_literal),
+        Expr::Reference(r) => is_literal(&r.expr),
+        Expr::Paren(p) => is_literal(&p.expr),
+        Expr::Group(g) => is_literal(&g.expr),
+        Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_literal(&u.expr),
         _ => false,
     }
+}
+
+/// The tokens of `tokens`, each as its text, groups opened and closed by their delimiters.
+fn flat_tokens(tokens: TokenStream) -> Vec<String> {
+    use proc_macro2::{Delimiter, TokenTree};
+    let mut out = Vec::new();
+    for tree in tokens {
+        match tree {
+            TokenTree::Group(group) => {
+                let (open, close) = match group.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Brace => ("{", "}"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::None => ("", ""),
+                };
+                out.push(open.to_owned());
+                out.extend(flat_tokens(group.stream()));
+                out.push(close.to_owned());
+            }
+            other => out.push(other.to_string()),
+        }
+    }
+    out.retain(|token| !token.is_empty());
+    out
+}
+
+/// Whether `needle` is a run of `haystack`.
+fn contains(haystack: &[String], needle: &[String]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
 }
 
 /// Whether `expr` (a string literal's text, parsed) starts from a parameter: `order_id`,
@@ -1001,6 +1276,115 @@ mod tests {
         ] {
             assert_eq!(
                 key_errors(key.clone(), &["order_id"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    /// A key computed from literals alone through a call, a method, a macro, a block or an `if` is as
+    /// constant as the literal: every call would share one record.
+    #[test]
+    fn a_key_computed_through_calls_macros_and_blocks_is_refused() {
+        for key in [
+            quote!(String::from("seed")),
+            quote!(Some("seed")),
+            quote!("seed".to_string()),
+            quote!(stringify!(seed)),
+            quote!(::core::concat!("a", 1)),
+            quote!(format!("seed-{}", 1)),
+            quote!({ "x" }),
+            quote!(if true { 1 } else { 2 }),
+            quote!(match 1 {
+                _ => "x",
+            }),
+            quote!(Key { id: 1 }),
+            quote!(vec![1, 2]),
+            quote!(("a", Some(1_u64))),
+            quote!(&"seed".to_owned()),
+            quote!(std::env!("SEED")),
+        ] {
+            let errors = key_errors(key.clone(), &["order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains("named constant"), "{key}: {errors:?}");
+        }
+    }
+
+    /// Each listed form that spells a parameter gets the parameter as its suggestion.
+    #[test]
+    fn a_key_computed_from_a_string_naming_a_parameter_suggests_it() {
+        for (key, meant) in [
+            (
+                quote!(String::from("order_id")),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!(Some("order_id")),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!("order_id".to_string()),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!(stringify!(order_id)),
+                "did you mean `order_id`, without `stringify!`?",
+            ),
+            (
+                quote!({ "order_id" }),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!((tenant, String::from("order_id"))),
+                "did you mean `order_id`, without the quotes?",
+            ),
+        ] {
+            let errors = key_errors(key.clone(), &["tenant", "order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains(meant), "{key}: {errors:?}");
+        }
+    }
+
+    /// A literal beside the parameter it spells is a tag, not a mistake: `("user", user)`.
+    #[test]
+    fn a_literal_beside_the_parameter_it_names_is_a_tag() {
+        for key in [
+            quote!(("user", user)),
+            quote!((user, "user")),
+            quote!(("req.id", req.id)),
+            quote!(["user", user.as_str()]),
+            quote!(("user", &user)),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["user", "req"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    /// What may differ between calls is taken at its word: a parameter, a named constant, a call
+    /// without arguments (it may read per-call state), a macro the attribute does not know, a format
+    /// string that captures a parameter.
+    #[test]
+    fn keys_that_may_differ_between_calls_are_accepted() {
+        for key in [
+            quote!(String::from(order_id)),
+            quote!(Some(order_id)),
+            quote!(order_id.to_string()),
+            quote!({ order_id }),
+            quote!(if order_id > 0 { 1 } else { 2 }),
+            quote!(request_id()),
+            quote!(Uuid::new_v4()),
+            quote!(header(&req, "x-request-id")),
+            quote!(my_key!("seed")),
+            quote!(format!("{order_id}")),
+            quote!(format!("{}-{}", "a", order_id)),
+            quote!(String::from(SEED)),
+            quote!(Key { id: order_id }),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["order_id", "req"]),
                 Vec::<String>::new(),
                 "{key}"
             );

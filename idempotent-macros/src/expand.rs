@@ -2,6 +2,7 @@
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Type};
 
@@ -120,8 +121,10 @@ impl Emit<'_> {
 
     fn namespace(&self, ident: &Ident) -> TokenStream {
         if self.per_type {
-            // The method's path is found at run time (see `PerType`).
-            return quote!(::core::stringify!(#ident));
+            // The method's path is found at run time (see `PerType`), in the compiler's spelling, which
+            // writes a raw identifier without its `r#`: the name it ends with must match.
+            let name = syn::LitStr::new(&ident.unraw().to_string(), ident.span());
+            return quote!(#name);
         }
         self.args.name.as_ref().map_or_else(
             || {
