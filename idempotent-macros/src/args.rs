@@ -8,7 +8,7 @@ use quote::ToTokens as _;
 use syn::parse::Parser as _;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path};
 
-use crate::diag::Diagnostics;
+use crate::diag::{Diagnostics, code};
 
 /// One of the attribute's arguments.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -161,6 +161,8 @@ impl Args {
         let mut seen: Vec<Argument> = Vec::new();
         // What misspelled arguments were taken for: `kye = id` is one mistake, not also a missing `key`.
         let mut suggested: Vec<Argument> = Vec::new();
+        // Expressions written without an argument name (`#[idempotent(order_id)]`), and their text.
+        let mut bare: Vec<(Ident, String)> = Vec::new();
         let parser = syn::meta::parser(|meta| {
             let ident = meta.path.get_ident().cloned().ok_or_else(|| {
                 meta.error(format!(
@@ -168,13 +170,45 @@ impl Args {
                     Argument::list()
                 ))
             })?;
+            let name = ident.to_string();
             let value: Option<Expr> = if meta.input.peek(syn::Token![=]) {
                 Some(ungroup(meta.value()?.parse()?))
+            } else if meta.input.peek(syn::Token![:]) && !meta.input.peek(syn::Token![::]) {
+                // `key: id`, as a struct field is written.
+                let colon: syn::Token![:] = meta.input.parse()?;
+                let value = ungroup(meta.input.parse()?);
+                diag.error(
+                    colon,
+                    format!(
+                        "expected `=` after `{name}`, not `:`; did you mean `{name} = {}`?",
+                        code(&value)
+                    ),
+                );
+                Some(value)
+            } else if meta.input.peek(syn::Token![.]) {
+                // `#[idempotent(req.id)]`: the key, without `key =`.
+                let rest = meta.input.step(|cursor| {
+                    let mut rest = TokenStream::new();
+                    let mut cursor = *cursor;
+                    while let Some((tree, next)) = cursor.token_tree() {
+                        if matches!(&tree, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                            break;
+                        }
+                        rest.extend([tree]);
+                        cursor = next;
+                    }
+                    Ok((rest, cursor))
+                })?;
+                bare.push((ident.clone(), code(quote_tokens(&ident, rest))));
+                return Ok(());
             } else {
                 None
             };
-            let name = ident.to_string();
             let Some(argument) = Argument::named(&name) else {
+                if value.is_none() && closest(&name, Argument::ALL.map(Argument::name)).is_none() {
+                    bare.push((ident.clone(), name));
+                    return Ok(());
+                }
                 let expected = format!("expected one of {}", Argument::list());
                 let guess = closest(&name, Argument::ALL.map(Argument::name));
                 let message = match guess.and_then(Argument::named) {
@@ -227,6 +261,17 @@ impl Args {
             Ok(())
         });
         parser.parse2(args)?;
+        let expected = format!("expected one of {}", Argument::list());
+        for (at, (ident, text)) in bare.iter().enumerate() {
+            // The first expression without a name, when there is no `key`, is the key.
+            let message = if at == 0 && !seen.contains(&Argument::Key) {
+                suggested.push(Argument::Key);
+                format!("unknown argument `{text}`; did you mean `key = {text}`? {expected}")
+            } else {
+                format!("unknown argument `{text}`; {expected}")
+            };
+            diag.error(ident, message);
+        }
         if !seen.contains(&Argument::Key) && !suggested.contains(&Argument::Key) {
             diag.push(syn::Error::new(
                 Span::call_site(),
@@ -307,59 +352,173 @@ pub(crate) fn check_bindings(args: &Args, parameters: &[Ident], diag: &mut Diagn
 const DETACH_BORROWS: &str = "`detach` runs the body on a task of its own, so the body must be `Send + 'static` and cannot borrow from its caller";
 
 /// With `detach`, the body moves to a task of its own, so it cannot borrow from the caller: each
-/// parameter that is a reference (or has a lifetime other than `'static`), `&self` included, is an
-/// error on its type. (A type parameter that holds a borrow is left to rustc's own lifetime error.)
-pub(crate) fn check_detach(args: &Args, sig: &syn::Signature, diag: &mut Diagnostics) {
+/// parameter the body uses whose type borrows ([`borrows`]), `self` included however its type is
+/// written (`&self`, `self: &Self`, `self: Pin<&mut Self>`), is an error on it. A borrowing parameter
+/// that only `key`, `payload` or `store` use is fine: those are evaluated before the body leaves. (A
+/// type parameter that holds a borrow is left to rustc's own lifetime error.)
+pub(crate) fn check_detach(args: &Args, item: &syn::ItemFn, diag: &mut Diagnostics) {
     if args.detach.is_none() {
         return;
     }
-    for input in &sig.inputs {
+    let body = item.block.to_token_stream();
+    for input in &item.sig.inputs {
         match input {
-            syn::FnArg::Receiver(receiver) if receiver.reference.is_some() => diag.error(
-                receiver,
-                format!(
-                    "{DETACH_BORROWS}: `{}self` is a borrow; take `self` by value (an `Arc` or a cheap clone), or remove `detach`",
-                    if receiver.mutability.is_some() { "&mut " } else { "&" }
-                ),
-            ),
-            syn::FnArg::Typed(typed) if borrows(quote::ToTokens::to_token_stream(&typed.ty)) => {
+            syn::FnArg::Receiver(receiver)
+                if borrows(&receiver.ty) && uses(&body, &receiver.self_token.into()) =>
+            {
                 diag.error(
-                    &typed.ty,
+                    receiver,
                     format!(
-                        "{DETACH_BORROWS}: the parameter `{}` borrows (`{}`); take it by value (owned, or in an `Arc`), or remove `detach`",
-                        quote::ToTokens::to_token_stream(&typed.pat),
-                        quote::ToTokens::to_token_stream(&typed.ty)
-                            .to_string()
-                            .replace("& ", "&")
+                        "{DETACH_BORROWS}: `{}` is a borrow, and the body uses `self`; take `self` by value (an `Arc` or a cheap clone), or remove `detach`",
+                        code(receiver)
                     ),
                 );
+            }
+            syn::FnArg::Typed(typed) if borrows(&typed.ty) => {
+                let mut names = Vec::new();
+                crate::item::bind(&typed.pat, &mut names);
+                if names.iter().any(|name| uses(&body, name)) {
+                    diag.error(
+                        &typed.ty,
+                        format!(
+                            "{DETACH_BORROWS}: the parameter `{}` borrows (`{}`) and the body uses it; take it by value (owned, or in an `Arc`), or remove `detach`",
+                            code(&typed.pat),
+                            code(&typed.ty)
+                        ),
+                    );
+                }
             }
             _ => {}
         }
     }
 }
 
-/// Whether a type's `tokens` hold a reference or a lifetime other than `'static`: a `&` not followed by
-/// a lifetime, or a lifetime other than `'static`.
-fn borrows(tokens: TokenStream) -> bool {
+/// Whether `tokens` use the name `name`: as an identifier, or captured by a format string
+/// (`"{name}"`, `"{name:?}"`) in a macro. A local of the same name counts too: the check errs on the
+/// side of the message over rustc's own.
+fn uses(tokens: &TokenStream, name: &Ident) -> bool {
     use proc_macro2::TokenTree;
-    let is_static =
-        |next: Option<&TokenTree>| matches!(next, Some(TokenTree::Ident(i)) if i == "static");
-    let mut tokens = tokens.into_iter().peekable();
-    while let Some(tree) = tokens.next() {
-        let borrowed = match &tree {
-            TokenTree::Punct(p) if p.as_char() == '&' => {
-                !matches!(tokens.peek(), Some(TokenTree::Punct(q)) if q.as_char() == '\'')
+    let name = name.to_string();
+    let captured = [format!("{{{name}}}"), format!("{{{name}:")];
+    tokens.clone().into_iter().any(|tree| match tree {
+        TokenTree::Ident(ident) => ident == name,
+        TokenTree::Group(group) => uses(&group.stream(), &Ident::new(&name, group.span())),
+        TokenTree::Literal(literal) => {
+            let text = literal.to_string();
+            captured
+                .iter()
+                .any(|capture| text.contains(capture.as_str()))
+        }
+        TokenTree::Punct(_) => false,
+    })
+}
+
+/// Whether a value of type `ty` may borrow from the caller: a reference or a lifetime other than
+/// `'static`. The arguments and output of a function pointer or an `Fn` trait (`fn(&str) -> String`,
+/// `Box<dyn Fn(&str) -> usize>`) are the callee's own, higher-ranked lifetimes: only a lifetime named
+/// from outside counts there.
+fn borrows(ty: &syn::Type) -> bool {
+    Borrows { bound: Vec::new() }.ty(ty, false)
+}
+
+/// The walk of [`borrows`]: `bound` holds the lifetimes a `for<'a>` declared.
+struct Borrows {
+    bound: Vec<syn::Lifetime>,
+}
+
+impl Borrows {
+    /// Whether `ty` borrows; inside a function's signature (`own`), an elided lifetime is the
+    /// function's own.
+    fn ty(&mut self, ty: &syn::Type, own: bool) -> bool {
+        use syn::Type;
+        match ty {
+            Type::Reference(r) => {
+                r.lifetime.as_ref().map_or(!own, |l| self.lifetime(l, own)) || self.ty(&r.elem, own)
             }
-            TokenTree::Punct(p) if p.as_char() == '\'' => !is_static(tokens.peek()),
-            TokenTree::Group(group) => borrows(group.stream()),
+            Type::BareFn(f) => {
+                let count = self.declare(f.lifetimes.as_ref());
+                let out = f.inputs.iter().any(|input| self.ty(&input.ty, true))
+                    || matches!(&f.output, syn::ReturnType::Type(_, ty) if self.ty(ty, true));
+                self.bound.truncate(self.bound.len() - count);
+                out
+            }
+            Type::Path(p) => {
+                p.qself.as_ref().is_some_and(|q| self.ty(&q.ty, own)) || self.path(&p.path, own)
+            }
+            Type::TraitObject(t) => t.bounds.iter().any(|b| self.bound(b, own)),
+            Type::ImplTrait(t) => t.bounds.iter().any(|b| self.bound(b, own)),
+            Type::Tuple(t) => t.elems.iter().any(|e| self.ty(e, own)),
+            Type::Array(a) => self.ty(&a.elem, own),
+            Type::Slice(s) => self.ty(&s.elem, own),
+            Type::Paren(p) => self.ty(&p.elem, own),
+            Type::Group(g) => self.ty(&g.elem, own),
+            Type::Ptr(p) => self.ty(&p.elem, own),
             _ => false,
-        };
-        if borrowed {
-            return true;
         }
     }
-    false
+
+    /// Adds the lifetimes a `for<..>` declares to `bound`; how many.
+    fn declare(&mut self, declared: Option<&syn::BoundLifetimes>) -> usize {
+        let before = self.bound.len();
+        for param in declared.into_iter().flat_map(|d| &d.lifetimes) {
+            if let syn::GenericParam::Lifetime(l) = param {
+                self.bound.push(l.lifetime.clone());
+            }
+        }
+        self.bound.len() - before
+    }
+
+    fn lifetime(&self, lifetime: &syn::Lifetime, own: bool) -> bool {
+        if lifetime.ident == "static" || self.bound.contains(lifetime) {
+            return false;
+        }
+        // `'_` inside a function's signature is its own, as an elided `&` is.
+        !(own && lifetime.ident == "_")
+    }
+
+    fn path(&mut self, path: &syn::Path, own: bool) -> bool {
+        path.segments
+            .iter()
+            .any(|segment| match &segment.arguments {
+                syn::PathArguments::None => false,
+                syn::PathArguments::AngleBracketed(arguments) => {
+                    arguments.args.iter().any(|argument| match argument {
+                        syn::GenericArgument::Lifetime(l) => self.lifetime(l, own),
+                        syn::GenericArgument::Type(ty) => self.ty(ty, own),
+                        syn::GenericArgument::AssocType(assoc) => self.ty(&assoc.ty, own),
+                        syn::GenericArgument::Constraint(c) => {
+                            c.bounds.iter().any(|b| self.bound(b, own))
+                        }
+                        _ => false,
+                    })
+                }
+                // `Fn(&str) -> usize`: the trait's own signature.
+                syn::PathArguments::Parenthesized(f) => {
+                    f.inputs.iter().any(|ty| self.ty(ty, true))
+                        || matches!(&f.output, syn::ReturnType::Type(_, ty) if self.ty(ty, true))
+                }
+            })
+    }
+
+    fn bound(&mut self, bound: &syn::TypeParamBound, own: bool) -> bool {
+        match bound {
+            syn::TypeParamBound::Lifetime(l) => self.lifetime(l, own),
+            syn::TypeParamBound::Trait(t) => {
+                let count = self.declare(t.lifetimes.as_ref());
+                let out = self.path(&t.path, own);
+                self.bound.truncate(self.bound.len() - count);
+                out
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `ident` followed by `rest`.
+fn quote_tokens(ident: &Ident, rest: TokenStream) -> TokenStream {
+    let mut tokens = ident.to_token_stream();
+    tokens.extend(rest);
+    tokens
 }
 
 /// The candidate `name` is most likely a typo of: at most one edit per three letters, as rustc suggests
@@ -855,10 +1014,24 @@ fn spelled(text: &str, duration: Duration) -> Option<String> {
 fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<DurationArg> {
     let (name, example) = (argument.name(), argument.example());
     let Some(literal) = string_literal(value) else {
+        // `ttl = 3600`, `ttl = 24h` (an integer with a suffix): the same duration, quoted.
+        let suggestion = match value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(int), ..
+            }) => match parse_duration(&format!("{}{}", int.base10_digits(), int.suffix())) {
+                Ok(_) => Some(format!("{}{}", int.base10_digits(), int.suffix())),
+                Err(suggestion) => suggestion,
+            },
+            _ => None,
+        };
+        let hint = suggestion.map_or_else(
+            || "variables and constants are not accepted".to_owned(),
+            |suggestion| format!("did you mean {suggestion:?}?"),
+        );
         diag.error(
             value,
             format!(
-                "`{name}` must be a string literal like {example}, checked at compile time; variables and constants are not accepted"
+                "`{name}` must be a string literal like {example}, checked at compile time; {hint}"
             ),
         );
         return None;
@@ -1168,6 +1341,153 @@ mod tests {
             errors[0].starts_with("missing `key` argument"),
             "{errors:?}"
         );
+    }
+
+    /// An expression without `key =` is the key the user meant: one error that says so.
+    #[test]
+    fn a_bare_expression_is_taken_for_the_key() {
+        let expected = "expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `steps`, `on_failure`, `missing_key`, `crate`, `detach`";
+        assert_eq!(
+            errors(quote!(id)),
+            [format!(
+                "unknown argument `id`; did you mean `key = id`? {expected}"
+            )]
+        );
+        assert_eq!(
+            errors(quote!(req.order_id, ttl = "1h")),
+            [format!(
+                "unknown argument `req.order_id`; did you mean `key = req.order_id`? {expected}"
+            )]
+        );
+        // With a `key`, it is only unknown.
+        assert_eq!(
+            errors(quote!(key = id, order)),
+            [format!("unknown argument `order`; {expected}")]
+        );
+    }
+
+    #[test]
+    fn a_colon_for_an_equals_sign_is_suggested_the_equals_sign() {
+        assert_eq!(
+            errors(quote!(key: id)),
+            ["expected `=` after `key`, not `:`; did you mean `key = id`?"]
+        );
+        assert_eq!(
+            errors(quote!(key = id, ttl: "1h")),
+            [r#"expected `=` after `ttl`, not `:`; did you mean `ttl = "1h"`?"#]
+        );
+    }
+
+    #[test]
+    fn a_duration_without_quotes_is_suggested_with_them() {
+        for (given, suggestion) in [
+            (quote!(3600), "3600s"),
+            (quote!(24h), "24h"),
+            (quote!(90m), "90m"),
+        ] {
+            assert_eq!(
+                errors(quote!(key = id, ttl = #given)),
+                [format!(
+                    "`ttl` must be a string literal like \"24h\", checked at compile time; did you mean {suggestion:?}?"
+                )],
+                "{given}"
+            );
+        }
+        assert_eq!(
+            errors(quote!(key = id, ttl = TTL)),
+            [
+                "`ttl` must be a string literal like \"24h\", checked at compile time; variables and constants are not accepted"
+            ]
+        );
+    }
+
+    #[test]
+    fn what_borrows_from_the_caller() {
+        for ty in [
+            quote!(&Order),
+            quote!(&mut Vec<u8>),
+            quote!(Cow<'_, str>),
+            quote!(Vec<&str>),
+            quote!(Pin<&mut Self>),
+            quote!(Box<dyn Fn(&str) + 'a>),
+            quote!(Arc<dyn Fn(&'a str) -> usize>),
+            quote!(fn() -> &'a str),
+            quote!(&'static mut &'a u8),
+        ] {
+            assert!(super::borrows(&syn::parse2(ty.clone()).unwrap()), "{ty}");
+        }
+        for ty in [
+            quote!(&'static str),
+            quote!(fn(&str) -> String),
+            quote!(Box<dyn Fn(&str) -> usize + Send + Sync>),
+            quote!(Box<dyn for<'a> Fn(&'a str) -> &'a str + Send>),
+            quote!(for<'a> fn(&'a u8) -> &'a u8),
+            quote!(Option<fn(&u8)>),
+            quote!(Arc<dyn Fn(Cow<'_, str>) + 'static>),
+            quote!(Vec<u8>),
+        ] {
+            assert!(!super::borrows(&syn::parse2(ty.clone()).unwrap()), "{ty}");
+        }
+    }
+
+    /// The messages `check_detach` gives `item` with `detach`.
+    fn detach_errors(item: proc_macro2::TokenStream) -> Vec<String> {
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(quote!(key = id, detach), &mut diag).unwrap();
+        super::check_detach(&args, &syn::parse2(item).unwrap(), &mut diag);
+        diag.finish()
+            .err()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn detach_refuses_a_borrow_the_body_uses_however_self_is_written() {
+        for receiver in [
+            quote!(&self),
+            quote!(self: &Self),
+            quote!(self: Pin<&mut Self>),
+        ] {
+            let errors = detach_errors(quote! {
+                async fn f(#receiver, id: u64) -> Result<u64, Error> { Ok(self.fee + id) }
+            });
+            assert_eq!(errors.len(), 1, "{receiver}: {errors:?}");
+            let receiver = crate::diag::code(&receiver);
+            assert!(
+                errors[0].contains(&format!("`{receiver}` is a borrow")),
+                "{errors:?}"
+            );
+        }
+        let errors = detach_errors(quote! {
+            async fn f(id: u64, cb: Box<dyn Fn(&str) -> usize + 'a>) -> Result<u64, Error> { Ok(cb("x")) }
+        });
+        assert_eq!(
+            errors,
+            [
+                "`detach` runs the body on a task of its own, so the body must be `Send + 'static` and cannot borrow from its caller: the parameter `cb` borrows (`Box<dyn Fn(&str) -> usize + 'a>`) and the body uses it; take it by value (owned, or in an `Arc`), or remove `detach`"
+            ]
+        );
+        let errors = detach_errors(quote! {
+            async fn f(id: u64, order: &Order) -> Result<String, Error> { Ok(format!("{order:?}")) }
+        });
+        assert_eq!(errors.len(), 1, "{errors:?}");
+    }
+
+    #[test]
+    fn detach_accepts_static_callbacks_and_borrows_the_body_leaves_alone() {
+        for item in [
+            quote! { async fn f(id: u64, cb: fn(&str) -> String) -> Result<String, Error> { Ok(cb("x")) } },
+            quote! {
+                async fn f(id: u64, cb: Box<dyn Fn(&str) -> usize + Send + Sync>) -> Result<usize, Error> {
+                    Ok(cb("x"))
+                }
+            },
+            quote! { async fn f(&self, id: u64) -> Result<u64, Error> { Ok(id) } },
+            quote! { async fn f(self: Pin<&mut Self>, id: u64) -> Result<u64, Error> { Ok(id) } },
+            quote! { async fn f(req: &Request, id: u64) -> Result<u64, Error> { Ok(id) } },
+        ] {
+            assert_eq!(detach_errors(item.clone()), Vec::<String>::new(), "{item}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Type};
+use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Stmt, Type};
 
 use crate::args::{Args, DurationArg, MissingKeyArg};
 
@@ -341,7 +341,15 @@ impl Emit<'_> {
     /// that `return` and `?` in the body are checked against `-> ...` where the user wrote it. The block
     /// keeps the body's braces' span: a body that ends without a value (`Ok(x);`) is reported there.
     fn body(&self, block: &Block) -> TokenStream {
-        let stmts = &block.stmts;
+        // The items the body starts with (`use`, `const`, `fn`) stay first, before the fake return:
+        // behind it they would be items after a statement (clippy's `items_after_statements`), a
+        // lint on code the user did not write. Items are in scope in their whole block either way.
+        let leading = block
+            .stmts
+            .iter()
+            .take_while(|stmt| matches!(stmt, Stmt::Item(_)))
+            .count();
+        let (items, stmts) = block.stmts.split_at(leading);
         let output = self.output;
         let fake_return = quote_spanned! {output.span()=>
             #[allow(
@@ -362,6 +370,7 @@ impl Emit<'_> {
         let body = group_at(
             Delimiter::Brace,
             quote! {
+                #(#items)*
                 #fake_return
                 #(#stmts)*
             },

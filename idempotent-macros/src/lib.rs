@@ -492,7 +492,7 @@ fn entry(
         args::check_key(key, &item::parameters(&function), &mut diag);
     }
     if let Some(args) = &args {
-        args::check_detach(args, &function.sig, &mut diag);
+        args::check_detach(args, &function, &mut diag);
         args::check_bindings(args, &item::parameters(&function), &mut diag);
     }
     match (diag.finish(), args) {

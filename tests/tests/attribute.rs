@@ -427,3 +427,44 @@ async fn method_futures_can_be_spawned() {
         )
     );
 }
+
+/// A method named by a raw identifier.
+struct Raw;
+
+impl Raw {
+    #[idempotent(key = id, store = idem)]
+    async fn r#match(&self, idem: &Idempotency, id: u64) -> Result<String, Error> {
+        Ok(format!("match:{id}"))
+    }
+}
+
+/// Its namespace is its path in the compiler's spelling of a raw identifier (without `r#`), taken
+/// apart as any method's is, not the closure's whole type name with the method's name after it.
+#[tokio::test]
+async fn a_raw_identifier_methods_namespace_is_its_path() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
+    assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
+    let record = h.record("attribute::Raw::match", &1_u64).await;
+    assert_eq!(record.map(|r| r.status), Some(Status::Completed));
+}
+
+static SCALED: AtomicUsize = AtomicUsize::new(0);
+
+/// A body that starts with items: under `clippy::pedantic`, they must not follow a statement the
+/// attribute wrote (`items_after_statements`).
+#[idempotent(key = order, store = idem)]
+async fn scale(idem: &Idempotency, order: u64) -> Result<u64, Error> {
+    use std::ops::Mul;
+    const FACTOR: u64 = 3;
+    SCALED.fetch_add(1, Ordering::SeqCst);
+    Ok(order.mul(FACTOR))
+}
+
+#[tokio::test]
+async fn a_body_may_start_with_items() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
+    assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
+    assert_eq!(SCALED.load(Ordering::SeqCst), 1);
+}
