@@ -150,6 +150,9 @@ pub(crate) struct Args {
     pub(crate) on_failure: Option<OnFailureArg>,
     pub(crate) missing_key: Option<MissingKeyArg>,
     pub(crate) krate: Option<Path>,
+    /// Without `crate`, the name the caller's Cargo.toml gives the runtime when it is not
+    /// `idempotent_runtime` ([`renamed_runtime`]).
+    pub(crate) renamed: Option<Ident>,
     /// `detach`: the body runs on a task of its own (the flag's ident, for spans).
     pub(crate) detach: Option<Ident>,
 }
@@ -411,6 +414,20 @@ fn uses(tokens: &TokenStream, name: &Ident) -> bool {
         }
         TokenTree::Punct(_) => false,
     })
+}
+
+/// The name the calling crate's Cargo.toml gives the runtime when that is not `idempotent_runtime`
+/// (`idem = { package = "idempotent-runtime", .. }`): the default of `crate = ".."`. `None` when the
+/// dependency has its own name, when the crate being compiled is the runtime itself, and when the
+/// runtime is not a dependency of the crate (it is reached through another crate that re-exports it:
+/// `crate = ".."` says where).
+pub(crate) fn renamed_runtime() -> Option<Ident> {
+    match proc_macro_crate::crate_name("idempotent-runtime") {
+        Ok(proc_macro_crate::FoundCrate::Name(name)) if name != "idempotent_runtime" => {
+            Some(Ident::new(&name, Span::call_site()))
+        }
+        _ => None,
+    }
 }
 
 /// Whether a value of type `ty` may borrow from the caller: a reference or a lifetime other than
