@@ -1,6 +1,6 @@
 //! What the attribute derives from the code it is written on, through calls on the memory store: the
-//! default namespace of methods (the receiver's type is part of it), and arguments passed through
-//! `macro_rules!`.
+//! default namespace of methods (the receiver's type is part of it), arguments passed through
+//! `macro_rules!`, bodies that start with items, and keys that hold a literal (on both stores).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -467,4 +467,43 @@ async fn a_body_may_start_with_items() {
     assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
     assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
     assert_eq!(SCALED.load(Ordering::SeqCst), 1);
+}
+
+static VISITS: AtomicUsize = AtomicUsize::new(0);
+
+/// A literal beside the parameter it spells is a tag, not the mistake `key = "user"` is.
+#[idempotent(key = ("user", user), store = idem)]
+async fn visit(idem: &Idempotency, user: String) -> Result<usize, Error> {
+    Ok(VISITS.fetch_add(1, Ordering::SeqCst))
+}
+
+/// Two users, two records (the body ran twice); the same user again, a replay of its own value.
+async fn a_tagged_key_gives_each_value_its_record(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let ann = visit(&h.idem, "ann".into()).await.unwrap();
+    let bob = visit(&h.idem, "bob".into()).await.unwrap();
+    assert_ne!(ann, bob);
+    assert_eq!(visit(&h.idem, "ann".into()).await.unwrap(), ann);
+    assert_eq!(visit(&h.idem, "bob".into()).await.unwrap(), bob);
+    for (user, value) in [("ann", ann), ("bob", bob)] {
+        let record = h
+            .record("attribute::visit", &("user", user))
+            .await
+            .expect(user);
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(
+            serde_json::from_slice::<usize>(record.response.as_deref().unwrap()).unwrap(),
+            value
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tagged_key_gives_each_value_its_record_in_memory() {
+    a_tagged_key_gives_each_value_its_record(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn a_tagged_key_gives_each_value_its_record_on_dynamodb() {
+    a_tagged_key_gives_each_value_its_record(Backend::DynamoDb).await;
 }
