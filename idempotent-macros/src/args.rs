@@ -174,38 +174,13 @@ impl Args {
                 ))
             })?;
             let name = ident.to_string();
-            let value: Option<Expr> = if meta.input.peek(syn::Token![=]) {
-                Some(ungroup(meta.value()?.parse()?))
-            } else if meta.input.peek(syn::Token![:]) && !meta.input.peek(syn::Token![::]) {
-                // `key: id`, as a struct field is written.
-                let colon: syn::Token![:] = meta.input.parse()?;
-                let value = ungroup(meta.input.parse()?);
-                diag.error(
-                    colon,
-                    format!(
-                        "expected `=` after `{name}`, not `:`; did you mean `{name} = {}`?",
-                        code(&value)
-                    ),
-                );
-                Some(value)
-            } else if meta.input.peek(syn::Token![.]) {
-                // `#[idempotent(req.id)]`: the key, without `key =`.
-                let rest = meta.input.step(|cursor| {
-                    let mut rest = TokenStream::new();
-                    let mut cursor = *cursor;
-                    while let Some((tree, next)) = cursor.token_tree() {
-                        if matches!(&tree, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
-                            break;
-                        }
-                        rest.extend([tree]);
-                        cursor = next;
-                    }
-                    Ok((rest, cursor))
-                })?;
-                bare.push((ident.clone(), code(quote_tokens(&ident, rest))));
-                return Ok(());
-            } else {
-                None
+            let value = match value(&meta, &ident, diag)? {
+                Value::Given(value) => Some(value),
+                Value::Absent => None,
+                Value::Bare(text) => {
+                    bare.push((ident, text));
+                    return Ok(());
+                }
             };
             let Some(argument) = Argument::named(&name) else {
                 if value.is_none() && closest(&name, Argument::ALL.map(Argument::name)).is_none() {
@@ -264,16 +239,8 @@ impl Args {
             Ok(())
         });
         parser.parse2(args)?;
-        let expected = format!("expected one of {}", Argument::list());
-        for (at, (ident, text)) in bare.iter().enumerate() {
-            // The first expression without a name, when there is no `key`, is the key.
-            let message = if at == 0 && !seen.contains(&Argument::Key) {
-                suggested.push(Argument::Key);
-                format!("unknown argument `{text}`; did you mean `key = {text}`? {expected}")
-            } else {
-                format!("unknown argument `{text}`; {expected}")
-            };
-            diag.error(ident, message);
+        if report_bare(&bare, &seen, diag) {
+            suggested.push(Argument::Key);
         }
         if !seen.contains(&Argument::Key) && !suggested.contains(&Argument::Key) {
             diag.push(syn::Error::new(
@@ -294,6 +261,74 @@ impl Args {
         }
         Ok(out)
     }
+}
+
+/// Reports the expressions written without an argument name: the first is taken for the key when
+/// there is no `key` (whether it was, returned), the others are unknown arguments.
+fn report_bare(bare: &[(Ident, String)], seen: &[Argument], diag: &mut Diagnostics) -> bool {
+    let expected = format!("expected one of {}", Argument::list());
+    let keyless = !seen.contains(&Argument::Key);
+    for (at, (ident, text)) in bare.iter().enumerate() {
+        let message = if at == 0 && keyless {
+            format!("unknown argument `{text}`; did you mean `key = {text}`? {expected}")
+        } else {
+            format!("unknown argument `{text}`; {expected}")
+        };
+        diag.error(ident, message);
+    }
+    keyless && !bare.is_empty()
+}
+
+/// What follows an argument's name.
+enum Value {
+    /// `= value`, or `: value` (reported, and taken as meant).
+    Given(Expr),
+    /// Nothing: a flag, or an expression without a name.
+    Absent,
+    /// The rest of an expression without a name (`req.id`): its text, the name included.
+    Bare(String),
+}
+
+/// Reads what follows the argument `ident`: `= value`; `: value`, reported with the `=` it needs;
+/// `.field..`, an expression written without `key =`; or nothing.
+fn value(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    ident: &Ident,
+    diag: &mut Diagnostics,
+) -> syn::Result<Value> {
+    if meta.input.peek(syn::Token![=]) {
+        return Ok(Value::Given(ungroup(meta.value()?.parse()?)));
+    }
+    if meta.input.peek(syn::Token![:]) && !meta.input.peek(syn::Token![::]) {
+        // `key: id`, as a struct field is written.
+        let colon: syn::Token![:] = meta.input.parse()?;
+        let value = ungroup(meta.input.parse()?);
+        diag.error(
+            colon,
+            format!(
+                "expected `=` after `{ident}`, not `:`; did you mean `{ident} = {}`?",
+                code(&value)
+            ),
+        );
+        return Ok(Value::Given(value));
+    }
+    if meta.input.peek(syn::Token![.]) {
+        // `#[idempotent(req.id)]`: the key, without `key =`.
+        let rest = meta.input.step(|cursor| {
+            let mut rest = TokenStream::new();
+            let mut cursor = *cursor;
+            while let Some((tree, next)) = cursor.token_tree() {
+                if matches!(&tree, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                    break;
+                }
+                rest.extend([tree]);
+                cursor = next;
+            }
+            Ok((rest, cursor))
+        })?;
+        return Ok(Value::Bare(code(quote_tokens(ident, rest))));
+    }
+    Ok(Value::Absent)
 }
 
 impl Args {
@@ -733,67 +768,57 @@ fn is_constant(expr: &Expr) -> bool {
 /// What `expr` is computed from when its form makes it constant once they are ([`is_constant`]), or
 /// `None` when its form may differ between calls whatever it is computed from.
 fn parts(expr: &Expr) -> Option<Parts<'_>> {
-    fn borrowed(parts: Vec<&Expr>) -> Option<Parts<'_>> {
-        Some(Parts::Borrowed(parts))
-    }
-    match expr {
-        Expr::Lit(_) => borrowed(Vec::new()),
-        Expr::Tuple(tuple) => borrowed(tuple.elems.iter().collect()),
-        Expr::Array(array) => borrowed(array.elems.iter().collect()),
-        Expr::Reference(r) => borrowed(vec![&r.expr]),
-        Expr::Paren(p) => borrowed(vec![&p.expr]),
-        Expr::Group(g) => borrowed(vec![&g.expr]),
-        Expr::Unary(u) => (matches!(u.op, syn::UnOp::Neg(_) | syn::UnOp::Not(_)))
-            .then(|| Parts::Borrowed(vec![&u.expr])),
-        Expr::Cast(c) => borrowed(vec![&c.expr]),
-        Expr::Binary(b) => borrowed(vec![&b.left, &b.right]),
-        Expr::Repeat(r) => borrowed(vec![&r.expr]),
-        Expr::Index(i) => borrowed(vec![&i.expr, &i.index]),
-        Expr::Field(f) => borrowed(vec![&f.base]),
-        Expr::Range(r) => borrowed(r.start.iter().chain(&r.end).map(AsRef::as_ref).collect()),
-        Expr::Struct(s) => borrowed(
-            s.fields
-                .iter()
-                .map(|field| &field.expr)
-                .chain(s.rest.as_deref())
-                .collect(),
-        ),
+    let parts: Vec<&Expr> = match expr {
+        Expr::Lit(_) => Vec::new(),
+        Expr::Tuple(tuple) => tuple.elems.iter().collect(),
+        Expr::Array(array) => array.elems.iter().collect(),
+        Expr::Reference(r) => vec![&r.expr],
+        Expr::Paren(p) => vec![&p.expr],
+        Expr::Group(g) => vec![&g.expr],
+        Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_) | syn::UnOp::Not(_)) => vec![&u.expr],
+        Expr::Cast(c) => vec![&c.expr],
+        Expr::Binary(b) => vec![&b.left, &b.right],
+        Expr::Repeat(r) => vec![&r.expr],
+        Expr::Index(i) => vec![&i.expr, &i.index],
+        Expr::Field(f) => vec![&f.base],
+        Expr::Range(r) => r.start.iter().chain(&r.end).map(AsRef::as_ref).collect(),
+        Expr::Struct(s) => s
+            .fields
+            .iter()
+            .map(|field| &field.expr)
+            .chain(s.rest.as_deref())
+            .collect(),
         // A function or constructor given only constants: `String::from("a")`, `Some(1)`.
         Expr::Call(call) if matches!(*call.func, Expr::Path(_)) && !call.args.is_empty() => {
-            borrowed(call.args.iter().collect())
+            call.args.iter().collect()
         }
         // A method of a constant: `"seed".to_string()`.
-        Expr::MethodCall(call) => {
-            borrowed(std::iter::once(&*call.receiver).chain(&call.args).collect())
-        }
-        Expr::Block(block) if block.label.is_none() => block_parts(&block.block),
-        Expr::Unsafe(block) => block_parts(&block.block),
+        Expr::MethodCall(call) => std::iter::once(&*call.receiver).chain(&call.args).collect(),
+        Expr::Block(block) if block.label.is_none() => block_parts(&block.block)?,
+        Expr::Unsafe(block) => block_parts(&block.block)?,
         Expr::If(i) => {
             let (_, otherwise) = i.else_branch.as_ref()?;
-            let Some(Parts::Borrowed(mut parts)) = block_parts(&i.then_branch) else {
-                return None;
-            };
+            let mut parts = block_parts(&i.then_branch)?;
             parts.extend([&*i.cond, &**otherwise]);
-            borrowed(parts)
+            parts
         }
-        Expr::Match(m) => borrowed(
-            std::iter::once(&*m.expr)
-                .chain(m.arms.iter().flat_map(|arm| {
-                    arm.guard
-                        .iter()
-                        .map(|(_, guard)| &**guard)
-                        .chain([&*arm.body])
-                }))
-                .collect(),
-        ),
-        Expr::Macro(mac) => macro_parts(&mac.mac),
-        _ => None,
-    }
+        Expr::Match(m) => std::iter::once(&*m.expr)
+            .chain(m.arms.iter().flat_map(|arm| {
+                arm.guard
+                    .iter()
+                    .map(|(_, guard)| &**guard)
+                    .chain([&*arm.body])
+            }))
+            .collect(),
+        Expr::Macro(mac) => return macro_parts(&mac.mac),
+        _ => return None,
+    };
+    Some(Parts::Borrowed(parts))
 }
 
 /// A block's statements, when it ends in a value and each of them is an expression or a `let` with
 /// a value (a name it binds is then taken at its word, as any name is).
-fn block_parts(block: &syn::Block) -> Option<Parts<'_>> {
+fn block_parts(block: &syn::Block) -> Option<Vec<&Expr>> {
     let Some(syn::Stmt::Expr(_, None)) = block.stmts.last() else {
         return None;
     };
@@ -806,7 +831,7 @@ fn block_parts(block: &syn::Block) -> Option<Parts<'_>> {
             syn::Stmt::Macro(_) => return None,
         }
     }
-    Some(Parts::Borrowed(parts))
+    Some(parts)
 }
 
 /// The standard macros whose value is fixed when the program is compiled, whatever their arguments.

@@ -36,14 +36,17 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
     let emit = Emit {
         args,
         output,
-        // An impl's or a trait's type parameters and `Self` cannot be seen from here: a method may have them.
-        generic: has_type_parameters(&sig) || method,
-        ok_generic: may_be_generic(ok.unwrap_or(output), &own),
-        // `Result<T>`, an alias: its error type is the alias's own.
-        err_generic: match (ok, err) {
-            (_, Some(err)) => may_be_generic(err, &own),
-            (Some(_), None) => false,
-            (None, None) => may_be_generic(output, &own),
+        generic: Generic {
+            // An impl's or a trait's type parameters and `Self` cannot be seen from here: a method
+            // may have them.
+            arguments: has_type_parameters(&sig) || method,
+            ok: may_be_generic(ok.unwrap_or(output), &own),
+            // `Result<T>`, an alias: its error type is the alias's own.
+            err: match (ok, err) {
+                (_, Some(err)) => may_be_generic(err, &own),
+                (Some(_), None) => false,
+                (None, None) => may_be_generic(output, &own),
+            },
         },
         per_type: method && args.name.is_none(),
     };
@@ -111,16 +114,21 @@ struct Emit<'a> {
     args: &'a Args,
     /// The function's return type.
     output: &'a Type,
-    /// Whether the function has type parameters, written or `impl Trait`, or may have those of an impl:
-    /// how the checks of `key` and `payload`, whose types cannot be seen, report.
-    generic: bool,
-    /// Whether the `Ok` type may be or hold a type parameter ([`may_be_generic`]).
-    ok_generic: bool,
-    /// Whether the error type may be or hold a type parameter: then whether it is `Send` is its
-    /// instantiation's, and it is not checked.
-    err_generic: bool,
+    /// Which checks report an unmet bound as the bound itself ([`Emit::mode_for`]).
+    generic: Generic,
     /// Whether the namespace is the receiver's type and the function's name, found at run time.
     per_type: bool,
+}
+
+/// What may be a type parameter, so that its checks report as the bound itself.
+struct Generic {
+    /// The types of `key` and `payload`, which cannot be seen: when the function has type parameters,
+    /// written or `impl Trait`, or may have those of an impl.
+    arguments: bool,
+    /// The `Ok` type ([`may_be_generic`]).
+    ok: bool,
+    /// The error type: then whether it is `Send` is its instantiation's, and it is not checked.
+    err: bool,
 }
 
 impl Emit<'_> {
@@ -166,8 +174,8 @@ impl Emit<'_> {
         let (first, last) = (output.span(), last_span(output).unwrap_or(output.span()));
         let private = self.private(first);
         let (ok_mode, err_mode) = (
-            self.mode_for(self.ok_generic, first),
-            self.mode_for(self.err_generic, first),
+            self.mode_for(self.generic.ok, first),
+            self.mode_for(self.generic.err, first),
         );
         // `<Ret as IdempotentOutput>::Ok`, from the first token of `Ret` to its last: the span rustc gives
         // `Ret` itself, so that an `Ok` type that fails is reported there, as one error with `execute`'s.
@@ -176,7 +184,7 @@ impl Emit<'_> {
             quote_spanned!(first=> <#output as #private::IdempotentOutput>::#name)
         };
         let (ok, err) = (part("Ok"), part("Err"));
-        let send = (!self.err_generic).then(
+        let send = (!self.generic.err).then(
             || quote_spanned!(first=> <#err as #private::IdempotentErrorSend<#err_mode>>::check();),
         );
         quote_spanned! {first=>
@@ -189,7 +197,7 @@ impl Emit<'_> {
 
     /// How the checks of `key` and `payload` report an unmet bound: see [`Self::mode_for`].
     fn mode(&self, span: Span) -> TokenStream {
-        self.mode_for(self.generic, span)
+        self.mode_for(self.generic.arguments, span)
     }
 
     /// How a check reports an unmet bound (see the runtime's `Concrete`): as the bound itself when the
