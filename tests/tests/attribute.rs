@@ -507,3 +507,99 @@ async fn a_tagged_key_gives_each_value_its_record_in_memory() {
 async fn a_tagged_key_gives_each_value_its_record_on_dynamodb() {
     a_tagged_key_gives_each_value_its_record(Backend::DynamoDb).await;
 }
+
+static COMPUTED: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! computed_keys {
+    ($($name:ident($order:ident): $key:expr;)*) => {$(
+        /// Keyed by an expression of the forms a key of literals alone is refused in, over a parameter.
+        #[idempotent(key = $key, store = idem)]
+        async fn $name(idem: &Idempotency, $order: u64) -> Result<(u64, usize), Error> {
+            Ok(($order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+        }
+    )*};
+}
+
+computed_keys! {
+    by_conversion(order): String::from(order.to_string());
+    by_constructor(order): Some(order);
+    by_method(order): order.to_string();
+    by_block(order): { order };
+    by_if(order): if order > 1 { order } else { 0 };
+    by_format(order): format!("{order}");
+}
+
+/// The forms refused over literals alone (a call, a constructor, a method, a block, an `if`, a macro)
+/// compile over a parameter, and each order gets its own record: order 2 never gets order 1's result.
+async fn keys_computed_from_a_parameter_give_each_call_its_record(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let idem = &h.idem;
+    for (function, results) in [
+        (
+            "by_conversion",
+            [
+                by_conversion(idem, 1).await,
+                by_conversion(idem, 2).await,
+                by_conversion(idem, 1).await,
+            ],
+        ),
+        (
+            "by_constructor",
+            [
+                by_constructor(idem, 1).await,
+                by_constructor(idem, 2).await,
+                by_constructor(idem, 1).await,
+            ],
+        ),
+        (
+            "by_method",
+            [
+                by_method(idem, 1).await,
+                by_method(idem, 2).await,
+                by_method(idem, 1).await,
+            ],
+        ),
+        (
+            "by_block",
+            [
+                by_block(idem, 1).await,
+                by_block(idem, 2).await,
+                by_block(idem, 1).await,
+            ],
+        ),
+        (
+            "by_if",
+            [
+                by_if(idem, 1).await,
+                by_if(idem, 2).await,
+                by_if(idem, 1).await,
+            ],
+        ),
+        (
+            "by_format",
+            [
+                by_format(idem, 1).await,
+                by_format(idem, 2).await,
+                by_format(idem, 1).await,
+            ],
+        ),
+    ] {
+        let [first, second, again] = results.map(Result::unwrap);
+        assert_eq!((first.0, second.0), (1, 2), "{function}");
+        assert_ne!(
+            first.1, second.1,
+            "{function}: the body ran once for two orders"
+        );
+        assert_eq!(again, first, "{function}: order 1 again is a replay");
+    }
+}
+
+#[tokio::test]
+async fn keys_computed_from_a_parameter_give_each_call_its_record_in_memory() {
+    keys_computed_from_a_parameter_give_each_call_its_record(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn keys_computed_from_a_parameter_give_each_call_its_record_on_dynamodb() {
+    keys_computed_from_a_parameter_give_each_call_its_record(Backend::DynamoDb).await;
+}
