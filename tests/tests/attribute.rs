@@ -521,7 +521,7 @@ macro_rules! computed_keys {
 }
 
 computed_keys! {
-    by_conversion(order): String::from(order.to_string());
+    by_conversion(order): u128::from(order);
     by_constructor(order): Some(order);
     by_method(order): order.to_string();
     by_block(order): { order };
