@@ -131,7 +131,7 @@ pub mod __private;
 #[doc(hidden)]
 pub use __private::{
     Concrete, Generic, IdempotencyHandle, IdempotencyKey, IdempotencyPayload, IdempotentError,
-    IdempotentOutput, IdempotentValue,
+    IdempotentErrorSend, IdempotentOutput, IdempotentValue,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
