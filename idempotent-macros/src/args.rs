@@ -990,6 +990,9 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
 /// macro cannot import (it does not depend on the runtime).
 const MAX_DURATION: Duration = Duration::from_hours(100 * 365 * 24);
 
+/// The shortest `lease`: the runtime's `MIN_LEASE` (1 s), which it refuses below at every call.
+const MIN_LEASE: Duration = Duration::from_secs(1);
+
 /// Parses a duration with `humantime`, held to the documented grammar: one or more groups of digits
 /// and a unit among `ms`, `s`, `m`, `h` and `d`, like "24h" or "1h30m".
 ///
@@ -1099,6 +1102,17 @@ fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<
         diag.error(
             literal,
             format!("`{name}` must be longer than zero, like {example}"),
+        );
+        return None;
+    }
+    // The runtime's `MIN_LEASE`: a shorter lease lapses under ordinary store latency, and the runtime
+    // refuses it at every call; said here, where it is written.
+    if argument == Argument::Lease && !parsed.is_zero() && parsed < MIN_LEASE {
+        diag.error(
+            literal,
+            format!(
+                "`lease` is {text:?}; a lease must be at least \"1s\": heartbeats renew it every third of it, and each renewal's round trip eats into it"
+            ),
         );
         return None;
     }
@@ -1308,6 +1322,14 @@ mod tests {
         ] {
             assert_eq!(parse_duration(text), Err(None), "{text}");
         }
+    }
+
+    #[test]
+    fn a_lease_under_a_second_is_refused() {
+        assert_eq!(errors(quote!(key = id, lease = "1s")), Vec::<String>::new());
+        let errors = errors(quote!(key = id, lease = "300ms"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("at least \"1s\""), "{errors:?}");
     }
 
     #[test]
