@@ -192,3 +192,207 @@ proptest! {
         }
     }
 }
+
+// Records written by someone else.
+
+/// gzip of `prefix`, then `fill` bytes of `a`, then `suffix`: a few kilobytes per ten megabytes.
+fn gzip_bomb(prefix: &str, fill: usize, suffix: &str) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gzip.write_all(prefix.as_bytes()).unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut left = fill;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        gzip.write_all(&chunk[..n]).unwrap();
+        left -= n;
+    }
+    gzip.write_all(suffix.as_bytes()).unwrap();
+    gzip.finish().unwrap()
+}
+
+/// Writes a COMPLETED record of `key` holding `response` through the store's own requests, as another
+/// writer of the table could: no fingerprint, so that any call on the key reads it.
+async fn plant(h: &Harness, key: &str, response: &[u8]) {
+    use idempotent_runtime::store::conformance::request;
+    let now_ms = h.clock.now_ms();
+    let claim = idempotent_runtime::store::ClaimRequest {
+        fingerprint: None,
+        ..request::claim(key, "someone-else", now_ms)
+    };
+    h.store.claim(&claim).await.unwrap();
+    let complete = request::complete(key, "someone-else", response, now_ms / 1000 + 3600);
+    h.store.transition(&complete).await.unwrap();
+}
+
+#[idempotent(key = id, store = idem, name = "hostile::report")]
+async fn report(idem: &Idempotency, runs: &AtomicUsize, id: &str) -> Result<String, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok("x".repeat(2_000))
+}
+
+use idempotent_runtime::Clock as _;
+
+macro_rules! untrusted_records {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            use super::*;
+
+            /// 20 MiB of JSON in about 20 KB of gzip: past the default bound (16 MiB).
+            #[tokio::test]
+            async fn a_stored_response_that_inflates_past_the_bound_is_corrupt_and_not_inflated() {
+                let bomb = gzip_bomb("\"", 20 << 20, "\"");
+                assert!(bomb.len() < 100_000, "{}", bomb.len());
+                for cache in [false, true] {
+                    let h = Harness::with($backend, |b| if cache { b.local_cache(16) } else { b }).await;
+                    let key = derive_key("hostile::report", "r-1").unwrap();
+                    plant(&h, &key, &bomb).await;
+                    let runs = AtomicUsize::new(0);
+                    // Twice: the local cache, if any, keeps nothing that did not decode.
+                    for _ in 0..2 {
+                        let err = idem_error(report(&h.idem, &runs, "r-1").await);
+                        assert!(
+                            matches!(&err, Error::CorruptRecord { detail, .. } if detail.contains(&format!("inflates to more than {} bytes", idempotent_runtime::DEFAULT_MAX_RESPONSE_BYTES))),
+                            "{err:?}"
+                        );
+                    }
+                    assert_eq!(runs.load(Ordering::SeqCst), 0, "the body never runs on it");
+                    let record = h.store.get(&key).await.unwrap().unwrap();
+                    assert_eq!(record.status, Status::Completed);
+                    assert_eq!(record.response.as_deref(), Some(&bomb[..]), "left as it was");
+                }
+            }
+
+            /// A handle reads back whatever it stored: a value over its bound is recorded without it.
+            #[tokio::test]
+            async fn a_response_over_the_bound_is_not_stored_and_replays_as_too_large() {
+                let h = Harness::with($backend, |b| b.max_response_bytes(1_000)).await;
+                assert_eq!(h.idem.max_response_bytes(), 1_000);
+                let runs = AtomicUsize::new(0);
+                assert_eq!(report(&h.idem, &runs, "r-2").await.unwrap().len(), 2_000);
+                let record = h.record("hostile::report", "r-2").await.unwrap();
+                assert_eq!((record.status, record.response), (Status::Completed, None));
+                let err = idem_error(report(&h.idem, &runs, "r-2").await);
+                assert!(matches!(&err, Error::ResponseTooLarge { .. }), "{err:?}");
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                // Under the bound, stored and replayed as ever.
+                let h = Harness::with($backend, |b| b.max_response_bytes(2_002)).await;
+                assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
+                assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
+                assert_eq!(runs.load(Ordering::SeqCst), 2);
+            }
+        }
+    };
+}
+
+untrusted_records!(memory_records, Backend::Memory);
+untrusted_records!(dynamodb_records, Backend::DynamoDb);
+
+#[test]
+fn a_bound_of_zero_is_refused() {
+    let e = Idempotency::builder_in_memory()
+        .max_response_bytes(0)
+        .try_build()
+        .unwrap_err();
+    assert!(e.to_string().contains("`max_response_bytes`"), "{e}");
+}
+
+mod http {
+    use super::*;
+    use axum::body::Bytes;
+    use axum::http::{Request, StatusCode};
+    use axum::routing::post;
+    use http_body_util::{BodyExt, Full};
+    use idempotent_runtime::http::IdempotencyLayer;
+
+    /// A server whose one route answers with `body` and counts its runs, behind a layer that stores
+    /// bodies of at most 1 KiB.
+    async fn serve(
+        h: &Harness,
+        runs: Arc<AtomicUsize>,
+        body: &'static str,
+    ) -> std::net::SocketAddr {
+        let layer = IdempotencyLayer::new(h.idem.clone(), |_| Some("tenant-a".into()))
+            .max_stored_response_bytes(1024);
+        let router = axum::Router::new()
+            .route(
+                "/orders",
+                post(move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    body
+                }),
+            )
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        addr
+    }
+
+    async fn send(addr: std::net::SocketAddr, key: &str) -> (StatusCode, Bytes) {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        let request = Request::post(format!("http://{addr}/orders"))
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    use std::sync::Arc;
+
+    macro_rules! http_replays {
+        ($name:ident, $backend:expr) => {
+            mod $name {
+                use super::*;
+
+                /// A record at the layer's key whose body inflates to 1 MiB, though the layer stores
+                /// at most 1 KiB: refused, not sent.
+                #[tokio::test]
+                async fn a_replay_inflates_no_more_than_the_layer_could_have_stored() {
+                    let h = Harness::new($backend).await;
+                    let runs = Arc::new(AtomicUsize::new(0));
+                    let addr = serve(&h, runs.clone(), "ok").await;
+                    let key =
+                        idempotent_runtime::derive_http_key("http", "tenant-a", "k-1").unwrap();
+                    let bomb = gzip_bomb(
+                        r#"{"status":200,"headers":[],"body":{"text":""#,
+                        1 << 20,
+                        "\"}}",
+                    );
+                    plant(&h, &key, &bomb).await;
+                    let (status, body) = send(addr, "k-1").await;
+                    assert!(status.is_server_error(), "{status}");
+                    assert!(body.len() < 4096, "{} bytes sent", body.len());
+                    assert_eq!(runs.load(Ordering::SeqCst), 0);
+                }
+
+                /// The bound leaves room for the worst a stored body can take in JSON: every byte
+                /// a control character (six bytes each).
+                #[tokio::test]
+                async fn a_stored_body_of_the_largest_size_still_replays() {
+                    let h = Harness::new($backend).await;
+                    let runs = Arc::new(AtomicUsize::new(0));
+                    let body: &'static str = "\u{1}".repeat(1024).leak();
+                    let addr = serve(&h, runs.clone(), body).await;
+                    let first = send(addr, "k-2").await;
+                    let again = send(addr, "k-2").await;
+                    assert_eq!(first, (StatusCode::OK, Bytes::from(body)));
+                    assert_eq!(again, first);
+                    assert_eq!(runs.load(Ordering::SeqCst), 1);
+                }
+            }
+        };
+    }
+
+    http_replays!(memory, Backend::Memory);
+    http_replays!(dynamodb, Backend::DynamoDb);
+}
