@@ -599,6 +599,19 @@ impl StoredValue {
     }
 }
 
+/// The most bytes of JSON a [`StoredResponse`] with a body of at most `max_body` bytes can take, so
+/// that a replay inflates no more than the layer could have stored: the body written as a JSON string
+/// (a control character takes six bytes, `\u0000`; hex two per byte), and the status and headers in
+/// [`STORED_HEADERS_JSON_BYTES`] (a response whose headers need more is recorded without its body).
+fn stored_json_bound(max_body: usize) -> usize {
+    max_body
+        .saturating_mul(6)
+        .saturating_add(STORED_HEADERS_JSON_BYTES)
+}
+
+/// The room for a stored response's status and headers in [`stored_json_bound`] (64 KiB of JSON).
+const STORED_HEADERS_JSON_BYTES: usize = 64 * 1024;
+
 /// A body as text when it is UTF-8 (JSON APIs: stored as is, readable in the table), hex otherwise;
 /// or the mark of a body that was not stored (too large, or failed while it was read).
 #[derive(Serialize, Deserialize)]
@@ -784,7 +797,8 @@ impl Settings {
         let mut operation = self
             .idem
             .operation(self.namespace, scope)
-            .payload(fingerprint);
+            .payload(fingerprint)
+            .max_response_bytes(stored_json_bound(self.max_stored_response_bytes));
         if let Some(ttl) = self.ttl {
             operation = operation.ttl(ttl);
         }

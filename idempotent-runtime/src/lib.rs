@@ -135,7 +135,7 @@ pub use __private::{
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use codec::COMPRESS_ABOVE;
+pub use codec::{COMPRESS_ABOVE, DEFAULT_MAX_RESPONSE_BYTES};
 pub use config::{
     Builder, ConfigError, DEFAULT_CLOCK_SKEW_MARGIN, DEFAULT_LEASE, DEFAULT_RETRY_HINT,
     DEFAULT_TTL, DISABLED_VAR, Idempotency, MAX_DURATION,

@@ -210,6 +210,20 @@ impl<'a, H> Operation<'a, H> {
         self
     }
 
+    /// The most bytes of JSON this call's response may have, stored or replayed (default: the
+    /// handle's [`max_response_bytes`](crate::Builder::max_response_bytes)): for a call whose
+    /// responses are known to be bounded more tightly (or to need more), so that a record written by
+    /// someone else is refused as soon as it inflates past what this call could have stored. Every call
+    /// on the key needs the same bound.
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        if let Ok(idem) = &mut self.idem
+            && idem.max_response_bytes() != limit
+        {
+            *idem = Cow::Owned(idem.with_max_response_bytes(limit));
+        }
+        self
+    }
+
     /// Bounds the claim by a deadline after which this process will not be running the body any more,
     /// such as an AWS Lambda invocation's (`lambda_runtime::Context::deadline()`): the lease is the time
     /// left until `deadline` (at least 1 ms), so a claim whose worker was killed at the deadline is free

@@ -489,6 +489,43 @@ async fn a_record_completed_in_another_region_than_the_home_is_counted() {
     assert_eq!(cross_region_duplicates(B, B), 0);
 }
 
+/// A record's `completed_in` is the text of whoever wrote the table: the counter's label and the
+/// warning carry it with its control characters escaped.
+#[tokio::test]
+async fn a_region_name_from_a_record_is_escaped_in_telemetry() {
+    const NS: &str = "regions::escaped";
+    const A: &str = "escaped-a";
+    const B: &str = "escaped-b";
+    const FORGED: &str = "west\u{1b}]0;owned\u{7}\nforged line";
+    recorder();
+    let regions = Regions::new().await;
+    let routed = RoutedStore::dynamodb(
+        &regions.table,
+        [
+            (A, client_at(&regions.endpoints[0]).0),
+            (B, client_at(&regions.endpoints[1]).0),
+        ],
+    )
+    .unwrap();
+    let key = homed(&routed, NS, A);
+    let elsewhere = Idempotency::builder(regions.direct(0).with_region(FORGED)).build();
+    let _: u32 = elsewhere
+        .operation(NS, &key)
+        .run(|| async move { Ok::<_, AppError>(7) })
+        .await
+        .unwrap();
+    let idem = Idempotency::builder(routed).build();
+    let replayed: u32 = idem
+        .operation(NS, &key)
+        .run(|| async move { Ok::<_, AppError>(0) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 7);
+    let shown = r"west\u{1b}]0;owned\u{7}\nforged line";
+    assert_eq!(cross_region_duplicates(A, shown), 1);
+    assert_eq!(cross_region_duplicates(A, FORGED), 0);
+}
+
 /// `dynamo_cross_region_duplicate_detected_total{home, completed_in}`.
 fn cross_region_duplicates(home: &str, completed_in: &str) -> u64 {
     counters()

@@ -566,7 +566,7 @@ pub(super) fn cached<T: DeserializeOwned>(
     };
     same_payload(namespace, hit.fingerprint.as_deref(), plan.fingerprint)?;
     tracing::debug!(namespace, "replaying cached response");
-    replay(namespace, &hit.response).map(Some)
+    replay(namespace, &hit.response, idem.max_response_bytes()).map(Some)
 }
 
 /// The stored response of a COMPLETED record, which the local cache then keeps too.
@@ -577,7 +577,7 @@ pub(super) fn replay_record<T: DeserializeOwned>(
 ) -> Result<T, Error> {
     tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
     let response = record.response.unwrap_or_default();
-    let value = replay(plan.call.namespace, &response)?;
+    let value = replay(plan.call.namespace, &response, idem.max_response_bytes())?;
     remember(
         idem,
         plan.key,

@@ -346,9 +346,9 @@ fn remember(
     }
 }
 
-/// Decodes a stored response.
-fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8]) -> Result<T, Error> {
-    codec::decode(response).map_err(|e| undecodable(namespace, e))
+/// Decodes a stored response, inflating at most `limit` bytes (the handle's `max_response_bytes`).
+fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8], limit: usize) -> Result<T, Error> {
+    codec::decode_within(response, limit).map_err(|e| undecodable(namespace, e))
 }
 
 /// The error of a stored response that does not decode.

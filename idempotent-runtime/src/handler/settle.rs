@@ -284,17 +284,19 @@ impl Held<'_> {
             return Err(e);
         }
         codec::reads_back::<T>(&json)?;
+        let json_len = json.len();
         let bytes = codec::pack(json);
         let budget = self
             .idem
             .store()
             .response_budget(self.plan.key, self.plan.fingerprint);
-        let fits = bytes.len() <= budget;
+        // Over `max_response_bytes`, it would not be replayed: not stored, as if over the item limit.
+        let fits = bytes.len() <= budget && json_len <= self.idem.max_response_bytes();
         if !fits {
             tracing::warn!(
                 namespace = self.namespace(),
                 bytes = bytes.len(),
-                "response too large to store even compressed; duplicates will get ResponseTooLarge"
+                "response too large to store (over the item limit even compressed, or over `max_response_bytes`); duplicates will get ResponseTooLarge"
             );
         }
         Ok((bytes, fits))
