@@ -169,6 +169,7 @@ fn inflate(bytes: &[u8], max: usize) -> Result<(Vec<u8>, bool), DecodeError> {
 
 /// The first `max` bytes of a stored response's JSON (inflating no more than that), and whether that
 /// is all of it: what an operator's preview shows, at a cost that does not grow with the response.
+#[cfg(feature = "cli")]
 pub(crate) fn prefix(bytes: &[u8], max: usize) -> Result<(Vec<u8>, bool), DecodeError> {
     if bytes.first() == Some(&NOT_SERIALIZED) {
         return Err(not_stored(bytes));
@@ -449,6 +450,7 @@ mod tests {
         assert!(decode_within::<String>(&lying, 100).is_err());
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn a_prefix_is_the_start_of_the_json() {
         let json = serde_json::to_vec(&"a".repeat(10_000)).unwrap();

@@ -290,7 +290,7 @@ async fn check_a_claim_whose_answer_never_came_is_released(backend: Backend) {
     let clock = ManualClock::starting_now();
     let giving_up = Idempotency::builder_arc(lost).clock(clock.clone()).build();
     let runs = Runs::default();
-    let lease = Duration::from_secs(60);
+    let lease = Duration::from_mins(1);
     let err = charge(&giving_up, &runs, "order-1", lease, Duration::ZERO)
         .await
         .unwrap_err();
@@ -365,7 +365,7 @@ async fn check_a_dropped_calls_release_does_not_lose_to_its_late_claim(backend: 
     let clock = ManualClock::starting_now();
     let dropped = Idempotency::builder_arc(late).clock(clock.clone()).build();
     let runs = Runs::default();
-    let lease = Duration::from_secs(60);
+    let lease = Duration::from_mins(1);
     let gave_up = tokio::time::timeout(
         Duration::from_millis(50),
         charge(&dropped, &runs, "order-1", lease, Duration::ZERO),
@@ -385,7 +385,7 @@ async fn check_a_dropped_calls_release_does_not_lose_to_its_late_claim(backend: 
     assert_eq!(runs.count(), 1);
 }
 
-/// A value serde writes but refuses to read: nested deeper than serde_json's recursion limit.
+/// A value serde writes but refuses to read: nested deeper than `serde_json`'s recursion limit.
 fn too_deep() -> serde_json::Value {
     let mut value = serde_json::json!(1);
     for _ in 0..200 {
