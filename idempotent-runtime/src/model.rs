@@ -43,6 +43,36 @@
 //! its next step's effect: that is the lease's promise, as for a whole body (and what `Steps::key` is
 //! for), not the steps'.
 //!
+//! Requests in flight (`in_flight`): a claim's send, its application at the store and the reading of
+//! its answer are separate moves, with time passing between them, so an answer may be read after the
+//! lease it asked for; the SDK may resend a claim whose answer was lost, or give up on it; a claim sent
+//! by a call that was dropped, gave up or crashed may land after that (after its release too). A
+//! running body's heartbeats go on their own timer (time cannot pass a heartbeat that is due), and
+//! each is sent, applied and answered in moves of its own, within `latency` ticks of its send. Polls,
+//! and the writes that store an outcome or release a claim, are still applied and answered in one
+//! move. These runs have two callers and none of claim-time writes, compensation, `transact` or
+//! waiting, to reach the longer horizons that requests in flight need. What they check:
+//!
+//! - *a body starts only while its claim holds the key*: PENDING under its token, its lease not
+//!   lapsed in true time;
+//! - *a holder whose heartbeats land in time keeps its key*: no claim takes over a running body whose
+//!   heartbeats are going, each answered within `latency`, and whose claim was answered within it too;
+//! - *a call that returns before its body leaves no claim behind*: a call that never ran its body and
+//!   returned holds no PENDING record (a crash may; a body cut off mid-way may);
+//! - with interruptions, *a drop before the body never blocks the key* (as above), now with the
+//!   dropped call's claim still in flight.
+//!
+//! On the handler before its decisions were taken apart, each was found (`cargo test -p
+//! idempotent-runtime --lib model::`; moves from the initial state; states explored until found, with
+//! BFS):
+//!
+//! | run | property that fails | counterexample | states explored |
+//! |---|---|---|---|
+//! | lease 2 s, clocks ±1 s, 3 s | a body starts only while its claim holds the key (a claim applied late and answered after its lease: the body starts on it) | 7 moves | 19,733 |
+//! | lease 3 s, margin 1 s, exact clocks, heartbeats within 2 s, 7 s | a holder whose heartbeats land in time keeps its key (the next heartbeat an interval after each answer, the lease counted from the send: a duplicate takes the running body over at 5 s) | 13 moves | 209,624 |
+//! | lease 2 s, 1 s | a call that returns before its body leaves no claim behind (a claim landed, its answer lost, the SDK gives up: the call errs, the claim stays PENDING) | 6 moves | 5,800 |
+//! | with interruptions, 1 s | a drop before the body never blocks the key (the call is dropped with its claim in flight, the release finds nothing, then the claim lands) | 5 moves | 6,551 |
+//!
 //! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
 //! them to the memory store's rules), payload fingerprints, the local cache, and retention; with steps,
 //! `restart_steps_after_failure`, claim-time writes, `transact`, waiting, interruptions, and steps run
@@ -94,6 +124,19 @@ struct Protocol {
     /// Bodies run with steps ([`Steps`]): each call's body runs [`STEPS`] in a row, storing each
     /// finished one's value, then completes; claims start afresh or resume (issue 31).
     steps: bool,
+    /// Requests in flight: a claim's send, its application at the store and the reading of its answer
+    /// are separate moves, with time passing between them (an answer may come after the lease it asked
+    /// for, the SDK may resend a claim whose answer was lost or give up on it, and a claim may land after
+    /// its call moved on); so are a heartbeat's send, application and answer, on the heartbeat's own
+    /// timer. Polls and the writes that store an outcome are still applied and answered in one move.
+    in_flight: bool,
+    /// With `in_flight`: within how many ticks of its send a request counts as on time. Heartbeats
+    /// always land and are answered within it; a claim's answer may come later (the caller is then
+    /// *late*, see [`Ghost::late`]).
+    latency: u64,
+    /// How many of the workers call (the others stay idle): a smaller space for the longer horizons
+    /// that requests in flight need.
+    callers: usize,
     /// The last tick of true time explored.
     horizon: u64,
 }
@@ -114,6 +157,9 @@ impl Protocol {
             transact: true,
             interruptions: false,
             steps: false,
+            in_flight: false,
+            latency: 0,
+            callers: WORKERS,
             horizon: START + horizon,
         }
     }
@@ -151,6 +197,76 @@ enum Phase {
     /// A step's effect happened: its value, with every step finished before it, is being stored (a
     /// fenced write); `resent`: the write was applied but its response lost, and the SDK sends it again.
     SavingStep { beating: bool, resent: bool },
+    // --- Requests in flight.
+    /// A claim request is out, sent at true tick `sent`; `answer`: what the store answered once it
+    /// applied the request, not yet read.
+    Awaiting {
+        times: Times,
+        sent: u64,
+        answer: Option<Answer>,
+    },
+}
+
+/// What the store answered a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Answer {
+    /// The claim landed.
+    Held,
+    /// Refused, by this record.
+    Blocked(Box<Record>),
+    /// Refused for want of the record a resume of steps saw.
+    Vanished,
+}
+
+impl Answer {
+    fn of(result: Result<(), Option<Box<Record>>>) -> Self {
+        match result {
+            Ok(()) => Self::Held,
+            Err(Some(blocking)) => Self::Blocked(blocking),
+            Err(None) => Self::Vanished,
+        }
+    }
+}
+
+/// A running body's heartbeats, when requests are in flight: the next one's due time, and the one out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct Beat {
+    /// True time (ms) at which the next heartbeat is sent.
+    due_ms: u64,
+    out: Option<BeatOut>,
+}
+
+impl Beat {
+    /// The heartbeats of a worker now in `phase`: none unless its body runs and beats.
+    fn while_in(self, phase: &Phase) -> Self {
+        if *phase == (Phase::Running { beating: true }) {
+            self
+        } else {
+            Self::default()
+        }
+    }
+}
+
+/// How a call that gives up where it is (`phase`) returns.
+fn given_up(phase: &Phase) -> Outcome {
+    match phase {
+        Phase::Waiting => Outcome::InProgress,
+        // The handler's rule: a claim whose outcome stays unknown (the SDK gave up on it) is an
+        // error, and the call is over.
+        Phase::Awaiting { .. } => Outcome::Error,
+        _ => Outcome::NotStored,
+    }
+}
+
+/// A heartbeat sent and not yet answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct BeatOut {
+    /// The true tick it was sent at.
+    sent: u64,
+    lease_until_ms: u64,
+    expires_at_s: u64,
+    /// Once the store took it: whether it was applied.
+    landed: Option<bool>,
 }
 
 /// The times of one claim request (what the SDK resends unchanged).
@@ -199,6 +315,11 @@ struct Worker {
     caller_gone: bool,
     /// With steps: what the call knows of its operation's steps.
     steps: StepsCall,
+    /// With requests in flight: a claim sent and not yet applied by the store. It may land after its
+    /// call moved on (dropped, given up, crashed).
+    flight: Option<Times>,
+    /// With requests in flight: the running body's heartbeats.
+    beat: Beat,
 }
 
 /// What the model knows that no participant does: the ground truth the properties are stated against.
@@ -241,6 +362,14 @@ struct Ghost {
     disagreed: bool,
     /// Steps: their effects and stored values (issue 31).
     steps: StepsLedger,
+    /// Requests in flight: which workers had a claim answered later than `latency` after its send.
+    late: [bool; WORKERS],
+    /// A body started on a claim that no longer held the key (not PENDING under its token, or its lease
+    /// already lapsed in true time).
+    started_lapsed: bool,
+    /// A claim took the key over from a holder running its body whose heartbeats were going and whose
+    /// requests all came on time.
+    took_beating: bool,
 }
 
 // --- Claim-time writes (issue 37): their lifetime across expiry, and stale decisions. ---
@@ -308,6 +437,16 @@ impl Protocol {
             })
         {
             state.ghost.took_live_claim = true;
+        }
+        if self.in_flight
+            && let Some(o) = old
+            && o.status == Status::Pending
+            && o.token != token
+            && let Some(holder) = worker_of(&o.token)
+            && state.workers[holder].phase == (Phase::Running { beating: true })
+            && !state.ghost.late[holder]
+        {
+            state.ghost.took_beating = true;
         }
         if !new_operation
             && state
@@ -521,8 +660,23 @@ impl Protocol {
     /// (`stored`; `None`: the operation's initial steps, as [`Steps::begin`] takes them).
     fn begin(&self, state: &mut State, worker: usize, stored: Option<Vec<u8>>) {
         state.ghost.ran[worker] = true;
+        let now_ms = state.true_ms();
+        let holds = state.record.as_ref().is_some_and(|r| {
+            r.status == Status::Pending
+                && r.token == token(worker)
+                && r.lease_until_ms.is_some_and(|l| l >= now_ms)
+        });
+        // Booked only where the property is checked: a flag nobody reads would split states.
+        state.ghost.started_lapsed |= self.in_flight && !holds;
         let w = &mut state.workers[worker];
         w.phase = Phase::Running { beating: true };
+        if self.in_flight {
+            // The handler's rule: the first heartbeat goes an interval after the body starts.
+            w.beat = Beat {
+                due_ms: now_ms + millis(handler::heartbeat_interval(self.lease)),
+                out: None,
+            };
+        }
         if let Some(handle) = self.handle() {
             w.steps = StepsCall {
                 resume: None,
@@ -667,6 +821,23 @@ enum Action {
     Drop(usize),
     /// A dropped call's release is sent.
     Release(usize),
+    // --- Requests in flight.
+    /// Send a claim attempt.
+    Send(usize),
+    /// The store applies the worker's claim in flight.
+    Land(usize),
+    /// The worker reads its claim's answer.
+    Answer(usize),
+    /// The claim's answer is lost: the SDK sends the same request again.
+    LoseAnswer(usize),
+    /// A running body's heartbeat is sent.
+    Beat(usize),
+    /// The store applies the heartbeat out.
+    BeatLands(usize),
+    /// The heartbeat's answer is read.
+    BeatAnswer(usize),
+    /// The heartbeats stop (the worker hangs, or cannot reach the store).
+    Stall(usize),
     /// The body panics.
     Panic(usize),
     // --- Steps (issue 31).
@@ -679,6 +850,10 @@ enum Action {
 
 /// The worker whose calls are detached when the model explores interruptions.
 const DETACHED: usize = 0;
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).expect("the model's durations fit")
+}
 
 fn token(worker: usize) -> String {
     format!("w{worker}")
@@ -824,17 +999,128 @@ impl Protocol {
     fn send_claim(&self, state: &mut State, worker: usize, times: Times, lost: bool) -> bool {
         match self.claim(state, worker, times) {
             Ok(()) if lost => state.workers[worker].phase = Phase::ClaimResent(times),
-            Ok(()) => {
+            // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
+            Err(_) if lost => return false,
+            result => self.read_answer(state, worker, times, Answer::of(result)),
+        }
+        true
+    }
+
+    /// The times of a claim `worker` sends now ([`handler::claim_times`]).
+    fn times(&self, state: &State, worker: usize) -> Times {
+        let t = handler::claim_times(state.clock_ms(worker), self.margin, self.lease, self.ttl);
+        Times {
+            now_ms: t.now_ms,
+            lease_until_ms: t.lease_until_ms,
+            expires_at_s: t.expires_at_s,
+        }
+    }
+
+    /// What `worker` does with the answer to its claim sent with `times`.
+    fn read_answer(&self, state: &mut State, worker: usize, times: Times, answer: Answer) {
+        match answer {
+            Answer::Held => {
                 let seen = state.workers[worker].steps.resume.clone();
                 self.begin(state, worker, seen);
             }
-            // A lost response to a rejected claim teaches nothing new: the resend is rejected alike.
-            Err(_) if lost => return false,
-            Err(None) => Self::claim_afresh(state, worker),
-            Err(Some(blocking)) if self.keeps_writes(state, worker, &blocking, times) => {}
-            Err(Some(blocking)) => self.examine(state, worker, &blocking),
+            Answer::Vanished => Self::claim_afresh(state, worker),
+            Answer::Blocked(blocking) if self.keeps_writes(state, worker, &blocking, times) => {}
+            Answer::Blocked(blocking) => self.examine(state, worker, &blocking),
+        }
+    }
+
+    /// The store applies `worker`'s claim in flight, whatever its call does meanwhile; the answer waits
+    /// for a call still awaiting it.
+    fn land(&self, state: &mut State, worker: usize) -> bool {
+        let Some(times) = state.workers[worker].flight.take() else {
+            return false;
+        };
+        let result = self.claim(state, worker, times);
+        if let Phase::Awaiting {
+            times: awaited,
+            answer: answer @ None,
+            ..
+        } = &mut state.workers[worker].phase
+            && *awaited == times
+        {
+            *answer = Some(Answer::of(result));
         }
         true
+    }
+
+    /// `worker` reads its claim's answer, maybe long after the store applied it.
+    fn answer(&self, state: &mut State, worker: usize) -> bool {
+        let Phase::Awaiting {
+            times,
+            sent,
+            answer: Some(answer),
+        } = state.workers[worker].phase.clone()
+        else {
+            return false;
+        };
+        state.ghost.late[worker] |= state.now > sent + self.latency;
+        self.read_answer(state, worker, times, answer);
+        true
+    }
+
+    /// A running body's heartbeat is sent (its lease counted from the sender's clock now), lands, or
+    /// is answered.
+    fn beat(&self, state: &mut State, worker: usize, action: Action) -> bool {
+        let now_ms = state.clock_ms(worker);
+        let lease = self.lease;
+        let ttl = self.ttl;
+        let true_ms = state.true_ms();
+        let now = state.now;
+        let Phase::Running { beating: true } = state.workers[worker].phase else {
+            return false;
+        };
+        match (action, state.workers[worker].beat.out) {
+            (Action::Beat(_), None) => {
+                state.workers[worker].beat.out = Some(BeatOut {
+                    sent: now,
+                    lease_until_ms: now_ms + millis(lease),
+                    expires_at_s: handler::expiry_s(now_ms, lease + ttl),
+                    landed: None,
+                });
+            }
+            (Action::BeatLands(_), Some(out)) if out.landed.is_none() => {
+                let change = Change::ExtendLease {
+                    lease_until_ms: out.lease_until_ms,
+                    expires_at_s: out.expires_at_s,
+                };
+                let applied = self.transition(state, worker, change);
+                state.workers[worker].beat.out = Some(BeatOut {
+                    landed: Some(applied),
+                    ..out
+                });
+            }
+            (Action::BeatAnswer(_), Some(out)) if out.landed.is_some() => {
+                let w = &mut state.workers[worker];
+                w.beat.out = None;
+                if out.landed == Some(false) {
+                    // Lost, or already completed: the heartbeat stops.
+                    w.phase = Phase::Running { beating: false };
+                } else {
+                    // The handler's rule: the next heartbeat goes an interval after this answer.
+                    w.beat.due_ms = true_ms + millis(handler::heartbeat_interval(lease));
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether a running body's heartbeat timer holds time back: one is due and not sent, or one out
+    /// has reached the latency bound without being answered.
+    fn timer_due(&self, state: &State) -> bool {
+        self.in_flight
+            && state.workers.iter().any(|w| {
+                w.phase == (Phase::Running { beating: true })
+                    && match w.beat.out {
+                        None => state.true_ms() >= w.beat.due_ms,
+                        Some(out) => state.now >= out.sent + self.latency,
+                    }
+            })
     }
 
     fn store_outcome(&self, state: &mut State, worker: usize, lost: bool) -> bool {
@@ -927,6 +1213,51 @@ impl State {
     }
 }
 
+impl Protocol {
+    /// A move of a request in flight (`in_flight`): whether it can be made.
+    fn move_in_flight(&self, before: &State, state: &mut State, action: Action) -> bool {
+        match action {
+            Action::Send(i) => {
+                let times = self.times(before, i);
+                let w = &mut state.workers[i];
+                w.attempt += 1;
+                w.flight = Some(times);
+                w.phase = Phase::Awaiting {
+                    times,
+                    sent: before.now,
+                    answer: None,
+                };
+            }
+            Action::Land(i) => {
+                if !self.land(state, i) {
+                    return false;
+                }
+            }
+            Action::Answer(i) => {
+                if !self.answer(state, i) {
+                    return false;
+                }
+            }
+            Action::LoseAnswer(i) => {
+                let w = &mut state.workers[i];
+                let Phase::Awaiting { times, answer, .. } = &mut w.phase else {
+                    return false;
+                };
+                *answer = None;
+                w.flight = Some(*times);
+            }
+            Action::Beat(i) | Action::BeatLands(i) | Action::BeatAnswer(i) => {
+                if !self.beat(state, i, action) {
+                    return false;
+                }
+            }
+            Action::Stall(i) => state.workers[i].phase = Phase::Running { beating: false },
+            _ => return false,
+        }
+        true
+    }
+}
+
 impl Model for Protocol {
     type State = State;
     type Action = Action;
@@ -950,6 +1281,8 @@ impl Model for Protocol {
                                 attempt: 0,
                                 caller_gone: false,
                                 steps: StepsCall::default(),
+                                flight: None,
+                                beat: Beat::default(),
                             })
                             .collect(),
                         ghost: Ghost::default(),
@@ -961,7 +1294,7 @@ impl Model for Protocol {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        if state.now < self.horizon {
+        if state.now < self.horizon && !self.timer_due(state) {
             actions.push(Action::Tick);
         }
         if state
@@ -972,8 +1305,29 @@ impl Model for Protocol {
             actions.push(Action::Purge);
         }
         for (i, w) in state.workers.iter().enumerate() {
+            if w.flight.is_some() {
+                actions.push(Action::Land(i));
+            }
             match &w.phase {
-                Phase::Idle => actions.push(Action::Call(i)),
+                Phase::Idle if i < self.callers => actions.push(Action::Call(i)),
+                Phase::Claiming if self.in_flight => {
+                    actions.push(Action::Send(i));
+                    if self.interruptions {
+                        actions.push(Action::Drop(i));
+                    }
+                }
+                Phase::Awaiting { answer, .. } => {
+                    if let Some(answer) = answer {
+                        actions.push(Action::Answer(i));
+                        if *answer == Answer::Held {
+                            actions.push(Action::LoseAnswer(i));
+                        }
+                    }
+                    actions.extend([Action::GiveUp(i), Action::Crash(i)]);
+                    if self.interruptions {
+                        actions.push(Action::Drop(i));
+                    }
+                }
                 Phase::Claiming => {
                     actions.extend([Action::Claim(i, false), Action::Claim(i, true)]);
                     if self.interruptions {
@@ -996,7 +1350,19 @@ impl Model for Protocol {
                         actions.push(Action::Body(i, true));
                     }
                     actions.push(Action::Body(i, false));
-                    if *beating {
+                    if *beating && self.in_flight {
+                        actions.push(Action::Stall(i));
+                        match w.beat.out {
+                            None if state.true_ms() >= w.beat.due_ms => {
+                                actions.push(Action::Beat(i));
+                            }
+                            None => {}
+                            Some(BeatOut { landed: None, .. }) => {
+                                actions.push(Action::BeatLands(i));
+                            }
+                            Some(_) => actions.push(Action::BeatAnswer(i)),
+                        }
+                    } else if *beating {
                         actions.push(Action::Heartbeat(i));
                     }
                     actions.push(Action::Crash(i));
@@ -1013,7 +1379,7 @@ impl Model for Protocol {
                     Action::GiveUp(i),
                     Action::Crash(i),
                 ]),
-                Phase::Done(_) | Phase::Crashed => {}
+                Phase::Idle | Phase::Done(_) | Phase::Crashed => {}
                 Phase::KeepingClaim(_) => actions.extend([Action::KeepClaim(i), Action::Crash(i)]),
                 Phase::SavingStep { resent: false, .. } => actions.extend([
                     Action::SaveStep(i, false),
@@ -1035,12 +1401,7 @@ impl Model for Protocol {
             Action::Call(i) => state.workers[i].phase = Phase::Claiming,
             Action::Claim(i, lost) => {
                 state.workers[i].attempt += 1;
-                let t = handler::claim_times(state.clock_ms(i), self.margin, self.lease, self.ttl);
-                let times = Times {
-                    now_ms: t.now_ms,
-                    lease_until_ms: t.lease_until_ms,
-                    expires_at_s: t.expires_at_s,
-                };
+                let times = self.times(&state, i);
                 if !self.send_claim(&mut state, i, times, lost) {
                     return None;
                 }
@@ -1057,10 +1418,7 @@ impl Model for Protocol {
                 None => state.workers[i].phase = Phase::Claiming,
             },
             Action::GiveUp(i) => {
-                state.workers[i].phase = Phase::Done(match state.workers[i].phase {
-                    Phase::Waiting => Outcome::InProgress,
-                    _ => Outcome::NotStored,
-                });
+                state.workers[i].phase = Phase::Done(given_up(&state.workers[i].phase));
             }
             Action::Body(i, ok) => {
                 let now_ms = state.clock_ms(i);
@@ -1120,6 +1478,16 @@ impl Model for Protocol {
                     return None;
                 }
             }
+            // The moves of requests in flight.
+            _ => {
+                if !self.move_in_flight(before, &mut state, action) {
+                    return None;
+                }
+            }
+        }
+        // Heartbeats stop with the body's run.
+        for w in &mut state.workers {
+            w.beat = w.beat.while_in(&w.phase);
         }
         if let Some(old) = &before.record
             && old.status == Status::Completed
@@ -1212,19 +1580,47 @@ impl Model for Protocol {
         if self.steps {
             properties.extend(Self::steps_properties());
         }
+        if self.in_flight {
+            properties.extend(Self::in_flight_properties());
+        }
         properties
     }
 }
 
+/// Whether worker `i`'s claim still holds the key PENDING.
+fn holds(s: &State, i: usize) -> bool {
+    s.record
+        .as_ref()
+        .is_some_and(|r| r.status == Status::Pending && r.token == token(i))
+}
+
 impl Protocol {
+    /// What time passing while requests are in flight must not break.
+    fn in_flight_properties() -> Vec<Property<Self>> {
+        vec![
+            Property::always(
+                "a body starts only while its claim holds the key",
+                |_, s: &State| !s.ghost.started_lapsed,
+            ),
+            Property::always(
+                "a holder whose heartbeats land in time keeps its key",
+                |_, s: &State| !s.ghost.took_beating,
+            ),
+            Property::always(
+                "a call that returns before its body leaves no claim behind",
+                |_, s: &State| {
+                    (0..WORKERS).all(|i| {
+                        !matches!(s.workers[i].phase, Phase::Done(_))
+                            || s.ghost.ran[i]
+                            || !holds(s, i)
+                    })
+                },
+            ),
+        ]
+    }
+
     /// What interruptions must not break, and witnesses that they happen.
     fn interruption_properties() -> Vec<Property<Self>> {
-        /// Whether worker `i`'s claim still holds the key PENDING.
-        fn holds(s: &State, i: usize) -> bool {
-            s.record
-                .as_ref()
-                .is_some_and(|r| r.status == Status::Pending && r.token == token(i))
-        }
         vec![
             Property::always(
                 "a drop before the body never blocks the key",
@@ -1332,6 +1728,14 @@ impl fmt::Display for State {
         }
         for (i, w) in self.workers.iter().enumerate() {
             write!(f, " | w{i} (clock {:+}s): {:?}", w.skew, w.phase)?;
+            if let Some(times) = w.flight {
+                write!(f, " claim in flight (lease until {})", times.lease_until_ms)?;
+            }
+            if let Some(out) = w.beat.out {
+                write!(f, " heartbeat out {out:?}")?;
+            } else if w.beat.due_ms > 0 {
+                write!(f, " next heartbeat at {}ms", w.beat.due_ms)?;
+            }
             if !w.steps.known.is_empty() {
                 write!(f, " knows {} next {}", shown(&w.steps.known), w.steps.next)?;
             }
@@ -1521,4 +1925,91 @@ fn steps_are_resumed_never_run_again() {
     let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
     println!("model [steps]: {run}");
     checker.assert_properties();
+}
+
+// --- Requests in flight: time passes between a request's send, its application and its answer. ---
+
+/// Claims and heartbeats in flight, with two callers and none of the features these runs do not
+/// concern (claim-time writes, compensation, `transact`, waiting), so that longer horizons stay small.
+fn in_flight(horizon: u64) -> Protocol {
+    Protocol {
+        in_flight: true,
+        latency: 2,
+        callers: 2,
+        claim_writes: false,
+        compensate: false,
+        transact: false,
+        wait: false,
+        ..Protocol::new(horizon)
+    }
+}
+
+/// Runs `protocol` until `property` fails, prints the counterexample, and returns the run and the
+/// counterexample's length (in moves).
+fn find(name: &str, protocol: Protocol, property: &'static str) -> (Run, usize) {
+    let (run, checker) = check(protocol, HasDiscoveries::AnyOf([property].into()));
+    let trace = checker
+        .discovery(property)
+        .unwrap_or_else(|| panic!("[{name}] no counterexample to `{property}`"));
+    let steps = trace.into_vec();
+    println!("counterexample:");
+    for (state, action) in &steps {
+        println!("  {state}");
+        if let Some(action) = action {
+            println!("    -> {action:?}");
+        }
+    }
+    let length = steps.len() - 1;
+    println!("model [{name}]: `{property}` fails after {length} moves; {run}");
+    (run, length)
+}
+
+/// A claim whose answer comes after its lease (a slow answer, or a resent claim found ours): the body
+/// starts on a lease that already lapsed.
+#[test]
+fn a_late_claim_answer_starts_a_body_on_a_lapsed_lease() {
+    find(
+        "in flight: a late claim answer",
+        in_flight(3),
+        "a body starts only while its claim holds the key",
+    );
+}
+
+/// Heartbeats sent an interval after each answer, each taking up to 2 s on a 3 s lease (clocks exact,
+/// the default margin): the lease lapses while every heartbeat succeeds.
+#[test]
+fn heartbeats_timed_from_their_answers_let_a_live_lease_lapse() {
+    find(
+        "in flight: slow heartbeats",
+        Protocol {
+            skew: 0,
+            lease: Duration::from_secs(3),
+            ..in_flight(7)
+        },
+        "a holder whose heartbeats land in time keeps its key",
+    );
+}
+
+/// A claim that landed, whose answer the SDK gave up on: the call returns an error and the claim
+/// stays PENDING for its lease.
+#[test]
+fn a_claim_given_up_on_stays_pending() {
+    find(
+        "in flight: a claim given up on",
+        in_flight(1),
+        "a call that returns before its body leaves no claim behind",
+    );
+}
+
+/// A call dropped while its claim is in flight: the release finds nothing, then the claim lands.
+#[test]
+fn a_dropped_calls_claim_lands_after_its_release() {
+    find(
+        "in flight: a dropped call's late claim",
+        Protocol {
+            interruptions: true,
+            ..in_flight(1)
+        },
+        "a drop before the body never blocks the key",
+    );
 }
