@@ -346,7 +346,8 @@ impl Builder {
         self
     }
 
-    /// The handle, or the first setting that cannot work: a zero `ttl` or `lease`, or any duration
+    /// The handle, or the first setting that cannot work: a zero `ttl`, a `lease` under
+    /// [`MIN_LEASE`](crate::MIN_LEASE), or any duration
     /// longer than [`MAX_DURATION`].
     ///
     /// # Errors
@@ -373,6 +374,13 @@ impl Builder {
             if value.is_zero() {
                 return Err(ConfigError(format!("`{name}` must be longer than zero")));
             }
+        }
+        if self.lease < crate::MIN_LEASE {
+            return Err(ConfigError(format!(
+                "`default_lease` is {:?}; a lease must be at least {:?}: heartbeats renew it every third of it, and each renewal's round trip eats into it",
+                self.lease,
+                crate::MIN_LEASE
+            )));
         }
         Ok(Idempotency {
             inner: Arc::new(Inner {

@@ -142,7 +142,7 @@ pub use config::{
 };
 pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
-pub use handler::MissingKey;
+pub use handler::{MIN_LEASE, MissingKey};
 pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
 pub use operation::{Detached, OnReplay, Operation, Unchanged};

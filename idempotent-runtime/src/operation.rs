@@ -53,7 +53,24 @@ pub struct Operation<'a, H = Unchanged> {
     restart_steps: bool,
     /// The body's steps, when it runs with them.
     steps: Option<Steps>,
+    /// The lease was set by [`deadline`](Self::deadline), which may leave less than
+    /// [`MIN_LEASE`](crate::MIN_LEASE).
+    deadline_bound: bool,
     on_replay: H,
+}
+
+/// [`Error::LeaseTooShort`] for a call that asks for a lease under [`MIN_LEASE`](crate::MIN_LEASE)
+/// (one bound by a [`deadline`](Operation::deadline) may have less: it is not renewed).
+fn check_lease(call: &Call, deadline_bound: bool) -> Result<(), Box<Error>> {
+    match call.lease {
+        Some(lease) if lease < crate::MIN_LEASE && !deadline_bound => {
+            Err(Box::new(Error::LeaseTooShort {
+                namespace: call.namespace.to_owned(),
+                lease,
+            }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What a call evaluates before it starts (its handle, key and payload fingerprint), or the error that
@@ -123,6 +140,7 @@ impl<'a> Operation<'a> {
             claim_writes: Writes::new(),
             compensation: Writes::new(),
             restart_steps: false,
+            deadline_bound: false,
             steps: None,
             on_replay: Unchanged,
         }
@@ -173,7 +191,9 @@ impl<'a, H> Operation<'a, H> {
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default()
             .max(Duration::from_millis(1));
-        self.lease(left)
+        let mut operation = self.lease(left);
+        operation.deadline_bound = true;
+        operation
     }
 
     /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).
@@ -243,6 +263,7 @@ impl<'a, H> Operation<'a, H> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
             restart_steps: self.restart_steps,
+            deadline_bound: self.deadline_bound,
             steps: self.steps,
             on_replay: hook,
         }
@@ -521,6 +542,7 @@ impl<'a, H> Operation<'a, H> {
             compensation,
             restart_steps: _,
             steps,
+            deadline_bound,
             on_replay,
         } = self;
         // The handle's tasks, for a detached body that runs alone (drained like any detached body).
@@ -531,6 +553,7 @@ impl<'a, H> Operation<'a, H> {
         } else {
             (|| {
                 let idem = idem?;
+                check_lease(&call, deadline_bound)?;
                 let key = key?;
                 let fingerprint = fingerprint.transpose()?;
                 Ok::<_, Box<Error>>(

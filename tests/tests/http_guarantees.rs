@@ -863,7 +863,7 @@ async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
     let harness = Harness::over(
         Arc::new(CompletionsDown::default()),
         idempotent_tests::RequestCounter::default(),
-        |b| b.default_lease(Duration::from_millis(300)),
+        |b| b.default_lease(Duration::from_secs(1)),
     );
     let runs = Runs::default();
     let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));

@@ -27,6 +27,9 @@ use crate::store::{
 };
 use crate::telemetry::{self, Dropped, Outcome};
 
+mod decide;
+pub use decide::MIN_LEASE;
+
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
 /// default). Generated code keeps one in a `static`.
 #[derive(Debug, Clone, Copy)]
@@ -470,33 +473,36 @@ impl Where {
 /// early would be worse), with a warning and `idempotency_calls_dropped_total{phase="body"}`.
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        let attempt = &*self;
-        let namespace = attempt.plan.call.namespace;
-        match attempt.stage.get() {
-            Stage::Claiming if attempt.plan.steps.is_some_and(|steps| !steps.releasable()) => {
-                telemetry::call_dropped(namespace, Dropped::Claim);
-            }
-            Stage::Claiming => {
+        self.abandon();
+    }
+}
+
+impl Attempt<'_> {
+    /// Cleans up after a call that ends here without going on (its future was dropped, or its claim
+    /// failed with an error that leaves the claim's fate unknown), by its [`Stage`]
+    /// ([`decide::on_drop`]).
+    fn abandon(&self) {
+        let namespace = self.plan.call.namespace;
+        let releasable = self.plan.steps.is_none_or(Steps::releasable);
+        match decide::on_drop(self.stage.get(), releasable) {
+            decide::OnDrop::KeepClaim => telemetry::call_dropped(namespace, Dropped::Claim),
+            decide::OnDrop::Release => {
                 telemetry::call_dropped(namespace, Dropped::Claim);
                 // A claim with claim-time writes leaves them in effect (a release sends no
                 // compensation), so its record must live as long as a failure that keeps them.
                 // So must a claim that may hold finished steps (a resume).
                 let lifetime = failed_lifetime(
-                    attempt.idem.failed_ttl(),
-                    (!attempt.plan.claim_writes.is_empty() || attempt.plan.steps.is_some())
-                        .then(|| writes_lifetime(attempt.idem, attempt.plan, attempt.ttl)),
+                    self.idem.failed_ttl(),
+                    (!self.plan.claim_writes.is_empty() || self.plan.steps.is_some())
+                        .then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
                 );
-                release(
-                    attempt.idem,
-                    namespace,
-                    attempt.plan.key,
-                    attempt.token,
-                    lifetime,
-                );
+                release(self.idem, namespace, self.plan.key, self.token, lifetime);
             }
-            Stage::Running => telemetry::call_dropped(namespace, Dropped::Body),
-            Stage::Waiting | Stage::Done => {}
+            decide::OnDrop::KeepBody => telemetry::call_dropped(namespace, Dropped::Body),
+            decide::OnDrop::Nothing => {}
         }
+        // Done: a call is cleaned up once.
+        self.stage.set(Stage::Done);
     }
 }
 
@@ -526,25 +532,28 @@ fn release(
     let tasks = idem.tasks().clone();
     let release = async move {
         let now_ms = idem.clock().now_ms();
+        // A release, not a failure: where the claim has not landed yet (its request still in
+        // flight), it leaves a FAILED record under the call's token that the claim, landing later,
+        // finds and does not overwrite.
         let transition = Transition {
             key: &key,
             token: &token,
-            change: Change::Fail {
+            change: Change::Release {
                 error: RELEASED,
                 expires_at_s: expiry_s(now_ms, lifetime),
-                release_claim_writes: false,
             },
         };
         match telemetry::observe("release", idem.store().transition(&transition)).await {
             Ok(WriteOutcome::Applied) => {
                 tracing::debug!(namespace, "dropped call's claim released");
             }
-            // The claim never landed, or is no longer ours: nothing to release.
+            // The claim is no longer ours (or never landed on a record of another call's): nothing to
+            // release.
             Ok(WriteOutcome::Rejected(_)) => {}
             Err(error) => tracing::warn!(
                 namespace,
                 %error,
-                "could not release a dropped call's claim; it lapses with its lease"
+                "could not release the claim of a call that gave it up; it lapses with its lease"
             ),
         }
     };
@@ -592,13 +601,26 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         // future is awaited, and the record it may return can share its place.
         let mut record = match claim_once(idem, plan, request).await? {
             Claim::Held => {
-                if let Some(steps) = plan.steps {
-                    steps.claimed(resume.map(|seen| *seen));
-                }
-                return Ok(Acquired::Held {
+                let answer = decide::Answer::Landed {
                     lease_until_ms: claimed_until_ms,
-                    took_over,
-                });
+                };
+                let now_ms = idem.clock().now_ms();
+                let judged = judged_ms(now_ms, idem.clock_skew_margin());
+                match decide::after_claim(answer, number, now_ms, judged) {
+                    decide::AfterClaim::Run { lease_until_ms } => {
+                        if let Some(steps) = plan.steps {
+                            steps.claimed(resume.map(|seen| *seen));
+                        }
+                        return Ok(Acquired::Held {
+                            lease_until_ms,
+                            took_over,
+                        });
+                    }
+                    // Answered after its lease: claim again (the refusal shows our record, and its
+                    // steps, which the renewal then resumes).
+                    decide::AfterClaim::Renew => continue 'claim,
+                    _ => return Err(contended(plan.call.namespace, number)),
+                }
             }
             Claim::Blocked(record) => record,
             // The record is gone (deleted since the transaction, or the claim that saw it): a new
@@ -613,37 +635,53 @@ async fn acquire<T: DeserializeOwned>(attempt: &Attempt<'_>) -> Result<Acquired<
         attempt.stage.set(Stage::Waiting);
         // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
         loop {
-            let now_ms = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
-            let lease_until_ms = record.lease_until_ms;
-            let (lapsed, expired) = (record.status == Status::Pending, record.is_expired(now_ms));
-            let retry_after = match examine(plan.call, &record, token, plan.fingerprint, now_ms)? {
-                Found::Ours => {
+            let now_ms = idem.clock().now_ms();
+            let judged = judged_ms(now_ms, idem.clock_skew_margin());
+            // Decided in a block of its own: nothing but the action outlives it (this future is part
+            // of every call's, and what lives across the wait below makes it larger).
+            let action = {
+                let found = examine(plan.call, &record, token, plan.fingerprint, judged)?;
+                let answer = decide::Answer::Refused {
+                    record: &record,
+                    found: &found,
+                };
+                decide::after_claim(answer, number, now_ms, judged)
+            };
+            let retry_after = match action {
+                decide::AfterClaim::Run { lease_until_ms } => {
+                    attempt.stage.set(Stage::Claiming);
                     if let Some(steps) = plan.steps {
                         steps.claimed(record.steps);
                     }
                     return Ok(Acquired::Held {
-                        lease_until_ms: lease_until_ms.unwrap_or(claimed_until_ms),
+                        lease_until_ms,
                         took_over,
                     });
                 }
-                Found::Replay => {
+                decide::AfterClaim::Renew => {
+                    attempt.stage.set(Stage::Claiming);
+                    resume = plan.steps.and(record.steps).map(Box::new);
+                    continue 'claim;
+                }
+                decide::AfterClaim::Released => return Err(released(plan.call.namespace)),
+                decide::AfterClaim::Replay => {
                     return replay_record(idem, plan, record)
                         .map(|value| Acquired::Done(value, Outcome::Replayed));
                 }
-                Found::Claimable if number > CLAIMABLE_RETRIES => {
+                decide::AfterClaim::Contended => {
                     return Err(contended(plan.call.namespace, number));
                 }
-                Found::Claimable => {
-                    took_over = lapsed && !expired;
+                decide::AfterClaim::Reclaim { took_over: lapsed } => {
+                    took_over = lapsed;
                     // Steps that live on are resumed (a claim that starts afresh is refused by them).
                     resume = plan
                         .steps
-                        .filter(|steps| steps.resumes(&record, now_ms))
+                        .filter(|steps| steps.resumes(&record, judged))
                         .and(record.steps)
                         .map(Box::new);
                     continue 'claim;
                 }
-                Found::InProgress(retry_after) => retry_after,
+                decide::AfterClaim::InProgress(retry_after) => retry_after,
             };
             let Some(deadline) = wait_until.filter(|d| *d > tokio::time::Instant::now()) else {
                 return Err(in_progress(
@@ -712,6 +750,15 @@ fn claim_once<'a>(
     }
 }
 
+/// The error of a call whose claim was released (by itself, when it gave up on it) before it could
+/// use it: the claim is lost.
+#[cold]
+fn released(namespace: &str) -> Error {
+    Error::LeaseLost {
+        namespace: namespace.to_owned(),
+    }
+}
+
 /// [`Error::Contended`].
 #[cold]
 fn contended(namespace: &str, attempts: u32) -> Error {
@@ -761,7 +808,7 @@ fn in_progress(
 /// decision is).
 ///
 /// While heartbeats are on, a live holder extends its lease to `lease` from its own now every
-/// [`heartbeat_interval`]: just after a heartbeat `retry_after` is `lease` (plus the margin), and it
+/// [`decide::heartbeat_interval`]: just after a heartbeat `retry_after` is `lease` (plus the margin), and it
 /// falls to `lease - interval` (plus the margin) by the time the next one is due. So a `retry_after`
 /// below `lease - interval` means the lease has not been extended for longer than an interval even if
 /// the holder's clock runs behind this caller's by the whole margin: the claim is *stalled* (its
@@ -778,7 +825,9 @@ pub(crate) fn retry_hint(
     retry_after: Duration,
     lease: Duration,
 ) -> Duration {
-    let stalled = heartbeat && retry_after < lease.saturating_sub(heartbeat_interval(lease));
+    let stalled = heartbeat
+        && decide::heartbeat_interval(lease)
+            .is_some_and(|every| retry_after < lease.saturating_sub(every));
     if stalled {
         // Lapsed once the judged clock is strictly past the lease's end: one millisecond after
         // `retry_after`.
@@ -786,12 +835,6 @@ pub(crate) fn retry_hint(
     } else {
         retry_after.min(hint)
     }
-}
-
-/// How often a running body's heartbeat extends its lease: every third of the lease (at least every
-/// millisecond).
-pub(crate) fn heartbeat_interval(lease: Duration) -> Duration {
-    (lease / 3).max(Duration::from_millis(1))
 }
 
 /// Sleeps until `pause`, then reads the key's record again, for a call waiting on an in-flight one.
@@ -915,6 +958,15 @@ where
         };
         // Dropped with this future: what a drop must do depends on `attempt.stage`.
         let acquired = acquire(&attempt).await;
+        // A claim whose answer never came (every attempt lost, or the store failed after applying
+        // it) may have landed: released like a dropped call's, so that the key is not held for a
+        // whole lease by a call that has given up.
+        if let Err(error) = &acquired
+            && attempt.stage.get() == Stage::Claiming
+            && decide::after_claim_error(error) == decide::AfterClaimError::Release
+        {
+            attempt.abandon();
+        }
         attempt.stage.set(Stage::Done);
         let (lease_until_ms, took_over) = match acquired {
             Ok(Acquired::Done(value, outcome)) => {
@@ -964,8 +1016,15 @@ where
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
             // carry the body, the completion and the timer.
             let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
-            let lifetime = writes_lifetime(idem, plan, ttl);
-            Box::pin(with_heartbeat(idem, plan.key, token, lease, lifetime, work)).await
+            let heartbeat = Heartbeat {
+                idem,
+                key: plan.key,
+                token,
+                lease,
+                ttl: writes_lifetime(idem, plan, ttl),
+                lease_until_ms,
+            };
+            Box::pin(with_heartbeat(heartbeat, work)).await
         };
         attempt.stage.set(Stage::Done);
         let outcome = match finished {
@@ -1051,7 +1110,7 @@ pub(crate) struct Detach;
 
 impl<T, E, F, D> Runner<T, E, F, D> for Detach
 where
-    T: Serialize + Send + 'static,
+    T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
     F: Future<Output = Result<T, E>> + Send + 'static,
     D: FnOnce(&E) -> String + Send + 'static,
@@ -1078,15 +1137,15 @@ where
                 work.lease_until_ms,
                 work.took_over,
             );
-            with_heartbeat(
-                &owned.idem,
-                &owned.key,
-                &owned.token,
+            let heartbeat = Heartbeat {
+                idem: &owned.idem,
+                key: &owned.key,
+                token: &owned.token,
                 lease,
-                writes_lifetime(&owned.idem, &plan, owned.ttl),
-                finished,
-            )
-            .await
+                ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
+                lease_until_ms: work.lease_until_ms,
+            };
+            with_heartbeat(heartbeat, finished).await
         };
         // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
         claim
@@ -1237,7 +1296,7 @@ fn finish<T, E, F>(
     took_over: bool,
 ) -> impl Future<Output = Finished<T, E>>
 where
-    T: Serialize,
+    T: Serialize + DeserializeOwned,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
@@ -1469,7 +1528,7 @@ impl Held<'_> {
     /// A panic in the value's `Serialize` impl is caught: the body has run, so the record is COMPLETED
     /// with `panicked: <message>` in place of the value (duplicates get `ResponseNotSerialized`), and
     /// the panic is left in `thrown` for the caller to resume.
-    async fn complete<T: Serialize>(
+    async fn complete<T: Serialize + DeserializeOwned>(
         &self,
         value: T,
         persist: &mut Persist,
@@ -1585,12 +1644,18 @@ impl Held<'_> {
 
     /// The response as stored (JSON, compressed when large), and whether it fits in the record; an
     /// error for a value that does not serialize, or whose JSON would not decode back into it (a
-    /// non-finite float).
-    fn encode<T: Serialize>(&self, value: &T) -> Result<(Vec<u8>, bool), serde_json::Error> {
+    /// non-finite float, a value nested deeper than serde_json reads, a 128-bit integer inside an
+    /// untagged or internally tagged enum, a `Serialize` that writes what its `Deserialize` refuses):
+    /// a duplicate could never be given such a value, so it is recorded as not serialized.
+    fn encode<T: Serialize + DeserializeOwned>(
+        &self,
+        value: &T,
+    ) -> Result<(Vec<u8>, bool), serde_json::Error> {
         let json = codec::to_json(value)?;
         if let Some(e) = codec::non_finite(value, &json) {
             return Err(e);
         }
+        codec::reads_back::<T>(&json)?;
         let bytes = codec::pack(json);
         let budget = self
             .idem
@@ -1610,7 +1675,9 @@ impl Held<'_> {
     /// Whether a completion that was rejected had landed after all: our own earlier attempt, whose
     /// response was lost.
     fn settle(&self, record: Option<&Record>) -> Result<(), Error> {
-        if landed(record, self.token, Status::Completed) {
+        if decide::after_rejected_complete(record, self.token)
+            == decide::AfterRejectedComplete::Stored
+        {
             return Ok(());
         }
         tracing::warn!(
@@ -1660,28 +1727,30 @@ impl Held<'_> {
             };
             let problem = match self.store(&transition, &writes, persist).await {
                 Stored::Applied => return,
-                // Our own earlier attempt landed; its response was lost.
-                Stored::Rejected(record) if landed(record.as_ref(), self.token, Status::Failed) => {
-                    return;
-                }
-                // Still ours, but the claim-time writes are not in effect (the compensation is
-                // conditioned on them): there is nothing to undo, and undoing it would undo another
-                // caller's writes. Record the failure without the compensation.
-                Stored::Rejected(Some(record))
-                    if !writes.is_empty()
-                        && record.status == Status::Pending
-                        && record.token == self.token =>
-                {
-                    tracing::warn!(
-                        namespace,
-                        "claim-time writes not in effect; failure recorded without compensation"
-                    );
-                    writes = Writes::new();
-                    continue;
-                }
-                Stored::Rejected(_) => {
-                    tracing::warn!(namespace, "claim lost before the failure was recorded");
-                    return;
+                Stored::Rejected(record) => {
+                    match decide::after_rejected_fail(
+                        record.as_ref(),
+                        self.token,
+                        !writes.is_empty(),
+                    ) {
+                        // Our own earlier attempt landed; its response was lost.
+                        decide::AfterRejectedFail::Recorded => return,
+                        // Still ours, but the claim-time writes are not in effect (the compensation
+                        // is conditioned on them): there is nothing to undo, and undoing it would
+                        // undo another caller's writes.
+                        decide::AfterRejectedFail::WithoutCompensation => {
+                            tracing::warn!(
+                                namespace,
+                                "claim-time writes not in effect; failure recorded without compensation"
+                            );
+                            writes = Writes::new();
+                            continue;
+                        }
+                        decide::AfterRejectedFail::Lost => {
+                            tracing::warn!(namespace, "claim lost before the failure was recorded");
+                            return;
+                        }
+                    }
                 }
                 Stored::Canceled(reasons) => Error::TransactionCanceled {
                     namespace: namespace.to_owned(),
@@ -1765,24 +1834,11 @@ fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 
 /// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
 /// of it, so a live worker is never taken over (when the handle has heartbeats on).
-fn with_heartbeat<'a, F: Future>(
-    idem: &'a Idempotency,
-    key: &'a str,
-    token: &'a str,
-    lease: Duration,
-    ttl: Duration,
-    work: F,
-) -> WithHeartbeat<'a, F> {
+fn with_heartbeat<'a, F: Future>(heartbeat: Heartbeat<'a>, work: F) -> WithHeartbeat<'a, F> {
     WithHeartbeat {
         work,
         beat: None,
-        heartbeat: Heartbeat {
-            idem,
-            key,
-            token,
-            lease,
-            ttl,
-        },
+        heartbeat,
     }
 }
 
@@ -1800,7 +1856,8 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// What the heartbeat needs: the claim on `key` held by `token`, whose lease it extends.
+/// What the heartbeat needs: the claim on `key` held by `token`, whose lease (until `lease_until_ms`,
+/// asked for by a request sent one `lease` before) it extends.
 #[derive(Clone, Copy)]
 struct Heartbeat<'a> {
     idem: &'a Idempotency,
@@ -1808,6 +1865,7 @@ struct Heartbeat<'a> {
     token: &'a str,
     lease: Duration,
     ttl: Duration,
+    lease_until_ms: u64,
 }
 
 impl<F: Future> Future for WithHeartbeat<'_, F> {
@@ -1832,28 +1890,61 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
     }
 }
 
-/// Extends the lease every third of it, until the claim is found lost or completed; never returns.
+/// Extends the lease every third of it, counted from when the previous request that set it was sent
+/// (the claim, then each heartbeat), so that a slow answer never delays the next renewal; until the
+/// claim is found lost or completed. Never returns. A lease too short to renew is not renewed
+/// ([`decide::heartbeat_interval`]).
 async fn heartbeats(heartbeat: Heartbeat<'_>) {
-    let every = heartbeat_interval(heartbeat.lease);
+    let Heartbeat {
+        idem,
+        key,
+        token,
+        lease,
+        ttl,
+        mut lease_until_ms,
+    } = heartbeat;
+    let Some(every) = decide::heartbeat_interval(lease) else {
+        return std::future::pending().await;
+    };
+    let clock = idem.clock();
+    let mut sent_ms = lease_until_ms.saturating_sub(millis(lease));
     loop {
-        tokio::time::sleep(every).await;
-        let now_ms = heartbeat.idem.clock().now_ms();
+        let due_ms = decide::next_heartbeat_ms(sent_ms, every);
+        let wait = due_ms.saturating_sub(clock.now_ms());
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        sent_ms = clock.now_ms();
+        let asked_ms = decide::heartbeat_lease_ms(sent_ms, lease);
         let transition = Transition {
-            key: heartbeat.key,
-            token: heartbeat.token,
+            key,
+            token,
             change: Change::ExtendLease {
-                lease_until_ms: now_ms.saturating_add(millis(heartbeat.lease)),
-                expires_at_s: expiry_s(now_ms, heartbeat.lease.saturating_add(heartbeat.ttl)),
+                lease_until_ms: asked_ms,
+                expires_at_s: expiry_s(sent_ms, lease.saturating_add(ttl)),
             },
         };
-        match telemetry::observe("heartbeat", heartbeat.idem.store().transition(&transition)).await
-        {
-            Ok(WriteOutcome::Applied) => {}
-            Ok(WriteOutcome::Rejected(_)) => {
-                // Lost, or already completed: the completion reports which. Stop beating.
-                std::future::pending::<()>().await;
+        let applied =
+            match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
+                Ok(WriteOutcome::Applied) => Some(true),
+                Ok(WriteOutcome::Rejected(_)) => Some(false),
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease heartbeat failed; will retry");
+                    None
+                }
+            };
+        match decide::after_heartbeat(applied, clock.now_ms(), lease_until_ms) {
+            decide::AfterHeartbeat::Extended => lease_until_ms = asked_ms,
+            decide::AfterHeartbeat::ExtendedLate => {
+                tracing::warn!(
+                    lease_ms = millis(lease),
+                    "a lease heartbeat was answered after the lease it renewed had run out; the store is nearly too slow for this lease: a longer lease keeps a live worker from being taken over"
+                );
+                lease_until_ms = asked_ms;
             }
-            Err(e) => tracing::warn!(error = %e, "lease heartbeat failed; will retry"),
+            // Lost, or already completed: the completion reports which. Stop beating.
+            decide::AfterHeartbeat::Stop => std::future::pending::<()>().await,
+            decide::AfterHeartbeat::Retry => {}
         }
     }
 }
@@ -1960,14 +2051,15 @@ mod future_size {
             0,
             false,
         );
-        let heartbeat = std::mem::size_of_val(&with_heartbeat(
-            &idem,
-            "k",
-            "t",
-            Duration::ZERO,
-            Duration::ZERO,
-            work,
-        ));
+        let heartbeat = Heartbeat {
+            idem: &idem,
+            key: "k",
+            token: "t",
+            lease: Duration::ZERO,
+            ttl: Duration::ZERO,
+            lease_until_ms: 0,
+        };
+        let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
         for (part, size) in [
             ("completion", complete),
             ("failure", fail),
