@@ -56,7 +56,8 @@
 //! - *a body starts only while its claim holds the key*: PENDING under its token, its lease not
 //!   lapsed in true time;
 //! - *a holder whose heartbeats land in time keeps its key*: no claim takes over a running body whose
-//!   heartbeats are going, each answered within `latency`, and whose claim was answered within it too;
+//!   heartbeats are going, each answered within `latency`, and whose claim was answered within it too
+//!   (checked where no two clocks differ by more than the margin, the design's assumption);
 //! - *a call that returns before its body leaves no claim behind*: a call that never ran its body and
 //!   returned holds no PENDING record (a crash may; a body cut off mid-way may);
 //! - with interruptions, *a drop before the body never blocks the key* (as above), now with the
@@ -81,12 +82,17 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
 
-use crate::handler::{self, CLAIMABLE_RETRIES, Call, Found};
+use crate::error::Error;
+use crate::handler::decide::{
+    self, AfterClaim, AfterClaimError, AfterHeartbeat, AfterRejectedComplete, AfterRejectedFail,
+    OnDrop,
+};
+use crate::handler::{self, CLAIMABLE_RETRIES, Call, Stage};
 use crate::record::{Record, Status};
 use crate::steps::{Steps, Stored};
-use crate::store::memory::{claimed, needs_record, transitioned};
+use crate::store::memory::{claimed, needs_record, transitioned, vanished};
 use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
 
 /// One tick of true time; clocks and skews move in whole ticks.
@@ -180,10 +186,16 @@ enum Phase {
     Running { beating: bool },
     /// The body returned `Ok`; the completion (built once, resent as it is) is being stored.
     Completing { expires_at_s: u64 },
-    /// The body returned `Err` (or panicked); the failure is being stored.
-    Failing { expires_at_s: u64, panicked: bool },
-    /// The caller's future was dropped before the body started; the release (a fenced FAILED write
-    /// with the call's token, sent from a task of its own) is on its way.
+    /// The body returned `Err` (or panicked); the failure is being stored, with its compensation
+    /// (`compensating`) or, once that was refused for want of the claim-time writes, without.
+    Failing {
+        expires_at_s: u64,
+        panicked: bool,
+        compensating: bool,
+    },
+    /// The call gave its claim up before the body started (its future was dropped, or it returns an
+    /// error with the claim's fate unknown); the release ([`Change::Release`] with the call's token,
+    /// sent from a task of its own) is on its way.
     Releasing,
     /// The call returned.
     Done(Outcome),
@@ -228,11 +240,14 @@ impl Answer {
     }
 }
 
-/// A running body's heartbeats, when requests are in flight: the next one's due time, and the one out.
+/// A running body's heartbeats, when requests are in flight, as its heartbeat task knows them (times
+/// on the worker's clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 struct Beat {
-    /// True time (ms) at which the next heartbeat is sent.
-    due_ms: u64,
+    /// When the last request that set the lease (the claim, then each heartbeat) was sent.
+    sent_ms: u64,
+    /// The lease's end as the holder knows it.
+    lease_until_ms: u64,
     out: Option<BeatOut>,
 }
 
@@ -244,17 +259,6 @@ impl Beat {
         } else {
             Self::default()
         }
-    }
-}
-
-/// How a call that gives up where it is (`phase`) returns.
-fn given_up(phase: &Phase) -> Outcome {
-    match phase {
-        Phase::Waiting => Outcome::InProgress,
-        // The handler's rule: a claim whose outcome stays unknown (the SDK gave up on it) is an
-        // error, and the call is over.
-        Phase::Awaiting { .. } => Outcome::Error,
-        _ => Outcome::NotStored,
     }
 }
 
@@ -439,6 +443,7 @@ impl Protocol {
             state.ghost.took_live_claim = true;
         }
         if self.in_flight
+            && self.clocks_within_margin()
             && let Some(o) = old
             && o.status == Status::Pending
             && o.token != token
@@ -513,15 +518,14 @@ impl Protocol {
         };
         let old = state.record.clone();
         let Some(old) = old else {
-            state.workers[worker].phase = Phase::Claiming;
-            state.workers[worker].steps.resume = None;
+            self.claim_afresh(state, worker);
             return true;
         };
         match claimed(Some(&old), &request, false) {
             Ok(new) => {
                 self.land_claim(state, worker, Some(&old), false);
                 state.record = Some(new);
-                self.begin(state, worker, seen);
+                self.read_answer(state, worker, times, Answer::Held);
             }
             Err(blocking) => {
                 let blocking = blocking.clone();
@@ -656,9 +660,16 @@ impl Protocol {
             .and(record.steps.clone())
     }
 
-    /// `worker`'s claim landed (or was found ours): its body starts, from the steps the claim left
-    /// (`stored`; `None`: the operation's initial steps, as [`Steps::begin`] takes them).
-    fn begin(&self, state: &mut State, worker: usize, stored: Option<Vec<u8>>) {
+    /// `worker`'s claim landed (or was found ours) and [`decide::after_claim`] said run, on a lease
+    /// until `lease_until_ms`: its body starts, from the steps the claim left (`stored`; `None`: the
+    /// operation's initial steps, as [`Steps::begin`] takes them).
+    fn begin(
+        &self,
+        state: &mut State,
+        worker: usize,
+        stored: Option<Vec<u8>>,
+        lease_until_ms: u64,
+    ) {
         state.ghost.ran[worker] = true;
         let now_ms = state.true_ms();
         let holds = state.record.as_ref().is_some_and(|r| {
@@ -671,9 +682,10 @@ impl Protocol {
         let w = &mut state.workers[worker];
         w.phase = Phase::Running { beating: true };
         if self.in_flight {
-            // The handler's rule: the first heartbeat goes an interval after the body starts.
+            // As the heartbeat task starts: the claim that set the lease was sent a lease before its end.
             w.beat = Beat {
-                due_ms: now_ms + millis(handler::heartbeat_interval(self.lease)),
+                sent_ms: lease_until_ms.saturating_sub(millis(self.lease)),
+                lease_until_ms,
                 out: None,
             };
         }
@@ -686,15 +698,17 @@ impl Protocol {
         }
     }
 
-    /// A resume found no record: the handler claims afresh, within its claimable retries.
-    fn claim_afresh(state: &mut State, worker: usize) {
+    /// A resume found no record: the handler claims afresh, within its claimable retries; past them
+    /// the call returns the store's error.
+    fn claim_afresh(&self, state: &mut State, worker: usize) {
         let w = &mut state.workers[worker];
         w.steps.resume = None;
-        w.phase = if w.attempt <= CLAIMABLE_RETRIES {
-            Phase::Claiming
+        if w.attempt <= CLAIMABLE_RETRIES {
+            w.phase = Phase::Claiming;
         } else {
-            Phase::Done(Outcome::Error)
-        };
+            let error = crate::handler::store_error(CALL.namespace, vanished());
+            self.fail_claim(state, worker, &error, Outcome::Error);
+        }
     }
 
     /// The body comes to its next step ([`Steps::run`]): replays every step it knows finished, then
@@ -939,7 +953,8 @@ impl Protocol {
         let Some(new) = transitioned(state.record.as_ref(), &transition) else {
             return false;
         };
-        if state.ghost.owner != Some(worker) {
+        // A release where there is no record writes its mark there: no one's claim is overwritten.
+        if state.record.is_some() && state.ghost.owner != Some(worker) {
             state.ghost.zombie_landed = true;
         }
         if let Change::Complete { .. } = change {
@@ -957,18 +972,32 @@ impl Protocol {
         true
     }
 
-    /// What `worker` does with a record that blocked its claim (or that it polled).
+    /// What `worker` does with a record that blocked its claim (or that it polled): what it means
+    /// ([`handler::examine`]), then what to do about it ([`decide::after_claim`]).
     fn examine(&self, state: &mut State, worker: usize, record: &Record) {
-        let judged = handler::judged_ms(state.clock_ms(worker), self.margin);
-        let found = handler::examine(&CALL, record, &token(worker), None, judged);
-        let ours = matches!(found, Ok(Found::Ours));
-        let w = &mut state.workers[worker];
-        w.phase = match found {
-            Ok(Found::Ours) => {
-                state.ghost.ran[worker] = true;
-                Phase::Running { beating: true }
+        let clock_ms = state.clock_ms(worker);
+        let judged = handler::judged_ms(clock_ms, self.margin);
+        let Ok(found) = handler::examine(&CALL, record, &token(worker), None, judged) else {
+            state.workers[worker].phase = Phase::Done(Outcome::Error);
+            return;
+        };
+        let answer = decide::Answer::Refused {
+            record,
+            found: &found,
+        };
+        let attempt = state.workers[worker].attempt;
+        match decide::after_claim(answer, attempt, clock_ms, judged) {
+            // Our own claim (its response lost): the body goes on from the steps it left.
+            AfterClaim::Run { lease_until_ms } => {
+                self.begin(state, worker, record.steps.clone(), lease_until_ms);
             }
-            Ok(Found::Replay) => {
+            AfterClaim::Renew => {
+                let w = &mut state.workers[worker];
+                w.steps.resume = self.handle().and(record.steps.clone());
+                w.phase = Phase::Claiming;
+            }
+            AfterClaim::Released => state.workers[worker].phase = Phase::Done(Outcome::Error),
+            AfterClaim::Replay => {
                 let bytes = record.response.clone().unwrap_or_default();
                 let author = worker_of(&record.token);
                 if record.status != Status::Completed
@@ -977,23 +1006,71 @@ impl Protocol {
                     state.ghost.bad_replay = true;
                 }
                 State::answered(&mut state.ghost, &bytes);
-                Phase::Done(Outcome::Replayed(bytes))
+                state.workers[worker].phase = Phase::Done(Outcome::Replayed(bytes));
             }
-            Ok(Found::Claimable) if w.attempt > CLAIMABLE_RETRIES => {
-                Phase::Done(Outcome::Contended)
-            }
-            Ok(Found::Claimable) => {
+            AfterClaim::Reclaim { .. } => {
+                let w = &mut state.workers[worker];
                 w.steps.resume = self.resume(record, judged);
-                Phase::Claiming
+                w.phase = Phase::Claiming;
             }
-            Ok(Found::InProgress(_)) if self.wait => Phase::Waiting,
-            Ok(Found::InProgress(_)) => Phase::Done(Outcome::InProgress),
-            Err(_) => Phase::Done(Outcome::Error),
-        };
-        if ours {
-            // Our own claim (its response lost): the body goes on from the steps it left.
-            self.begin(state, worker, record.steps.clone());
+            AfterClaim::InProgress(_) if self.wait => state.workers[worker].phase = Phase::Waiting,
+            AfterClaim::InProgress(_) => {
+                state.workers[worker].phase = Phase::Done(Outcome::InProgress);
+            }
+            // The handler reads a refusal in its waiting stage: nothing of the call's to release.
+            AfterClaim::Contended => state.workers[worker].phase = Phase::Done(Outcome::Contended),
         }
+    }
+
+    /// Where `worker`'s call is, as the handler's [`Stage`] says it, for what leaving it does.
+    fn stage(&self, state: &State, worker: usize) -> Stage {
+        match state.workers[worker].phase {
+            Phase::Claiming
+            | Phase::ClaimResent(_)
+            | Phase::KeepingClaim(_)
+            | Phase::Awaiting { .. } => Stage::Claiming,
+            Phase::Waiting => Stage::Waiting,
+            // A detached body runs on its own task: its caller's future holds nothing.
+            Phase::Running { .. } | Phase::SavingStep { .. }
+                if self.interruptions && worker == DETACHED =>
+            {
+                Stage::Done
+            }
+            Phase::Running { .. } | Phase::SavingStep { .. } => Stage::Running,
+            _ => Stage::Done,
+        }
+    }
+
+    /// Whether a claim of the call may be released ([`Steps::releasable`]; always without steps).
+    fn releasable(&self) -> bool {
+        self.handle().as_ref().is_none_or(Steps::releasable)
+    }
+
+    /// `worker`'s call is left where it is (its future dropped): what [`decide::on_drop`] says.
+    fn abandon(&self, state: &mut State, worker: usize) {
+        let at = self.stage(state, worker);
+        let w = &mut state.workers[worker];
+        match decide::on_drop(at, self.releasable()) {
+            OnDrop::Release => w.phase = Phase::Releasing,
+            // The claim (or the body that may have had effects) stays until its lease runs out.
+            OnDrop::KeepClaim | OnDrop::KeepBody => w.phase = Phase::Done(Outcome::Abandoned),
+            // A detached body goes on without its caller.
+            OnDrop::Nothing => w.caller_gone = true,
+        }
+    }
+
+    /// `worker`'s call returns `error` (as `outcome`) from its claim: a claim whose fate is unknown is
+    /// given up as a drop would ([`decide::after_claim_error`], then [`decide::on_drop`]).
+    fn fail_claim(&self, state: &mut State, worker: usize, error: &Error, outcome: Outcome) {
+        let at = self.stage(state, worker);
+        let gives_up = at == Stage::Claiming
+            && decide::after_claim_error(error) == AfterClaimError::Release
+            && decide::on_drop(at, self.releasable()) == OnDrop::Release;
+        state.workers[worker].phase = if gives_up {
+            Phase::Releasing
+        } else {
+            Phase::Done(outcome)
+        };
     }
 
     fn send_claim(&self, state: &mut State, worker: usize, times: Times, lost: bool) -> bool {
@@ -1016,14 +1093,32 @@ impl Protocol {
         }
     }
 
-    /// What `worker` does with the answer to its claim sent with `times`.
+    /// What `worker` does with the answer to its claim sent with `times`, read now.
     fn read_answer(&self, state: &mut State, worker: usize, times: Times, answer: Answer) {
         match answer {
             Answer::Held => {
-                let seen = state.workers[worker].steps.resume.clone();
-                self.begin(state, worker, seen);
+                let clock_ms = state.clock_ms(worker);
+                let judged = handler::judged_ms(clock_ms, self.margin);
+                let landed = decide::Answer::Landed {
+                    lease_until_ms: times.lease_until_ms,
+                };
+                let attempt = state.workers[worker].attempt;
+                match decide::after_claim(landed, attempt, clock_ms, judged) {
+                    AfterClaim::Run { lease_until_ms } => {
+                        let seen = state.workers[worker].steps.resume.clone();
+                        self.begin(state, worker, seen, lease_until_ms);
+                    }
+                    AfterClaim::Renew => state.workers[worker].phase = Phase::Claiming,
+                    _ => {
+                        let error = Error::Contended {
+                            namespace: CALL.namespace.to_owned(),
+                            attempts: attempt,
+                        };
+                        self.fail_claim(state, worker, &error, Outcome::Contended);
+                    }
+                }
             }
-            Answer::Vanished => Self::claim_afresh(state, worker),
+            Answer::Vanished => self.claim_afresh(state, worker),
             Answer::Blocked(blocking) if self.keeps_writes(state, worker, &blocking, times) => {}
             Answer::Blocked(blocking) => self.examine(state, worker, &blocking),
         }
@@ -1063,23 +1158,24 @@ impl Protocol {
         true
     }
 
-    /// A running body's heartbeat is sent (its lease counted from the sender's clock now), lands, or
-    /// is answered.
+    /// A running body's heartbeat is sent, lands, or is answered: when it goes and the lease it asks
+    /// for are [`decide::next_heartbeat_ms`] and [`decide::heartbeat_lease_ms`], what its answer means
+    /// [`decide::after_heartbeat`].
     fn beat(&self, state: &mut State, worker: usize, action: Action) -> bool {
-        let now_ms = state.clock_ms(worker);
-        let lease = self.lease;
-        let ttl = self.ttl;
-        let true_ms = state.true_ms();
+        let clock_ms = state.clock_ms(worker);
         let now = state.now;
         let Phase::Running { beating: true } = state.workers[worker].phase else {
             return false;
         };
-        match (action, state.workers[worker].beat.out) {
+        let beat = state.workers[worker].beat;
+        match (action, beat.out) {
             (Action::Beat(_), None) => {
-                state.workers[worker].beat.out = Some(BeatOut {
+                let w = &mut state.workers[worker];
+                w.beat.sent_ms = clock_ms;
+                w.beat.out = Some(BeatOut {
                     sent: now,
-                    lease_until_ms: now_ms + millis(lease),
-                    expires_at_s: handler::expiry_s(now_ms, lease + ttl),
+                    lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
+                    expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
                     landed: None,
                 });
             }
@@ -1097,12 +1193,12 @@ impl Protocol {
             (Action::BeatAnswer(_), Some(out)) if out.landed.is_some() => {
                 let w = &mut state.workers[worker];
                 w.beat.out = None;
-                if out.landed == Some(false) {
-                    // Lost, or already completed: the heartbeat stops.
-                    w.phase = Phase::Running { beating: false };
-                } else {
-                    // The handler's rule: the next heartbeat goes an interval after this answer.
-                    w.beat.due_ms = true_ms + millis(handler::heartbeat_interval(lease));
+                match decide::after_heartbeat(out.landed, clock_ms, beat.lease_until_ms) {
+                    AfterHeartbeat::Extended | AfterHeartbeat::ExtendedLate => {
+                        w.beat.lease_until_ms = out.lease_until_ms;
+                    }
+                    AfterHeartbeat::Stop => w.phase = Phase::Running { beating: false },
+                    AfterHeartbeat::Retry => {}
                 }
             }
             _ => return false,
@@ -1110,16 +1206,64 @@ impl Protocol {
         true
     }
 
+    /// A heartbeat sent, applied and answered at once (without `in_flight`): the lease it asks for is
+    /// [`decide::heartbeat_lease_ms`], what its answer means [`decide::after_heartbeat`] (never late:
+    /// no time passed).
+    fn heartbeat(&self, state: &mut State, worker: usize) {
+        let clock_ms = state.clock_ms(worker);
+        let held_until_ms = state
+            .record
+            .as_ref()
+            .and_then(|r| r.lease_until_ms)
+            .unwrap_or(0);
+        let change = Change::ExtendLease {
+            lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
+            expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
+        };
+        let applied = self.transition(state, worker, change);
+        if decide::after_heartbeat(Some(applied), clock_ms, held_until_ms) == AfterHeartbeat::Stop {
+            state.workers[worker].phase = Phase::Running { beating: false };
+        }
+    }
+
+    /// `worker` gives up where it is: the wait runs out, or the window for storing the outcome, or
+    /// the SDK's attempts at a claim in flight (its fate unknown: [`Error::Unavailable`]).
+    fn give_up(&self, state: &mut State, worker: usize) {
+        let w = &mut state.workers[worker];
+        match w.phase {
+            Phase::Waiting => w.phase = Phase::Done(Outcome::InProgress),
+            Phase::Awaiting { .. } => {
+                let error = Error::Unavailable {
+                    namespace: CALL.namespace.to_owned(),
+                    source: "every attempt timed out".into(),
+                };
+                self.fail_claim(state, worker, &error, Outcome::Error);
+            }
+            _ => w.phase = Phase::Done(Outcome::NotStored),
+        }
+    }
+
+    /// Whether `worker`'s next heartbeat is due and not sent.
+    fn beat_due(&self, state: &State, worker: usize) -> bool {
+        let w = &state.workers[worker];
+        w.phase == (Phase::Running { beating: true })
+            && w.beat.out.is_none()
+            && decide::heartbeat_interval(self.lease).is_some_and(|every| {
+                state.clock_ms(worker) >= decide::next_heartbeat_ms(w.beat.sent_ms, every)
+            })
+    }
+
     /// Whether a running body's heartbeat timer holds time back: one is due and not sent, or one out
     /// has reached the latency bound without being answered.
     fn timer_due(&self, state: &State) -> bool {
         self.in_flight
-            && state.workers.iter().any(|w| {
-                w.phase == (Phase::Running { beating: true })
-                    && match w.beat.out {
-                        None => state.true_ms() >= w.beat.due_ms,
-                        Some(out) => state.now >= out.sent + self.latency,
-                    }
+            && (0..WORKERS).any(|i| {
+                let w = &state.workers[i];
+                self.beat_due(state, i)
+                    || (w.phase == (Phase::Running { beating: true })
+                        && w.beat
+                            .out
+                            .is_some_and(|out| state.now >= out.sent + self.latency))
             })
     }
 
@@ -1138,11 +1282,12 @@ impl Protocol {
             Phase::Failing {
                 expires_at_s,
                 panicked,
+                compensating,
             } => (
                 Change::Fail {
                     error: "the body failed",
                     expires_at_s,
-                    release_claim_writes: self.claim_writes && self.compensate,
+                    release_claim_writes: compensating,
                 },
                 Status::Failed,
                 if panicked {
@@ -1161,15 +1306,32 @@ impl Protocol {
             (false, true) => return false,
             (false, false) => {
                 let token = token(worker);
-                state.workers[worker].phase =
-                    if handler::landed(state.record.as_ref(), &token, status) {
-                        Phase::Done(done)
-                    } else if status == Status::Completed {
-                        Phase::Done(Outcome::LeaseLost)
-                    } else {
-                        // The failure was not recorded; the caller still gets its own error.
-                        Phase::Done(done)
-                    };
+                let record = state.record.as_ref();
+                let w = &mut state.workers[worker];
+                w.phase = match (&w.phase, status) {
+                    (_, Status::Completed) => match decide::after_rejected_complete(record, &token)
+                    {
+                        AfterRejectedComplete::Stored => Phase::Done(done),
+                        AfterRejectedComplete::Lost => Phase::Done(Outcome::LeaseLost),
+                    },
+                    (
+                        &Phase::Failing {
+                            expires_at_s,
+                            panicked,
+                            compensating,
+                        },
+                        _,
+                    ) => match decide::after_rejected_fail(record, &token, compensating) {
+                        AfterRejectedFail::WithoutCompensation => Phase::Failing {
+                            expires_at_s,
+                            panicked,
+                            compensating: false,
+                        },
+                        // Recorded, or not ours any more: the caller gets its own error.
+                        AfterRejectedFail::Recorded | AfterRejectedFail::Lost => Phase::Done(done),
+                    },
+                    _ => return false,
+                };
             }
         }
         if let Phase::Done(Outcome::Ran(value)) = &state.workers[worker].phase {
@@ -1184,7 +1346,7 @@ impl Protocol {
     /// the key.
     fn release(&self, state: &mut State, worker: usize) {
         let now_ms = state.clock_ms(worker);
-        let change = Change::Fail {
+        let change = Change::Release {
             error: handler::RELEASED,
             // A release sends no compensation: claim-time writes stay in effect; so may steps (the
             // handler's rule for a dropped claim).
@@ -1195,7 +1357,6 @@ impl Protocol {
                     (self.claim_writes || self.steps).then_some(self.ttl),
                 ),
             ),
-            release_claim_writes: false,
         };
         self.transition(state, worker, change);
         state.workers[worker].phase = Phase::Done(Outcome::Released);
@@ -1353,9 +1514,7 @@ impl Model for Protocol {
                     if *beating && self.in_flight {
                         actions.push(Action::Stall(i));
                         match w.beat.out {
-                            None if state.true_ms() >= w.beat.due_ms => {
-                                actions.push(Action::Beat(i));
-                            }
+                            None if self.beat_due(state, i) => actions.push(Action::Beat(i)),
                             None => {}
                             Some(BeatOut { landed: None, .. }) => {
                                 actions.push(Action::BeatLands(i));
@@ -1417,9 +1576,7 @@ impl Model for Protocol {
                 // Deleted by TTL: the key is new.
                 None => state.workers[i].phase = Phase::Claiming,
             },
-            Action::GiveUp(i) => {
-                state.workers[i].phase = Phase::Done(given_up(&state.workers[i].phase));
-            }
+            Action::GiveUp(i) => self.give_up(&mut state, i),
             Action::Body(i, ok) => {
                 let now_ms = state.clock_ms(i);
                 if ok {
@@ -1433,6 +1590,7 @@ impl Model for Protocol {
                     Phase::Failing {
                         expires_at_s: handler::expiry_s(now_ms, self.failed_lifetime()),
                         panicked: false,
+                        compensating: self.claim_writes && self.compensate,
                     }
                 };
             }
@@ -1441,26 +1599,12 @@ impl Model for Protocol {
                 state.workers[i].phase = Phase::Failing {
                     expires_at_s: handler::expiry_s(now_ms, self.failed_lifetime()),
                     panicked: true,
+                    compensating: self.claim_writes && self.compensate,
                 };
             }
-            Action::Drop(i) => match state.workers[i].phase {
-                Phase::Running { .. } if i == DETACHED => state.workers[i].caller_gone = true,
-                // The body stops where it is; so do its heartbeats.
-                Phase::Running { .. } => state.workers[i].phase = Phase::Done(Outcome::Abandoned),
-                _ => state.workers[i].phase = Phase::Releasing,
-            },
+            Action::Drop(i) => self.abandon(&mut state, i),
             Action::Release(i) => self.release(&mut state, i),
-            Action::Heartbeat(i) => {
-                let now_ms = state.clock_ms(i);
-                let change = Change::ExtendLease {
-                    lease_until_ms: now_ms + u64::try_from(self.lease.as_millis()).unwrap(),
-                    expires_at_s: handler::expiry_s(now_ms, self.lease + self.ttl),
-                };
-                if !self.transition(&mut state, i, change) {
-                    // Lost, or already completed: the heartbeat stops.
-                    state.workers[i].phase = Phase::Running { beating: false };
-                }
-            }
+            Action::Heartbeat(i) => self.heartbeat(&mut state, i),
             Action::Store(i, lost) => {
                 if !self.store_outcome(&mut state, i, lost) {
                     return None;
@@ -1595,6 +1739,13 @@ fn holds(s: &State, i: usize) -> bool {
 }
 
 impl Protocol {
+    /// Whether no two workers' clocks differ by more than the margin: the design's assumption, under
+    /// which a live holder is never taken over (with clocks off by up to the margin *each way*, two may
+    /// differ by twice it, and a holder whose clock runs behind loses that much of its lease).
+    fn clocks_within_margin(&self) -> bool {
+        2 * self.skew * TICK_MS <= millis(self.margin)
+    }
+
     /// What time passing while requests are in flight must not break.
     fn in_flight_properties() -> Vec<Property<Self>> {
         vec![
@@ -1733,8 +1884,12 @@ impl fmt::Display for State {
             }
             if let Some(out) = w.beat.out {
                 write!(f, " heartbeat out {out:?}")?;
-            } else if w.beat.due_ms > 0 {
-                write!(f, " next heartbeat at {}ms", w.beat.due_ms)?;
+            } else if w.beat.lease_until_ms > 0 {
+                write!(
+                    f,
+                    " last heartbeat sent at {}ms, lease until {}ms",
+                    w.beat.sent_ms, w.beat.lease_until_ms
+                )?;
             }
             if !w.steps.known.is_empty() {
                 write!(f, " knows {} next {}", shown(&w.steps.known), w.steps.next)?;
@@ -1964,52 +2119,107 @@ fn find(name: &str, protocol: Protocol, property: &'static str) -> (Run, usize) 
     (run, length)
 }
 
-/// A claim whose answer comes after its lease (a slow answer, or a resent claim found ours): the body
-/// starts on a lease that already lapsed.
-#[test]
-fn a_late_claim_answer_starts_a_body_on_a_lapsed_lease() {
-    find(
-        "in flight: a late claim answer",
-        in_flight(3),
-        "a body starts only while its claim holds the key",
-    );
+/// Properties the requests-in-flight runs still find broken: a call that gave its claim up (dropped,
+/// or its claim's answer never came) releases it with a mark that its own claim, landing later,
+/// respects; but the mark is written only where there is no record, and lives only `failed_ttl`. So a
+/// claim in flight still lands after its release when the release found another call's record (a
+/// FAILED one, say: claimable), or when the mark expired and was purged before the claim landed. See
+/// `a_release_that_finds_another_record_leaves_no_mark` and
+/// `a_release_mark_that_expires_first_lets_its_claim_land`. Once the release covers them, these runs
+/// find nothing and this list must be emptied.
+const OPEN: [&str; 2] = [
+    "a call that returns before its body leaves no claim behind",
+    "a drop before the body never blocks the key",
+];
+
+/// Explores the whole space of `protocol`: every property holds and every witness is found, except
+/// the [`OPEN`] ones, which are found broken (their counterexamples' lengths are printed).
+fn check_whole(name: &str, protocol: &Protocol) {
+    let (run, checker) = check(protocol.clone(), HasDiscoveries::AllFailures);
+    println!("model [{name}]: {run}");
+    for property in protocol.properties() {
+        let found = checker.discovery(property.name);
+        match property.expectation {
+            Expectation::Always if OPEN.contains(&property.name) => {
+                let path = found.unwrap_or_else(|| {
+                    panic!("[{name}] `{}` now holds: take it off OPEN", property.name)
+                });
+                println!(
+                    "  still broken: `{}` fails after {} moves",
+                    property.name,
+                    path.into_vec().len() - 1
+                );
+            }
+            Expectation::Always | Expectation::Eventually => {
+                assert!(found.is_none(), "[{name}] `{}` fails", property.name);
+            }
+            Expectation::Sometimes => {
+                assert!(
+                    found.is_some(),
+                    "[{name}] `{}` never happens",
+                    property.name
+                );
+            }
+        }
+    }
 }
 
-/// Heartbeats sent an interval after each answer, each taking up to 2 s on a 3 s lease (clocks exact,
-/// the default margin): the lease lapses while every heartbeat succeeds.
+/// Requests in flight, on the handler's own decisions: claims answered after their lease (a slow
+/// answer, or a resent claim found ours), heartbeats slow enough to eat most of the lease, claims the
+/// SDK gives up on, and calls dropped with their claim in flight. Each run explores its whole space.
+/// FAILED records live as long as a claim's record (`lease + ttl`), so that a release's mark outlives
+/// the claim it stands in for (see `a_release_mark_that_expires_first_lets_its_claim_land`).
 #[test]
-fn heartbeats_timed_from_their_answers_let_a_live_lease_lapse() {
-    find(
-        "in flight: slow heartbeats",
-        Protocol {
+fn requests_in_flight_keep_the_promises() {
+    check_whole(
+        "in flight: late answers, lease 2 s, clocks +-1 s, 2 s",
+        &Protocol {
+            failed_ttl: Duration::from_secs(3),
+            ..in_flight(2)
+        },
+    );
+    check_whole(
+        "in flight: heartbeats within 2 s, lease 3 s, exact clocks, 6 s",
+        &Protocol {
             skew: 0,
             lease: Duration::from_secs(3),
-            ..in_flight(7)
+            failed_ttl: Duration::from_secs(4),
+            ..in_flight(6)
         },
-        "a holder whose heartbeats land in time keeps its key",
+    );
+    check_whole(
+        "in flight: interruptions, 2 s",
+        &Protocol {
+            interruptions: true,
+            failed_ttl: Duration::from_secs(3),
+            ..in_flight(2)
+        },
     );
 }
 
-/// A claim that landed, whose answer the SDK gave up on: the call returns an error and the claim
-/// stays PENDING for its lease.
+/// A call gives its claim up while it is in flight, and its release finds another call's record
+/// (here another caller's release mark): no mark of its own is written, and its claim lands on the
+/// claimable record under a call that has returned.
 #[test]
-fn a_claim_given_up_on_stays_pending() {
+fn a_release_that_finds_another_record_leaves_no_mark() {
     find(
-        "in flight: a claim given up on",
-        in_flight(1),
+        "in flight: a release that finds another call's record",
+        Protocol {
+            failed_ttl: Duration::from_secs(3),
+            ..in_flight(1)
+        },
         "a call that returns before its body leaves no claim behind",
     );
 }
 
-/// A call dropped while its claim is in flight: the release finds nothing, then the claim lands.
+/// A release's mark that expires before the claim it stands in for lands (a `failed_ttl` shorter than
+/// a claim's `lease + ttl`, and the claim still in flight when the mark is purged): the claim lands
+/// under a call that returned long ago.
 #[test]
-fn a_dropped_calls_claim_lands_after_its_release() {
+fn a_release_mark_that_expires_first_lets_its_claim_land() {
     find(
-        "in flight: a dropped call's late claim",
-        Protocol {
-            interruptions: true,
-            ..in_flight(1)
-        },
-        "a drop before the body never blocks the key",
+        "in flight: failed_ttl 1 s under a 2 s lease",
+        in_flight(1),
+        "a call that returns before its body leaves no claim behind",
     );
 }

@@ -27,7 +27,7 @@ use crate::store::{
 };
 use crate::telemetry::{self, Dropped, Outcome};
 
-mod decide;
+pub(crate) mod decide;
 pub use decide::MIN_LEASE;
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
