@@ -19,7 +19,7 @@ use serde::ser::{self, Error as _};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::handler::{Call, MissingKey};
+use crate::operation::{Call, MissingKey};
 
 pub(crate) mod http;
 

@@ -131,7 +131,7 @@ pub mod __private;
 #[doc(hidden)]
 pub use __private::{
     Concrete, Generic, IdempotencyHandle, IdempotencyKey, IdempotencyPayload, IdempotentError,
-    IdempotentOutput, IdempotentValue,
+    IdempotentErrorSend, IdempotentOutput, IdempotentValue,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -142,9 +142,10 @@ pub use config::{
 };
 pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
-pub use handler::{MIN_LEASE, MissingKey};
+pub use handler::MIN_LEASE;
 pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
+pub use operation::MissingKey;
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;

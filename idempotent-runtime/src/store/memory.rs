@@ -297,12 +297,12 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
 /// The record a [`Change::Release`] writes where there was none: FAILED under the releasing call's
 /// token, so that the call's own claim, if it lands later, is refused by it.
 pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
-    let (error, expires_at_s) = match transition.change {
-        Change::Release {
-            error,
-            expires_at_s,
-        } => (error, expires_at_s),
-        _ => unreachable!("only a release writes a record where there is none"),
+    let Change::Release {
+        error,
+        expires_at_s,
+    } = transition.change
+    else {
+        unreachable!("only a release writes a record where there is none")
     };
     Record {
         key: transition.key.to_owned(),

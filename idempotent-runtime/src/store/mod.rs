@@ -371,9 +371,14 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// [`is_claimable_keeping_writes`](Record::is_claimable_keeping_writes) is claimed; any other record
     /// is returned as blocking, and an absent one is [`StoreError::Corrupt`] (DynamoDB reports a failed
     /// condition without an item; nothing was written, and the caller claims again with its writes).
+    ///
+    /// A FAILED record under the request's own token is never claimed: it is the mark its call left when
+    /// it gave the claim up ([`Change::Release`]), and this request is that call's, landing late.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
+    /// A [`Change::Release`] is also applied where there is no record at all, writing a FAILED one under
+    /// its token.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
 
     /// Applies `transition` together with the staged `writes`, atomically: all or nothing. Used for a

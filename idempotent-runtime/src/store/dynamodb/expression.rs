@@ -695,13 +695,17 @@ mod tests {
                     let (update, condition) = CLAIMS[index];
                     assert_eq!(update.contains(":fp"), fingerprint);
                     assert!(condition.contains(kind.condition()), "{condition}");
+                    // Every claim is refused by its own call's release.
                     if let Some(steps) = mode.condition() {
                         assert!(
-                            condition.ends_with(&format!("AND ({steps})")),
+                            condition.ends_with(&format!("AND ({steps}) AND {NOT_RELEASED}")),
                             "{condition}"
                         );
                     } else {
-                        assert_eq!(condition, kind.condition());
+                        assert_eq!(
+                            condition,
+                            format!("({}) AND {NOT_RELEASED}", kind.condition())
+                        );
                     }
                     assert_eq!(update.contains("#sp = :sp"), mode.starts_afresh());
                 }
