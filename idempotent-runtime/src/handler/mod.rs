@@ -49,7 +49,7 @@ use crate::store::{
 use crate::telemetry::{self, Dropped, Outcome};
 
 mod claim;
-mod decide;
+pub(crate) mod decide;
 mod heartbeat;
 mod run;
 mod settle;
