@@ -223,7 +223,18 @@ impl Attempt<'_> {
                     (!self.plan.claim_writes.is_empty() || self.plan.steps.is_some())
                         .then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
                 );
-                release(self.idem, namespace, self.plan.key, self.token, lifetime);
+                let mark = decide::release_mark_lifetime(
+                    self.lease,
+                    writes_lifetime(self.idem, self.plan, self.ttl),
+                );
+                release(
+                    self.idem,
+                    namespace,
+                    self.plan.key,
+                    self.token,
+                    lifetime,
+                    mark,
+                );
             }
             decide::OnDrop::KeepBody => telemetry::call_dropped(namespace, Dropped::Body),
             decide::OnDrop::Nothing => {}
@@ -247,6 +258,7 @@ pub(super) fn release(
     key: &str,
     token: &str,
     lifetime: Duration,
+    mark_lifetime: Duration,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(
@@ -258,37 +270,59 @@ pub(super) fn release(
     let (idem, key, token) = (idem.clone(), key.to_owned(), token.to_owned());
     let tasks = idem.tasks().clone();
     let release = async move {
-        let now_ms = idem.clock().now_ms();
-        // A release, not a failure: where the claim has not landed yet (its request still in
-        // flight), it leaves a FAILED record under the call's token that the claim, landing later,
-        // finds and does not overwrite.
-        let transition = Transition {
-            key: &key,
-            token: &token,
-            change: Change::Release {
-                error: RELEASED,
-                expires_at_s: expiry_s(now_ms, lifetime),
-            },
-        };
-        match telemetry::observe("release", idem.store().transition(&transition)).await {
-            Ok(WriteOutcome::Applied) => {
-                tracing::debug!(namespace, "dropped call's claim released");
-            }
-            // The claim is no longer ours (or never landed on a record of another call's): nothing to
-            // release.
-            Ok(WriteOutcome::Rejected(_)) => {}
-            Err(error) => tracing::warn!(
-                namespace,
-                %error,
-                "could not release the claim of a call that gave it up; it lapses with its lease"
-            ),
+        // A fenced failure of the claim if it landed; where there is no record at all (the claim
+        // still in flight), a mark under the call's token that the claim, landing later, finds and
+        // does not overwrite ([`decide::after_release`]). Twice each at most: the claim lands once.
+        let mut step = Some(decide::ReleaseStep::Fail);
+        for _ in 0..4 {
+            let Some(sent) = step else { break };
+            let now_ms = idem.clock().now_ms();
+            let change = match sent {
+                decide::ReleaseStep::Fail => Change::Fail {
+                    error: RELEASED,
+                    expires_at_s: expiry_s(now_ms, lifetime),
+                    release_claim_writes: false,
+                },
+                decide::ReleaseStep::Mark => Change::Release {
+                    error: RELEASED,
+                    expires_at_s: expiry_s(now_ms, mark_lifetime),
+                },
+            };
+            let transition = Transition {
+                key: &key,
+                token: &token,
+                change,
+            };
+            let (applied, found) = match telemetry::observe(
+                "release",
+                idem.store().transition(&transition),
+            )
+            .await
+            {
+                Ok(WriteOutcome::Applied) => (true, None),
+                Ok(WriteOutcome::Rejected(record)) => (false, record),
+                Err(error) => {
+                    tracing::warn!(
+                        namespace,
+                        %error,
+                        "could not release the claim of a call that gave it up; it lapses with its lease"
+                    );
+                    return;
+                }
+            };
+            step = decide::after_release(sent, applied, found.as_ref());
         }
+        tracing::debug!(namespace, "the claim of a call that gave it up is released");
     };
     runtime.spawn(tasks.track_future(release));
 }
 
 /// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
 /// in-flight call until it finishes or the wait runs out.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one loop of claim, inspect and wait: split, its state would live across awaits in more futures, each part of every call's"
+)]
 pub(super) async fn acquire<T: DeserializeOwned>(
     attempt: &Attempt<'_>,
 ) -> Result<Acquired<T>, Error> {
@@ -316,19 +350,26 @@ pub(super) async fn acquire<T: DeserializeOwned>(
     // With steps: the stored steps of a record to resume, as last seen (boxed: a pointer in every
     // call's future, where most calls have no steps).
     let mut resume: Option<Box<Vec<u8>>> = None;
+    // The call's claim is in the store but was answered too late to use: renew it rather than claim.
+    let mut renew = false;
     'claim: loop {
         number += 1;
         tracing::Span::current().record("attempt", number);
         let mut request = attempt.request(number);
-        if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
-            steps.resuming();
-            request.steps = steps.claim(token, Some(seen));
-        }
         let claimed_until_ms = request.lease_until_ms;
         attempt.stage.set(Stage::Claiming);
-        // The request is moved into the attempt's own future: this one then holds it only while that
-        // future is awaited, and the record it may return can share its place.
-        let mut record = match claim_once(idem, plan, request).await? {
+        let claim = if std::mem::take(&mut renew) {
+            Box::pin(renew_once(attempt, claimed_until_ms, request.expires_at_s)).await?
+        } else {
+            if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
+                steps.resuming();
+                request.steps = steps.claim(token, Some(seen));
+            }
+            // The request is moved into the attempt's own future: this one then holds it only
+            // while that future is awaited, and the record it may return can share its place.
+            claim_once(idem, plan, request).await?
+        };
+        let mut record = match claim {
             Claim::Held => {
                 let landed = decide::Answer::Landed {
                     lease_until_ms: claimed_until_ms,
@@ -338,9 +379,11 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                         let seen = resume.map(|seen| *seen);
                         return Ok(attempt.held(seen, lease_until_ms, took_over));
                     }
-                    // Answered after its lease: claim again (the refusal shows our record, and its
-                    // steps, which the renewal then resumes).
-                    decide::AfterClaim::Renew => continue 'claim,
+                    // Answered after its lease: renew it, if it is still ours.
+                    decide::AfterClaim::Renew => {
+                        renew = true;
+                        continue 'claim;
+                    }
                     _ => return Err(contended(plan.call.namespace, number)),
                 }
             }
@@ -376,7 +419,13 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 decide::AfterClaim::Renew => {
                     attempt.stage.set(Stage::Claiming);
                     resume = plan.steps.and(record.steps).map(Box::new);
+                    renew = true;
                     continue 'claim;
+                }
+                // Our claim, but never in time: given up (released) by the caller.
+                decide::AfterClaim::GiveUp => {
+                    attempt.stage.set(Stage::Claiming);
+                    return Err(contended(plan.call.namespace, number));
                 }
                 decide::AfterClaim::Released => return Err(released(plan.call.namespace)),
                 decide::AfterClaim::Replay => {
@@ -422,6 +471,35 @@ fn next_poll(
     let pause = deadline.min(tokio::time::Instant::now() + *poll);
     *poll = (*poll * 2).min(MAX_POLL);
     Some(pause)
+}
+
+/// A renewal of the call's own claim, answered too late to use: a fenced write under its token (a
+/// heartbeat's) asking for a lease until `lease_until_ms`. It lands only if no one took the key over
+/// ([`Claim::Held`]); otherwise it shows the record that did ([`Claim::Blocked`]), or that there is none
+/// ([`Claim::Vanished`]: the call claims afresh). Out of line and boxed: only a late answer renews.
+#[cold]
+async fn renew_once(
+    attempt: &Attempt<'_>,
+    lease_until_ms: u64,
+    expires_at_s: u64,
+) -> Result<Claim, Error> {
+    let transition = Transition {
+        key: attempt.plan.key,
+        token: attempt.token,
+        change: Change::ExtendLease {
+            lease_until_ms,
+            expires_at_s,
+        },
+    };
+    let renewed = telemetry::observe("renew", attempt.idem.store().transition(&transition)).await;
+    match renewed {
+        Ok(WriteOutcome::Applied) => Ok(Claim::Held),
+        Ok(WriteOutcome::Rejected(Some(record))) => Ok(Claim::Blocked(record)),
+        Ok(WriteOutcome::Rejected(None)) => Ok(Claim::Vanished(StoreError::Corrupt(
+            "the record of a claim being renewed is gone".to_owned(),
+        ))),
+        Err(e) => Err(store_error(attempt.plan.call.namespace, e)),
+    }
 }
 
 /// What one claim attempt found.

@@ -35,9 +35,13 @@ pub(crate) enum AfterClaim {
     },
     /// The claim is ours, but its lease had run out by the time its answer was read (a slow answer,
     /// or the SDK's retry of a lost one): another caller may have taken the key over meanwhile, so the
-    /// body must not start on it. Claim again with the same token: that renews the lease if nobody
-    /// took over, and shows who did otherwise.
+    /// body must not start on it. Renew it with a fenced write under the call's token (a heartbeat's):
+    /// it lands only if nobody took over, and otherwise shows the record that did.
     Renew,
+    /// The claim is ours, but every answer (the claim's and its renewals') came too late to use, on
+    /// every attempt the call may make: give the claim up ([`OnDrop::Release`]'s release) and report
+    /// [`Error::Contended`].
+    GiveUp,
     /// The record is ours but no longer PENDING: the claim was released (the call gave up on it and
     /// marked it so), and the call must not use it.
     Released,
@@ -88,7 +92,7 @@ pub(crate) fn after_claim(
         if now_ms < lease_until_ms {
             AfterClaim::Run { lease_until_ms }
         } else if exhausted {
-            AfterClaim::Contended
+            AfterClaim::GiveUp
         } else {
             AfterClaim::Renew
         }
@@ -162,6 +166,47 @@ pub(crate) fn on_drop(stage: Stage, releasable: bool) -> OnDrop {
         Stage::Running => OnDrop::KeepBody,
         Stage::Waiting | Stage::Done => OnDrop::Nothing,
     }
+}
+
+/// The writes of a release, in the order they are tried: first a fenced failure of the claim (which
+/// holds the key if it landed), then, where there is no record at all (the claim still in flight), a
+/// FAILED mark under the call's token ([`Change::Release`](crate::store::Change::Release)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseStep {
+    /// PENDING under the call's token → FAILED.
+    Fail,
+    /// No record → a FAILED mark under the call's token, living as long as the claim it stands in for
+    /// would ([`release_mark_lifetime`]).
+    Mark,
+}
+
+/// What a release does after `step` was `applied`, or rejected with the record it `found` (`None`: no
+/// record).
+pub(crate) fn after_release(
+    step: ReleaseStep,
+    applied: bool,
+    found: Option<&Record>,
+) -> Option<ReleaseStep> {
+    if applied {
+        return None;
+    }
+    match (step, found) {
+        // No record: the claim has not landed (or never will); leave the mark it must respect.
+        (ReleaseStep::Fail, None) => Some(ReleaseStep::Mark),
+        // The claim landed between the two writes: fail it.
+        (ReleaseStep::Mark, Some(record)) if record.status == Status::Pending => {
+            Some(ReleaseStep::Fail)
+        }
+        // Another call's record, or ours no longer PENDING: nothing of ours to release.
+        _ => None,
+    }
+}
+
+/// How long a release's mark lives: at least as long as the claim it stands in for (its `lease` and
+/// the operation's `lifetime` past it), so that the mark is not purged before a claim that lands late
+/// would have expired anyway.
+pub(crate) fn release_mark_lifetime(lease: Duration, lifetime: Duration) -> Duration {
+    lease.saturating_add(lifetime)
 }
 
 /// What a rejected completion means.
@@ -306,7 +351,7 @@ mod tests {
         assert_eq!(after_claim(landed, 1, 2_000, 1_000), AfterClaim::Renew);
         assert_eq!(
             after_claim(landed, CLAIMABLE_RETRIES + 1, 2_000, 1_000),
-            AfterClaim::Contended
+            AfterClaim::GiveUp
         );
         // A retried claim recognised as ours: the record's lease, not the request's.
         let ours = record(Status::Pending, Some(5_000));
@@ -379,6 +424,28 @@ mod tests {
         );
         assert_eq!(after_heartbeat(Some(false), 0, 0), AfterHeartbeat::Stop);
         assert_eq!(after_heartbeat(None, 0, 0), AfterHeartbeat::Retry);
+    }
+
+    #[test]
+    fn a_release_fails_a_landed_claim_and_marks_an_absent_one() {
+        let ours = record(Status::Pending, Some(10));
+        let failed = record(Status::Failed, None);
+        assert_eq!(after_release(ReleaseStep::Fail, true, None), None);
+        assert_eq!(
+            after_release(ReleaseStep::Fail, false, None),
+            Some(ReleaseStep::Mark)
+        );
+        assert_eq!(after_release(ReleaseStep::Fail, false, Some(&failed)), None);
+        assert_eq!(after_release(ReleaseStep::Mark, true, None), None);
+        assert_eq!(
+            after_release(ReleaseStep::Mark, false, Some(&ours)),
+            Some(ReleaseStep::Fail)
+        );
+        assert_eq!(after_release(ReleaseStep::Mark, false, Some(&failed)), None);
+        assert_eq!(
+            release_mark_lifetime(Duration::from_mins(1), Duration::from_hours(24)),
+            Duration::from_mins(60 * 24 + 1)
+        );
     }
 
     #[test]

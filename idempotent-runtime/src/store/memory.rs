@@ -283,7 +283,8 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 /// Whether `record` is PENDING under the transition's token, so that the transition may be made; a
 /// failure that releases claim-time writes (its compensation) also needs them still in effect.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
-    record.status == Status::Pending
+    !matches!(transition.change, Change::Release { .. })
+        && record.status == Status::Pending
         && record.token == transition.token
         && match transition.change {
             Change::Fail {
@@ -348,15 +349,8 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.replay_until_s = replay_until_s;
             record.lease_until_ms = None;
         }
-        Change::Release {
-            error,
-            expires_at_s,
-        } => {
-            record.status = Status::Failed;
-            record.error = Some(error.to_owned());
-            record.expires_at_s = expires_at_s;
-            record.lease_until_ms = None;
-        }
+        // Never applied to a record ([`fenced`]): written where there is none ([`tombstone`]).
+        Change::Release { .. } => {}
         Change::Fail {
             error,
             expires_at_s,

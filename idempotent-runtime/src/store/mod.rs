@@ -141,12 +141,11 @@ pub enum Change<'a> {
         /// Every finished step's value, encoded.
         steps: &'a [u8],
     },
-    /// The call holding the token gives its claim up, whether or not the claim has landed (a dropped
-    /// call, or one whose claim's answer never came): a PENDING record under the token becomes FAILED
-    /// with `error`, as [`Fail`](Self::Fail) does; where there is **no record**, a FAILED record under
-    /// the token is written (a tombstone), which a claim with the same token that lands later finds
-    /// and does not overwrite (every claim is refused by a FAILED record under its own token). Any
-    /// other record is left alone and returned.
+    /// Where there is **no record**, a FAILED record under the token (a mark): the call holding the
+    /// token gave up a claim whose request is still in flight (dropped, or its answer never came), and
+    /// that claim, if it lands later, finds the mark and does not overwrite it (every claim is refused
+    /// by a FAILED record under its own token). Any record at all rejects it, returned as it is. (A
+    /// claim that has landed is given up with a [`Fail`](Self::Fail) first.)
     Release {
         /// Why, for operators.
         error: &'a str,
@@ -377,8 +376,8 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
-    /// A [`Change::Release`] is also applied where there is no record at all, writing a FAILED one under
-    /// its token.
+    /// A [`Change::Release`] instead is applied only where there is no record at all, writing a FAILED
+    /// one under its token.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
 
     /// Applies `transition` together with the staged `writes`, atomically: all or nothing. Used for a

@@ -52,12 +52,12 @@ pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attri
 /// that call that lands after its release is refused.
 pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk)";
 
-/// The condition of a release ([`Change::Release`]): no record at all (the claim has not landed, and a
-/// tombstone is written), or PENDING under the caller's token.
-pub const RELEASABLE: &str = "attribute_not_exists(#pk) OR (#st = :pending AND #tk = :tk)";
+/// The condition of a release's mark ([`Change::Release`]): no record at all (the call's claim has not
+/// landed).
+pub const RELEASABLE: &str = "attribute_not_exists(#pk)";
 
-/// A release's update: FAILED under the caller's token (on an absent record, a new one: `#at` 0).
-pub const RELEASE: &str = "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = if_not_exists(#at, :zero) REMOVE #lu";
+/// A release mark's item: FAILED under the caller's token, no claim attempt made (`#at` 0).
+pub const RELEASE: &str = "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero";
 
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
@@ -257,7 +257,10 @@ impl RecordUpdate {
         region: Option<&str>,
     ) -> Self {
         let mut values = HashMap::with_capacity(6);
-        values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        // Every transition's condition but a release mark's names the status held.
+        if !matches!(transition.change, Change::Release { .. }) {
+            values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
+        }
         values.insert(":tk".to_owned(), s(transition.token));
         let (update, names) = match transition.change {
             Change::Complete {

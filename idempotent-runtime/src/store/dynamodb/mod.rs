@@ -33,7 +33,7 @@
 //! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
-//! | release (a call dropped while claiming, or whose claim's answer never came) | `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + failed_ttl, #at = if_not_exists(#at, 0) REMOVE #lu` | `attribute_not_exists(#pk) OR (#st = PENDING AND #tk = :tk)`: on no item, a tombstone under the call's token |
+//! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0` | the fail's; the mark's `attribute_not_exists(#pk)` |
 //! | wait | consistent `GetItem` | — |
 //!
 //! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record
