@@ -368,6 +368,41 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A step finished in an earlier call of the operation (its closure returned `Ok`: its effect
+    /// happened), but its value could not be stored: it did not serialize (a `NaN`, a `Serialize` that
+    /// failed or panicked) or did not fit in the record ([`Error::StepTooLarge`] for that call). The
+    /// step is recorded as finished without a value and is never run again while the record lives, so
+    /// the body cannot go past it: every call of the operation stops there with this error. Settle the
+    /// key by hand (the runbook's "A step that cannot be resumed"), and make the step return a value
+    /// that stores (an id rather than the whole object).
+    #[error(
+        "`{namespace}`: step `{step}` finished in an earlier call but its value could not be stored ({detail}); it is not run again, so the operation cannot resume past it: settle the key by hand (see the runbook) and make the step return a smaller, serializable value"
+    )]
+    StepNotStored {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+        /// Why the value could not be stored, as recorded.
+        detail: String,
+    },
+
+    /// A step run with [`Steps::run_at_most_once`](crate::Steps::run_at_most_once) started in an
+    /// earlier call of the operation and did not finish (a crash, a lapsed lease taken over, a dropped
+    /// call, a panic): its effect may or may not have happened, and it is never run again while the
+    /// record lives. Every call of the operation stops there with this error until an operator settles
+    /// the key (the runbook's "A step that cannot be resumed"): find out whether the effect happened,
+    /// finish it by hand if needed, then complete or delete the record.
+    #[error(
+        "`{namespace}`: step `{step}` runs at most once and was interrupted in an earlier call before it finished; it is not run again: find out whether its effect happened and settle the key by hand (see the runbook)"
+    )]
+    StepInterrupted {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+    },
+
     /// No `store = ..` was given and no default `Idempotency` was installed.
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
@@ -495,6 +530,8 @@ impl Error {
             | Error::StepRepeated { namespace, .. }
             | Error::StepTooLarge { namespace, .. }
             | Error::StepValue { namespace, .. }
+            | Error::StepNotStored { namespace, .. }
+            | Error::StepInterrupted { namespace, .. }
             | Error::NotInstalled { namespace } => namespace,
         }
     }

@@ -474,13 +474,33 @@ macro_rules! send {
 }
 use send;
 
+/// Whether a claim refused by `record` is to be sent again removing its steps: a claim without steps
+/// ([`StepsClaim::Untouched`](crate::store::StepsClaim::Untouched)) of an expired record that holds
+/// some (refused by [`STEPS_UNTOUCHED`](expression::STEPS_UNTOUCHED)). The claim starts a new
+/// operation, which must not inherit the old one's steps; the resend is conditioned on the record
+/// being expired still. One more request, only on such a record.
+fn clears_steps(request: &ClaimRequest<'_>, record: &Record) -> bool {
+    matches!(request.steps, crate::store::StepsClaim::Untouched)
+        && !request.keep_claim_writes
+        && record.steps.is_some()
+        && record.is_expired(request.now_ms)
+}
+
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, false);
-        let outcome = self
+        let update = RecordUpdate::claim(&self.inner.prepared, request, false, false);
+        let mut outcome = self
             .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
             .await?;
+        if let WriteOutcome::Rejected(Some(record)) = &outcome
+            && clears_steps(request, record)
+        {
+            let update = RecordUpdate::claim(&self.inner.prepared, request, false, true);
+            outcome = self
+                .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
+                .await?;
+        }
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
             WriteOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
@@ -527,10 +547,35 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, true);
+        let update = RecordUpdate::claim(&self.inner.prepared, request, true, false);
         let record = self.record_update(request.key, update)?;
         let token = request_token(
             "claim",
+            &self.inner.table,
+            request.key,
+            request.token,
+            request.attempt,
+        );
+        let outcome = self
+            .transact(
+                "claim_transaction",
+                request.key,
+                record,
+                writes.items().to_vec(),
+                token,
+            )
+            .await?;
+        let TransactOutcome::Rejected(Some(old)) = &outcome else {
+            return Ok(outcome);
+        };
+        if !clears_steps(request, old) {
+            return Ok(outcome);
+        }
+        // Another request (its own token): the same claim, removing the expired record's steps.
+        let update = RecordUpdate::claim(&self.inner.prepared, request, true, true);
+        let record = self.record_update(request.key, update)?;
+        let token = request_token(
+            "claim_clearing_steps",
             &self.inner.table,
             request.key,
             request.token,

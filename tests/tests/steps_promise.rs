@@ -1,0 +1,423 @@
+//! The promise of steps (`Operation::run_steps`), path by path: a finished step never runs again
+//! while its record lives — not when its value could not be stored, not after an operator released
+//! the key, not under `restart_steps_after_failure`, and not after code without steps claimed the key.
+//! Each test runs on both stores.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
+use idempotent_runtime::{
+    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
+};
+use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
+use serde::ser::SerializeStruct as _;
+use tokio::sync::Notify;
+
+const NAMESPACE: &str = "steps-promise::checkout";
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A charge's value: an id and an amount. `bomb` makes its `Serialize` panic.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+struct Charge {
+    id: String,
+    amount: f64,
+    #[serde(default)]
+    bomb: bool,
+}
+
+impl serde::Serialize for Charge {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        assert!(!self.bomb, "the charge's Serialize panicked");
+        let mut charge = serializer.serialize_struct("Charge", 2)?;
+        charge.serialize_field("id", &self.id)?;
+        charge.serialize_field("amount", &self.amount)?;
+        charge.end()
+    }
+}
+
+/// Why a charge's value cannot be stored.
+#[derive(Debug, Clone, Copy)]
+enum Unstorable {
+    /// Too large for the record, even compressed.
+    TooLarge,
+    /// A NaN amount: JSON has no NaN.
+    NotANumber,
+    /// Its `Serialize` panics.
+    Panics,
+}
+
+impl Unstorable {
+    fn charge(self) -> Charge {
+        match self {
+            Unstorable::TooLarge => Charge {
+                id: noise(1_000_000),
+                amount: 1.0,
+                bomb: false,
+            },
+            Unstorable::NotANumber => Charge {
+                id: "ch_1".into(),
+                amount: f64::NAN,
+                bomb: false,
+            },
+            Unstorable::Panics => Charge {
+                id: "ch_1".into(),
+                amount: 1.0,
+                bomb: true,
+            },
+        }
+    }
+}
+
+/// `len` pseudo-random hex digits (xorshift), which compress about 2:1.
+fn noise(len: usize) -> String {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from_digit((state % 16) as u32, 16).unwrap()
+        })
+        .collect()
+}
+
+/// A checkout of three steps: reserve, charge (whose value is `charge`), email.
+async fn checkout(
+    idem: &Idempotency,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+    charge: Charge,
+) -> Result<String, AppError> {
+    let operation = idem.operation(NAMESPACE, order).lease(LEASE);
+    let operation = if restart {
+        operation.restart_steps_after_failure()
+    } else {
+        operation
+    };
+    operation
+        .run_steps(|steps: Steps| async move {
+            steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            let charged = steps
+                .run("charge", || async {
+                    effects.happened("charge");
+                    Ok::<_, AppError>(charge)
+                })
+                .await?;
+            steps
+                .run("email", || async {
+                    effects.happened("email");
+                    Ok::<_, AppError>(())
+                })
+                .await?;
+            Ok(charged.id)
+        })
+        .await
+}
+
+/// A two-step body: "reserve", then "charge", which hangs when `hang` (the call is then dropped: a
+/// crash after the reserve). Each run of the body records the downstream key of "charge".
+async fn two_steps(
+    idem: &Idempotency,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+    hang: Option<&Notify>,
+) -> Result<u32, AppError> {
+    let operation = idem.operation(NAMESPACE, order).lease(LEASE);
+    let operation = if restart {
+        operation.restart_steps_after_failure()
+    } else {
+        operation
+    };
+    operation
+        .run_steps(|steps: Steps| async move {
+            let hold = steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            effects.keyed("charge", steps.key("charge"));
+            if let Some(reserved) = hang {
+                reserved.notify_one();
+                std::future::pending::<()>().await;
+            }
+            steps
+                .run("charge", || async {
+                    effects.happened("charge");
+                    Ok::<_, AppError>(hold + 1)
+                })
+                .await
+        })
+        .await
+}
+
+/// Runs `two_steps` until the reserve is stored, then drops the call: PENDING with one finished step,
+/// as a crash leaves it.
+async fn crash_after_reserve(h: &Harness, order: &str, restart: bool, effects: &Arc<Effects>) {
+    let reserved = Notify::new();
+    tokio::select! {
+        _ = two_steps(&h.idem, order, restart, effects, Some(&reserved)) => panic!("the charge hangs"),
+        () = reserved.notified() => {}
+    }
+    let record = h.record(NAMESPACE, order).await.unwrap();
+    assert_eq!(record.status, Status::Pending);
+    assert!(record.steps.is_some());
+}
+
+/// A store that, while armed, fails the record under a resume's feet (its holder failed as the
+/// resume was on its way) and holds back the answer of a fresh claim that landed.
+#[derive(Debug)]
+struct FailsUnderResume {
+    inner: Arc<dyn Store>,
+    armed: std::sync::atomic::AtomicBool,
+    landed: Notify,
+}
+
+#[async_trait::async_trait]
+impl Store for FailsUnderResume {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
+        if armed && matches!(request.steps, StepsClaim::Resume { .. }) {
+            let record = self.inner.get(request.key).await?.expect("a record");
+            let fail = Transition {
+                key: request.key,
+                token: &record.token,
+                change: idempotent_runtime::store::Change::Fail {
+                    error: "declined",
+                    expires_at_s: record.expires_at_s,
+                    release_claim_writes: false,
+                },
+            };
+            let failed = self.inner.transition(&fail).await?;
+            assert_eq!(failed, WriteOutcome::Applied);
+        }
+        let outcome = self.inner.claim(request).await?;
+        if armed
+            && matches!(request.steps, StepsClaim::Fresh { .. })
+            && outcome == ClaimOutcome::Claimed
+        {
+            self.landed.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(outcome)
+    }
+
+    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+        self.inner.transition(transition).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        self.inner.response_budget(key, fingerprint)
+    }
+
+    fn kind(&self) -> &'static str {
+        "fails-under-resume"
+    }
+}
+
+/// The store of `backend`, bare, with its request counter.
+async fn bare_store(backend: Backend) -> (Arc<dyn Store>, RequestCounter) {
+    match backend {
+        Backend::Memory => (
+            Arc::new(idempotent_runtime::MemoryStore::new()),
+            RequestCounter::default(),
+        ),
+        Backend::DynamoDb => {
+            let (store, counter) = idempotent_tests::dynamodb_store().await;
+            (Arc::new(store), counter)
+        }
+    }
+}
+
+/// Runs `checkout` with a charge whose value cannot be stored (`why`) on its own task: its result, or
+/// its panic's message.
+async fn unstorable_checkout(
+    h: &Harness,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+    why: Unstorable,
+) -> Result<Result<String, AppError>, String> {
+    let (idem, order, effects) = (h.idem.clone(), order.to_owned(), effects.clone());
+    let task =
+        tokio::spawn(async move { checkout(&idem, &order, restart, &effects, why.charge()).await });
+    task.await.map_err(|e| {
+        let panic = e.into_panic();
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    })
+}
+
+macro_rules! store_cases {
+    ($name:ident, $backend:expr) => {
+        mod $name {
+            use super::*;
+
+            async fn harness() -> Harness {
+                Harness::with($backend, |b| b.default_lease(LEASE)).await
+            }
+
+            /// A step whose closure returned `Ok` has had its effect: when its value cannot be
+            /// stored (too large, not JSON, a panicking `Serialize`), the step is recorded as
+            /// finished without a value. The first call gets the reason; every retry (whether the
+            /// operation resumes or restarts after a failure) gets `StepNotStored` for it, and its
+            /// effect never happens again.
+            #[tokio::test]
+            async fn a_step_whose_value_cannot_be_stored_never_runs_again() {
+                let h = harness().await;
+                for why in [Unstorable::TooLarge, Unstorable::NotANumber, Unstorable::Panics] {
+                    for restart in [false, true] {
+                        let order = format!("{why:?}-{restart}");
+                        let effects = Arc::new(Effects::default());
+                        let first = unstorable_checkout(&h, &order, restart, &effects, why).await;
+                        match (why, &first) {
+                            (Unstorable::TooLarge, Ok(Err(AppError::Idempotency(Error::StepTooLarge { .. }))))
+                            | (Unstorable::NotANumber, Ok(Err(AppError::Idempotency(Error::Serialize { .. }))))
+                            => {}
+                            (Unstorable::Panics, Err(message)) => {
+                                assert_eq!(message, "the charge's Serialize panicked");
+                            }
+                            _ => panic!("{why:?}: {:?}", first.map(|r| r.map(|id| id.len()))),
+                        }
+                        assert_eq!(effects.checkout(), (1, 1, 0), "{why:?}");
+                        for _ in 0..2 {
+                            // A retry, even once `failed_ttl` is long past.
+                            h.clock.advance(Duration::from_hours(2));
+                            let retry = checkout(&h.idem, &order, restart, &effects, Unstorable::NotANumber.charge()).await;
+                            assert!(
+                                matches!(&retry, Err(AppError::Idempotency(Error::StepNotStored { step, .. })) if step == "charge"),
+                                "{why:?} (restart: {restart}): {retry:?}"
+                            );
+                            assert_eq!(
+                                effects.checkout(),
+                                (1, 1, 0),
+                                "{why:?} (restart: {restart}): a step ran again"
+                            );
+                        }
+                        let record = h.record(NAMESPACE, &order).await.unwrap();
+                        assert_eq!(record.status, Status::Failed);
+                        assert!(record.steps.is_some(), "the record lost the step");
+                    }
+                }
+            }
+
+            /// An operator releases the claim a crash left behind, for an operation that restarts
+            /// after a failure: a release is no failure of its body, so the next call resumes: the
+            /// finished reserve does not run again, and the charge gets the operation's downstream
+            /// key, not a new one.
+            #[tokio::test]
+            async fn an_operators_release_never_restarts_the_operation() {
+                let h = harness().await;
+                let effects = Arc::new(Effects::default());
+                crash_after_reserve(&h, "r-release", true, &effects).await;
+                let record = h.record(NAMESPACE, "r-release").await.unwrap();
+                let released =
+                    idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
+                        .await
+                        .unwrap();
+                assert!(
+                    matches!(released, idempotent_runtime::admin::Released::Lapsed),
+                    "{released:?}"
+                );
+                // At once: the key is not blocked for the rest of the lease.
+                let charged = two_steps(&h.idem, "r-release", true, &effects, None)
+                    .await
+                    .unwrap();
+                assert_eq!(charged, 18);
+                assert_eq!(effects.runs("reserve"), 1, "the finished reserve ran again");
+                assert_eq!(effects.runs("charge"), 1);
+                let keys = effects.keys("charge");
+                assert_eq!(keys.len(), 2);
+                assert_eq!(keys[0], keys[1], "the resumed charge got a new downstream key");
+            }
+
+            /// Under the restart policy, a call whose resume was refused (the record failed as it
+            /// was on its way) claims the key afresh; dropped while that claim is on its way, it
+            /// releases it, so that the key is free at once rather than PENDING for the lease.
+            #[tokio::test]
+            async fn a_dropped_fresh_claim_after_a_refused_resume_is_released() {
+                let (inner, counter) = bare_store($backend).await;
+                let store = Arc::new(FailsUnderResume {
+                    inner,
+                    armed: false.into(),
+                    landed: Notify::new(),
+                });
+                let h = Harness::over(store.clone(), counter, |b| b.default_lease(LEASE));
+                let effects = Arc::new(Effects::default());
+                crash_after_reserve(&h, "r-drop", true, &effects).await;
+                h.clock.advance(LEASE * 2);
+                store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+                tokio::select! {
+                    _ = two_steps(&h.idem, "r-drop", true, &effects, None) => {
+                        panic!("the fresh claim's answer was held back")
+                    }
+                    () = store.landed.notified() => {}
+                }
+                store.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+                h.idem.drain(Duration::from_secs(5)).await;
+                let record = h.record(NAMESPACE, "r-drop").await.unwrap();
+                assert_eq!(
+                    record.status,
+                    Status::Failed,
+                    "the dropped call's claim was not released: {record:?}"
+                );
+                // The key is free at once (no lease to wait out); the operation failed, so it
+                // restarts.
+                assert_eq!(
+                    two_steps(&h.idem, "r-drop", true, &effects, None).await.unwrap(),
+                    18
+                );
+            }
+
+            /// A claim from code without steps (another deploy of the function) takes the key
+            /// once its record expired: a new operation. It must not leave the old operation's
+            /// steps behind: a later call with steps starts afresh (its reserve runs, with a new
+            /// downstream key) rather than replaying the expired operation's.
+            #[tokio::test]
+            async fn a_claim_without_steps_of_an_expired_record_removes_its_steps() {
+                let h = harness().await;
+                let effects = Arc::new(Effects::default());
+                crash_after_reserve(&h, "r-plain", false, &effects).await;
+                let record = h.record(NAMESPACE, "r-plain").await.unwrap();
+                let expired_at_ms = (record.expires_at_s + 10) * 1000;
+                h.clock.advance(Duration::from_millis(expired_at_ms - h.clock.now_ms()));
+                let plain = h
+                    .idem
+                    .operation(NAMESPACE, "r-plain")
+                    .lease(LEASE)
+                    .run(|| async { Err::<u32, _>(AppError::Declined) })
+                    .await;
+                assert!(matches!(plain, Err(AppError::Declined)), "{plain:?}");
+                let record = h.record(NAMESPACE, "r-plain").await.unwrap();
+                assert_eq!(record.status, Status::Failed);
+                assert_eq!(record.steps, None, "the expired operation's steps are still there");
+
+                assert_eq!(
+                    two_steps(&h.idem, "r-plain", false, &effects, None).await.unwrap(),
+                    18
+                );
+                assert_eq!(effects.runs("reserve"), 2, "the expired operation's reserve was replayed");
+                let keys = effects.keys("charge");
+                assert_ne!(keys[0], keys[1], "a new operation repeated the old downstream key");
+            }
+        }
+    };
+}
+
+store_cases!(memory, Backend::Memory);
+store_cases!(dynamodb, Backend::DynamoDb);
