@@ -711,3 +711,43 @@ impl Steps {
         hex::encode(hash.finalize())
     }
 }
+
+/// What a record's steps say ([`Record::steps_report`]): for an operator deciding what to do with a
+/// key whose operation cannot resume ([`Error::StepNotStored`], [`Error::StepInterrupted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StepsReport {
+    /// The steps that finished with their value stored (replayed by the next call).
+    pub finished: Vec<String>,
+    /// The steps that finished but whose value could not be stored, with why: never run again.
+    pub not_stored: Vec<(String, String)>,
+    /// The at-most-once steps ([`Steps::run_at_most_once`]) that started and did not finish: their
+    /// effect may or may not have happened, and they are never run again.
+    pub interrupted: Vec<String>,
+}
+
+impl StepsReport {
+    /// Whether the operation cannot go past one of its steps without an operator: a step was
+    /// interrupted, or its value could not be stored.
+    #[must_use]
+    pub fn needs_operator(&self) -> bool {
+        !self.not_stored.is_empty() || !self.interrupted.is_empty()
+    }
+}
+
+impl Record {
+    /// What the record's steps say (an operation run with [`Steps`], while PENDING or FAILED): `None`
+    /// without steps.
+    ///
+    /// # Errors
+    /// Why the stored steps do not decode.
+    #[must_use]
+    pub fn steps_report(&self) -> Option<Result<StepsReport, String>> {
+        let bytes = self.steps.as_deref()?;
+        Some(Stored::decode(bytes).map(|stored| StepsReport {
+            finished: stored.steps.into_keys().collect(),
+            not_stored: stored.unstored.into_iter().collect(),
+            interrupted: stored.started.into_iter().collect(),
+        }))
+    }
+}

@@ -263,6 +263,47 @@ async fn unstorable_checkout(
     })
 }
 
+/// A body of two steps: "reserve", then "email" at most once, which hangs when `hang` is given (the
+/// call is then dropped mid-email: a crash inside the step), or fails when `fail`.
+async fn confirm(
+    idem: &Idempotency,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+    hang: Option<&Notify>,
+    fail: bool,
+) -> Result<String, AppError> {
+    let operation = idem.operation(NAMESPACE, order).lease(LEASE);
+    let operation = if restart {
+        operation.restart_steps_after_failure()
+    } else {
+        operation
+    };
+    operation
+        .run_steps(|steps: Steps| async move {
+            steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            steps
+                .run_at_most_once("email", || async {
+                    effects.happened("email");
+                    if let Some(sending) = hang {
+                        sending.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    if fail {
+                        return Err(AppError::Declined);
+                    }
+                    Ok::<_, AppError>("250 OK".to_owned())
+                })
+                .await
+        })
+        .await
+}
+
 macro_rules! store_cases {
     ($name:ident, $backend:expr) => {
         mod $name {
@@ -415,9 +456,105 @@ macro_rules! store_cases {
                 let keys = effects.keys("charge");
                 assert_ne!(keys[0], keys[1], "a new operation repeated the old downstream key");
             }
+
+            /// An at-most-once step interrupted mid-way (the call dropped inside it, as a crash
+            /// would) is never run again: the call that takes the key over stops at it with
+            /// `StepInterrupted`, and so does every later call, even of an operation that restarts
+            /// after a failure. The record says which step, for the operator.
+            #[tokio::test]
+            async fn an_interrupted_at_most_once_step_is_never_run_again() {
+                let h = harness().await;
+                for restart in [false, true] {
+                    let order = format!("once-{restart}");
+                    let effects = Arc::new(Effects::default());
+                    let sending = Notify::new();
+                    tokio::select! {
+                        _ = confirm(&h.idem, &order, restart, &effects, Some(&sending), false) => {
+                            panic!("the email hangs")
+                        }
+                        () = sending.notified() => {}
+                    }
+                    let record = h.record(NAMESPACE, &order).await.unwrap();
+                    let report = record.steps_report().unwrap().unwrap();
+                    assert_eq!(report.interrupted, ["email"]);
+                    assert_eq!(report.finished, ["reserve"]);
+                    for _ in 0..3 {
+                        h.clock.advance(LEASE * 2);
+                        let retry = confirm(&h.idem, &order, restart, &effects, None, false).await;
+                        assert!(
+                            matches!(&retry, Err(AppError::Idempotency(Error::StepInterrupted { step, .. })) if step == "email"),
+                            "restart: {restart}: {retry:?}"
+                        );
+                        assert_eq!(
+                            (effects.runs("reserve"), effects.runs("email")),
+                            (1, 1),
+                            "restart: {restart}: a step ran again"
+                        );
+                    }
+                    let record = h.record(NAMESPACE, &order).await.unwrap();
+                    assert_eq!(record.status, Status::Failed);
+                    assert!(
+                        record.error.as_deref().is_some_and(|e| e.contains("`email` runs at most once and was interrupted")),
+                        "{:?}",
+                        record.error
+                    );
+                    let report = record.steps_report().unwrap().unwrap();
+                    assert!(report.needs_operator());
+                    assert_eq!(report.interrupted, ["email"]);
+                }
+            }
+
+            /// An at-most-once step that returns `Err` has finished (its effect did not happen):
+            /// the next call runs it again, and stores its value.
+            #[tokio::test]
+            async fn an_at_most_once_step_that_failed_runs_again() {
+                let h = harness().await;
+                let effects = Arc::new(Effects::default());
+                let failed = confirm(&h.idem, "once-fails", false, &effects, None, true).await;
+                assert!(matches!(failed, Err(AppError::Declined)), "{failed:?}");
+                let record = h.record(NAMESPACE, "once-fails").await.unwrap();
+                assert!(record.steps_report().unwrap().unwrap().interrupted.is_empty());
+                let sent = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
+                assert_eq!(sent.unwrap(), "250 OK");
+                assert_eq!((effects.runs("reserve"), effects.runs("email")), (1, 2));
+                // A duplicate replays.
+                let again = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
+                assert_eq!(again.unwrap(), "250 OK");
+                assert_eq!(effects.runs("email"), 2);
+            }
         }
     };
 }
 
 store_cases!(memory, Backend::Memory);
 store_cases!(dynamodb, Backend::DynamoDb);
+
+/// Round trips on DynamoDB: an at-most-once step costs one more `UpdateItem` (its start) than a step
+/// run with `run`; the other steps cost what they did.
+#[tokio::test]
+async fn an_at_most_once_step_costs_one_more_write() {
+    let h = Harness::with(Backend::DynamoDb, |b| b.default_lease(LEASE)).await;
+    let effects = Arc::new(Effects::default());
+    // Two steps run with `run`: the claim, one write per step, the completion.
+    two_steps(&h.idem, "rt-run", false, &effects, None)
+        .await
+        .unwrap();
+    assert_eq!(h.requests.of("UpdateItem"), 4, "claim + 2 steps + complete");
+    assert_eq!(h.requests.total(), 4);
+    h.requests.reset();
+    // The second of two steps at most once: one write more.
+    confirm(&h.idem, "rt-once", false, &effects, None, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        h.requests.of("UpdateItem"),
+        5,
+        "claim + reserve + email's start + email + complete"
+    );
+    assert_eq!(h.requests.total(), 5);
+    h.requests.reset();
+    confirm(&h.idem, "rt-once", false, &effects, None, false)
+        .await
+        .unwrap();
+    assert_eq!(h.requests.total(), 1, "a duplicate is its claim");
+}

@@ -401,14 +401,14 @@ impl StepsMode {
     }
 
     /// What the mode adds to the claim's condition.
-    const fn condition(self) -> Option<&'static str> {
+    const fn condition(self) -> &'static str {
         match self {
-            StepsMode::Untouched => Some(STEPS_UNTOUCHED),
-            StepsMode::Cleared => Some(STEPS_CLEARED),
-            StepsMode::Fresh => Some(STEPS_FRESH),
-            StepsMode::FreshAfterFailure => Some(STEPS_FRESH_AFTER_FAILURE),
-            StepsMode::Resume => Some(STEPS_RESUME),
-            StepsMode::ResumeUnlessFailed => Some(STEPS_RESUME_UNLESS_FAILED),
+            StepsMode::Untouched => STEPS_UNTOUCHED,
+            StepsMode::Cleared => STEPS_CLEARED,
+            StepsMode::Fresh => STEPS_FRESH,
+            StepsMode::FreshAfterFailure => STEPS_FRESH_AFTER_FAILURE,
+            StepsMode::Resume => STEPS_RESUME,
+            StepsMode::ResumeUnlessFailed => STEPS_RESUME_UNLESS_FAILED,
         }
     }
 
@@ -429,23 +429,19 @@ static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
             for kind in ClaimKind::ALL {
                 for mode in StepsMode::ALL {
                     let update = claim_update(fingerprint, matches!(kind, ClaimKind::WithWrites));
-                    let expressions = match mode.condition() {
-                        None => (update, kind.condition()),
-                        Some(steps) => {
-                            let update = if mode.starts_afresh() {
-                                leak(update.replacen(" ADD ", ", #sp = :sp ADD ", 1))
-                            } else if matches!(mode, StepsMode::Cleared) {
-                                // The claim's update ends with its REMOVE clause.
-                                leak(format!("{update}, #sp"))
-                            } else {
-                                update
-                            };
-                            (
-                                update,
-                                leak(format!("({}) AND ({steps})", kind.condition())),
-                            )
-                        }
+                    let steps = mode.condition();
+                    let update = if mode.starts_afresh() {
+                        leak(update.replacen(" ADD ", ", #sp = :sp ADD ", 1))
+                    } else if matches!(mode, StepsMode::Cleared) {
+                        // The claim's update ends with its REMOVE clause.
+                        leak(format!("{update}, #sp"))
+                    } else {
+                        update
                     };
+                    let expressions = (
+                        update,
+                        leak(format!("({}) AND ({steps})", kind.condition())),
+                    );
                     claims[claim_index(fingerprint, kind, mode)] = expressions;
                 }
             }
@@ -700,7 +696,7 @@ mod tests {
                     let (update, condition) = CLAIMS[index];
                     assert_eq!(update.contains(":fp"), fingerprint);
                     assert!(condition.contains(kind.condition()), "{condition}");
-                    let steps = mode.condition().expect("every mode has its condition");
+                    let steps = mode.condition();
                     assert!(
                         condition.ends_with(&format!("AND ({steps})")),
                         "{condition}"
