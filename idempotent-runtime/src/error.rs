@@ -336,9 +336,10 @@ pub enum Error {
     },
 
     /// A step's value, with the values of the steps before it, would not fit in the record (DynamoDB's
-    /// 400 KB item, compressed as responses are). The step ran; nothing was written, and the body stops
-    /// there (its record moves to FAILED, and a retry runs this step again). Return a smaller value
-    /// from the step (an id rather than the whole object).
+    /// 400 KB item, compressed as responses are). The step ran, so it is recorded as finished without
+    /// a value, and the body stops there; later calls of the operation get [`Error::StepNotStored`]
+    /// at this step, which never runs again. Return a smaller value from the step (an id rather than
+    /// the whole object).
     #[error(
         "`{namespace}`: the value of step `{step}` does not fit in the record ({bytes} bytes with the steps before it, at most {budget}); return a smaller value from the step"
     )]
@@ -354,9 +355,13 @@ pub enum Error {
     },
 
     /// A step's stored value no longer deserializes into the step's type (the type changed in a
-    /// deploy while a call was half-way?). The step is not run again; the body stops there.
+    /// deploy while a call was half-way?). The step is not run again; the body stops there, and so
+    /// does every call of the operation until the code reads the stored value. Renaming the step would
+    /// run its effect again for every operation in flight: instead, give the step a type that accepts
+    /// both forms (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum of the old and the
+    /// new shape) and convert the old one in the body.
     #[error(
-        "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); if the type changed, give the step a new name"
+        "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); the step is not run again: if its type changed, read it as a type that accepts both the old and the new form (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum) rather than renaming the step, which would run it again for operations in flight"
     )]
     StepValue {
         /// The key's namespace.

@@ -91,6 +91,9 @@ struct Shared {
     /// starts afresh may take a FAILED record (and only then, so that a blind first claim never
     /// restarts a pinned operation).
     restarting: AtomicBool,
+    /// The record last found claimable is a failure this call resumes although the operation restarts
+    /// after failures: a pinned operation, or a panic ([`resumes`](Steps::resumes)).
+    resuming_failure: AtomicBool,
 }
 
 #[derive(Default)]
@@ -110,6 +113,14 @@ struct State {
 /// Room the steps leave in the record for a failure's error text (at most
 /// [`MAX_ERROR_BYTES`](crate::handler::MAX_ERROR_BYTES), and its attribute's name).
 const FAILURE_ROOM: usize = crate::handler::MAX_ERROR_BYTES + 64;
+
+/// Whether `record` is FAILED by a panic (the error text the handler stores for one).
+fn panicked(record: &Record) -> bool {
+    record
+        .error
+        .as_deref()
+        .is_some_and(|error| error.starts_with("panicked: "))
+}
 
 /// The most bytes of why a step's value could not be stored, as recorded.
 const MAX_DETAIL_BYTES: usize = 512;
@@ -191,6 +202,7 @@ impl Steps {
                 writing: tokio::sync::Mutex::new(()),
                 resuming: AtomicBool::new(false),
                 restarting: AtomicBool::new(false),
+                resuming_failure: AtomicBool::new(false),
             }),
         }
     }
@@ -243,7 +255,9 @@ impl Steps {
         match seen {
             Some(steps) => StepsClaim::Resume {
                 steps,
-                restart_failed: self.shared.restart_failed && !Stored::pinned(steps),
+                restart_failed: self.shared.restart_failed
+                    && !Stored::pinned(steps)
+                    && !self.shared.resuming_failure.load(Ordering::Relaxed),
             },
             None => StepsClaim::Fresh {
                 initial: self.initial(token),
@@ -254,19 +268,26 @@ impl Steps {
     }
 
     /// Whether a claim that found `record` claimable should resume its steps rather than start afresh:
-    /// it holds steps that live on (it is not expired, and not a failure the operation restarts after:
-    /// with the restart policy, a FAILED record whose steps do not pin it).
+    /// it holds steps that live on (it is not expired, and not a failure the operation restarts after).
+    ///
+    /// With the restart policy, a FAILED record is restarted after, unless its steps pin the operation
+    /// ([`Stored::pins`]) or the failure is a panic (`panicked: ..`, as the handler records one): a
+    /// panic is a bug, not a failure the body undid what its steps did, so the operation resumes (and
+    /// the bug, once fixed, goes on from the first unfinished step).
     pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
         let Some(steps) = record.steps.as_deref() else {
             self.shared.restarting.store(false, Ordering::Relaxed);
+            self.shared.resuming_failure.store(false, Ordering::Relaxed);
             return false;
         };
         let live = !record.is_expired(now_ms);
-        let restarts = live
-            && self.shared.restart_failed
-            && record.status == crate::Status::Failed
-            && !Stored::pinned(steps);
+        let failure = live && self.shared.restart_failed && record.status == crate::Status::Failed;
+        let resumed = failure && (Stored::pinned(steps) || panicked(record));
+        let restarts = failure && !resumed;
         self.shared.restarting.store(restarts, Ordering::Relaxed);
+        self.shared
+            .resuming_failure
+            .store(resumed, Ordering::Relaxed);
         live && !restarts
     }
 

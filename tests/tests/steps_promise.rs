@@ -522,6 +522,71 @@ macro_rules! store_cases {
                 assert_eq!(again.unwrap(), "250 OK");
                 assert_eq!(effects.runs("email"), 2);
             }
+
+            /// A panic under the restart policy is a bug, not a failure the body undid its steps'
+            /// effects after: the next call resumes (the finished reserve is not run again, and the
+            /// charge keeps its downstream key), rather than starting over.
+            #[tokio::test]
+            async fn a_panic_under_the_restart_policy_resumes() {
+                let h = harness().await;
+                let effects = Arc::new(Effects::default());
+                let call = |panics: bool| {
+                    let (idem, effects) = (h.idem.clone(), effects.clone());
+                    tokio::spawn(async move {
+                        idem.operation(NAMESPACE, "r-panic")
+                            .lease(LEASE)
+                            .restart_steps_after_failure()
+                            .run_steps(|steps: Steps| async move {
+                                steps
+                                    .run("reserve", || async {
+                                        effects.happened("reserve");
+                                        Ok::<_, AppError>(17_u32)
+                                    })
+                                    .await?;
+                                effects.keyed("charge", steps.key("charge"));
+                                assert!(!panics, "a bug after the reserve");
+                                Ok::<_, AppError>(18_u32)
+                            })
+                            .await
+                    })
+                };
+                assert!(call(true).await.is_err(), "the first call panics");
+                let record = h.record(NAMESPACE, "r-panic").await.unwrap();
+                assert_eq!(record.status, Status::Failed);
+                assert_eq!(call(false).await.unwrap().unwrap(), 18);
+                assert_eq!(effects.runs("reserve"), 1, "the panic restarted the operation");
+                let keys = effects.keys("charge");
+                assert_eq!(keys[0], keys[1]);
+            }
+
+            /// A step whose stored value no longer reads as the step's type (changed in a deploy)
+            /// is not run again; the error says how to migrate without running it again.
+            #[tokio::test]
+            async fn a_changed_step_type_is_an_error_that_says_how_to_migrate() {
+                let h = harness().await;
+                let effects = Arc::new(Effects::default());
+                crash_after_reserve(&h, "r-type", false, &effects).await;
+                h.clock.advance(LEASE * 2);
+                let counted = effects.clone();
+                let changed = h
+                    .idem
+                    .operation(NAMESPACE, "r-type")
+                    .lease(LEASE)
+                    .run_steps(|steps: Steps| async move {
+                        steps
+                            .run("reserve", || async {
+                                counted.happened("reserve");
+                                Ok::<_, AppError>("hold-17".to_owned())
+                            })
+                            .await
+                    })
+                    .await;
+                let error = idempotent_tests::idem_error(changed);
+                assert!(matches!(error, Error::StepValue { .. }), "{error:?}");
+                assert!(error.to_string().contains("accepts both"), "{error}");
+                assert!(!error.to_string().contains("new name"), "{error}");
+                assert_eq!(effects.runs("reserve"), 1);
+            }
         }
     };
 }
