@@ -408,6 +408,21 @@ pub enum Error {
         step: String,
     },
 
+    /// With [`run_steps_transact`](crate::Operation::run_steps_transact), a step that staged business
+    /// writes finished in an earlier call that did not complete: the step is replayed, not run, so
+    /// its writes cannot be staged again, and the operation is refused rather than completed without
+    /// them. Stage business writes in the body, outside steps; settle this key by hand (the runbook's
+    /// "A step that cannot be resumed").
+    #[error(
+        "`{namespace}`: step `{step}` staged business writes in an earlier call that did not complete; a replayed step cannot stage them again, so the operation is not completed without them: stage writes in the body, outside steps, and settle the key by hand (see the runbook)"
+    )]
+    StepStagedWrites {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+    },
+
     /// No `store = ..` was given and no default `Idempotency` was installed.
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
@@ -537,6 +552,7 @@ impl Error {
             | Error::StepValue { namespace, .. }
             | Error::StepNotStored { namespace, .. }
             | Error::StepInterrupted { namespace, .. }
+            | Error::StepStagedWrites { namespace, .. }
             | Error::NotInstalled { namespace } => namespace,
         }
     }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::store::StepsClaim;
+use crate::store::writes::Staged;
 use crate::{Error, Idempotency, Record, codec};
 
 /// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
@@ -143,6 +144,8 @@ struct Call {
     lease: Duration,
     /// The stored steps as this call knows them (decoded), or why they do not decode.
     stored: Result<Stored, String>,
+    /// The writes the body stages ([`run_steps_transact`](crate::Operation::run_steps_transact)).
+    staging: Option<Staged>,
 }
 
 /// The stored form of an operation's steps (JSON, compressed as responses are).
@@ -162,6 +165,10 @@ pub(crate) struct Stored {
     /// ([`Error::StepInterrupted`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) started: BTreeSet<String>,
+    /// The steps that staged business writes when they ran: a replay cannot stage them again
+    /// ([`Error::StepStagedWrites`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) staged: BTreeSet<String>,
 }
 
 impl Stored {
@@ -318,6 +325,7 @@ impl Steps {
         token: &str,
         fingerprint: Option<&str>,
         lease: Duration,
+        staging: Option<&Staged>,
     ) {
         let claimed = self.state().claimed.take();
         let stored = Stored::decode(claimed.as_deref().unwrap_or_else(|| self.initial(token)));
@@ -336,6 +344,7 @@ impl Steps {
             fingerprint: fingerprint.map(ToOwned::to_owned),
             lease,
             stored,
+            staging: staging.cloned(),
         });
     }
 
@@ -350,7 +359,11 @@ impl Steps {
     /// payment API without keys) is for [`run_at_most_once`](Self::run_at_most_once).
     ///
     /// With [`run_steps_transact`](crate::Operation::run_steps_transact), stage business writes in the
-    /// body, not inside a step: a replayed step does not run, so what it would stage is not staged again.
+    /// body, not inside a step: a replayed step does not run, so what it staged cannot be staged again.
+    /// Such a step is recorded as having staged writes, and a call that would replay it (after a call
+    /// that did not complete) stops there with [`Error::StepStagedWrites`] rather than completing the
+    /// operation without them. (Writes staged by the body's other futures while the step runs count as
+    /// the step's.)
     ///
     /// The value must serialize to JSON and deserialize back (as a call's response must); it counts
     /// toward the record's 400 KB with the values of the steps before it (compressed above
@@ -384,9 +397,20 @@ impl Steps {
         if let Some(prior) = self.prior::<T, E>(name)? {
             return prior;
         }
+        let before = self.staged_writes();
         let value = step().await?;
-        self.save(name, &value).await?;
+        self.save(name, &value, self.staged_writes() > before)
+            .await?;
         Ok(value)
+    }
+
+    /// How many business writes the body has staged so far (none without a transaction).
+    fn staged_writes(&self) -> usize {
+        self.state()
+            .call
+            .as_ref()
+            .and_then(|call| call.staging.as_ref())
+            .map_or(0, |staging| staging.lock().len())
     }
 
     /// Runs the step `name` at most once for the operation, even across crashes: as
@@ -444,9 +468,11 @@ impl Steps {
             stored.started.insert(name.to_owned());
         })
         .await?;
+        let before = self.staged_writes();
         match step().await {
             Ok(value) => {
-                self.save(name, &value).await?;
+                self.save(name, &value, self.staged_writes() > before)
+                    .await?;
                 Ok(value)
             }
             Err(e) => {
@@ -498,6 +524,18 @@ impl Steps {
                 .into());
             }
         };
+        if stored.staged.contains(name) {
+            tracing::warn!(
+                namespace,
+                step = name,
+                "step staged business writes in a call that did not complete; refusing to replay it without them"
+            );
+            return Ok(Some(Err(Error::StepStagedWrites {
+                namespace: namespace.to_owned(),
+                step: name.to_owned(),
+            }
+            .into())));
+        }
         if let Some(value) = stored.steps.get(name) {
             tracing::debug!(
                 namespace,
@@ -551,6 +589,7 @@ impl Steps {
         &self,
         name: &str,
         value: &T,
+        staged: bool,
     ) -> Result<(), Error> {
         if self.state().call.is_none() {
             // No record: nothing to store, and the value goes back as it is.
@@ -574,6 +613,9 @@ impl Steps {
         let saved = self
             .write(name, |stored| {
                 stored.started.remove(name);
+                if staged {
+                    stored.staged.insert(name.to_owned());
+                }
                 stored.steps.insert(name.to_owned(), encoded);
             })
             .await;
