@@ -4,10 +4,11 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens as _;
 use syn::parse::Parser as _;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path};
 
-use crate::diag::Diagnostics;
+use crate::diag::{Diagnostics, code};
 
 /// One of the attribute's arguments.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -149,6 +150,9 @@ pub(crate) struct Args {
     pub(crate) on_failure: Option<OnFailureArg>,
     pub(crate) missing_key: Option<MissingKeyArg>,
     pub(crate) krate: Option<Path>,
+    /// Without `crate`, the name the caller's Cargo.toml gives the runtime when it is not
+    /// `idempotent_runtime` ([`renamed_runtime`]).
+    pub(crate) renamed: Option<Ident>,
     /// `detach`: the body runs on a task of its own (the flag's ident, for spans).
     pub(crate) detach: Option<Ident>,
 }
@@ -160,6 +164,8 @@ impl Args {
         let mut seen: Vec<Argument> = Vec::new();
         // What misspelled arguments were taken for: `kye = id` is one mistake, not also a missing `key`.
         let mut suggested: Vec<Argument> = Vec::new();
+        // Expressions written without an argument name (`#[idempotent(order_id)]`), and their text.
+        let mut bare: Vec<(Ident, String)> = Vec::new();
         let parser = syn::meta::parser(|meta| {
             let ident = meta.path.get_ident().cloned().ok_or_else(|| {
                 meta.error(format!(
@@ -167,13 +173,20 @@ impl Args {
                     Argument::list()
                 ))
             })?;
-            let value: Option<Expr> = if meta.input.peek(syn::Token![=]) {
-                Some(ungroup(meta.value()?.parse()?))
-            } else {
-                None
-            };
             let name = ident.to_string();
+            let value = match value(&meta, &ident, diag)? {
+                Value::Given(value) => Some(value),
+                Value::Absent => None,
+                Value::Bare(text) => {
+                    bare.push((ident, text));
+                    return Ok(());
+                }
+            };
             let Some(argument) = Argument::named(&name) else {
+                if value.is_none() && closest(&name, Argument::ALL.map(Argument::name)).is_none() {
+                    bare.push((ident.clone(), name));
+                    return Ok(());
+                }
                 let expected = format!("expected one of {}", Argument::list());
                 let guess = closest(&name, Argument::ALL.map(Argument::name));
                 let message = match guess.and_then(Argument::named) {
@@ -226,6 +239,9 @@ impl Args {
             Ok(())
         });
         parser.parse2(args)?;
+        if report_bare(&bare, &seen, diag) {
+            suggested.push(Argument::Key);
+        }
         if !seen.contains(&Argument::Key) && !suggested.contains(&Argument::Key) {
             diag.push(syn::Error::new(
                 Span::call_site(),
@@ -245,6 +261,74 @@ impl Args {
         }
         Ok(out)
     }
+}
+
+/// Reports the expressions written without an argument name: the first is taken for the key when
+/// there is no `key` (whether it was, returned), the others are unknown arguments.
+fn report_bare(bare: &[(Ident, String)], seen: &[Argument], diag: &mut Diagnostics) -> bool {
+    let expected = format!("expected one of {}", Argument::list());
+    let keyless = !seen.contains(&Argument::Key);
+    for (at, (ident, text)) in bare.iter().enumerate() {
+        let message = if at == 0 && keyless {
+            format!("unknown argument `{text}`; did you mean `key = {text}`? {expected}")
+        } else {
+            format!("unknown argument `{text}`; {expected}")
+        };
+        diag.error(ident, message);
+    }
+    keyless && !bare.is_empty()
+}
+
+/// What follows an argument's name.
+enum Value {
+    /// `= value`, or `: value` (reported, and taken as meant).
+    Given(Expr),
+    /// Nothing: a flag, or an expression without a name.
+    Absent,
+    /// The rest of an expression without a name (`req.id`): its text, the name included.
+    Bare(String),
+}
+
+/// Reads what follows the argument `ident`: `= value`; `: value`, reported with the `=` it needs;
+/// `.field..`, an expression written without `key =`; or nothing.
+fn value(
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    ident: &Ident,
+    diag: &mut Diagnostics,
+) -> syn::Result<Value> {
+    if meta.input.peek(syn::Token![=]) {
+        return Ok(Value::Given(ungroup(meta.value()?.parse()?)));
+    }
+    if meta.input.peek(syn::Token![:]) && !meta.input.peek(syn::Token![::]) {
+        // `key: id`, as a struct field is written.
+        let colon: syn::Token![:] = meta.input.parse()?;
+        let value = ungroup(meta.input.parse()?);
+        diag.error(
+            colon,
+            format!(
+                "expected `=` after `{ident}`, not `:`; did you mean `{ident} = {}`?",
+                code(&value)
+            ),
+        );
+        return Ok(Value::Given(value));
+    }
+    if meta.input.peek(syn::Token![.]) {
+        // `#[idempotent(req.id)]`: the key, without `key =`.
+        let rest = meta.input.step(|cursor| {
+            let mut rest = TokenStream::new();
+            let mut cursor = *cursor;
+            while let Some((tree, next)) = cursor.token_tree() {
+                if matches!(&tree, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                    break;
+                }
+                rest.extend([tree]);
+                cursor = next;
+            }
+            Ok((rest, cursor))
+        })?;
+        return Ok(Value::Bare(code(quote_tokens(ident, rest))));
+    }
+    Ok(Value::Absent)
 }
 
 impl Args {
@@ -306,59 +390,187 @@ pub(crate) fn check_bindings(args: &Args, parameters: &[Ident], diag: &mut Diagn
 const DETACH_BORROWS: &str = "`detach` runs the body on a task of its own, so the body must be `Send + 'static` and cannot borrow from its caller";
 
 /// With `detach`, the body moves to a task of its own, so it cannot borrow from the caller: each
-/// parameter that is a reference (or has a lifetime other than `'static`), `&self` included, is an
-/// error on its type. (A type parameter that holds a borrow is left to rustc's own lifetime error.)
-pub(crate) fn check_detach(args: &Args, sig: &syn::Signature, diag: &mut Diagnostics) {
+/// parameter the body uses whose type borrows ([`borrows`]), `self` included however its type is
+/// written (`&self`, `self: &Self`, `self: Pin<&mut Self>`), is an error on it. A borrowing parameter
+/// that only `key`, `payload` or `store` use is fine: those are evaluated before the body leaves. (A
+/// type parameter that holds a borrow is left to rustc's own lifetime error.)
+pub(crate) fn check_detach(args: &Args, item: &syn::ItemFn, diag: &mut Diagnostics) {
     if args.detach.is_none() {
         return;
     }
-    for input in &sig.inputs {
+    let body = item.block.to_token_stream();
+    for input in &item.sig.inputs {
         match input {
-            syn::FnArg::Receiver(receiver) if receiver.reference.is_some() => diag.error(
-                receiver,
-                format!(
-                    "{DETACH_BORROWS}: `{}self` is a borrow; take `self` by value (an `Arc` or a cheap clone), or remove `detach`",
-                    if receiver.mutability.is_some() { "&mut " } else { "&" }
-                ),
-            ),
-            syn::FnArg::Typed(typed) if borrows(quote::ToTokens::to_token_stream(&typed.ty)) => {
+            syn::FnArg::Receiver(receiver)
+                if borrows(&receiver.ty) && uses(&body, &receiver.self_token.into()) =>
+            {
                 diag.error(
-                    &typed.ty,
+                    receiver,
                     format!(
-                        "{DETACH_BORROWS}: the parameter `{}` borrows (`{}`); take it by value (owned, or in an `Arc`), or remove `detach`",
-                        quote::ToTokens::to_token_stream(&typed.pat),
-                        quote::ToTokens::to_token_stream(&typed.ty)
-                            .to_string()
-                            .replace("& ", "&")
+                        "{DETACH_BORROWS}: `{}` is a borrow, and the body uses `self`; take `self` by value (an `Arc` or a cheap clone), or remove `detach`",
+                        code(receiver)
                     ),
                 );
+            }
+            syn::FnArg::Typed(typed) if borrows(&typed.ty) => {
+                let mut names = Vec::new();
+                crate::item::bind(&typed.pat, &mut names);
+                if names.iter().any(|name| uses(&body, name)) {
+                    diag.error(
+                        &typed.ty,
+                        format!(
+                            "{DETACH_BORROWS}: the parameter `{}` borrows (`{}`) and the body uses it; take it by value (owned, or in an `Arc`), or remove `detach`",
+                            code(&typed.pat),
+                            code(&typed.ty)
+                        ),
+                    );
+                }
             }
             _ => {}
         }
     }
 }
 
-/// Whether a type's `tokens` hold a reference or a lifetime other than `'static`: a `&` not followed by
-/// a lifetime, or a lifetime other than `'static`.
-fn borrows(tokens: TokenStream) -> bool {
+/// Whether `tokens` use the name `name`: as an identifier, or captured by a format string
+/// (`"{name}"`, `"{name:?}"`) in a macro. A local of the same name counts too: the check errs on the
+/// side of the message over rustc's own.
+fn uses(tokens: &TokenStream, name: &Ident) -> bool {
     use proc_macro2::TokenTree;
-    let is_static =
-        |next: Option<&TokenTree>| matches!(next, Some(TokenTree::Ident(i)) if i == "static");
-    let mut tokens = tokens.into_iter().peekable();
-    while let Some(tree) = tokens.next() {
-        let borrowed = match &tree {
-            TokenTree::Punct(p) if p.as_char() == '&' => {
-                !matches!(tokens.peek(), Some(TokenTree::Punct(q)) if q.as_char() == '\'')
+    let name = name.to_string();
+    let captured = [format!("{{{name}}}"), format!("{{{name}:")];
+    tokens.clone().into_iter().any(|tree| match tree {
+        TokenTree::Ident(ident) => ident == name,
+        TokenTree::Group(group) => uses(&group.stream(), &Ident::new(&name, group.span())),
+        TokenTree::Literal(literal) => {
+            let text = literal.to_string();
+            captured
+                .iter()
+                .any(|capture| text.contains(capture.as_str()))
+        }
+        TokenTree::Punct(_) => false,
+    })
+}
+
+/// The name the calling crate's Cargo.toml gives the runtime when that is not `idempotent_runtime`
+/// (`idem = { package = "idempotent-runtime", .. }`): the default of `crate = ".."`. `None` when the
+/// dependency has its own name, when the crate being compiled is the runtime itself, and when the
+/// runtime is not a dependency of the crate (it is reached through another crate that re-exports it:
+/// `crate = ".."` says where).
+pub(crate) fn renamed_runtime() -> Option<Ident> {
+    match proc_macro_crate::crate_name("idempotent-runtime") {
+        Ok(proc_macro_crate::FoundCrate::Name(name)) if name != "idempotent_runtime" => {
+            Some(Ident::new(&name, Span::call_site()))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a value of type `ty` may borrow from the caller: a reference or a lifetime other than
+/// `'static`. The arguments and output of a function pointer or an `Fn` trait (`fn(&str) -> String`,
+/// `Box<dyn Fn(&str) -> usize>`) are the callee's own, higher-ranked lifetimes: only a lifetime named
+/// from outside counts there.
+fn borrows(ty: &syn::Type) -> bool {
+    Borrows { bound: Vec::new() }.ty(ty, false)
+}
+
+/// The walk of [`borrows`]: `bound` holds the lifetimes a `for<'a>` declared.
+struct Borrows {
+    bound: Vec<syn::Lifetime>,
+}
+
+impl Borrows {
+    /// Whether `ty` borrows; inside a function's signature (`own`), an elided lifetime is the
+    /// function's own.
+    fn ty(&mut self, ty: &syn::Type, own: bool) -> bool {
+        use syn::Type;
+        match ty {
+            Type::Reference(r) => {
+                r.lifetime.as_ref().map_or(!own, |l| self.lifetime(l, own)) || self.ty(&r.elem, own)
             }
-            TokenTree::Punct(p) if p.as_char() == '\'' => !is_static(tokens.peek()),
-            TokenTree::Group(group) => borrows(group.stream()),
+            Type::BareFn(f) => {
+                let count = self.declare(f.lifetimes.as_ref());
+                let out = f.inputs.iter().any(|input| self.ty(&input.ty, true))
+                    || matches!(&f.output, syn::ReturnType::Type(_, ty) if self.ty(ty, true));
+                self.bound.truncate(self.bound.len() - count);
+                out
+            }
+            Type::Path(p) => {
+                p.qself.as_ref().is_some_and(|q| self.ty(&q.ty, own)) || self.path(&p.path, own)
+            }
+            Type::TraitObject(t) => t.bounds.iter().any(|b| self.bound(b, own)),
+            Type::ImplTrait(t) => t.bounds.iter().any(|b| self.bound(b, own)),
+            Type::Tuple(t) => t.elems.iter().any(|e| self.ty(e, own)),
+            Type::Array(a) => self.ty(&a.elem, own),
+            Type::Slice(s) => self.ty(&s.elem, own),
+            Type::Paren(p) => self.ty(&p.elem, own),
+            Type::Group(g) => self.ty(&g.elem, own),
+            Type::Ptr(p) => self.ty(&p.elem, own),
             _ => false,
-        };
-        if borrowed {
-            return true;
         }
     }
-    false
+
+    /// Adds the lifetimes a `for<..>` declares to `bound`; how many.
+    fn declare(&mut self, declared: Option<&syn::BoundLifetimes>) -> usize {
+        let before = self.bound.len();
+        for param in declared.into_iter().flat_map(|d| &d.lifetimes) {
+            if let syn::GenericParam::Lifetime(l) = param {
+                self.bound.push(l.lifetime.clone());
+            }
+        }
+        self.bound.len() - before
+    }
+
+    fn lifetime(&self, lifetime: &syn::Lifetime, own: bool) -> bool {
+        if lifetime.ident == "static" || self.bound.contains(lifetime) {
+            return false;
+        }
+        // `'_` inside a function's signature is its own, as an elided `&` is.
+        !(own && lifetime.ident == "_")
+    }
+
+    fn path(&mut self, path: &syn::Path, own: bool) -> bool {
+        path.segments
+            .iter()
+            .any(|segment| match &segment.arguments {
+                syn::PathArguments::None => false,
+                syn::PathArguments::AngleBracketed(arguments) => {
+                    arguments.args.iter().any(|argument| match argument {
+                        syn::GenericArgument::Lifetime(l) => self.lifetime(l, own),
+                        syn::GenericArgument::Type(ty) => self.ty(ty, own),
+                        syn::GenericArgument::AssocType(assoc) => self.ty(&assoc.ty, own),
+                        syn::GenericArgument::Constraint(c) => {
+                            c.bounds.iter().any(|b| self.bound(b, own))
+                        }
+                        _ => false,
+                    })
+                }
+                // `Fn(&str) -> usize`: the trait's own signature.
+                syn::PathArguments::Parenthesized(f) => {
+                    f.inputs.iter().any(|ty| self.ty(ty, true))
+                        || matches!(&f.output, syn::ReturnType::Type(_, ty) if self.ty(ty, true))
+                }
+            })
+    }
+
+    fn bound(&mut self, bound: &syn::TypeParamBound, own: bool) -> bool {
+        match bound {
+            syn::TypeParamBound::Lifetime(l) => self.lifetime(l, own),
+            syn::TypeParamBound::Trait(t) => {
+                let count = self.declare(t.lifetimes.as_ref());
+                let out = self.path(&t.path, own);
+                self.bound.truncate(self.bound.len() - count);
+                out
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `ident` followed by `rest`.
+fn quote_tokens(ident: &Ident, rest: TokenStream) -> TokenStream {
+    let mut tokens = ident.to_token_stream();
+    tokens.extend(rest);
+    tokens
 }
 
 /// The candidate `name` is most likely a typo of: at most one edit per three letters, as rustc suggests
@@ -405,30 +617,45 @@ pub(crate) fn ungroup(expr: Expr) -> Expr {
 }
 
 /// Checks the `key` expression against the function's parameters (`self` included): a key that is the
-/// same for every call, written where a parameter was meant, makes every call share one record.
+/// same for every call makes every call share one record, so the body runs once and every later caller
+/// gets the first one's result.
 ///
-/// - A string literal naming a parameter (`key = "order_id"`, `key = "req.order_id"`) is an error that
-///   suggests the parameter.
+/// - A key computed from literals alone ([`is_constant`]: `"seed"`, `(1, "a")`, `String::from("a")`,
+///   `stringify!(order_id)`, `{ "x" }`, `if true { 1 } else { 2 }`) is an error. When one of its strings
+///   spells a parameter (`key = "order_id"`, `Some("req.order_id")`, `stringify!(order_id)`), the error
+///   suggests the parameter; otherwise it says how to ask for one record for all calls deliberately:
+///   through a named constant, which the macro cannot tell from a parameter and so takes at its word.
+/// - In a key that may differ between calls, a string among its parts that spells a parameter is an
+///   error too (`(tenant, "order_id")`: all orders of a tenant would share one record), unless the key
+///   also holds what the string spells: `("user", user)` tags the value with its name.
 /// - `key = ()` serializes to `null`: every call would be a missing key.
-/// - A key made only of literals (`key = "seed"`, `key = (1, "a")`) is an error that says how to ask for
-///   one record for all calls deliberately: through a named constant, which the macro cannot tell from
-///   a parameter and so takes at its word.
 pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics) {
+    let constant = is_constant(key);
+    let code = flat_tokens(key.to_token_stream());
     let mut named = false;
-    for_each_literal(key, &mut |literal| {
-        let Lit::Str(text) = literal else { return };
-        let value = text.value();
-        let Ok(meant) = syn::parse_str::<Expr>(&value) else {
+    for_each_spelling(key, &mut |spelling| {
+        let Some((value, meant)) = spelling.meant() else {
             return;
         };
-        if names_parameter(&meant, parameters) {
-            named = true;
-            diag.error(
+        if !names_parameter(&meant, parameters)
+            || (!constant && contains(&code, &flat_tokens(meant.to_token_stream())))
+        {
+            return;
+        }
+        named = true;
+        match spelling {
+            Spelling::Literal(text) => diag.error(
                 text,
                 format!(
                     "`key` is the string {value:?}, the same for every call, so every call would share one record; did you mean `{value}`, without the quotes?"
                 ),
-            );
+            ),
+            Spelling::Stringify(mac) => diag.error(
+                mac,
+                format!(
+                    "`stringify!({value})` is the string {value:?}, the same for every call, so every call would share one record; did you mean `{value}`, without `stringify!`?"
+                ),
+            ),
         }
     });
     if named {
@@ -441,45 +668,294 @@ pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics
             key,
             "`key = ()` serializes to `null`, a missing key for every call; expected an expression over the parameters, like `key = order_id`",
         );
-    } else if is_constant(key) {
+    } else if constant {
+        let what = if is_literal(key) {
+            "a literal"
+        } else {
+            "computed from literals alone"
+        };
         diag.error(
             key,
-            "`key` is a literal, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)",
+            format!(
+                "`key` is {what}, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)"
+            ),
         );
     }
 }
 
-/// Calls `f` on each literal of `expr` that is part of the key as written: alone, in a tuple or array,
-/// behind `&`, parentheses or a unary minus.
-fn for_each_literal(expr: &Expr, f: &mut impl FnMut(&Lit)) {
+/// A piece of a key that spells code as text: a string literal, or a `stringify!`.
+enum Spelling<'a> {
+    Literal(&'a LitStr),
+    Stringify(&'a syn::Macro),
+}
+
+impl Spelling<'_> {
+    /// The text, and the code it spells when it is an expression.
+    fn meant(&self) -> Option<(String, Expr)> {
+        match self {
+            Self::Literal(text) => {
+                let value = text.value();
+                let meant = syn::parse_str::<Expr>(&value).ok()?;
+                Some((value, meant))
+            }
+            Self::Stringify(mac) => {
+                let meant = syn::parse2::<Expr>(mac.tokens.clone()).ok()?;
+                Some((mac.tokens.to_string(), meant))
+            }
+        }
+    }
+}
+
+/// Calls `f` on each spelling among the parts of the key as written (alone, in a tuple or array, behind
+/// `&` or parentheses), and anywhere inside a part computed from literals alone (`String::from("id")`).
+/// A literal given to code that may read something else (`header(&req, "id")`) is not a part of it.
+fn for_each_spelling<'a>(expr: &'a Expr, f: &mut impl FnMut(Spelling<'a>)) {
     match expr {
-        Expr::Lit(literal) => f(&literal.lit),
-        Expr::Tuple(tuple) => tuple.elems.iter().for_each(|e| for_each_literal(e, f)),
-        Expr::Array(array) => array.elems.iter().for_each(|e| for_each_literal(e, f)),
-        Expr::Reference(r) => for_each_literal(&r.expr, f),
-        Expr::Paren(p) => for_each_literal(&p.expr, f),
-        Expr::Group(g) => for_each_literal(&g.expr, f),
+        Expr::Tuple(tuple) => tuple.elems.iter().for_each(|e| for_each_spelling(e, f)),
+        Expr::Array(array) => array.elems.iter().for_each(|e| for_each_spelling(e, f)),
+        Expr::Reference(r) => for_each_spelling(&r.expr, f),
+        Expr::Paren(p) => for_each_spelling(&p.expr, f),
+        Expr::Group(g) => for_each_spelling(&g.expr, f),
+        _ if is_constant(expr) => for_each_constant_spelling(expr, f),
         _ => {}
     }
 }
 
-/// Whether `expr` is made of literals only, or computed from them by casts, arithmetic and array
-/// repetition (and is not `()`, which has its own message).
+/// [`for_each_spelling`] inside a part computed from literals alone: every spelling in it.
+fn for_each_constant_spelling<'a>(expr: &'a Expr, f: &mut impl FnMut(Spelling<'a>)) {
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) => f(Spelling::Literal(text)),
+        Expr::Macro(mac) if macro_name(&mac.mac).is_some_and(|name| name == "stringify") => {
+            f(Spelling::Stringify(&mac.mac));
+        }
+        _ => {
+            if let Some(Parts::Borrowed(parts)) = parts(expr) {
+                for part in parts {
+                    for_each_constant_spelling(part, f);
+                }
+            }
+        }
+    }
+}
+
+/// The expressions an expression is computed from, when it is computed from them alone.
+enum Parts<'a> {
+    /// Written in the key.
+    Borrowed(Vec<&'a Expr>),
+    /// Parsed from a macro's arguments.
+    Parsed(Vec<Expr>),
+}
+
+/// Whether `expr` gives the same value on every call: it is computed from literals alone. A literal is
+/// constant; so is what is built from constants alone by a tuple, array, struct literal, operator, cast,
+/// index, field, range, block, `if` or `match`, by a method called on a constant, by a function or
+/// constructor given only constants (at least one: a call without arguments, like `Uuid::new_v4()` or
+/// `request_id()`, may read what differs per call), and by the standard macros that make constants
+/// (`stringify!`, `concat!`, `env!`, `line!`, ...) or format, or collect, only constants (`format!`,
+/// `vec!`). Anything named (a parameter, a constant, a static, a unit struct) and any other macro is
+/// taken at its word: it may differ between calls.
 fn is_constant(expr: &Expr) -> bool {
+    match parts(expr) {
+        None => false,
+        Some(Parts::Borrowed(parts)) => parts.into_iter().all(is_constant),
+        Some(Parts::Parsed(parts)) => parts.iter().all(is_constant),
+    }
+}
+
+/// What `expr` is computed from when its form makes it constant once they are ([`is_constant`]), or
+/// `None` when its form may differ between calls whatever it is computed from.
+fn parts(expr: &Expr) -> Option<Parts<'_>> {
+    let parts: Vec<&Expr> = match expr {
+        Expr::Lit(_) => Vec::new(),
+        Expr::Tuple(tuple) => tuple.elems.iter().collect(),
+        Expr::Array(array) => array.elems.iter().collect(),
+        Expr::Reference(r) => vec![&r.expr],
+        Expr::Paren(p) => vec![&p.expr],
+        Expr::Group(g) => vec![&g.expr],
+        Expr::Unary(u) if matches!(u.op, syn::UnOp::Neg(_) | syn::UnOp::Not(_)) => vec![&u.expr],
+        Expr::Cast(c) => vec![&c.expr],
+        Expr::Binary(b) => vec![&b.left, &b.right],
+        Expr::Repeat(r) => vec![&r.expr],
+        Expr::Index(i) => vec![&i.expr, &i.index],
+        Expr::Field(f) => vec![&f.base],
+        Expr::Range(r) => r.start.iter().chain(&r.end).map(AsRef::as_ref).collect(),
+        Expr::Struct(s) => s
+            .fields
+            .iter()
+            .map(|field| &field.expr)
+            .chain(s.rest.as_deref())
+            .collect(),
+        // A function or constructor given only constants: `String::from("a")`, `Some(1)`.
+        Expr::Call(call) if matches!(*call.func, Expr::Path(_)) && !call.args.is_empty() => {
+            call.args.iter().collect()
+        }
+        // A method of a constant: `"seed".to_string()`.
+        Expr::MethodCall(call) => std::iter::once(&*call.receiver).chain(&call.args).collect(),
+        Expr::Block(block) if block.label.is_none() => block_parts(&block.block)?,
+        Expr::Unsafe(block) => block_parts(&block.block)?,
+        Expr::If(i) => {
+            let (_, otherwise) = i.else_branch.as_ref()?;
+            let mut parts = block_parts(&i.then_branch)?;
+            parts.extend([&*i.cond, &**otherwise]);
+            parts
+        }
+        Expr::Match(m) => std::iter::once(&*m.expr)
+            .chain(m.arms.iter().flat_map(|arm| {
+                arm.guard
+                    .iter()
+                    .map(|(_, guard)| &**guard)
+                    .chain([&*arm.body])
+            }))
+            .collect(),
+        Expr::Macro(mac) => return macro_parts(&mac.mac),
+        _ => return None,
+    };
+    Some(Parts::Borrowed(parts))
+}
+
+/// A block's statements, when it ends in a value and each of them is an expression or a `let` with
+/// a value (a name it binds is then taken at its word, as any name is).
+fn block_parts(block: &syn::Block) -> Option<Vec<&Expr>> {
+    let Some(syn::Stmt::Expr(_, None)) = block.stmts.last() else {
+        return None;
+    };
+    let mut parts = Vec::new();
+    for stmt in &block.stmts {
+        match stmt {
+            syn::Stmt::Expr(expr, _) => parts.push(expr),
+            syn::Stmt::Local(local) => parts.push(&*local.init.as_ref()?.expr),
+            syn::Stmt::Item(_) => {}
+            syn::Stmt::Macro(_) => return None,
+        }
+    }
+    Some(parts)
+}
+
+/// The standard macros whose value is fixed when the program is compiled, whatever their arguments.
+const CONSTANT_MACROS: [&str; 10] = [
+    "stringify",
+    "concat",
+    "env",
+    "option_env",
+    "file",
+    "line",
+    "column",
+    "module_path",
+    "include_str",
+    "include_bytes",
+];
+
+/// A standard macro's arguments, for the macros that make a constant (no parts), or format or collect
+/// their arguments (`format!`, `vec!`); `None` for any other macro.
+fn macro_parts(mac: &syn::Macro) -> Option<Parts<'static>> {
+    let name = macro_name(mac)?;
+    if CONSTANT_MACROS.contains(&name.as_str()) {
+        return Some(Parts::Parsed(Vec::new()));
+    }
+    let tokens = &mac.tokens;
+    match name.as_str() {
+        // `vec![a, b]` and `vec![a; n]` read as the arrays they make.
+        "vec" => {
+            let array = proc_macro2::Group::new(proc_macro2::Delimiter::Bracket, tokens.clone());
+            let array = syn::parse2(proc_macro2::TokenTree::Group(array).into()).ok()?;
+            Some(Parts::Parsed(vec![array]))
+        }
+        "format" => {
+            let arguments = syn::punctuated::Punctuated::<Expr, syn::Token![,]>::parse_terminated
+                .parse2(tokens.clone())
+                .ok()?;
+            let mut arguments = arguments.into_iter();
+            let Some(Expr::Lit(ExprLit {
+                lit: Lit::Str(template),
+                ..
+            })) = arguments.next()
+            else {
+                return None;
+            };
+            // `format!("{order_id}")` reads `order_id`.
+            if captures(&template.value()) {
+                return None;
+            }
+            let arguments = arguments.map(|argument| match argument {
+                Expr::Assign(named) => *named.right,
+                other => other,
+            });
+            Some(Parts::Parsed(arguments.collect()))
+        }
+        _ => None,
+    }
+}
+
+/// The macro's name, without its path: `stringify` for `::core::stringify!`.
+fn macro_name(mac: &syn::Macro) -> Option<String> {
+    mac.path
+        .segments
+        .last()
+        .map(|segment| segment.ident.to_string())
+}
+
+/// Whether a format string names a variable in braces (`"{order_id}"`, `"{id:>8}"`).
+fn captures(template: &str) -> bool {
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '{' {
+            match chars.next() {
+                Some('{') => {}
+                Some(first) if first.is_alphabetic() || first == '_' => return true,
+                _ => {}
+            }
+        }
+    }
+    false
+}
+
+/// Whether `expr` is literals only, without computation: `"seed"`, `(1, "a")`, `&-1`.
+fn is_literal(expr: &Expr) -> bool {
     match expr {
         Expr::Lit(_) => true,
-        Expr::Tuple(tuple) => !tuple.elems.is_empty() && tuple.elems.iter().all(is_constant),
-        Expr::Array(array) => !array.elems.is_empty() && array.elems.iter().all(is_constant),
-        Expr::Reference(r) => is_constant(&r.expr),
-        Expr::Paren(p) => is_constant(&p.expr),
-        Expr::Group(g) => is_constant(&g.expr),
-        Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_constant(&u.expr),
-        // Computed from literals alone: `1 as u64`, `2 + 2`, `[0; 4]`.
-        Expr::Cast(c) => is_constant(&c.expr),
-        Expr::Binary(b) => is_constant(&b.left) && is_constant(&b.right),
-        Expr::Repeat(r) => is_constant(&r.expr),
+        Expr::Tuple(tuple) => tuple.elems.iter().all(is_literal),
+        Expr::Array(array) => array.elems.iter().all(is_literal),
+        Expr::Reference(r) => is_literal(&r.expr),
+        Expr::Paren(p) => is_literal(&p.expr),
+        Expr::Group(g) => is_literal(&g.expr),
+        Expr::Unary(u) => matches!(u.op, syn::UnOp::Neg(_)) && is_literal(&u.expr),
         _ => false,
     }
+}
+
+/// The tokens of `tokens`, each as its text, groups opened and closed by their delimiters.
+fn flat_tokens(tokens: TokenStream) -> Vec<String> {
+    use proc_macro2::{Delimiter, TokenTree};
+    let mut out = Vec::new();
+    for tree in tokens {
+        match tree {
+            TokenTree::Group(group) => {
+                let (open, close) = match group.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Brace => ("{", "}"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::None => ("", ""),
+                };
+                out.push(open.to_owned());
+                out.extend(flat_tokens(group.stream()));
+                out.push(close.to_owned());
+            }
+            other => out.push(other.to_string()),
+        }
+    }
+    out.retain(|token| !token.is_empty());
+    out
+}
+
+/// Whether `needle` is a run of `haystack`.
+fn contains(haystack: &[String], needle: &[String]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
 }
 
 /// Whether `expr` (a string literal's text, parsed) starts from a parameter: `order_id`,
@@ -513,6 +989,9 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
 /// The longest duration an argument may give: the runtime's `MAX_DURATION` (100 years), which the
 /// macro cannot import (it does not depend on the runtime).
 const MAX_DURATION: Duration = Duration::from_hours(100 * 365 * 24);
+
+/// The shortest `lease`: the runtime's `MIN_LEASE` (1 s), which it refuses below at every call.
+const MIN_LEASE: Duration = Duration::from_secs(1);
 
 /// Parses a duration with `humantime`, held to the documented grammar: one or more groups of digits
 /// and a unit among `ms`, `s`, `m`, `h` and `d`, like "24h" or "1h30m".
@@ -580,10 +1059,24 @@ fn spelled(text: &str, duration: Duration) -> Option<String> {
 fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<DurationArg> {
     let (name, example) = (argument.name(), argument.example());
     let Some(literal) = string_literal(value) else {
+        // `ttl = 3600`, `ttl = 24h` (an integer with a suffix): the same duration, quoted.
+        let suggestion = match value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(int), ..
+            }) => match parse_duration(&format!("{}{}", int.base10_digits(), int.suffix())) {
+                Ok(_) => Some(format!("{}{}", int.base10_digits(), int.suffix())),
+                Err(suggestion) => suggestion,
+            },
+            _ => None,
+        };
+        let hint = suggestion.map_or_else(
+            || "variables and constants are not accepted".to_owned(),
+            |suggestion| format!("did you mean {suggestion:?}?"),
+        );
         diag.error(
             value,
             format!(
-                "`{name}` must be a string literal like {example}, checked at compile time; variables and constants are not accepted"
+                "`{name}` must be a string literal like {example}, checked at compile time; {hint}"
             ),
         );
         return None;
@@ -609,6 +1102,17 @@ fn duration(argument: Argument, value: &Expr, diag: &mut Diagnostics) -> Option<
         diag.error(
             literal,
             format!("`{name}` must be longer than zero, like {example}"),
+        );
+        return None;
+    }
+    // The runtime's `MIN_LEASE`: a shorter lease lapses under ordinary store latency, and the runtime
+    // refuses it at every call; said here, where it is written.
+    if argument == Argument::Lease && !parsed.is_zero() && parsed < MIN_LEASE {
+        diag.error(
+            literal,
+            format!(
+                "`lease` is {text:?}; a lease must be at least \"1s\": heartbeats renew it every third of it, and each renewal's round trip eats into it"
+            ),
         );
         return None;
     }
@@ -821,6 +1325,14 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_under_a_second_is_refused() {
+        assert_eq!(errors(quote!(key = id, lease = "1s")), Vec::<String>::new());
+        let errors = errors(quote!(key = id, lease = "300ms"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("at least \"1s\""), "{errors:?}");
+    }
+
+    #[test]
     fn zero_is_a_wait_but_no_ttl_or_lease() {
         assert_eq!(errors(quote!(key = id, wait = "0s")), Vec::<String>::new());
         for argument in [quote!(ttl), quote!(lease)] {
@@ -893,6 +1405,153 @@ mod tests {
             errors[0].starts_with("missing `key` argument"),
             "{errors:?}"
         );
+    }
+
+    /// An expression without `key =` is the key the user meant: one error that says so.
+    #[test]
+    fn a_bare_expression_is_taken_for_the_key() {
+        let expected = "expected one of `key`, `ttl`, `lease`, `payload`, `wait`, `name`, `store`, `transact`, `steps`, `on_failure`, `missing_key`, `crate`, `detach`";
+        assert_eq!(
+            errors(quote!(id)),
+            [format!(
+                "unknown argument `id`; did you mean `key = id`? {expected}"
+            )]
+        );
+        assert_eq!(
+            errors(quote!(req.order_id, ttl = "1h")),
+            [format!(
+                "unknown argument `req.order_id`; did you mean `key = req.order_id`? {expected}"
+            )]
+        );
+        // With a `key`, it is only unknown.
+        assert_eq!(
+            errors(quote!(key = id, order)),
+            [format!("unknown argument `order`; {expected}")]
+        );
+    }
+
+    #[test]
+    fn a_colon_for_an_equals_sign_is_suggested_the_equals_sign() {
+        assert_eq!(
+            errors(quote!(key: id)),
+            ["expected `=` after `key`, not `:`; did you mean `key = id`?"]
+        );
+        assert_eq!(
+            errors(quote!(key = id, ttl: "1h")),
+            [r#"expected `=` after `ttl`, not `:`; did you mean `ttl = "1h"`?"#]
+        );
+    }
+
+    #[test]
+    fn a_duration_without_quotes_is_suggested_with_them() {
+        for (given, suggestion) in [
+            (quote!(3600), "3600s"),
+            (quote!(24h), "24h"),
+            (quote!(90m), "90m"),
+        ] {
+            assert_eq!(
+                errors(quote!(key = id, ttl = #given)),
+                [format!(
+                    "`ttl` must be a string literal like \"24h\", checked at compile time; did you mean {suggestion:?}?"
+                )],
+                "{given}"
+            );
+        }
+        assert_eq!(
+            errors(quote!(key = id, ttl = TTL)),
+            [
+                "`ttl` must be a string literal like \"24h\", checked at compile time; variables and constants are not accepted"
+            ]
+        );
+    }
+
+    #[test]
+    fn what_borrows_from_the_caller() {
+        for ty in [
+            quote!(&Order),
+            quote!(&mut Vec<u8>),
+            quote!(Cow<'_, str>),
+            quote!(Vec<&str>),
+            quote!(Pin<&mut Self>),
+            quote!(Box<dyn Fn(&str) + 'a>),
+            quote!(Arc<dyn Fn(&'a str) -> usize>),
+            quote!(fn() -> &'a str),
+            quote!(&'static mut &'a u8),
+        ] {
+            assert!(super::borrows(&syn::parse2(ty.clone()).unwrap()), "{ty}");
+        }
+        for ty in [
+            quote!(&'static str),
+            quote!(fn(&str) -> String),
+            quote!(Box<dyn Fn(&str) -> usize + Send + Sync>),
+            quote!(Box<dyn for<'a> Fn(&'a str) -> &'a str + Send>),
+            quote!(for<'a> fn(&'a u8) -> &'a u8),
+            quote!(Option<fn(&u8)>),
+            quote!(Arc<dyn Fn(Cow<'_, str>) + 'static>),
+            quote!(Vec<u8>),
+        ] {
+            assert!(!super::borrows(&syn::parse2(ty.clone()).unwrap()), "{ty}");
+        }
+    }
+
+    /// The messages `check_detach` gives `item` with `detach`.
+    fn detach_errors(item: proc_macro2::TokenStream) -> Vec<String> {
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(quote!(key = id, detach), &mut diag).unwrap();
+        super::check_detach(&args, &syn::parse2(item).unwrap(), &mut diag);
+        diag.finish()
+            .err()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn detach_refuses_a_borrow_the_body_uses_however_self_is_written() {
+        for receiver in [
+            quote!(&self),
+            quote!(self: &Self),
+            quote!(self: Pin<&mut Self>),
+        ] {
+            let errors = detach_errors(quote! {
+                async fn f(#receiver, id: u64) -> Result<u64, Error> { Ok(self.fee + id) }
+            });
+            assert_eq!(errors.len(), 1, "{receiver}: {errors:?}");
+            let receiver = crate::diag::code(&receiver);
+            assert!(
+                errors[0].contains(&format!("`{receiver}` is a borrow")),
+                "{errors:?}"
+            );
+        }
+        let errors = detach_errors(quote! {
+            async fn f(id: u64, cb: Box<dyn Fn(&str) -> usize + 'a>) -> Result<u64, Error> { Ok(cb("x")) }
+        });
+        assert_eq!(
+            errors,
+            [
+                "`detach` runs the body on a task of its own, so the body must be `Send + 'static` and cannot borrow from its caller: the parameter `cb` borrows (`Box<dyn Fn(&str) -> usize + 'a>`) and the body uses it; take it by value (owned, or in an `Arc`), or remove `detach`"
+            ]
+        );
+        let errors = detach_errors(quote! {
+            async fn f(id: u64, order: &Order) -> Result<String, Error> { Ok(format!("{order:?}")) }
+        });
+        assert_eq!(errors.len(), 1, "{errors:?}");
+    }
+
+    #[test]
+    fn detach_accepts_static_callbacks_and_borrows_the_body_leaves_alone() {
+        for item in [
+            quote! { async fn f(id: u64, cb: fn(&str) -> String) -> Result<String, Error> { Ok(cb("x")) } },
+            quote! {
+                async fn f(id: u64, cb: Box<dyn Fn(&str) -> usize + Send + Sync>) -> Result<usize, Error> {
+                    Ok(cb("x"))
+                }
+            },
+            quote! { async fn f(&self, id: u64) -> Result<u64, Error> { Ok(id) } },
+            quote! { async fn f(self: Pin<&mut Self>, id: u64) -> Result<u64, Error> { Ok(id) } },
+            quote! { async fn f(req: &Request, id: u64) -> Result<u64, Error> { Ok(id) } },
+        ] {
+            assert_eq!(detach_errors(item.clone()), Vec::<String>::new(), "{item}");
+        }
     }
 
     #[test]
@@ -1001,6 +1660,115 @@ mod tests {
         ] {
             assert_eq!(
                 key_errors(key.clone(), &["order_id"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    /// A key computed from literals alone through a call, a method, a macro, a block or an `if` is as
+    /// constant as the literal: every call would share one record.
+    #[test]
+    fn a_key_computed_through_calls_macros_and_blocks_is_refused() {
+        for key in [
+            quote!(String::from("seed")),
+            quote!(Some("seed")),
+            quote!("seed".to_string()),
+            quote!(stringify!(seed)),
+            quote!(::core::concat!("a", 1)),
+            quote!(format!("seed-{}", 1)),
+            quote!({ "x" }),
+            quote!(if true { 1 } else { 2 }),
+            quote!(match 1 {
+                _ => "x",
+            }),
+            quote!(Key { id: 1 }),
+            quote!(vec![1, 2]),
+            quote!(("a", Some(1_u64))),
+            quote!(&"seed".to_owned()),
+            quote!(std::env!("SEED")),
+        ] {
+            let errors = key_errors(key.clone(), &["order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains("named constant"), "{key}: {errors:?}");
+        }
+    }
+
+    /// Each listed form that spells a parameter gets the parameter as its suggestion.
+    #[test]
+    fn a_key_computed_from_a_string_naming_a_parameter_suggests_it() {
+        for (key, meant) in [
+            (
+                quote!(String::from("order_id")),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!(Some("order_id")),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!("order_id".to_string()),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!(stringify!(order_id)),
+                "did you mean `order_id`, without `stringify!`?",
+            ),
+            (
+                quote!({ "order_id" }),
+                "did you mean `order_id`, without the quotes?",
+            ),
+            (
+                quote!((tenant, String::from("order_id"))),
+                "did you mean `order_id`, without the quotes?",
+            ),
+        ] {
+            let errors = key_errors(key.clone(), &["tenant", "order_id"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains(meant), "{key}: {errors:?}");
+        }
+    }
+
+    /// A literal beside the parameter it spells is a tag, not a mistake: `("user", user)`.
+    #[test]
+    fn a_literal_beside_the_parameter_it_names_is_a_tag() {
+        for key in [
+            quote!(("user", user)),
+            quote!((user, "user")),
+            quote!(("req.id", req.id)),
+            quote!(["user", user.as_str()]),
+            quote!(("user", &user)),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["user", "req"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    /// What may differ between calls is taken at its word: a parameter, a named constant, a call
+    /// without arguments (it may read per-call state), a macro the attribute does not know, a format
+    /// string that captures a parameter.
+    #[test]
+    fn keys_that_may_differ_between_calls_are_accepted() {
+        for key in [
+            quote!(String::from(order_id)),
+            quote!(Some(order_id)),
+            quote!(order_id.to_string()),
+            quote!({ order_id }),
+            quote!(if order_id > 0 { 1 } else { 2 }),
+            quote!(request_id()),
+            quote!(Uuid::new_v4()),
+            quote!(header(&req, "x-request-id")),
+            quote!(my_key!("seed")),
+            quote!(format!("{order_id}")),
+            quote!(format!("{}-{}", "a", order_id)),
+            quote!(String::from(SEED)),
+            quote!(Key { id: order_id }),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["order_id", "req"]),
                 Vec::<String>::new(),
                 "{key}"
             );

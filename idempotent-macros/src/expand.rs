@@ -2,8 +2,9 @@
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Type};
+use syn::{AttrStyle, Block, Expr, FnArg, Ident, ItemFn, ReturnType, Signature, Stmt, Type};
 
 use crate::args::{Args, DurationArg, MissingKeyArg};
 
@@ -26,15 +27,28 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
         unreachable!("checked in item::check")
     };
     let method = is_method(&sig);
-    let type_parameters = has_type_parameters(&sig);
+    let own: Vec<Ident> = sig
+        .generics
+        .type_params()
+        .map(|p| p.ident.clone())
+        .collect();
+    let (ok, err) = result_parts(output);
     let emit = Emit {
         args,
         output,
-        // An impl's or a trait's type parameters and `Self` cannot be seen from here: a method may have them.
-        generic: type_parameters || method,
+        generic: Generic {
+            // An impl's or a trait's type parameters and `Self` cannot be seen from here: a method
+            // may have them.
+            arguments: has_type_parameters(&sig) || method,
+            ok: may_be_generic(ok.unwrap_or(output), &own),
+            // `Result<T>`, an alias: its error type is the alias's own.
+            err: match (ok, err) {
+                (_, Some(err)) => may_be_generic(err, &own),
+                (Some(_), None) => false,
+                (None, None) => may_be_generic(output, &own),
+            },
+        },
         per_type: method && args.name.is_none(),
-        // A generic function's error type may be a parameter: whether it is `Send` is its instantiation's.
-        error_send: !type_parameters,
     };
     let private = emit.private(Span::call_site());
     let namespace = emit.namespace(&sig.ident);
@@ -100,28 +114,44 @@ struct Emit<'a> {
     args: &'a Args,
     /// The function's return type.
     output: &'a Type,
-    /// Whether the function has type parameters, written or `impl Trait`, or may have those of an impl.
-    generic: bool,
+    /// Which checks report an unmet bound as the bound itself ([`Emit::mode_for`]).
+    generic: Generic,
     /// Whether the namespace is the receiver's type and the function's name, found at run time.
     per_type: bool,
-    /// Whether to check that the error type is `Send`.
-    error_send: bool,
+}
+
+/// What may be a type parameter, so that its checks report as the bound itself.
+struct Generic {
+    /// The types of `key` and `payload`, which cannot be seen: when the function has type parameters,
+    /// written or `impl Trait`, or may have those of an impl.
+    arguments: bool,
+    /// The `Ok` type ([`may_be_generic`]).
+    ok: bool,
+    /// The error type: then whether it is `Send` is its instantiation's, and it is not checked.
+    err: bool,
 }
 
 impl Emit<'_> {
-    /// `<crate>::__private`. The default path is spanned at `span`; a path given with `crate = ".."`
+    /// `<crate>::__private`: `crate = ".."`, or the name the caller's Cargo.toml gives the runtime, or
+    /// `::idempotent_runtime`. The default path is spanned at `span`; a path given with `crate = ".."`
     /// keeps the span of its literal, so an unresolved crate is reported once, on that literal.
     fn private(&self, span: Span) -> TokenStream {
-        self.args.krate.as_ref().map_or_else(
-            || quote_spanned!(span=> ::idempotent_runtime::__private),
-            |path| quote!(#path::__private),
-        )
+        match (&self.args.krate, &self.args.renamed) {
+            (Some(path), _) => quote!(#path::__private),
+            (None, Some(name)) => {
+                let name = Ident::new(&name.to_string(), span);
+                quote_spanned!(span=> ::#name::__private)
+            }
+            (None, None) => quote_spanned!(span=> ::idempotent_runtime::__private),
+        }
     }
 
     fn namespace(&self, ident: &Ident) -> TokenStream {
         if self.per_type {
-            // The method's path is found at run time (see `PerType`).
-            return quote!(::core::stringify!(#ident));
+            // The method's path is found at run time (see `PerType`), in the compiler's spelling, which
+            // writes a raw identifier without its `r#`: the name it ends with must match.
+            let name = syn::LitStr::new(&ident.unraw().to_string(), ident.span());
+            return quote!(#name);
         }
         self.args.name.as_ref().map_or_else(
             || {
@@ -143,7 +173,10 @@ impl Emit<'_> {
         let output = self.output;
         let (first, last) = (output.span(), last_span(output).unwrap_or(output.span()));
         let private = self.private(first);
-        let mode = self.mode(first);
+        let (ok_mode, err_mode) = (
+            self.mode_for(self.generic.ok, first),
+            self.mode_for(self.generic.err, first),
+        );
         // `<Ret as IdempotentOutput>::Ok`, from the first token of `Ret` to its last: the span rustc gives
         // `Ret` itself, so that an `Ok` type that fails is reported there, as one error with `execute`'s.
         let part = |name: &str| {
@@ -151,22 +184,28 @@ impl Emit<'_> {
             quote_spanned!(first=> <#output as #private::IdempotentOutput>::#name)
         };
         let (ok, err) = (part("Ok"), part("Err"));
-        let send = self.error_send.then(
-            || quote_spanned!(first=> <#err as #private::IdempotentErrorSend<#mode>>::check();),
+        let send = (!self.generic.err).then(
+            || quote_spanned!(first=> <#err as #private::IdempotentErrorSend<#err_mode>>::check();),
         );
         quote_spanned! {first=>
             <#output as #private::IdempotentOutput>::check();
-            <#ok as #private::IdempotentValue<#mode>>::check();
-            <#err as #private::IdempotentError<#mode>>::check();
+            <#ok as #private::IdempotentValue<#ok_mode>>::check();
+            <#err as #private::IdempotentError<#err_mode>>::check();
             #send
         }
     }
 
-    /// How the checks report an unmet bound (see the runtime's `Concrete`): as the bound itself when the
-    /// function has type parameters, so that rustc suggests adding that bound and not the check.
+    /// How the checks of `key` and `payload` report an unmet bound: see [`Self::mode_for`].
     fn mode(&self, span: Span) -> TokenStream {
+        self.mode_for(self.generic.arguments, span)
+    }
+
+    /// How a check reports an unmet bound (see the runtime's `Concrete`): as the bound itself when the
+    /// checked type may be a type parameter (`generic`), so that rustc suggests adding that bound and
+    /// not the check; as the check's own message otherwise, one error without a list of other types.
+    fn mode_for(&self, generic: bool, span: Span) -> TokenStream {
         let private = self.private(span);
-        if self.generic {
+        if generic {
             quote_spanned!(span=> #private::Generic)
         } else {
             quote_spanned!(span=> #private::Concrete)
@@ -338,7 +377,15 @@ impl Emit<'_> {
     /// that `return` and `?` in the body are checked against `-> ...` where the user wrote it. The block
     /// keeps the body's braces' span: a body that ends without a value (`Ok(x);`) is reported there.
     fn body(&self, block: &Block) -> TokenStream {
-        let stmts = &block.stmts;
+        // The items the body starts with (`use`, `const`, `fn`) stay first, before the fake return:
+        // behind it they would be items after a statement (clippy's `items_after_statements`), a
+        // lint on code the user did not write. Items are in scope in their whole block either way.
+        let leading = block
+            .stmts
+            .iter()
+            .take_while(|stmt| matches!(stmt, Stmt::Item(_)))
+            .count();
+        let (items, stmts) = block.stmts.split_at(leading);
         let output = self.output;
         let fake_return = quote_spanned! {output.span()=>
             #[allow(
@@ -359,6 +406,7 @@ impl Emit<'_> {
         let body = group_at(
             Delimiter::Brace,
             quote! {
+                #(#items)*
                 #fake_return
                 #(#stmts)*
             },
@@ -400,6 +448,56 @@ fn has_type_parameters(sig: &Signature) -> bool {
             FnArg::Typed(typed) => mentions_impl_trait(&typed.ty),
             FnArg::Receiver(_) => false,
         })
+}
+
+/// The type arguments of a `Result<T, E>` as written, `(Some(T), Some(E))`; `(Some(T), None)` for an
+/// alias that names only its `Ok` type (`io::Result<T>`); `(None, None)` for anything else.
+fn result_parts(output: &Type) -> (Option<&Type>, Option<&Type>) {
+    let Type::Path(path) = output else {
+        return (None, None);
+    };
+    let Some(syn::PathArguments::AngleBracketed(arguments)) =
+        path.path.segments.last().map(|segment| &segment.arguments)
+    else {
+        return (None, None);
+    };
+    let mut types = arguments.args.iter().filter_map(|argument| match argument {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    });
+    (types.next(), types.next())
+}
+
+/// Whether `ty` may be or hold a type parameter: it names `Self`, an `impl Trait`, one of the
+/// function's own type parameters (`own`), or, since an impl's cannot be seen from here, a name spelled
+/// as type parameters are, one capital letter and digits (`T`, `E`, `T2`), that is not a later segment of
+/// a path. Only how errors are reported depends on it, and whether `E: Send` is checked.
+fn may_be_generic(ty: &Type, own: &[Ident]) -> bool {
+    fn walk(tokens: TokenStream, own: &[Ident]) -> bool {
+        let mut after_colons = false;
+        for tree in tokens {
+            let found = match &tree {
+                TokenTree::Ident(ident) => {
+                    let name = ident.to_string();
+                    let mut chars = name.chars();
+                    let parameter_like = chars.next().is_some_and(|c| c.is_ascii_uppercase())
+                        && chars.all(|c| c.is_ascii_digit());
+                    name == "Self"
+                        || name == "impl"
+                        || own.contains(ident)
+                        || (parameter_like && !after_colons)
+                }
+                TokenTree::Group(group) => walk(group.stream(), own),
+                TokenTree::Punct(_) | TokenTree::Literal(_) => false,
+            };
+            if found {
+                return true;
+            }
+            after_colons = matches!(&tree, TokenTree::Punct(p) if p.as_char() == ':');
+        }
+        false
+    }
+    walk(ty.to_token_stream(), own)
 }
 
 /// Whether `sig` is a method's: it takes `self`, or names `Self` (only an impl or a trait can), so the
@@ -577,6 +675,60 @@ mod tests {
         assert!(out.contains("__idempotent_fingerprint , true ,"), "{out}");
         let out = expanded(quote!(key = order_id, steps = s, on_failure = "resume"));
         assert!(out.contains("__idempotent_fingerprint , false ,"), "{out}");
+    }
+
+    /// The items a body starts with come before the generated fake return, the rest after it.
+    #[test]
+    fn leading_items_stay_first() {
+        let mut diag = Diagnostics::default();
+        let args = Args::parse(quote!(key = order_id), &mut diag).expect("valid arguments");
+        let item = syn::parse_quote! {
+            async fn charge(order_id: u64) -> Result<u64, Error> {
+                use std::ops::Mul;
+                const FACTOR: u64 = 3;
+                let scaled = order_id.mul(FACTOR);
+                fn late() {}
+                Ok(scaled)
+            }
+        };
+        let out = expand(&args, item).to_string();
+        let at = |needle: &str| {
+            out.find(needle)
+                .unwrap_or_else(|| panic!("{needle}: {out}"))
+        };
+        assert!(
+            at("use std :: ops :: Mul") < at("__idempotent_fake_return"),
+            "{out}"
+        );
+        assert!(at("const FACTOR") < at("__idempotent_fake_return"), "{out}");
+        assert!(at("__idempotent_fake_return") < at("let scaled"), "{out}");
+        assert!(at("let scaled") < at("fn late"), "{out}");
+    }
+
+    /// Which checks report as the bound (`Generic`) and whether `E: Send` is checked, by what the
+    /// return type names.
+    #[test]
+    fn the_return_types_parts_are_checked_by_what_they_name() {
+        let own: Vec<proc_macro2::Ident> = vec![syn::parse_quote!(K)];
+        for (ty, generic) in [
+            (quote!(Receipt), false),
+            (quote!(Vec<shop::Receipt>), false),
+            (quote!(Box<dyn std::error::Error>), false),
+            (quote!(T), true),
+            (quote!(Vec<T2>), true),
+            (quote!(Self::Error), true),
+            (quote!(K), true),
+            (quote!(<E as Trait>::Out), true),
+            (quote!(io::E), false),
+        ] {
+            let ty: syn::Type = syn::parse2(ty.clone()).unwrap();
+            assert_eq!(
+                super::may_be_generic(&ty, &own),
+                generic,
+                "{}",
+                quote::ToTokens::to_token_stream(&ty)
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Checks on the decorated function.
 
+use quote::ToTokens as _;
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::diag::Diagnostics;
@@ -17,6 +18,15 @@ pub(crate) fn check(item: &ItemFn, diag: &mut Diagnostics) {
         diag.error(
             sig.fn_token,
             "#[idempotent] cannot be used inside #[async_trait], which has already turned this `async fn` into a `fn` returning a boxed future; use a native `async fn` in the trait, or put #[idempotent] on an inherent `async fn` and call that from the trait method",
+        );
+    } else if sig.asyncness.is_none()
+        && let Some(runtime) = rewritten_by_runtime(item)
+    {
+        diag.error(
+            sig.fn_token,
+            format!(
+                "#[idempotent] must be written above {runtime}: that attribute expanded first and has already turned this `async fn` into a plain `fn` that blocks on its body; put #[idempotent] first, or on an `async fn` of its own that this function calls"
+            ),
         );
     } else if sig.asyncness.is_none() {
         diag.error(sig.fn_token, "#[idempotent] requires an `async fn`");
@@ -74,25 +84,6 @@ pub(crate) fn check(item: &ItemFn, diag: &mut Diagnostics) {
 /// The names the function's parameters bind, `self` included, through any pattern
 /// (`Request { order_id, .. }: Request` binds `order_id`).
 pub(crate) fn parameters(item: &ItemFn) -> Vec<Ident> {
-    fn bind(pat: &Pat, out: &mut Vec<Ident>) {
-        match pat {
-            Pat::Ident(p) => {
-                out.push(p.ident.clone());
-                if let Some((_, sub)) = &p.subpat {
-                    bind(sub, out);
-                }
-            }
-            Pat::Struct(p) => p.fields.iter().for_each(|f| bind(&f.pat, out)),
-            Pat::TupleStruct(p) => p.elems.iter().for_each(|e| bind(e, out)),
-            Pat::Tuple(p) => p.elems.iter().for_each(|e| bind(e, out)),
-            Pat::Slice(p) => p.elems.iter().for_each(|e| bind(e, out)),
-            Pat::Or(p) => p.cases.iter().for_each(|c| bind(c, out)),
-            Pat::Reference(p) => bind(&p.pat, out),
-            Pat::Paren(p) => bind(&p.pat, out),
-            Pat::Type(p) => bind(&p.pat, out),
-            _ => {}
-        }
-    }
     let mut out = Vec::new();
     for input in &item.sig.inputs {
         match input {
@@ -101,6 +92,27 @@ pub(crate) fn parameters(item: &ItemFn) -> Vec<Ident> {
         }
     }
     out
+}
+
+/// The names `pat` binds, pushed onto `out`.
+pub(crate) fn bind(pat: &Pat, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(p.ident.clone());
+            if let Some((_, sub)) = &p.subpat {
+                bind(sub, out);
+            }
+        }
+        Pat::Struct(p) => p.fields.iter().for_each(|f| bind(&f.pat, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| bind(e, out)),
+        Pat::Tuple(p) => p.elems.iter().for_each(|e| bind(e, out)),
+        Pat::Slice(p) => p.elems.iter().for_each(|e| bind(e, out)),
+        Pat::Or(p) => p.cases.iter().for_each(|c| bind(c, out)),
+        Pat::Reference(p) => bind(&p.pat, out),
+        Pat::Paren(p) => bind(&p.pat, out),
+        Pat::Type(p) => bind(&p.pat, out),
+        _ => {}
+    }
 }
 
 /// The first `impl Trait` in `ty`, at any depth (`Result<impl Serialize, E>`, `Vec<(u8, impl ..)>`).
@@ -126,6 +138,34 @@ fn impl_trait(ty: &Type) -> Option<&Type> {
         Type::Ptr(ptr) => impl_trait(&ptr.elem),
         _ => None,
     }
+}
+
+/// The attribute that rewrote an `async fn` into a `fn` blocking on its body before us, as an attribute
+/// written above ours does (`#[tokio::test]` leaves `#[test]` behind and calls `block_on`; `#[tokio::main]`
+/// calls `block_on`).
+fn rewritten_by_runtime(item: &ItemFn) -> Option<&'static str> {
+    fn blocks_on(tokens: proc_macro2::TokenStream) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) => ident == "block_on",
+            proc_macro2::TokenTree::Group(group) => blocks_on(group.stream()),
+            _ => false,
+        })
+    }
+    let test = item.attrs.iter().any(|attribute| {
+        attribute
+            .path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "test")
+    });
+    if !blocks_on(item.block.to_token_stream()) {
+        return None;
+    }
+    Some(if test {
+        "a test attribute such as `#[tokio::test]`"
+    } else {
+        "an attribute such as `#[tokio::main]`"
+    })
 }
 
 /// Whether `#[async_trait]` on the enclosing impl rewrote this method before us: it expands first (an

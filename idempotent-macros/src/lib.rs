@@ -59,12 +59,20 @@ use proc_macro::TokenStream;
 /// tuple key with a `None` part, is missing, and the call is rejected unless `missing_key` says otherwise.
 ///
 /// A key that is the same for every call is refused at compile time, since every call would then share
-/// one record: a string literal that names a parameter (`key = "order_id"`: did you mean `order_id`?),
-/// `key = ()` (which serializes to `null`, a missing key), and any key made of literals only
-/// (`key = "seed"`, `key = (1, 2)`) or computed from literals alone (`key = 1 as u64`, `key = 2 + 2`).
-/// For an operation that is to run once for all calls, say so with a named constant:
-/// `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a parameter
-/// (`key = ("refund", order_id)`) is an ordinary key.
+/// one record: any key made of literals only (`key = "seed"`, `key = (1, 2)`) or computed from literals
+/// alone, whatever computes it: an operator or a cast (`key = 1 as u64`, `key = 2 + 2`), a call or
+/// constructor given only literals (`String::from("seed")`, `Some("seed")`), a method of a literal
+/// (`"seed".to_string()`), a standard macro that makes a constant or formats only literals
+/// (`stringify!(order_id)`, `concat!(..)`, `env!(..)`, `format!("seed-{}", 1)`), a block, `if` or
+/// `match` over literals (`{ "x" }`, `if true { 1 } else { 2 }`). A string that spells a parameter, as
+/// the key or a part of it, is refused with the parameter as the suggestion (`key = "order_id"`,
+/// `key = (tenant, "req.order_id")`: did you mean `req.order_id`?), and so is `key = ()` (which
+/// serializes to `null`, a missing key). A name is taken at its word (the attribute cannot tell a
+/// parameter from a constant), and so are a call without arguments (`request_id()`, which may read
+/// what differs per call) and other macros. For an operation that is to run once for all calls, say
+/// so with a named constant: `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a
+/// parameter (`key = ("refund", order_id)`) is an ordinary key, also when it spells the parameter
+/// beside it (`key = ("user", user)`, a tag).
 ///
 /// ```
 /// # use idempotent_runtime::{Error, idempotent};
@@ -377,10 +385,12 @@ use proc_macro::TokenStream;
 ///   "payload mismatch", a store failure, and so on). `Box<dyn std::error::Error + Send + Sync>` and `anyhow::Error` qualify.
 /// - `E: Send`. An `Err` is held while the record is marked FAILED, then returned unchanged, so an error
 ///   type that is not `Send` would make the function's future not `Send` either (it could not be spawned,
-///   nor served by axum), reported far from its cause; it is refused on the return type instead (in a
-///   function with type parameters, where `E` may be one, the future is `Send` when the instantiation's
-///   `E` is). The common alias `Result<T, Box<dyn std::error::Error>>` is not `Send`: use
-///   `Box<dyn std::error::Error + Send + Sync>`.
+///   nor served by axum), reported far from its cause; it is refused on the return type instead. An
+///   error type that is or holds a type parameter (the function's own, its impl's, or `Self`'s, as
+///   `Self::Error`) is not checked: the future is `Send` when the instantiation's `E` is. The attribute
+///   sees the function only, so an impl's type parameter is recognised by its spelling: `Self`, or one
+///   capital letter and digits (`E`, `T2`), as type parameters are usually named. The common alias
+///   `Result<T, Box<dyn std::error::Error>>` is not `Send`: use `Box<dyn std::error::Error + Send + Sync>`.
 /// - `key` and `payload` implement `serde::Serialize`; `store` is an `Idempotency` or a pointer to one.
 /// - Without `store`, a handle installed with `Idempotency::install` before the first call.
 /// - With `transact`, the runtime's `dynamodb` feature.
@@ -390,9 +400,10 @@ use proc_macro::TokenStream;
 ///
 /// # Renaming the crate
 ///
-/// The generated code names the runtime as `::idempotent_runtime`. When the dependency has another name
-/// (`idem = { package = "idempotent-runtime", version = "0.1" }` in Cargo.toml), or the runtime is reached
-/// through a crate that re-exports it, say where it is with `crate`:
+/// The generated code names the runtime as `::idempotent_runtime`, or by the name the crate's Cargo.toml
+/// gives the dependency (`idem = { package = "idempotent-runtime", version = "0.1" }`: `::idem`), which
+/// the attribute reads there. When the runtime is reached through a crate that re-exports it, or to name
+/// it by another path, say where it is with `crate`:
 ///
 /// ```
 /// # extern crate idempotent_runtime as idem;
@@ -408,6 +419,11 @@ use proc_macro::TokenStream;
 /// `"my_platform::idempotent_runtime"`.
 ///
 /// # Limitations
+///
+/// - **Above other attributes that rewrite the function.** Attributes expand from the top down: one
+///   written above `#[idempotent]` that turns the `async fn` into a plain `fn`, as `#[tokio::test]` and
+///   `#[tokio::main]` do, leaves nothing for it to wrap (a compile error names that attribute). Write
+///   `#[idempotent]` first, or put it on an `async fn` of its own that the test calls.
 ///
 /// - **Not inside `#[async_trait]`.** `#[async_trait]` sits on the impl block, so it expands before the
 ///   `#[idempotent]` on a method in that block, and it has already turned the method into a plain `fn`
@@ -475,7 +491,13 @@ fn entry(
     let mut diag = diag::Diagnostics::default();
     let args = args::Args::parse(args, &mut diag)
         .map_err(|e| diag.push(e))
-        .ok();
+        .ok()
+        .map(|mut args| {
+            if args.krate.is_none() {
+                args.renamed = args::renamed_runtime();
+            }
+            args
+        });
     let function = match syn::parse2::<syn::ItemFn>(item.clone()) {
         Ok(function) => function,
         Err(e) => {
@@ -492,7 +514,7 @@ fn entry(
         args::check_key(key, &item::parameters(&function), &mut diag);
     }
     if let Some(args) = &args {
-        args::check_detach(args, &function.sig, &mut diag);
+        args::check_detach(args, &function, &mut diag);
         args::check_bindings(args, &item::parameters(&function), &mut diag);
     }
     match (diag.finish(), args) {

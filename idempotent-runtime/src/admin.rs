@@ -36,7 +36,9 @@ pub struct KeyReport {
     pub expires_in_s: i64,
     /// The stored response's size as stored (gzip-compressed when large), if any.
     pub response_bytes: Option<usize>,
-    /// The start of the decoded response (JSON), if any.
+    /// The start of the stored response's JSON (at most [`PREVIEW_BYTES`], inflated when compressed,
+    /// never parsed), if any. Text from the record: print it with
+    /// [`telemetry::escaped`](crate::telemetry::escaped) on a terminal.
     pub response_preview: Option<String>,
     /// A FAILED record's error text.
     pub error: Option<String>,
@@ -70,21 +72,7 @@ impl KeyReport {
     pub fn new(record: &Record, now_ms: u64) -> Self {
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let expires_at_utc = utc_text(record.expires_at_s);
-        let preview = record.response.as_deref().map(|bytes| {
-            let text = match crate::codec::decode::<serde_json::Value>(bytes) {
-                Ok(value) => value.to_string(),
-                Err(crate::codec::DecodeError::NotSerialized(reason)) => {
-                    format!("<not stored: the response did not serialize: {reason}>")
-                }
-                Err(e) => format!("<undecodable: {e:?}>"),
-            };
-            let cut = text.floor_char_boundary(PREVIEW_BYTES);
-            if cut < text.len() {
-                format!("{}…", &text[..cut])
-            } else {
-                text
-            }
-        });
+        let preview = record.response.as_deref().map(preview);
         Self {
             key: record.key.clone(),
             status: record.status.as_str().to_owned(),
@@ -103,6 +91,37 @@ impl KeyReport {
             has_fingerprint: record.fingerprint.is_some(),
             completed_in: record.completed_in.clone(),
         }
+    }
+}
+
+/// The start of a stored response's JSON, as stored: at most [`PREVIEW_BYTES`], with `…` when there is
+/// more. Only that much is inflated, and nothing is parsed: a record is untrusted input, and a small
+/// one can inflate to hundreds of megabytes, which a listing would otherwise pay for once per record.
+fn preview(bytes: &[u8]) -> String {
+    let (text, whole) = match crate::codec::prefix(bytes, PREVIEW_BYTES) {
+        Ok((json, whole)) => (utf8_prefix(&json), whole),
+        Err(crate::codec::DecodeError::NotSerialized(reason)) => (
+            format!("<not stored: the response did not serialize: {reason}>"),
+            true,
+        ),
+        Err(e) => (format!("<undecodable: {e:?}>"), true),
+    };
+    let cut = text.floor_char_boundary(PREVIEW_BYTES);
+    if cut < text.len() || !whole {
+        format!("{}…", &text[..cut])
+    } else {
+        text
+    }
+}
+
+/// `bytes` as text, without a character cut off at the end (invalid UTF-8 elsewhere replaced).
+fn utf8_prefix(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
     }
 }
 
@@ -782,6 +801,52 @@ pub async fn enable_stream(store: &crate::DynamoDbStore) -> Result<StreamReport,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The preview of a COMPLETED record holding `response`.
+    fn preview(response: &[u8]) -> String {
+        let record = Record {
+            key: "n#00".into(),
+            status: Status::Completed,
+            token: "t".into(),
+            attempt: 1,
+            lease_until_ms: None,
+            expires_at_s: 1,
+            fingerprint: None,
+            response: Some(response.to_vec()),
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+            steps: None,
+        };
+        KeyReport::new(&record, 0).response_preview.unwrap()
+    }
+
+    /// A record of about 32 KB of gzip that inflates to 32 MiB: the preview inflates its first bytes
+    /// only. Cut short, the gzip shows it: the rest, which is never inflated, does not matter.
+    #[test]
+    fn the_preview_inflates_only_its_prefix() {
+        use std::io::Write as _;
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gzip.write_all(b"[\"").unwrap();
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..32 {
+            gzip.write_all(&chunk).unwrap();
+        }
+        gzip.write_all(b"\"]").unwrap();
+        let bomb = gzip.finish().unwrap();
+        assert!(bomb.len() < 64 * 1024, "{}", bomb.len());
+        let start = format!("[\"{}…", "a".repeat(PREVIEW_BYTES - 2));
+        assert_eq!(preview(&bomb), start);
+        assert_eq!(preview(&bomb[..bomb.len() / 2]), start);
+        // Short JSON, plain or compressed, is shown whole; a cut never splits a character.
+        assert_eq!(preview(b"\"ch_3\""), "\"ch_3\"");
+        let long = serde_json::to_vec(&"é".repeat(PREVIEW_BYTES)).unwrap();
+        let shown = preview(&crate::codec::pack(long.clone()));
+        assert!(shown.ends_with('…') && shown.len() <= PREVIEW_BYTES + '…'.len_utf8());
+        assert_eq!(preview(&long), shown);
+        assert!(preview(&[0x1f, 0x8b, 1, 2]).starts_with("<undecodable"));
+    }
 
     fn traffic() -> Traffic {
         Traffic {

@@ -3,6 +3,10 @@
 //! Only COMPLETED records are cached — they cannot change until they expire — and only until their
 //! replay window ends, so the cache never answers differently from the store. PENDING and FAILED records
 //! are never cached.
+//!
+//! It keeps the response as stored (compressed when large) and decodes it on each hit, through the same
+//! bound as a replay from the store (the handle's `max_response_bytes`); a response is cached only once
+//! it decoded, so a record that inflates past the bound is never kept.
 
 use std::sync::Arc;
 

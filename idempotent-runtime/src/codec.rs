@@ -14,6 +14,12 @@
 //! JSON has no NaN or infinity: `serde_json` writes them as `null`, which never decodes back into the
 //! float (or decodes into `None`, another value). [`finite`] finds them, so that such a value is refused
 //! when it is stored rather than failing every replay.
+//!
+//! A stored response is untrusted input: the table may be shared with another service, or an item
+//! tampered with, and a few hundred kilobytes of gzip can inflate to hundreds of megabytes. So decoding
+//! inflates at most what the writer could have stored ([`decode_within`]: the handle's
+//! [`max_response_bytes`](crate::Builder::max_response_bytes), which the writer respects too), and an
+//! operator's preview inflates only its prefix ([`prefix`]).
 
 use std::io::{Read as _, Write as _};
 
@@ -23,9 +29,12 @@ use serde::de::DeserializeOwned;
 /// Responses of more JSON bytes than this are compressed.
 pub const COMPRESS_ABOVE: usize = 4 * 1024;
 
-/// Decompressed responses larger than this are refused (a stored item is at most 400 KB; JSON rarely
-/// compresses more than 100:1).
-const MAX_DECOMPRESSED: u64 = 256 * 1024 * 1024;
+/// The default bound on a response's JSON, in bytes (16 MiB): a response whose JSON is larger is not
+/// stored (duplicates get [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge)), and a stored
+/// response that inflates to more is refused as a corrupt record, without inflating the rest. A stored
+/// item is at most 400 KB, and JSON that fits there compressed rarely inflates to more than 40 times
+/// that; raise it with [`Builder::max_response_bytes`](crate::Builder::max_response_bytes).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
@@ -70,6 +79,23 @@ pub(crate) fn non_finite<T: Serialize + ?Sized>(
     ))
 }
 
+/// `Ok` when `json` (a value's serialization) reads back as a `T`, as a duplicate will read it;
+/// otherwise the reason, as a serialization error of the value: serde writes some values it refuses to
+/// read (nested deeper than its recursion limit, a `u128` inside a buffered enum or flattened struct,
+/// or a hand-written `Serialize` its `Deserialize` does not match).
+pub(crate) fn reads_back<T: DeserializeOwned>(json: &[u8]) -> Result<(), serde_json::Error> {
+    serde_json::from_slice::<T>(json)
+        .map(drop)
+        .map_err(|e| not_read_back(&e))
+}
+
+#[cold]
+fn not_read_back(e: &serde_json::Error) -> serde_json::Error {
+    <serde_json::Error as serde::ser::Error>::custom(format_args!(
+        "its JSON does not read back as its own type ({e}), so a duplicate could never be given it"
+    ))
+}
+
 /// The JSON of a response: what its size is measured on, and what is stored when small.
 pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
     serde_json::to_vec(value)
@@ -92,27 +118,74 @@ pub(crate) fn pack(json: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// Decodes a stored response.
+/// Decodes a stored response (or steps) whose JSON is at most [`DEFAULT_MAX_RESPONSE_BYTES`].
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    decode_within(bytes, DEFAULT_MAX_RESPONSE_BYTES)
+}
+
+/// Decodes a stored response whose JSON is at most `limit` bytes: a compressed one that inflates to
+/// more is refused once `limit` bytes are out ([`DecodeError::Compression`]), before the rest is
+/// inflated or anything is parsed. (Plain JSON is not inflated: its size is the item's, at most 400 KB.)
+pub(crate) fn decode_within<T: DeserializeOwned>(
+    bytes: &[u8],
+    limit: usize,
+) -> Result<T, DecodeError> {
     if bytes.first() == Some(&NOT_SERIALIZED) {
         return Err(not_stored(bytes));
     }
     if bytes.starts_with(&GZIP_MAGIC) {
-        let mut json = Vec::new();
-        flate2::read::GzDecoder::new(bytes)
-            .take(MAX_DECOMPRESSED)
-            .read_to_end(&mut json)
-            .map_err(DecodeError::Compression)?;
+        let (json, whole) = inflate(bytes, limit)?;
+        if !whole {
+            return Err(DecodeError::Compression(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "it inflates to more than {limit} bytes, more than its writer could have stored (an item this library did not write, or one written with a higher `max_response_bytes`)"
+                ),
+            )));
+        }
         serde_json::from_slice(&json).map_err(DecodeError::Json)
     } else {
         serde_json::from_slice(bytes).map_err(DecodeError::Json)
     }
 }
 
-/// The reason a [`not_serialized`] response holds.
+/// The first `max` bytes of gzip `bytes` inflated, and whether that is all of them. The buffer is sized
+/// from the size gzip records in its trailer, trusted only up to `max`: an honest record is inflated
+/// without a copy, and a crafted one costs at most `max` bytes.
+fn inflate(bytes: &[u8], max: usize) -> Result<(Vec<u8>, bool), DecodeError> {
+    let recorded = bytes
+        .last_chunk::<4>()
+        .map_or(0, |size| u32::from_le_bytes(*size) as usize);
+    // One byte more than `max` tells whether there is more.
+    let mut out = Vec::with_capacity(recorded.min(max).saturating_add(1));
+    flate2::read::GzDecoder::new(bytes)
+        .take(u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(DecodeError::Compression)?;
+    let whole = out.len() <= max;
+    out.truncate(max);
+    Ok((out, whole))
+}
+
+/// The first `max` bytes of a stored response's JSON (inflating no more than that), and whether that
+/// is all of it: what an operator's preview shows, at a cost that does not grow with the response.
+pub(crate) fn prefix(bytes: &[u8], max: usize) -> Result<(Vec<u8>, bool), DecodeError> {
+    if bytes.first() == Some(&NOT_SERIALIZED) {
+        return Err(not_stored(bytes));
+    }
+    if bytes.starts_with(&GZIP_MAGIC) {
+        return inflate(bytes, max);
+    }
+    let cut = bytes.len().min(max);
+    Ok((bytes[..cut].to_vec(), cut == bytes.len()))
+}
+
+/// The reason a [`not_serialized`] response holds, its control characters escaped: the record's text,
+/// which reaches error messages and logs.
 #[cold]
 fn not_stored(bytes: &[u8]) -> DecodeError {
-    DecodeError::NotSerialized(String::from_utf8_lossy(&bytes[1..]).into_owned())
+    let reason = String::from_utf8_lossy(&bytes[1..]);
+    DecodeError::NotSerialized(crate::telemetry::escaped(&reason).to_string())
 }
 
 /// Whether a value's floats are all finite: a serializer that visits the value and writes nothing.
@@ -349,6 +422,52 @@ pub(crate) mod finite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gzip(json: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(json).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn decoding_inflates_at_most_the_bound() {
+        let json = serde_json::to_vec(&"a".repeat(10_000)).unwrap();
+        let packed = gzip(&json);
+        assert_eq!(
+            decode_within::<String>(&packed, json.len()).unwrap().len(),
+            10_000
+        );
+        let err = decode_within::<String>(&packed, json.len() - 1).unwrap_err();
+        assert!(
+            matches!(&err, DecodeError::Compression(e) if e.to_string().contains(&format!("more than {} bytes", json.len() - 1))),
+            "{err:?}"
+        );
+        // A trailer that lies about the size changes nothing but the first allocation.
+        let mut lying = packed.clone();
+        let at = lying.len() - 4;
+        lying[at..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_within::<String>(&lying, 100).is_err());
+    }
+
+    #[test]
+    fn a_prefix_is_the_start_of_the_json() {
+        let json = serde_json::to_vec(&"a".repeat(10_000)).unwrap();
+        for stored in [json.clone(), gzip(&json)] {
+            assert_eq!(prefix(&stored, 5).unwrap(), (b"\"aaaa".to_vec(), false));
+            assert_eq!(prefix(&stored, json.len()).unwrap(), (json.clone(), true));
+        }
+        assert!(
+            matches!(prefix(&not_serialized("why"), 5), Err(DecodeError::NotSerialized(r)) if r == "why")
+        );
+    }
+
+    #[test]
+    fn a_stored_reason_is_read_with_its_control_characters_escaped() {
+        let stored = not_serialized("bad\r\u{1b}]0;title\u{7}");
+        assert!(
+            matches!(decode::<u8>(&stored), Err(DecodeError::NotSerialized(r)) if r == "bad\\r\\u{1b}]0;title\\u{7}")
+        );
+    }
 
     #[test]
     fn small_responses_stay_plain_json() {

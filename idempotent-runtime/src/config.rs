@@ -66,7 +66,7 @@ pub struct Idempotency {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
@@ -77,7 +77,10 @@ struct Inner {
     heartbeat: bool,
     clock_skew_margin: Duration,
     retry_hint: Duration,
-    cache: Option<crate::cache::ResponseCache>,
+    /// The most JSON bytes a response may have, stored or replayed.
+    max_response_bytes: usize,
+    /// Shared by the handles [`Idempotency::with_max_response_bytes`] derives.
+    cache: Option<Arc<crate::cache::ResponseCache>>,
     /// The detached bodies still running (and the releases of dropped claims), for [`Idempotency::drain`].
     tasks: tokio_util::task::TaskTracker,
 }
@@ -116,6 +119,7 @@ impl Idempotency {
             clock_skew_margin: DEFAULT_CLOCK_SKEW_MARGIN,
             retry_hint: DEFAULT_RETRY_HINT,
             cache: None,
+            max_response_bytes: crate::codec::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -202,8 +206,28 @@ impl Idempotency {
         self.inner.retry_hint
     }
 
+    /// The most JSON bytes a response may have (see [`Builder::max_response_bytes`]).
+    #[must_use]
+    pub fn max_response_bytes(&self) -> usize {
+        self.inner.max_response_bytes
+    }
+
+    /// This handle with another [`max_response_bytes`](Self::max_response_bytes): the same store,
+    /// clock, settings, local cache and tasks (drained by either).
+    pub(crate) fn with_max_response_bytes(&self, limit: usize) -> Idempotency {
+        if limit == self.inner.max_response_bytes {
+            return self.clone();
+        }
+        Idempotency {
+            inner: Arc::new(Inner {
+                max_response_bytes: limit,
+                ..Inner::clone(&self.inner)
+            }),
+        }
+    }
+
     pub(crate) fn cache(&self) -> Option<&crate::cache::ResponseCache> {
-        self.inner.cache.as_ref()
+        self.inner.cache.as_deref()
     }
 
     /// The work this handle started on tasks of its own: detached bodies, releases of dropped claims.
@@ -265,6 +289,7 @@ pub struct Builder {
     clock_skew_margin: Duration,
     retry_hint: Duration,
     cache: Option<usize>,
+    max_response_bytes: usize,
 }
 
 impl Builder {
@@ -346,8 +371,27 @@ impl Builder {
         self
     }
 
-    /// The handle, or the first setting that cannot work: a zero `ttl` or `lease`, or any duration
-    /// longer than [`MAX_DURATION`].
+    /// The most bytes of JSON a response may have (default
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`](crate::DEFAULT_MAX_RESPONSE_BYTES), 16 MiB): the bound on what
+    /// this handle stores and on what it reads back.
+    ///
+    /// A stored record is untrusted input: another service sharing the table, or a tampered item, can
+    /// hold a few hundred kilobytes of gzip that inflate to hundreds of megabytes on every replay. A
+    /// replay inflates at most this many bytes, and refuses a response that inflates to more as a
+    /// corrupt record ([`Error::CorruptRecord`](crate::Error::CorruptRecord); the body does not run).
+    /// So that a response this handle stored always replays, a body's value whose JSON is larger is
+    /// not stored: it is recorded like one over the item limit, and duplicates get
+    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge). Raise it when responses are larger
+    /// than 16 MiB of JSON that still compresses into DynamoDB's 400 KB item; every handle reading those
+    /// records needs the same setting. The HTTP layer sets its own bound, from its
+    /// `max_stored_response_bytes`.
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        self.max_response_bytes = limit;
+        self
+    }
+
+    /// The handle, or the first setting that cannot work: a zero `ttl` or `max_response_bytes`, a
+    /// `lease` under [`MIN_LEASE`](crate::MIN_LEASE), or any duration longer than [`MAX_DURATION`].
     ///
     /// # Errors
     /// [`ConfigError`] naming the setting.
@@ -374,6 +418,18 @@ impl Builder {
                 return Err(ConfigError(format!("`{name}` must be longer than zero")));
             }
         }
+        if self.lease < crate::MIN_LEASE {
+            return Err(ConfigError(format!(
+                "`default_lease` is {:?}; a lease must be at least {:?}: heartbeats renew it every third of it, and each renewal's round trip eats into it",
+                self.lease,
+                crate::MIN_LEASE
+            )));
+        }
+        if self.max_response_bytes == 0 {
+            return Err(ConfigError(
+                "`max_response_bytes` must be at least 1 (no response could be stored)".to_owned(),
+            ));
+        }
         Ok(Idempotency {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -385,7 +441,10 @@ impl Builder {
                 heartbeat: self.heartbeat,
                 clock_skew_margin: self.clock_skew_margin,
                 retry_hint: self.retry_hint,
-                cache: self.cache.map(crate::cache::ResponseCache::new),
+                max_response_bytes: self.max_response_bytes,
+                cache: self
+                    .cache
+                    .map(|capacity| Arc::new(crate::cache::ResponseCache::new(capacity))),
                 tasks: tokio_util::task::TaskTracker::new(),
             }),
         })

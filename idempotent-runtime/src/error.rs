@@ -203,6 +203,19 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// The call asked for a lease shorter than [`MIN_LEASE`](crate::MIN_LEASE): heartbeats renew a
+    /// lease every third of it and each renewal's round trip eats into it, so a shorter lease lapses
+    /// under ordinary store latency and another caller runs the body too. Nothing was sent.
+    #[error(
+        "`{namespace}`: a lease of {lease:?} is too short to be kept alive; use at least 1 s (`lease = \"1s\"`)"
+    )]
+    LeaseTooShort {
+        /// The key's namespace.
+        namespace: String,
+        /// The lease asked for.
+        lease: std::time::Duration,
+    },
+
     /// DynamoDB refused the transaction's business writes as a whole before evaluating any condition (a
     /// table that does not exist, an invalid expression, a limit), so nothing was written. At completion,
     /// the record moved to FAILED; at claim time, nothing was claimed.
@@ -445,6 +458,7 @@ impl From<Error> for std::io::Error {
             | Error::Unavailable { .. }
             | Error::RegionUnavailable { .. }
             | Error::ResultNotStored { .. } => ErrorKind::TimedOut,
+            Error::LeaseTooShort { .. } => ErrorKind::InvalidInput,
             Error::PayloadMismatch { .. }
             | Error::Deserialize { .. }
             | Error::StepValue { .. }
@@ -539,6 +553,7 @@ impl Error {
             | Error::RegionUnavailable { namespace, .. }
             | Error::ResultNotStored { namespace, .. }
             | Error::Contended { namespace, .. }
+            | Error::LeaseTooShort { namespace, .. }
             | Error::WriteRejected { namespace, .. }
             | Error::Serialize { namespace, .. }
             | Error::Deserialize { namespace, .. }

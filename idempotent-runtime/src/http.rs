@@ -28,11 +28,12 @@
 //! | same key, done, but its response could not be stored (too large, or its body failed while it was sent) | 410, saying the request was processed and its response cannot be sent again, plus `Idempotent-Replayed: true` ([below](#responses-that-cannot-be-stored)) |
 //! | same key, still in flight | 409, `Retry-After` from the handle's retry hint; once the request's worker has stopped sending heartbeats, the seconds left on its lease ([`Error::InProgress`]'s `retry_hint`) |
 //! | same key, another request (method, path and query, or body) | 422 |
-//! | no `Idempotency-Key` (or an empty or malformed one) | 400, unless [`optional`](IdempotencyLayer::optional) |
+//! | no `Idempotency-Key` | 400; with [`optional`](IdempotencyLayer::optional), passed to the handler without idempotency |
+//! | an empty or malformed `Idempotency-Key` (several, not visible ASCII, bad quoting, over 255 bytes) | 400, `optional` or not: a key the client meant to send is never ignored |
 //! | no caller identity | 401 |
 //! | a request body over [the limit](IdempotencyLayer::max_request_bytes) | 413 |
 //! | a request body whose stream failed (malformed framing, a body timeout in front) | 400 |
-//! | the handler panicked | 500; nothing is stored and the key is free at once |
+//! | the handler, or the identity or fingerprint function, panicked | 500; nothing is stored and the key is free at once |
 //! | the store throttled or is unavailable | 503, `Retry-After` |
 //! | the store is not set up: the table is missing, refused the credentials, or has another key schema | 500, without an invitation to retry (the runtime logs an `error` event saying what to do, e.g. create the table with `DynamoDbStore::ensure_table`) |
 //!
@@ -52,7 +53,8 @@
 //! reason. The request fingerprint is the method, the path and query *as the client sent them* (axum's
 //! [`OriginalUri`], so a layer inside [`Router::nest`](axum::Router::nest)
 //! sees the prefix that `nest` strips: `/accounts/A/payments` and `/accounts/B/payments`, or one API
-//! mounted at `/test` and `/live`, are different requests) and the SHA-256 of the body; with the path
+//! mounted at `/test` and `/live`, are different requests) and a digest of the body
+//! ([the fingerprint](#the-fingerprint)); with the path
 //! and query the request was routed by when a middleware rewrote them after the outer router recorded
 //! the client's (a version picked from a header behind [`Router::nest_service`](axum::Router::nest_service)),
 //! and the body's `Content-Encoding` when it has one (the same bytes gzip-encoded or as they are are two
@@ -64,6 +66,27 @@
 //! environment header (`Stripe-Account`-style), a tenant taken from the TLS client certificate. What is
 //! in neither the identity nor the fingerprint cannot tell two requests apart, and the second would get
 //! the first one's response.
+//!
+//! # The fingerprint
+//!
+//! A retry of the same request is replayed however the client framed it again (the IETF draft leaves
+//! the fingerprint to the server; Stripe replays a retry whatever its encoding). Common clients encode
+//! a retry anew: Python's `gzip.compress` stamps the current second into a gzip header, and requests
+//! and urllib3 draw a fresh random boundary for each multipart form. So the body's part of the default
+//! fingerprint ([`request_fingerprint`]) is a digest of what the body says:
+//!
+//! - a body whose only `Content-Encoding` is `gzip` (or `x-gzip`): the SHA-256 of the content it
+//!   inflates to, so the header's timestamp, file name and operating system, and the compression
+//!   level, do not count. Inflating stops at 16 MiB; a body that inflates to more, or does not inflate,
+//!   counts as its compressed stream without its header;
+//! - a `multipart/*` body: the SHA-256 of its parts between the boundary delimiters, so the boundary
+//!   does not count (a gzip-encoded multipart body counts by its inflated bytes, boundary included);
+//! - any other body: the SHA-256 of its bytes.
+//!
+//! The `Content-Encoding` still counts (a `.gz` file uploaded as it is and the same bytes sent
+//! gzip-encoded are two requests). Anything else that tells two requests apart for a service (a JSON
+//! body by its meaning, a version header) goes into a fingerprint of its own:
+//! [`IdempotencyLayer::fingerprint`].
 //!
 //! A replay is the first response as its request's negotiation made it. A compression layer between
 //! this layer and the handler stores the coding the first client accepted (`Content-Encoding: gzip`),
@@ -84,6 +107,18 @@
 //!
 //! A handler whose rejection is final after all (it had effects, or the answer must not change) marks
 //! its response with [`Final`]; [`IdempotencyLayer::store_status`] changes the rule for a status.
+//!
+//! # Trailers
+//!
+//! A request's trailers reach the handler after its body, as they came (they are not part of the
+//! fingerprint, as headers are not). A response's trailers (gRPC's `grpc-status`, a checksum) reach
+//! the first caller after the body, and are stored and replayed with it: every trailer but the fields
+//! that cannot be trailers (framing, routing, authentication, the representation's headers) and
+//! those about the connection or the moment (`Set-Cookie`, `Date`, `Server-Timing`); the same rule
+//! decides what a replay sends, whoever wrote the record. Over HTTP/1.1, trailers travel only in a
+//! chunked body, to a client that sent `TE: trailers`, and only those the response names in its
+//! `Trailer` header: a response with trailers is sent chunked (never with a `Content-Length`), and a
+//! replay names its stored trailers in a `Trailer` header. HTTP/2 sends them as they are.
 //!
 //! # Responses that cannot be stored
 //!
@@ -129,7 +164,8 @@
 //!
 //! A handler that panics is a failure: the record becomes FAILED with the text `panicked: <message>`,
 //! so the key is free at once, and the client gets a 500 `application/problem+json`. The panic does not
-//! reach hyper, which would close the connection without an answer. A response *body* that panics after
+//! reach hyper, which would close the connection without an answer. An identity or fingerprint
+//! function that panics gets the same 500 before anything is claimed, so the key stays free. A response *body* that panics after
 //! the handler answered with a stored status is a body that failed mid-stream: the outcome is final, as
 //! [above](#responses-that-cannot-be-stored).
 
@@ -152,10 +188,11 @@ use axum::response::{IntoResponseParts, ResponseParts};
 use futures_util::FutureExt as _;
 use http_body::{Frame, SizeHint};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
 
 use crate::{Error, Idempotency};
+
+mod fingerprint;
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -172,6 +209,9 @@ pub const DEFAULT_MAX_STORED_RESPONSE_BYTES: usize = 1 << 20;
 /// Who is asking: returns the caller's identity (a tenant, an account, an API key's owner) from the
 /// request, or `None` when there is none (the request is refused with 401).
 type Identity = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// What tells two requests with the same key apart: see [`IdempotencyLayer::fingerprint`].
+type Fingerprint = dyn Fn(&Parts, &[u8]) -> Vec<String> + Send + Sync;
 
 /// Marks a handler's response as final: stored and replayed whatever its status, also one that the
 /// layer would not store by default (a rejection such as 403, or a 5xx). See
@@ -209,6 +249,7 @@ pub struct IdempotencyLayer {
 struct Settings {
     idem: Idempotency,
     identity: Box<Identity>,
+    fingerprint: Box<Fingerprint>,
     namespace: &'static str,
     required: bool,
     max_request_bytes: usize,
@@ -256,6 +297,7 @@ impl IdempotencyLayer {
             settings: Arc::new(Settings {
                 idem,
                 identity: Box::new(identity),
+                fingerprint: Box::new(request_fingerprint),
                 namespace: crate::key::http::DEFAULT_HTTP_NAMESPACE,
                 required: true,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
@@ -302,7 +344,9 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Requests without `Idempotency-Key` pass through without idempotency, instead of a 400.
+    /// Requests without an `Idempotency-Key` header pass through without idempotency, instead of a 400.
+    /// A request whose key is present but empty or malformed is still a 400: the client meant to send
+    /// one, and running its request without would lose the guarantee it asked for.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
@@ -364,13 +408,56 @@ impl IdempotencyLayer {
     /// One more response header to store and replay, besides the representation's (`Content-Type`,
     /// `Content-Encoding`, `Content-Language`, `Content-Location`, `Content-Disposition`,
     /// `Content-Digest`, `Repr-Digest`), `Location`, `ETag` and `Last-Modified`. Headers about the
-    /// connection or the moment (`Date`, `Set-Cookie`, rate limits) are not replayed.
+    /// connection or the moment (`Date`, `Set-Cookie`, rate limits) are not replayed. Values are kept
+    /// byte for byte, UTF-8 or not.
+    ///
+    /// The list applies to replays as well as to storing: a record holding other headers (written by
+    /// another service on the table, or tampered with) is replayed without them.
     ///
     /// # Panics
     /// When the layer was cloned already (configure it first).
     #[must_use]
     pub fn replay_header(mut self, name: HeaderName) -> Self {
         self.settings().replay_headers.push(name);
+        self
+    }
+
+    /// How the layer tells two requests with the same key apart, instead of
+    /// [`request_fingerprint`]: `fingerprint` gets the request's head and its whole body, and returns
+    /// the values whose hash is stored with the record; a later request with the key and other values
+    /// is a 422, never a replay. The same request must give the same values however the client framed
+    /// it (the IETF draft leaves the fingerprint to the server), and two requests that must not share a
+    /// response must give different ones: start from [`request_fingerprint`], which covers the method,
+    /// the path and query, and the body, and add to it or replace its body digest. A `fingerprint`
+    /// that panics gets a 500, and nothing is claimed.
+    ///
+    /// ```
+    /// use axum::http::request::Parts;
+    /// use idempotent_runtime::Idempotency;
+    /// use idempotent_runtime::http::{IdempotencyLayer, request_fingerprint};
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::in_memory(), |_: &Parts| Some("all".into()))
+    ///     .fingerprint(|parts, body| {
+    ///         // A JSON body by its meaning: member order and white space do not count. (A member
+    ///         // that appears twice counts as its last value, as serde_json reads it.)
+    ///         let canonical = serde_json::from_slice::<serde_json::Value>(body)
+    ///             .map(|json| json.to_string().into_bytes());
+    ///         let mut fingerprint = request_fingerprint(parts, canonical.as_deref().unwrap_or(body));
+    ///         // The API version selects the behaviour: the same body under another is another request.
+    ///         let version = parts.headers.get("api-version").map(|v| v.as_bytes().to_vec());
+    ///         fingerprint.push(format!("api-version {version:?}"));
+    ///         fingerprint
+    ///     });
+    /// ```
+    ///
+    /// # Panics
+    /// When the layer was cloned already (configure it first).
+    #[must_use]
+    pub fn fingerprint(
+        mut self,
+        fingerprint: impl Fn(&Parts, &[u8]) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().fingerprint = Box::new(fingerprint);
         self
     }
 
@@ -475,9 +562,55 @@ where
 #[derive(Serialize, Deserialize)]
 struct StoredResponse {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: Vec<(String, StoredValue)>,
     body: StoredBody,
+    /// The body's trailers ([`replays_trailer`]); absent from records of responses without any, which
+    /// are stored as they always were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    trailers: Vec<(String, StoredValue)>,
 }
+
+/// A header value as stored: text when it is UTF-8 (readable in the table, and what records held before
+/// values of other bytes were kept), else its bytes in hex (`{"hex": ".."}`), so that a Latin-1
+/// `Content-Disposition` file name is replayed byte for byte.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredValue {
+    Text(String),
+    Bytes { hex: String },
+}
+
+impl StoredValue {
+    fn new(value: &HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(text) => StoredValue::Text(text.to_owned()),
+            Err(_) => StoredValue::Bytes {
+                hex: hex::encode(value.as_bytes()),
+            },
+        }
+    }
+
+    /// The value, when it is one a header can carry (a record is untrusted input).
+    fn to_header(&self) -> Option<HeaderValue> {
+        match self {
+            StoredValue::Text(text) => HeaderValue::from_str(text).ok(),
+            StoredValue::Bytes { hex } => HeaderValue::from_bytes(&hex::decode(hex).ok()?).ok(),
+        }
+    }
+}
+
+/// The most bytes of JSON a [`StoredResponse`] with a body of at most `max_body` bytes can take, so
+/// that a replay inflates no more than the layer could have stored: the body written as a JSON string
+/// (a control character takes six bytes, `\u0000`; hex two per byte), and the status and headers in
+/// [`STORED_HEADERS_JSON_BYTES`] (a response whose headers need more is recorded without its body).
+fn stored_json_bound(max_body: usize) -> usize {
+    max_body
+        .saturating_mul(6)
+        .saturating_add(STORED_HEADERS_JSON_BYTES)
+}
+
+/// The room for a stored response's status and headers in [`stored_json_bound`] (64 KiB of JSON).
+const STORED_HEADERS_JSON_BYTES: usize = 64 * 1024;
 
 /// A body as text when it is UTF-8 (JSON APIs: stored as is, readable in the table), hex otherwise;
 /// or the mark of a body that was not stored (too large, or failed while it was read).
@@ -581,14 +714,24 @@ impl Settings {
             Err(why) => return problem(StatusCode::BAD_REQUEST, why),
         };
         let (parts, body) = request.into_parts();
-        let Some(identity) = (this.identity)(&parts) else {
-            return problem(
-                StatusCode::UNAUTHORIZED,
-                "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
-            );
+        // The service's own code, run in the service's future: its panic must not reach hyper, which
+        // would close the connection without an answer. Nothing is claimed yet, so the key stays free.
+        let identity = match std::panic::catch_unwind(AssertUnwindSafe(|| (this.identity)(&parts)))
+        {
+            Ok(Some(identity)) => identity,
+            Ok(None) => {
+                return problem(
+                    StatusCode::UNAUTHORIZED,
+                    "an `Idempotency-Key` is scoped by the caller, and this request does not say who the caller is",
+                );
+            }
+            Err(panic) => {
+                tracing::error!(namespace = this.namespace, panic = %panic_message(&*panic), "the identity function panicked; nothing was processed");
+                return panicked();
+            }
         };
-        let bytes = match read_request(body, this.max_request_bytes).await {
-            Ok(bytes) => bytes,
+        let (bytes, trailers) = match read_request(body, this.max_request_bytes).await {
+            Ok(read) => read,
             Err(RequestBody::TooLarge) => {
                 return problem(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -603,8 +746,16 @@ impl Settings {
                 );
             }
         };
-        let fingerprint = fingerprint(&parts, &bytes);
-        let request = Request::from_parts(parts, Body::from(bytes));
+        let fingerprint = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            (this.fingerprint)(&parts, &bytes)
+        })) {
+            Ok(fingerprint) => fingerprint,
+            Err(panic) => {
+                tracing::error!(namespace = this.namespace, panic = %panic_message(&*panic), "the fingerprint function panicked; nothing was processed");
+                return panicked();
+            }
+        };
+        let request = Request::from_parts(parts, Buffered::body(bytes, trailers));
         let scope = crate::key::http::scope(identity, key);
         if !this.detached {
             return this.execute(inner, request, &scope, &fingerprint).await;
@@ -646,7 +797,8 @@ impl Settings {
         let mut operation = self
             .idem
             .operation(self.namespace, scope)
-            .payload(fingerprint);
+            .payload(fingerprint)
+            .max_response_bytes(stored_json_bound(self.max_stored_response_bytes));
         if let Some(ttl) = self.ttl {
             operation = operation.ttl(ttl);
         }
@@ -672,10 +824,15 @@ impl Settings {
             }
             let (parts, body) = response.into_parts();
             let (body, whole) = Passthrough::read(body, self.max_stored_response_bytes).await;
+            let (body_bytes, trailers) = match whole {
+                Some((bytes, trailers)) => (StoredBody::new(bytes), stored_trailers(&trailers)),
+                None => (StoredBody::Unstored, Vec::new()),
+            };
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: self.stored_headers(&parts.headers),
-                body: whole.map_or(StoredBody::Unstored, StoredBody::new),
+                body: body_bytes,
+                trailers,
             };
             *original.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some(Original { parts, body });
@@ -690,7 +847,7 @@ impl Settings {
             (Ok(_), Some(original)) => {
                 Response::from_parts(original.parts, Body::new(original.body))
             }
-            (Ok(stored), None) => replay(stored),
+            (Ok(stored), None) => self.replay(stored),
             (Err(Failure::NotStored(response)), _) => response,
             (Err(Failure::Panicked(message)), _) => {
                 tracing::error!(namespace = self.namespace, panic = %message, "the handler panicked; recorded as failed");
@@ -719,17 +876,98 @@ impl Settings {
             .map_or_else(|| storable(status), |(_, store)| *store)
     }
 
-    fn stored_headers(&self, headers: &HeaderMap) -> Vec<(String, String)> {
+    /// The headers of `headers` that are stored for replay (see [`IdempotencyLayer::replay_header`]),
+    /// their values byte for byte.
+    fn stored_headers(&self, headers: &HeaderMap) -> Vec<(String, StoredValue)> {
         headers
             .iter()
             .filter(|(name, _)| self.replay_headers.contains(name))
-            // UTF-8 too, not only visible ASCII: a `Content-Disposition` file name is often UTF-8.
-            .filter_map(|(name, value)| {
-                let value = std::str::from_utf8(value.as_bytes()).ok()?;
-                Some((name.as_str().to_owned(), value.to_owned()))
-            })
+            .map(|(name, value)| (name.as_str().to_owned(), StoredValue::new(value)))
             .collect()
     }
+
+    /// The stored headers that a replay sends: only those the layer stores, whoever wrote the record (a
+    /// record is untrusted input: one written by another service on the table, or tampered with, could
+    /// otherwise set a cookie), and only names and values a header can carry.
+    fn replayed_headers(&self, stored: &[(String, StoredValue)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in stored {
+            let Ok(name) = HeaderName::try_from(name.as_str()) else {
+                continue;
+            };
+            if !self.replay_headers.contains(&name) {
+                continue;
+            }
+            if let Some(value) = value.to_header() {
+                headers.append(name, value);
+            }
+        }
+        headers
+    }
+
+    /// A stored response, sent again with `Idempotent-Replayed: true`, its trailers after its body (and
+    /// named in a `Trailer` header, which HTTP/1.1 needs to send them); one stored without its body is
+    /// the 410 of [`not_replayable`].
+    fn replay(&self, stored: StoredResponse) -> Response<Body> {
+        let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+        let mut headers = self.replayed_headers(&stored.headers);
+        let trailers = replayed_trailers(&stored.trailers);
+        let mut response = match stored.body {
+            StoredBody::Unstored => {
+                let location = headers
+                    .get(header::LOCATION)
+                    .and_then(|value| value.to_str().ok());
+                return not_replayable(Some(status), location);
+            }
+            body => match body.into_bytes() {
+                Some(body) => {
+                    if let Some(trailers) = &trailers {
+                        let names: Vec<&str> = trailers.keys().map(HeaderName::as_str).collect();
+                        if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+                            headers.insert(header::TRAILER, value);
+                        }
+                    }
+                    Response::new(Buffered::body(body.into(), trailers))
+                }
+                None => {
+                    return problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the stored response is unreadable",
+                    );
+                }
+            },
+        };
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
+    }
+}
+
+/// The trailers of `trailers` that are stored ([`replays_trailer`]), values byte for byte.
+fn stored_trailers(trailers: &HeaderMap) -> Vec<(String, StoredValue)> {
+    trailers
+        .iter()
+        .filter(|(name, _)| replays_trailer(name))
+        .map(|(name, value)| (name.as_str().to_owned(), StoredValue::new(value)))
+        .collect()
+}
+
+/// The stored trailers a replay sends (by the rule they were stored by, whoever wrote the record), or
+/// `None` when there are none.
+fn replayed_trailers(stored: &[(String, StoredValue)]) -> Option<HeaderMap> {
+    let mut trailers = HeaderMap::new();
+    for (name, value) in stored {
+        let Ok(name) = HeaderName::try_from(name.as_str()) else {
+            continue;
+        };
+        if let (true, Some(value)) = (replays_trailer(&name), value.to_header()) {
+            trailers.append(name, value);
+        }
+    }
+    (!trailers.is_empty()).then_some(trailers)
 }
 
 /// Why a request body was not read.
@@ -742,16 +980,28 @@ enum RequestBody {
 
 /// The request body, whole, if it is at most `limit` bytes; one whose declared length is over the
 /// limit is refused before a byte of it is read (and before a `100 Continue`).
-async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody> {
+/// With its trailers, when it has some: they are passed on to the handler (a checksum, gRPC's
+/// metadata), not fingerprinted.
+async fn read_request(
+    mut body: Body,
+    limit: usize,
+) -> Result<(Bytes, Option<HeaderMap>), RequestBody> {
     let limit = u64::try_from(limit).unwrap_or(u64::MAX);
     if body.size_hint().lower() > limit {
         return Err(RequestBody::TooLarge);
     }
     let mut chunks = Vec::new();
+    let mut trailers: Option<HeaderMap> = None;
     let mut len = 0_u64;
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let Ok(data) = frame.map_err(RequestBody::Failed)?.into_data() else {
-            continue; // trailers
+        let data = match frame.map_err(RequestBody::Failed)?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_default().extend(more);
+                }
+                continue;
+            }
         };
         len = len.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
         if len > limit {
@@ -760,20 +1010,118 @@ async fn read_request(mut body: Body, limit: usize) -> Result<Bytes, RequestBody
         chunks.push(data);
     }
     // One chunk (a body with a `Content-Length`, mostly) as it came; several joined.
-    Ok(match chunks.len() {
+    let bytes = match chunks.len() {
         1 => chunks.pop().unwrap_or_default(),
         _ => chunks.concat().into(),
-    })
+    };
+    Ok((bytes, trailers))
 }
 
-/// What tells a request apart from another with the same key: the method, the URI as the client sent it
-/// (a router that `nest`s this one stripped its prefix, the account or the mode, from `parts.uri`), and
-/// the SHA-256 of the body; then, only when they differ or are there (so that a plain request's
-/// fingerprint is the same three values it always was), the URI the request was routed by (`nest`'s
-/// stripped path, or a middleware's rewrite after the outer router recorded the client's URI, such as a
-/// version picked from a header behind `nest_service`), and the body's `Content-Encoding` (the same
-/// bytes gzip-encoded or as they are are two bodies).
-fn fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
+/// A body read whole, sent again: its bytes, then its trailers when it has some. With trailers its
+/// size is not given as exact, so that HTTP/1.1 sends it chunked, the only framing with trailers.
+struct Buffered {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Buffered {
+    /// `data` and `trailers` as a body: a plain one without trailers.
+    fn body(data: Bytes, trailers: Option<HeaderMap>) -> Body {
+        match trailers {
+            None => Body::from(data),
+            Some(trailers) => Body::new(Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers: Some(trailers),
+            }),
+        }
+    }
+}
+
+impl HttpBody for Buffered {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let frame = match this.data.take() {
+            Some(data) => Frame::data(data),
+            None => match this.trailers.take() {
+                Some(trailers) => Frame::trailers(trailers),
+                None => return Poll::Ready(None),
+            },
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.data.as_ref().map_or(0, |d| d.len() as u64));
+        hint
+    }
+}
+
+/// Whether a response trailer is stored and replayed: every field but those that cannot be trailers
+/// (RFC 9110 §6.5.1: framing, routing, authentication, response control, the representation's
+/// headers, as hyper refuses them) and those about the connection or the moment (`Set-Cookie`,
+/// `Date`, `Server-Timing`). Trailers carry values whose names the application chooses (gRPC's
+/// `grpc-status`, checksums), so this is a list of what never is, not of what is. The same rule
+/// decides what a replay sends, whoever wrote the record.
+fn replays_trailer(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "authorization"
+            | "cache-control"
+            | "connection"
+            | "content-encoding"
+            | "content-length"
+            | "content-range"
+            | "content-type"
+            | "date"
+            | "expires"
+            | "host"
+            | "keep-alive"
+            | "location"
+            | "max-forwards"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "retry-after"
+            | "server-timing"
+            | "set-cookie"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "www-authenticate"
+    )
+}
+
+/// The layer's default request fingerprint: what tells a request apart from another with the same key
+/// (a key reused with another fingerprint is a 422). In order:
+///
+/// 1. the method;
+/// 2. the path and query as the client sent them (axum's [`OriginalUri`]: a router that `nest`s this
+///    one stripped its prefix, the account or the mode, from `parts.uri`);
+/// 3. the digest of the body: the SHA-256 of its bytes, except that a gzip body (`Content-Encoding:
+///    gzip`) is hashed by the content it inflates to, and a `multipart/*` body without its boundary, so
+///    that a retry the client encoded again is the same request (see
+///    [the fingerprint](self#the-fingerprint));
+/// 4. only when they differ from the second (so that a plain request's fingerprint is the same three
+///    values it always was), `routed <path and query>`: the URI the request was routed by (`nest`'s
+///    stripped path, or a middleware's rewrite after the outer router recorded the client's URI, such
+///    as a version picked from a header behind `nest_service`);
+/// 5. `content-encoding <coding>` for each `Content-Encoding` of the body (the same bytes gzip-encoded
+///    or as they are are two bodies).
+///
+/// A service that defines its own with [`IdempotencyLayer::fingerprint`] can start from this one.
+#[must_use]
+pub fn request_fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
     fn target(uri: &axum::http::Uri) -> String {
         uri.path_and_query()
             .map_or_else(|| uri.path().to_owned(), ToString::to_string)
@@ -786,7 +1134,7 @@ fn fingerprint(parts: &Parts, body: &[u8]) -> Vec<String> {
     let mut fingerprint = vec![
         parts.method.as_str().to_owned(),
         sent,
-        hex::encode(Sha256::digest(body)),
+        fingerprint::body_digest(&parts.headers, body),
     ];
     if fingerprint[1] != routed {
         fingerprint.push(format!("routed {routed}"));
@@ -846,7 +1194,7 @@ enum Rest {
 impl Passthrough {
     /// Reads `body` until its end, its error, or `limit` bytes and more; with the bytes to store when
     /// the body was read whole within `limit`. A body that panics ends as a failed one.
-    async fn read(mut body: Body, limit: usize) -> (Passthrough, Option<Vec<u8>>) {
+    async fn read(mut body: Body, limit: usize) -> (Passthrough, Option<(Vec<u8>, HeaderMap)>) {
         let mut read = VecDeque::new();
         let mut len = 0_usize;
         let rest = AssertUnwindSafe(async {
@@ -882,10 +1230,15 @@ impl Passthrough {
         };
         let whole = matches!(rest, Rest::Done).then(|| {
             let mut bytes = Vec::with_capacity(len);
-            for data in read.iter().filter_map(Frame::data_ref) {
-                bytes.extend_from_slice(data);
+            let mut trailers = HeaderMap::new();
+            for frame in &read {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                } else if let Some(more) = frame.trailers_ref() {
+                    trailers.extend(more.clone());
+                }
             }
-            bytes
+            (bytes, trailers)
         });
         if let Rest::Failed(Some(e)) = &rest {
             tracing::warn!(error = %e, "the response body failed after the handler answered; recorded as processed without its body");
@@ -931,6 +1284,13 @@ impl HttpBody for Passthrough {
             .sum();
         let read = u64::try_from(read).unwrap_or(u64::MAX);
         match &self.rest {
+            // Trailers follow: not an exact size, which would make HTTP/1.1 send a `Content-Length`
+            // and drop them.
+            Rest::Done if self.read.iter().any(Frame::is_trailers) => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(read);
+                hint
+            }
             Rest::Done => SizeHint::with_exact(read),
             Rest::Body(body) => {
                 let rest = body.size_hint();
@@ -948,41 +1308,6 @@ impl HttpBody for Passthrough {
             }
         }
     }
-}
-
-/// A stored response, sent again with `Idempotent-Replayed: true`; one stored without its body is the
-/// 410 of [`not_replayable`].
-fn replay(stored: StoredResponse) -> Response<Body> {
-    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let mut response = match stored.body {
-        StoredBody::Unstored => {
-            let location = stored
-                .headers
-                .iter()
-                .find(|(name, _)| name == header::LOCATION.as_str())
-                .map(|(_, value)| value.as_str());
-            return not_replayable(Some(status), location);
-        }
-        body => match body.into_bytes() {
-            Some(body) => Response::new(Body::from(body)),
-            None => {
-                return problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the stored response is unreadable",
-                );
-            }
-        },
-    };
-    *response.status_mut() = status;
-    for (name, value) in stored.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-            response.headers_mut().append(name, value);
-        }
-    }
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
 }
 
 /// The answer to a retry of a request that was processed but whose response was not stored: 410, with

@@ -10,6 +10,12 @@
 //! missing key, which the `Value` path's bytes are scanned for. Whatever it does
 //! not handle itself, it leaves to the `Value` path, so the bytes are the same in every case (the tests
 //! compare both paths over every shape serde has).
+//!
+//! A value whose JSON repeats a key within one object is refused, on both paths: a `Value` (a map)
+//! keeps only the last of the entries, so two different values would have one canonical form, and a
+//! caller could choose the entry that survives. With `struct Lookup { tenant: String,
+//! #[serde(flatten)] params: BTreeMap<String, String> }`, params holding `tenant = "bob"` would
+//! otherwise derive bob's record key and be answered with bob's stored response.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -19,7 +25,7 @@ use serde::ser::{self, Error as _};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::handler::{Call, MissingKey};
+use crate::operation::{Call, MissingKey};
 
 pub(crate) mod http;
 
@@ -43,6 +49,7 @@ thread_local! {
             keys: String::new(),
             null_element: false,
             non_finite: false,
+            repeated: None,
         })
     };
 }
@@ -61,21 +68,28 @@ fn with_canonical_json<T: Serialize + ?Sized, R>(
     buf.keys.clear();
     buf.null_element = false;
     buf.non_finite = false;
+    buf.repeated = None;
     let result = match value.serialize(Canonical::top(&mut buf)) {
         Ok(()) => {
             let missing = buf.null_element || buf.bytes == b"null";
             Ok(f(&buf.bytes, missing))
         }
         Err(_) if buf.non_finite => Err(non_finite_float()),
-        // Something the direct path leaves to serde_json (a float or 128-bit map key, serde_json's own
-        // private types), or a value that does not serialize: the `Value` path gives the same bytes, or
-        // the same error. It writes a non-finite float as `null`, so a value with a `null` is checked
-        // for one.
+        Err(_) if buf.repeated.is_some() => {
+            Err(repeated_key(buf.repeated.as_deref().unwrap_or("")))
+        }
+        // Something the direct path leaves to serde_json (serde_json's own private types, a map key
+        // `Value` refuses), or a value that does not serialize: the `Value` path gives the same bytes,
+        // or the same error. It writes a non-finite float as `null`, so a value with a `null` is
+        // checked for one; and it merges repeated keys, so the value is checked for those too.
         Err(_) => canonical_json_via_value(value).and_then(|json| {
-            match crate::codec::non_finite(value, &json) {
-                Some(_) => Err(non_finite_float()),
-                None => Ok(f(&json, is_missing(&json))),
+            if crate::codec::non_finite(value, &json).is_some() {
+                return Err(non_finite_float());
             }
+            if let Some(key) = first_repeated_key(value)? {
+                return Err(repeated_key(&key));
+            }
+            Ok(f(&json, is_missing(&json)))
         }),
     };
     if buf.bytes.capacity() <= SCRATCH_KEPT
@@ -95,6 +109,29 @@ fn non_finite_float() -> serde_json::Error {
     serde_json::Error::custom(
         "it contains a non-finite float (NaN or ±infinity), which has no canonical JSON form; use a finite value, or a string for these cases",
     )
+}
+
+/// The error of a key or payload whose JSON repeats the object key `key`: a `Value` would keep one of
+/// the entries, so two different values would share one canonical form (one record, one fingerprint).
+#[cold]
+fn repeated_key(key: &str) -> serde_json::Error {
+    // The key may be a caller's input: shown quoted and escaped, and cut short.
+    const SHOWN: usize = 64;
+    let cut = &key[..key.floor_char_boundary(SHOWN)];
+    let more = if cut.len() < key.len() { "…" } else { "" };
+    serde_json::Error::custom(format_args!(
+        "it repeats the object key {cut:?}{more} (a field and an entry of a `#[serde(flatten)]` map with the same name, say), which canonical JSON cannot hold: the entries would merge, and different values would share one record; rename the field, or keep the map in a field of its own"
+    ))
+}
+
+/// The first object key that `value`'s JSON repeats within one object, if any. For the values the
+/// direct path leaves to the `Value` path: their plain JSON (`to_vec`, which keeps every entry, and
+/// writes map keys as `to_value` does) is read back, entry by entry.
+fn first_repeated_key<T: Serialize + ?Sized>(
+    value: &T,
+) -> Result<Option<String>, serde_json::Error> {
+    let json = serde_json::to_vec(value)?;
+    Ok(serde_json::from_slice::<repeated::FirstRepeated>(&json)?.0)
 }
 
 /// The reference: `serde_json::Value` keeps objects in a `BTreeMap`, which sorts their keys.
@@ -134,12 +171,34 @@ fn record_key(namespace: &str, json: &[u8]) -> String {
 /// [`MissingKey::Allow`] uses. `#[idempotent]` and [`Idempotency::operation`](crate::Idempotency::operation)
 /// apply their [`MissingKey`] policy before they get this far.
 ///
+/// A key whose JSON repeats an object key is refused: a struct field and an entry of a
+/// `#[serde(flatten)]` map with the same name, map keys of different types with the same text (`1` and
+/// `"1"`), a hand-written `Serialize` that writes a field twice. JSON objects hold one value per key,
+/// so merging the entries would give two different keys one record: with `struct Lookup { tenant,
+/// #[serde(flatten)] params }`, a caller sending the parameter `tenant=bob` would be answered with
+/// bob's stored response.
+///
 /// # Errors
 /// `serde_json`'s error when `key` does not serialize (a map with non-string keys, a failing
-/// `Serialize`), or holds a NaN or an infinity (JSON has neither; `serde_json` would write `null`, the
-/// same as for `None`, and calls keyed on them would share one record).
+/// `Serialize`), holds a NaN or an infinity (JSON has neither; `serde_json` would write `null`, the
+/// same as for `None`, and calls keyed on them would share one record), or repeats an object key (the
+/// error names it).
 ///
 /// ```
+/// use std::collections::BTreeMap;
+/// #[derive(serde::Serialize)]
+/// struct Lookup {
+///     tenant: String,
+///     #[serde(flatten)]
+///     params: BTreeMap<String, String>,
+/// }
+/// let forged = Lookup {
+///     tenant: "alice".into(),
+///     params: BTreeMap::from([("tenant".into(), "bob".into())]),
+/// };
+/// let e = idempotent_runtime::derive_key("shop::lookup", &forged).unwrap_err();
+/// assert!(e.to_string().contains("repeats the object key \"tenant\""));
+///
 /// assert!(idempotent_runtime::derive_key("stats::rate", &("acme", f64::NAN)).is_err());
 /// let key = idempotent_runtime::derive_key("billing::charge", &("acme", 42)).unwrap();
 /// assert!(key.starts_with("billing::charge#"));
@@ -154,8 +213,13 @@ pub fn derive_key<T: Serialize + ?Sized>(
 
 /// The fingerprint stored for a `payload`: hex SHA-256 of its canonical JSON.
 ///
+/// A payload whose JSON repeats an object key is refused, as in [`derive_key`]: merged, `{amount:
+/// 5000}` with a flattened extra entry `amount: 5` would have the fingerprint of `{amount: 5}`, and
+/// pass for it.
+///
 /// # Errors
-/// `serde_json`'s error when `payload` does not serialize, or holds a NaN or an infinity.
+/// `serde_json`'s error when `payload` does not serialize, holds a NaN or an infinity, or repeats an
+/// object key.
 pub fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, serde_json::Error> {
     with_canonical_json(payload, |json, _| sha256_hex(json, &[]))
 }
@@ -312,6 +376,8 @@ struct Buf {
     null_element: bool,
     /// Whether the serializer stopped at a non-finite float (see [`non_finite_float`]).
     non_finite: bool,
+    /// The object key the serializer stopped at for being repeated (see [`repeated_key`]).
+    repeated: Option<String>,
 }
 
 /// One object entry: its key, and where its value's canonical bytes sit in the output for now.
@@ -336,7 +402,7 @@ impl Key {
 }
 
 /// The canonical-JSON serializer: writes scalars and sequences as they come, and buffers each object's
-/// entries to write them sorted by key (later duplicates replacing earlier ones, as in a `BTreeMap`).
+/// entries to write them sorted by key (a key written twice is refused: see [`repeated_key`]).
 struct Canonical<'a> {
     out: &'a mut Buf,
     /// Whether this is the whole value (or all of it but a newtype or `Some` around it), whose array's
@@ -418,23 +484,24 @@ impl<'a> Object<'a> {
             bytes,
             entries,
             keys,
+            repeated,
             ..
         } = out;
         let entries_here = &mut entries[base..];
-        // Stable, so that of equal keys the last one written comes last and wins.
-        entries_here.sort_by(|a, b| a.key.text(keys).cmp(b.key.text(keys)));
+        entries_here.sort_unstable_by(|a, b| a.key.text(keys).cmp(b.key.text(keys)));
+        if let Some(pair) = entries_here
+            .windows(2)
+            .find(|pair| pair[0].key.text(keys) == pair[1].key.text(keys))
+        {
+            *repeated = Some(pair[0].key.text(keys).to_owned());
+            return Err(repeated_key(pair[0].key.text(keys)));
+        }
         // Write the object after the values, then move it over them.
         let sorted = bytes.len();
         bytes.push(b'{');
         let mut first = true;
-        for (i, entry) in entries_here.iter().enumerate() {
+        for entry in entries_here.iter() {
             let key = entry.key.text(keys);
-            if entries_here
-                .get(i + 1)
-                .is_some_and(|next| next.key.text(keys) == key)
-            {
-                continue;
-            }
             if !first {
                 bytes.push(b',');
             }
@@ -758,8 +825,8 @@ impl<'a> ser::Serializer for Canonical<'a> {
     }
 }
 
-/// A map key, as `to_value` turns it into an object key: strings, chars, booleans, integers and unit
-/// variants, written as text. Anything else (floats included, whose text `serde_json` formats itself) is
+/// A map key, as `to_value` turns it into an object key: strings, chars, booleans, integers, finite
+/// floats (in `serde_json`'s own shortest form) and unit variants, written as text. Anything else is
 /// left to the `Value` path.
 struct MapKey<'a> {
     keys: &'a mut String,
@@ -776,6 +843,15 @@ impl MapKey<'_> {
     fn integer(self, v: impl std::fmt::Display) -> Result<(), serde_json::Error> {
         use std::fmt::Write as _;
         write!(self.keys, "{v}").map_err(serde_json::Error::custom)
+    }
+
+    /// A finite float as `serde_json` writes it, in a number or a map key alike; a non-finite one, which
+    /// `to_value` refuses as a key, is left to it for its error.
+    fn float<F: Serialize>(self, v: F, finite: bool) -> Result<(), serde_json::Error> {
+        if !finite {
+            return Err(unsupported());
+        }
+        self.text(&serde_json::to_string(&v)?)
     }
 }
 
@@ -823,11 +899,11 @@ impl ser::Serializer for MapKey<'_> {
     fn serialize_u128(self, v: u128) -> Result<(), Self::Error> {
         self.integer(v)
     }
-    fn serialize_f32(self, _v: f32) -> Result<(), Self::Error> {
-        Err(unsupported())
+    fn serialize_f32(self, v: f32) -> Result<(), Self::Error> {
+        self.float(v, v.is_finite())
     }
-    fn serialize_f64(self, _v: f64) -> Result<(), Self::Error> {
-        Err(unsupported())
+    fn serialize_f64(self, v: f64) -> Result<(), Self::Error> {
+        self.float(v, v.is_finite())
     }
     fn serialize_char(self, v: char) -> Result<(), Self::Error> {
         self.text(v.encode_utf8(&mut [0; 4]))
@@ -917,6 +993,100 @@ impl ser::Serializer for MapKey<'_> {
         _len: usize,
     ) -> Result<Self::SerializeStructVariant, Self::Error> {
         Err(unsupported())
+    }
+}
+
+/// Reads JSON back to find the first object key repeated within one object ([`first_repeated_key`]):
+/// a `Deserialize` that keeps nothing but that key.
+mod repeated {
+    use std::collections::HashSet;
+    use std::fmt;
+
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// The first repeated object key in a JSON document, if any.
+    pub(super) struct FirstRepeated(pub(super) Option<String>);
+
+    impl<'de> Deserialize<'de> for FirstRepeated {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(Find)
+        }
+    }
+
+    struct Find;
+
+    impl<'de> Visitor<'de> for Find {
+        type Value = FirstRepeated;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_i128<E>(self, _: i128) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_u128<E>(self, _: u128) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_str<E>(self, _: &str) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+        fn visit_unit<E>(self) -> Result<FirstRepeated, E> {
+            Ok(FirstRepeated(None))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FirstRepeated, A::Error> {
+            let mut found = None;
+            while let Some(FirstRepeated(inner)) = seq.next_element()? {
+                found = found.or(inner);
+            }
+            Ok(FirstRepeated(found))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FirstRepeated, A::Error> {
+            let mut seen = HashSet::new();
+            let mut found = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if found.is_some() {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                let FirstRepeated(inner) = map.next_value()?;
+                if seen.contains(&key) {
+                    found = Some(key);
+                } else {
+                    found = inner;
+                    seen.insert(key);
+                }
+            }
+            Ok(FirstRepeated(found))
+        }
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn finds_a_key_repeated_at_any_depth() {
+        let find = |json: &str| serde_json::from_str::<FirstRepeated>(json).unwrap().0;
+        assert_eq!(find(r#"{"a":1,"b":2}"#), None);
+        assert_eq!(find(r#"{"a":1,"b":{"a":2}}"#), None);
+        assert_eq!(find(r#"{"a":1,"a":2}"#).as_deref(), Some("a"));
+        assert_eq!(
+            find(r#"[0,{"x":[{"k":1,"\u006b":2}]}]"#).as_deref(),
+            Some("k")
+        );
+        assert_eq!(find(r#""a""#), None);
     }
 }
 
@@ -1073,7 +1243,7 @@ mod tests {
         Second,
     }
 
-    /// Writes the same key twice: the last value wins, as in a `BTreeMap`.
+    /// Writes the same keys twice: a `BTreeMap` would keep the last values, so it is refused.
     struct Duplicates;
     impl Serialize for Duplicates {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -1148,7 +1318,7 @@ mod tests {
         same(&u128::MAX); // out of range for `Value`: the same error on both paths
         same(&i128::MIN);
         direct(&Bytes(b"\x00\x01\xff"));
-        direct(&Duplicates);
+        refused(&Duplicates, "a");
         same(&Fails);
         direct(&vec![Some(1), None]);
         direct(&BTreeMap::<String, u8>::new());
@@ -1189,9 +1359,130 @@ mod tests {
     }
 
     #[test]
-    fn float_map_keys_take_the_value_path() {
-        same(&FloatKeys);
-        assert!(canonical_json(&FloatKeys).is_ok());
+    fn float_map_keys_are_written_as_value_writes_them() {
+        direct(&FloatKeys);
+        direct(&Entries(vec![(0.1_f32, 1), (-0.0, 2), (3e38_f32, 3)]));
+        direct(&Entries(vec![
+            (1e-7_f64, 1),
+            (123_456_789.5, 2),
+            (0.0, 3),
+            (1e300, 4),
+        ]));
+        // A non-finite key, which `Value` refuses: its error on both paths.
+        same(&Entries(vec![(f64::INFINITY, 1)]));
+        assert!(canonical_json(&Entries(vec![(f64::NAN, 1)])).is_err());
+    }
+
+    /// `value`'s canonical JSON is refused for repeating the object key `key`, on the direct path and
+    /// on the `Value` path (which would merge the entries).
+    #[track_caller]
+    fn refused<T: Serialize + ?Sized>(value: &T, key: &str) {
+        let shown = format!("repeats the object key {key:?}");
+        match canonical_json(value) {
+            Err(e) => assert!(e.to_string().contains(&shown), "{e}"),
+            Ok(json) => panic!("accepted as {}", String::from_utf8_lossy(&json)),
+        }
+        if let Err(e) = value.serialize(Canonical::top(&mut Buf::default())) {
+            assert!(
+                e.to_string().contains(&shown) || e.to_string().contains("direct"),
+                "{e}"
+            );
+        }
+        // The `Value` path's check finds one too (the first in the order written).
+        assert!(first_repeated_key(value).unwrap().is_some());
+        assert!(derive_key("n", value).is_err());
+        assert!(fingerprint(value).is_err());
+    }
+
+    /// A map that writes `entries` as they are, repeated keys included.
+    struct Entries<K, V>(Vec<(K, V)>);
+    impl<K: Serialize, V: Serialize> Serialize for Entries<K, V> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = s.serialize_map(Some(self.0.len()))?;
+            for (k, v) in &self.0 {
+                map.serialize_entry(k, v)?;
+            }
+            map.end()
+        }
+    }
+
+    /// A field and an entry of a flattened map with the same name.
+    #[derive(Serialize)]
+    struct Lookup {
+        tenant: &'static str,
+        #[serde(flatten)]
+        params: BTreeMap<&'static str, &'static str>,
+    }
+
+    /// A struct that names one field twice, as a hand-written `Serialize` may.
+    struct TwiceNamed;
+    impl Serialize for TwiceNamed {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct;
+            let mut st = s.serialize_struct("TwiceNamed", 2)?;
+            st.serialize_field("amount", &5000)?;
+            st.serialize_field("amount", &5)?;
+            st.end()
+        }
+    }
+
+    /// A float key and a string key with the same text.
+    struct FloatAndText;
+    impl Serialize for FloatAndText {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = s.serialize_map(Some(2))?;
+            map.serialize_entry(&1.0_f64, &1)?;
+            map.serialize_entry("1.0", &2)?;
+            map.end()
+        }
+    }
+
+    #[test]
+    fn repeated_object_keys_are_refused_on_every_path() {
+        // A field shadowed by a flattened map's entry: the record key of another tenant otherwise.
+        refused(
+            &Lookup {
+                tenant: "alice",
+                params: BTreeMap::from([("order", "1"), ("tenant", "bob")]),
+            },
+            "tenant",
+        );
+        direct(&Lookup {
+            tenant: "alice",
+            params: BTreeMap::from([("order", "1")]),
+        });
+        refused(&TwiceNamed, "amount");
+        // Keys of different types that turn into the same text.
+        refused(
+            &Entries(vec![(serde_json::json!(1), 1), (serde_json::json!("1"), 2)]),
+            "1",
+        );
+        refused(&(1, Entries(vec![("x", 1), ("x", 1)])), "x");
+        refused(
+            &[
+                Entries(vec![(true, 1)]),
+                Entries(vec![(false, 1), (false, 2)]),
+            ],
+            "false",
+        );
+        // Float keys, which the direct path writes itself: `1.0` and the string "1.0".
+        refused(&FloatAndText, "1.0");
+        // What only the `Value` path writes (serde_json's raw JSON): checked there.
+        let raw =
+            serde_json::value::RawValue::from_string(r#"{"a":1,"b":{"k":1,"\u006b":2}}"#.into())
+                .unwrap();
+        refused(&raw, "k");
+        refused(&(raw.as_ref(), 2), "k");
+        let fine =
+            serde_json::value::RawValue::from_string(r#"{"a":1,"b":{"k":1}}"#.into()).unwrap();
+        same(&fine);
+        assert!(canonical_json(&fine).is_ok());
+        // A long key is shown cut short.
+        let long: &'static str = "k".repeat(1000).leak();
+        let e = canonical_json(&Entries(vec![(long, 1), (long, 2)])).unwrap_err();
+        assert!(e.to_string().len() < 600, "{e}");
     }
 
     #[test]
@@ -1214,11 +1505,22 @@ mod tests {
                 serde_json::json!({"y": {"x": [{"d": 4, "c": 3}]}}),
             ),
         ]));
-        direct(&vec![
-            (Duplicates, Kind::Struct { y: 2, b: 1 }),
-            (Duplicates, Kind::Unit),
-        ]);
-        direct(&HashMap::from([(1_u8, vec![Duplicates]), (0_u8, vec![])]));
+        refused(
+            &vec![
+                (Duplicates, Kind::Struct { y: 2, b: 1 }),
+                (Duplicates, Kind::Unit),
+            ],
+            "a",
+        );
+        refused(
+            &HashMap::from([(1_u8, vec![Duplicates]), (0_u8, vec![])]),
+            "a",
+        );
+        // An object refused deep inside leaves the scratch space fit for the next value.
+        direct(&vec![(
+            Kind::Struct { y: 2, b: 1 },
+            BTreeMap::from([("z", 1), ("a", 2)]),
+        )]);
     }
 
     /// Whether `key` is missing.

@@ -131,20 +131,21 @@ pub mod __private;
 #[doc(hidden)]
 pub use __private::{
     Concrete, Generic, IdempotencyHandle, IdempotencyKey, IdempotencyPayload, IdempotentError,
-    IdempotentOutput, IdempotentValue,
+    IdempotentErrorSend, IdempotentOutput, IdempotentValue,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use codec::COMPRESS_ABOVE;
+pub use codec::{COMPRESS_ABOVE, DEFAULT_MAX_RESPONSE_BYTES};
 pub use config::{
     Builder, ConfigError, DEFAULT_CLOCK_SKEW_MARGIN, DEFAULT_LEASE, DEFAULT_RETRY_HINT,
     DEFAULT_TTL, DISABLED_VAR, Idempotency, MAX_DURATION,
 };
 pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
-pub use handler::MissingKey;
+pub use handler::MIN_LEASE;
 pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
+pub use operation::MissingKey;
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;

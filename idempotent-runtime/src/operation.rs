@@ -12,12 +12,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
-use crate::handler::{self, Call, Detach, Inline, Runner};
+use crate::handler::{self, Detach, Inline, Runner};
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
 use crate::telemetry::{self, Outcome};
-use crate::{Error, Idempotency, MissingKey, Steps};
+use crate::{Error, Idempotency, Steps};
 
 /// One idempotent call, configured step by step; start with [`Idempotency::operation`].
 ///
@@ -53,7 +53,74 @@ pub struct Operation<'a, H = Unchanged> {
     restart_steps: bool,
     /// The body's steps, when it runs with them.
     steps: Option<Steps>,
+    /// The lease was set by [`deadline`](Self::deadline), which may leave less than
+    /// [`MIN_LEASE`](crate::MIN_LEASE).
+    deadline_bound: bool,
     on_replay: H,
+}
+
+/// What the attribute says about one function: its namespace and its durations (`None` = the handle's
+/// default). Generated code keeps one in a `static`.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// The key namespace: `name = ".."`, or `module_path!()::fn_name`.
+    pub namespace: &'static str,
+    /// `ttl = ".."`.
+    pub ttl: Option<Duration>,
+    /// `lease = ".."`.
+    pub lease: Option<Duration>,
+    /// `wait = ".."`.
+    pub wait: Option<Duration>,
+    /// `missing_key = ".."`: what a key that serializes to `null` (or a tuple key with a `null` part) means.
+    pub missing_key: MissingKey,
+}
+
+/// What to do with a *missing* key: one that serializes to `null` (an `Option` that is `None`), or a
+/// top-level tuple or array key with a `null` element (`key = (tenant, order_id)` with no `order_id`).
+///
+/// Keyless calls must never share a record: the second would get the first one's response. So a missing
+/// key is an error unless the function says otherwise. Empty strings, `0`, `false`, `[]` and `{}` are
+/// values, never missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// [`Error::MissingKey`] before any I/O: no record, the body does not run (the default).
+    #[default]
+    Reject,
+    /// `null` is a deliberate value: every call whose key is `null` shares one record.
+    Allow,
+    /// Run the body without idempotency (no record, no replay) and log a warning. Not with business
+    /// writes (`transact`, `claim_with`): they commit only with a record, so such a call is rejected as
+    /// with [`Reject`](Self::Reject) (the attribute refuses the combination at compile time).
+    Skip,
+}
+
+impl Call {
+    /// A call in `namespace` with every duration left to the handle's defaults.
+    #[must_use]
+    pub const fn new(namespace: &'static str) -> Self {
+        Self {
+            namespace,
+            ttl: None,
+            lease: None,
+            wait: None,
+            missing_key: MissingKey::Reject,
+        }
+    }
+}
+
+/// [`Error::LeaseTooShort`] for a call that asks for a lease under [`MIN_LEASE`](crate::MIN_LEASE)
+/// (one bound by a [`deadline`](Operation::deadline) may have less: it is not renewed).
+fn check_lease(call: &Call, deadline_bound: bool) -> Result<(), Box<Error>> {
+    match call.lease {
+        Some(lease) if lease < crate::MIN_LEASE && !deadline_bound => {
+            Err(Box::new(Error::LeaseTooShort {
+                namespace: call.namespace.to_owned(),
+                lease,
+            }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What a call evaluates before it starts (its handle, key and payload fingerprint), or the error that
@@ -123,6 +190,7 @@ impl<'a> Operation<'a> {
             claim_writes: Writes::new(),
             compensation: Writes::new(),
             restart_steps: false,
+            deadline_bound: false,
             steps: None,
             on_replay: Unchanged,
         }
@@ -139,6 +207,20 @@ impl<'a, H> Operation<'a, H> {
     /// How long the claim blocks others if its worker dies (default: the handle's).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.call.lease = Some(lease);
+        self
+    }
+
+    /// The most bytes of JSON this call's response may have, stored or replayed (default: the
+    /// handle's [`max_response_bytes`](crate::Builder::max_response_bytes)): for a call whose
+    /// responses are known to be bounded more tightly (or to need more), so that a record written by
+    /// someone else is refused as soon as it inflates past what this call could have stored. Every call
+    /// on the key needs the same bound.
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        if let Ok(idem) = &mut self.idem
+            && idem.max_response_bytes() != limit
+        {
+            *idem = Cow::Owned(idem.with_max_response_bytes(limit));
+        }
         self
     }
 
@@ -173,7 +255,9 @@ impl<'a, H> Operation<'a, H> {
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default()
             .max(Duration::from_millis(1));
-        self.lease(left)
+        let mut operation = self.lease(left);
+        operation.deadline_bound = true;
+        operation
     }
 
     /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).
@@ -243,6 +327,7 @@ impl<'a, H> Operation<'a, H> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
             restart_steps: self.restart_steps,
+            deadline_bound: self.deadline_bound,
             steps: self.steps,
             on_replay: hook,
         }
@@ -521,6 +606,7 @@ impl<'a, H> Operation<'a, H> {
             compensation,
             restart_steps: _,
             steps,
+            deadline_bound,
             on_replay,
         } = self;
         // The handle's tasks, for a detached body that runs alone (drained like any detached body).
@@ -531,6 +617,7 @@ impl<'a, H> Operation<'a, H> {
         } else {
             (|| {
                 let idem = idem?;
+                check_lease(&call, deadline_bound)?;
                 let key = key?;
                 let fingerprint = fingerprint.transpose()?;
                 Ok::<_, Box<Error>>(

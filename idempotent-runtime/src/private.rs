@@ -9,9 +9,9 @@ use std::sync::{OnceLock, PoisonError, RwLock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use crate::handler::{Call, MissingKey};
 pub use crate::key::DerivedKey;
 pub use crate::operation::Early;
+pub use crate::operation::{Call, MissingKey};
 pub use crate::steps::Steps;
 use crate::{Error, Idempotency, Operation};
 

@@ -80,6 +80,65 @@ impl Outcome {
     }
 }
 
+/// Text taken from a record (an error, a key, a namespace, a region, a response), made safe for a
+/// terminal or a log line: control characters are written as escapes (`\n`, `\r`, `\t`,
+/// `\u{1b}`), as are the characters that reorder text or end a line without being controls
+/// (bidirectional overrides and isolates, U+2028 and U+2029); everything else, backslashes included,
+/// as it is.
+///
+/// A record is untrusted input: a body's error text often echoes its caller's input, and an item may
+/// have been written by someone else. Printed raw, an escape sequence in it could retitle an
+/// operator's terminal, erase a line and draw a fake one; in a log line, a newline could forge the
+/// next entry. The runtime writes such text into `tracing` fields through this, and the `idempotent`
+/// command line prints it so.
+///
+/// ```
+/// use idempotent_runtime::telemetry::escaped;
+/// let error = "declined\r\x1b[2Kstatus     COMPLETED\x1b]0;owned\x07";
+/// assert_eq!(
+///     escaped(error).to_string(),
+///     "declined\\r\\u{1b}[2Kstatus     COMPLETED\\u{1b}]0;owned\\u{7}"
+/// );
+/// assert_eq!(escaped("naïve \\ \"ok\"").to_string(), "naïve \\ \"ok\"");
+/// ```
+#[must_use]
+pub fn escaped(text: &str) -> Escaped<'_> {
+    Escaped(text)
+}
+
+/// What [`escaped`] returns: displays its text with control characters escaped.
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(&'a str);
+
+impl Escaped<'_> {
+    /// Whether `c` is written as an escape.
+    fn escapes(c: char) -> bool {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            )
+    }
+}
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(Self::escapes) {
+            f.write_str(&rest[..at])?;
+            let c = rest[at..].chars().next().unwrap_or_default();
+            match c {
+                '\n' => f.write_str("\\n")?,
+                '\r' => f.write_str("\\r")?,
+                '\t' => f.write_str("\\t")?,
+                c => write!(f, "\\u{{{:x}}}", u32::from(c))?,
+            }
+            rest = &rest[at + c.len_utf8()..];
+        }
+        f.write_str(rest)
+    }
+}
+
 /// The first 12 digits of a record key's hash. A record key ends with its key's 64-digit hash
 /// (`"{namespace}#{hash}"`), so the hash is found from the end, without scanning the namespace; any
 /// other text gives its own first 12 characters, or all of it.
@@ -284,6 +343,8 @@ pub(crate) fn region_failover(op: &'static str, from: &str, to: &str, error: Opt
 /// key's home region `home`: on a global table, that completion was claimed outside home-region routing,
 /// and the key may have run in two regions.
 pub(crate) fn cross_region_duplicate(home: &str, completed_in: &str) {
+    // The region is the record's text, which another writer of the table may have chosen.
+    let completed_in = escaped(completed_in).to_string();
     tracing::warn!(
         home,
         completed_in,
@@ -293,7 +354,7 @@ pub(crate) fn cross_region_duplicate(home: &str, completed_in: &str) {
     metrics::counter!(
         "dynamo_cross_region_duplicate_detected_total",
         "home" => home.to_owned(),
-        "completed_in" => completed_in.to_owned()
+        "completed_in" => completed_in
     )
     .increment(1);
 }
@@ -453,5 +514,34 @@ mod observe_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn without_a_taker_for_debug_events_no_store_request_is_logged() {
         assert!(logged(Level::INFO, Ok(None)).await.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escaped;
+
+    #[test]
+    fn control_and_reordering_characters_are_escaped_and_nothing_else() {
+        let cases = [
+            (
+                "plain text, é ß 漢字 🙂 \\ \" '",
+                "plain text, é ß 漢字 🙂 \\ \" '",
+            ),
+            ("a\nb\r\tc", "a\\nb\\r\\tc"),
+            (
+                "\u{1b}]0;title\u{7}\u{1b}[2K",
+                "\\u{1b}]0;title\\u{7}\\u{1b}[2K",
+            ),
+            ("\u{0}\u{7f}\u{85}\u{9b}", "\\u{0}\\u{7f}\\u{85}\\u{9b}"),
+            (
+                "x\u{202e}gnp.exe\u{2066}\u{2028}",
+                "x\\u{202e}gnp.exe\\u{2066}\\u{2028}",
+            ),
+            ("", ""),
+        ];
+        for (text, shown) in cases {
+            assert_eq!(escaped(text).to_string(), shown, "{text:?}");
+        }
     }
 }

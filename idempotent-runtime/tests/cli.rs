@@ -722,3 +722,110 @@ async fn key_show_http_names_the_layers_record_for_odd_identities_and_keys() {
         }
     }
 }
+
+/// Text from a record (an error, a response) may hold terminal escape sequences: a body's error often
+/// echoes its caller's input, and an item may be written by someone else. The human output shows them
+/// escaped, so that a record cannot retitle the terminal, erase a line or draw a fake one; `--json`
+/// keeps the text, as JSON escapes it.
+#[tokio::test]
+async fn record_text_is_printed_with_control_characters_escaped() {
+    use idempotent_runtime::aws_sdk_dynamodb::types::AttributeValue;
+    let (table, _, _) = setup("cli-escape");
+    let hostile = "declined\r\u{1b}[2Kstatus     COMPLETED (attempt 1)\u{1b}]0;owned\u{7}";
+    let expires = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600)
+        .to_string();
+    let put = |key: &str, status: &str, extra: (&str, AttributeValue)| {
+        let item = [
+            (
+                "pk",
+                AttributeValue::S(idempotent_runtime::derive_key("billing::charge", key).unwrap()),
+            ),
+            ("status", AttributeValue::S(status.into())),
+            ("token", AttributeValue::S("t".into())),
+            ("attempt", AttributeValue::N("1".into())),
+            ("expires_at", AttributeValue::N(expires.clone())),
+            (extra.0, extra.1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        client()
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item))
+            .send()
+    };
+    put(
+        "order-9",
+        "FAILED",
+        ("error", AttributeValue::S(hostile.into())),
+    )
+    .await
+    .unwrap();
+    let response = format!("\"{hostile}\"");
+    put(
+        "order-10",
+        "COMPLETED",
+        (
+            "response",
+            AttributeValue::B(response.clone().into_bytes().into()),
+        ),
+    )
+    .await
+    .unwrap();
+    let escaped = r"declined\r\u{1b}[2Kstatus     COMPLETED (attempt 1)\u{1b}]0;owned\u{7}";
+    let clean = |text: &str| {
+        assert!(
+            !text.contains(['\u{1b}', '\u{7}', '\r']),
+            "a control character was printed raw: {text:?}"
+        );
+    };
+    let failed = run_text(&key_args(
+        "show",
+        &table,
+        &[],
+        "billing::charge",
+        "\"order-9\"",
+    ));
+    clean(&failed);
+    assert!(
+        failed.contains(&format!("error      {escaped}")),
+        "{failed}"
+    );
+    let completed = run_text(&key_args(
+        "show",
+        &table,
+        &[],
+        "billing::charge",
+        "\"order-10\"",
+    ));
+    clean(&completed);
+    assert!(completed.contains(&format!("\"{escaped}\"")), "{completed}");
+    let list = run_text(&["keys", "list", "--table", &table]);
+    clean(&list);
+    assert!(list.contains(escaped), "{list}");
+    let stats = run_text(&["keys", "stats", "--table", &table]);
+    clean(&stats);
+    assert!(stats.contains(escaped), "{stats}");
+    // `--json` keeps the record's text as it is.
+    let shown = run_json(&key_args(
+        "show",
+        &table,
+        &["--json"],
+        "billing::charge",
+        "\"order-9\"",
+    ));
+    assert_eq!(shown["error"], hostile);
+    let shown = run_json(&key_args(
+        "show",
+        &table,
+        &["--json"],
+        "billing::charge",
+        "\"order-10\"",
+    ));
+    assert_eq!(shown["response_preview"], response);
+}

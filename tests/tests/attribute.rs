@@ -1,6 +1,6 @@
 //! What the attribute derives from the code it is written on, through calls on the memory store: the
-//! default namespace of methods (the receiver's type is part of it), and arguments passed through
-//! `macro_rules!`.
+//! default namespace of methods (the receiver's type is part of it), arguments passed through
+//! `macro_rules!`, bodies that start with items, and keys that hold a literal (on both stores).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -426,4 +426,180 @@ async fn method_futures_can_be_spawned() {
             "40 2".to_owned()
         )
     );
+}
+
+/// A method named by a raw identifier.
+struct Raw;
+
+impl Raw {
+    #[idempotent(key = id, store = idem)]
+    async fn r#match(&self, idem: &Idempotency, id: u64) -> Result<String, Error> {
+        Ok(format!("match:{id}"))
+    }
+}
+
+/// Its namespace is its path in the compiler's spelling of a raw identifier (without `r#`), taken
+/// apart as any method's is, not the closure's whole type name with the method's name after it.
+#[tokio::test]
+async fn a_raw_identifier_methods_namespace_is_its_path() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
+    assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
+    let record = h.record("attribute::Raw::match", &1_u64).await;
+    assert_eq!(record.map(|r| r.status), Some(Status::Completed));
+}
+
+static SCALED: AtomicUsize = AtomicUsize::new(0);
+
+/// A body that starts with items: under `clippy::pedantic`, they must not follow a statement the
+/// attribute wrote (`items_after_statements`).
+#[idempotent(key = order, store = idem)]
+async fn scale(idem: &Idempotency, order: u64) -> Result<u64, Error> {
+    use std::ops::Mul;
+    const FACTOR: u64 = 3;
+    SCALED.fetch_add(1, Ordering::SeqCst);
+    Ok(order.mul(FACTOR))
+}
+
+#[tokio::test]
+async fn a_body_may_start_with_items() {
+    let h = Harness::new(Backend::Memory).await;
+    assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
+    assert_eq!(scale(&h.idem, 2).await.unwrap(), 6);
+    assert_eq!(SCALED.load(Ordering::SeqCst), 1);
+}
+
+static VISITS: AtomicUsize = AtomicUsize::new(0);
+
+/// A literal beside the parameter it spells is a tag, not the mistake `key = "user"` is.
+#[idempotent(key = ("user", user), store = idem)]
+async fn visit(idem: &Idempotency, user: String) -> Result<usize, Error> {
+    Ok(VISITS.fetch_add(1, Ordering::SeqCst))
+}
+
+/// Two users, two records (the body ran twice); the same user again, a replay of its own value.
+async fn a_tagged_key_gives_each_value_its_record(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let ann = visit(&h.idem, "ann".into()).await.unwrap();
+    let bob = visit(&h.idem, "bob".into()).await.unwrap();
+    assert_ne!(ann, bob);
+    assert_eq!(visit(&h.idem, "ann".into()).await.unwrap(), ann);
+    assert_eq!(visit(&h.idem, "bob".into()).await.unwrap(), bob);
+    for (user, value) in [("ann", ann), ("bob", bob)] {
+        let record = h
+            .record("attribute::visit", &("user", user))
+            .await
+            .expect(user);
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(
+            serde_json::from_slice::<usize>(record.response.as_deref().unwrap()).unwrap(),
+            value
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tagged_key_gives_each_value_its_record_in_memory() {
+    a_tagged_key_gives_each_value_its_record(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn a_tagged_key_gives_each_value_its_record_on_dynamodb() {
+    a_tagged_key_gives_each_value_its_record(Backend::DynamoDb).await;
+}
+
+static COMPUTED: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! computed_keys {
+    ($($name:ident($order:ident): $key:expr;)*) => {$(
+        /// Keyed by an expression of the forms a key of literals alone is refused in, over a parameter.
+        #[idempotent(key = $key, store = idem)]
+        async fn $name(idem: &Idempotency, $order: u64) -> Result<(u64, usize), Error> {
+            Ok(($order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+        }
+    )*};
+}
+
+computed_keys! {
+    by_conversion(order): u128::from(order);
+    by_constructor(order): Some(order);
+    by_method(order): order.to_string();
+    by_block(order): { order };
+    by_if(order): if order > 1 { order } else { 0 };
+    by_format(order): format!("{order}");
+}
+
+/// The forms refused over literals alone (a call, a constructor, a method, a block, an `if`, a macro)
+/// compile over a parameter, and each order gets its own record: order 2 never gets order 1's result.
+async fn keys_computed_from_a_parameter_give_each_call_its_record(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let idem = &h.idem;
+    for (function, results) in [
+        (
+            "by_conversion",
+            [
+                by_conversion(idem, 1).await,
+                by_conversion(idem, 2).await,
+                by_conversion(idem, 1).await,
+            ],
+        ),
+        (
+            "by_constructor",
+            [
+                by_constructor(idem, 1).await,
+                by_constructor(idem, 2).await,
+                by_constructor(idem, 1).await,
+            ],
+        ),
+        (
+            "by_method",
+            [
+                by_method(idem, 1).await,
+                by_method(idem, 2).await,
+                by_method(idem, 1).await,
+            ],
+        ),
+        (
+            "by_block",
+            [
+                by_block(idem, 1).await,
+                by_block(idem, 2).await,
+                by_block(idem, 1).await,
+            ],
+        ),
+        (
+            "by_if",
+            [
+                by_if(idem, 1).await,
+                by_if(idem, 2).await,
+                by_if(idem, 1).await,
+            ],
+        ),
+        (
+            "by_format",
+            [
+                by_format(idem, 1).await,
+                by_format(idem, 2).await,
+                by_format(idem, 1).await,
+            ],
+        ),
+    ] {
+        let [first, second, again] = results.map(Result::unwrap);
+        assert_eq!((first.0, second.0), (1, 2), "{function}");
+        assert_ne!(
+            first.1, second.1,
+            "{function}: the body ran once for two orders"
+        );
+        assert_eq!(again, first, "{function}: order 1 again is a replay");
+    }
+}
+
+#[tokio::test]
+async fn keys_computed_from_a_parameter_give_each_call_its_record_in_memory() {
+    keys_computed_from_a_parameter_give_each_call_its_record(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn keys_computed_from_a_parameter_give_each_call_its_record_on_dynamodb() {
+    keys_computed_from_a_parameter_give_each_call_its_record(Backend::DynamoDb).await;
 }

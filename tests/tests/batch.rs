@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::batch::{BatchResponse, ItemFailure, Outcome};
-use idempotent_runtime::{Error, Status};
+use idempotent_runtime::{Clock as _, Error, Status};
 use idempotent_tests::{Backend, Harness};
 
 /// An SQS-like message: its delivery id and the order it is about.
@@ -477,4 +477,309 @@ async fn done_work_whose_result_no_longer_deserializes_is_not_redelivered() {
         "{second:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that runs once and returns a value JSON cannot hold (a NaN): the work is done and the
+/// record is COMPLETED without a response, so neither the first delivery nor a redelivery may be
+/// reported for redelivery, where the message would come back until it is dead-lettered.
+#[tokio::test]
+async fn a_result_that_does_not_serialize_is_done_never_redelivered() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::new(backend).await;
+        let runs = AtomicUsize::new(0);
+        let batch = h.idem.batch("orders::nan");
+        let process = |messages: Vec<(&'static str, u32)>| {
+            batch.process(
+                messages,
+                |m| m.0.to_owned(),
+                |m| m.1,
+                |_| {
+                    let runs = &runs;
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(f64::NAN)
+                    }
+                },
+            )
+        };
+        let first = process(vec![("m1", 7)]).await;
+        assert!(
+            matches!(&first.items[0].outcome, Outcome::Done(why) if why.contains("serialize")),
+            "{backend:?}: {first:?}"
+        );
+        assert!(
+            first.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {first:?}"
+        );
+        assert_eq!(
+            h.record("orders::nan", &7_u32).await.unwrap().status,
+            Status::Completed,
+            "{backend:?}"
+        );
+        let again = process(vec![("m2", 7)]).await;
+        assert!(
+            matches!(&again.items[0].outcome, Outcome::Done(why) if why.contains("serialize")),
+            "{backend:?}: {again:?}"
+        );
+        assert!(
+            again.batch_response().batch_item_failures.is_empty(),
+            "{backend:?}: {again:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend:?}: ran once");
+    }
+}
+
+/// A key that does not serialize is no work done: the message fails (its record was never claimed).
+#[tokio::test]
+async fn a_key_that_does_not_serialize_fails() {
+    let h = Harness::new(Backend::Memory).await;
+    let runs = AtomicUsize::new(0);
+    let report = h
+        .idem
+        .batch("orders::nan_key")
+        .process(
+            vec![("m1", f64::NAN)],
+            |m| m.0.to_owned(),
+            |m| std::collections::BTreeMap::from([(vec![1_u8], m.1)]),
+            |_| {
+                let runs = &runs;
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                }
+            },
+        )
+        .await;
+    assert!(
+        matches!(&report.items[0].outcome, Outcome::Failed(why) if why.contains("serialize")),
+        "{report:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// A message of a FIFO queue: its delivery id, its message group (an account) and what it does.
+#[derive(Debug, Clone)]
+struct Entry {
+    id: &'static str,
+    account: &'static str,
+    op: &'static str,
+}
+
+fn entry(id: &'static str, account: &'static str, op: &'static str) -> Entry {
+    Entry { id, account, op }
+}
+
+/// On a FIFO queue, m1 ("debit", account 1) fails: m3 ("close") and m5 of the same group must not run
+/// before it, and are reported for redelivery with it; account 2's group goes on. Without `fifo` (a
+/// standard queue's rule), the batch ran and deleted m3 although m1 failed. The redelivery then runs
+/// account 1's messages in their order.
+#[tokio::test]
+async fn a_fifo_batch_stops_a_group_at_its_first_failure_and_the_others_go_on() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::new(backend).await;
+        let log = Mutex::new(Vec::new());
+        let declined = Mutex::new(true);
+        let handler = |m: Entry| {
+            let (log, declined) = (&log, &declined);
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if m.op == "debit" && *declined.lock().unwrap() {
+                    return Err(ShipError(format!("{}: insufficient funds", m.id)));
+                }
+                log.lock().unwrap().push(m.id);
+                Ok::<_, ShipError>(format!("{} {}", m.op, m.account))
+            }
+        };
+        let messages = vec![
+            entry("m1", "acct-1", "debit"),
+            entry("m2", "acct-2", "open"),
+            entry("m3", "acct-1", "close"),
+            entry("m4", "acct-2", "deposit"),
+            entry("m5", "acct-1", "archive"),
+        ];
+        let fifo = h
+            .idem
+            .batch("accounts::fifo")
+            .concurrency(4)
+            .fifo(|m: &Entry| m.account);
+        let report = fifo
+            .process(messages.clone(), |m| m.id.to_owned(), |m| m.id, handler)
+            .await;
+        let outcomes: Vec<(&str, &Outcome)> = report
+            .items
+            .iter()
+            .map(|i| (i.id.as_str(), &i.outcome))
+            .collect();
+        assert!(
+            matches!(outcomes[0], ("m1", Outcome::Failed(why)) if why.contains("insufficient funds")),
+            "{backend:?}: {outcomes:?}"
+        );
+        assert_eq!(outcomes[1], ("m2", &Outcome::Executed), "{backend:?}");
+        for at in [2, 4] {
+            assert!(
+                matches!(outcomes[at].1, Outcome::Failed(why) if why.contains("`m1`")),
+                "{backend:?}: {outcomes:?}"
+            );
+        }
+        assert_eq!(outcomes[3], ("m4", &Outcome::Executed), "{backend:?}");
+        let failed: Vec<String> = report
+            .batch_response()
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect();
+        assert_eq!(failed, ["m1", "m3", "m5"], "{backend:?}");
+        assert_eq!(*log.lock().unwrap(), ["m2", "m4"], "{backend:?}");
+        assert!(
+            h.record("accounts::fifo", "m3").await.is_none(),
+            "{backend:?}: m3 was never claimed"
+        );
+
+        // The queue delivers account 1's group again, in order; now the debit goes through.
+        *declined.lock().unwrap() = false;
+        log.lock().unwrap().clear();
+        let again = fifo
+            .process(
+                vec![
+                    messages[0].clone(),
+                    messages[2].clone(),
+                    messages[4].clone(),
+                ],
+                |m| m.id.to_owned(),
+                |m| m.id,
+                handler,
+            )
+            .await;
+        assert_eq!(again.count(&Outcome::Executed), 3, "{backend:?}: {again:?}");
+        assert_eq!(*log.lock().unwrap(), ["m1", "m3", "m5"], "{backend:?}");
+
+        // The control: without `fifo`, the group's later message runs despite the failure before it.
+        *declined.lock().unwrap() = true;
+        log.lock().unwrap().clear();
+        let unordered = h
+            .idem
+            .batch("accounts::standard")
+            .process(
+                messages[..3].to_vec(),
+                |m| m.id.to_owned(),
+                |m| m.id,
+                handler,
+            )
+            .await;
+        assert_eq!(unordered.items[2].outcome, Outcome::Executed, "{backend:?}");
+    }
+}
+
+/// In a FIFO batch, a group's messages that share a key with another group's keep both groups'
+/// order: the lanes merge, and a failure still stops only its own group.
+#[tokio::test]
+async fn a_fifo_group_sharing_a_key_with_another_keeps_both_orders() {
+    let h = Harness::new(Backend::Memory).await;
+    let log = Mutex::new(Vec::new());
+    let report = h
+        .idem
+        .batch("accounts::shared")
+        .fifo(|m: &Entry| m.account)
+        .process(
+            vec![
+                entry("m1", "acct-1", "debit"),
+                entry("m2", "acct-2", "transfer"),
+                entry("m3", "acct-1", "transfer"), // the same work as m2: a replay
+                entry("m4", "acct-2", "close"),
+            ],
+            |m| m.id.to_owned(),
+            |m| m.op,
+            |m| {
+                let log = &log;
+                async move {
+                    if m.op == "debit" {
+                        return Err(ShipError("declined".into()));
+                    }
+                    log.lock().unwrap().push(m.id);
+                    Ok::<_, ShipError>(m.op.to_owned())
+                }
+            },
+        )
+        .await;
+    let outcomes: Vec<&Outcome> = report.items.iter().map(|i| &i.outcome).collect();
+    assert!(matches!(outcomes[0], Outcome::Failed(_)), "{outcomes:?}");
+    assert_eq!(outcomes[1], &Outcome::Executed, "{outcomes:?}");
+    assert!(
+        matches!(outcomes[2], Outcome::Failed(why) if why.contains("`m1`")),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[3], &Outcome::Executed, "{outcomes:?}");
+    assert_eq!(*log.lock().unwrap(), ["m2", "m4"]);
+}
+
+/// `Batch::deadline`, as `Operation::deadline`: each claim leases the time left until the deadline,
+/// and a message whose turn comes after it is not claimed but delivered again.
+#[tokio::test]
+async fn a_batch_deadline_bounds_its_claims_and_stops_at_the_deadline() {
+    for backend in [Backend::Memory, Backend::DynamoDb] {
+        let h = Harness::with(backend, |b| {
+            b.heartbeat(false).default_lease(Duration::from_mins(5))
+        })
+        .await;
+        let leases = Mutex::new(Vec::new());
+        let deadline = std::time::SystemTime::now() + Duration::from_secs(3);
+        let report = h
+            .idem
+            .batch("orders::deadline")
+            .deadline(deadline)
+            .process(
+                vec![("m1", 1_u32), ("m2", 2)],
+                |m| m.0.to_owned(),
+                |m| m.1,
+                |m| {
+                    let (h, leases) = (&h, &leases);
+                    async move {
+                        let record = h.record("orders::deadline", &m.1).await.unwrap();
+                        let now = h.clock.now_ms();
+                        leases
+                            .lock()
+                            .unwrap()
+                            .push(record.lease_until_ms.unwrap() - now);
+                        Ok::<_, Error>(())
+                    }
+                },
+            )
+            .await;
+        assert_eq!(
+            report.count(&Outcome::Executed),
+            2,
+            "{backend:?}: {report:?}"
+        );
+        for lease in leases.lock().unwrap().iter() {
+            assert!(
+                (1..=3_000).contains(lease),
+                "{backend:?}: a lease of {lease} ms, not the time left"
+            );
+        }
+
+        let runs = AtomicUsize::new(0);
+        let past = h
+            .idem
+            .batch("orders::deadline")
+            .deadline(std::time::SystemTime::now() - Duration::from_secs(1))
+            .process(
+                vec![("m3", 3_u32)],
+                |m| m.0.to_owned(),
+                |m| m.1,
+                |_| {
+                    let runs = &runs;
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(())
+                    }
+                },
+            )
+            .await;
+        assert!(
+            matches!(&past.items[0].outcome, Outcome::Failed(why) if why.contains("deadline")),
+            "{backend:?}: {past:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert!(h.record("orders::deadline", &3_u32).await.is_none());
+    }
 }

@@ -239,7 +239,8 @@ macro_rules! behaviour {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_long_body_keeps_its_claim_by_heartbeat() {
-                // A 300 ms lease and a body of about a second: without heartbeats the claim would lapse.
+                // A 1 s lease (the shortest allowed) and a body of about three: without heartbeats the
+                // claim would lapse twice over.
                 let h = harness().await;
                 let slow = Control::holding();
                 let first = tokio::spawn({
@@ -248,8 +249,8 @@ macro_rules! behaviour {
                 });
                 slow.started().await;
                 for _ in 0..5 {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    h.clock.advance(Duration::from_millis(200));
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    h.clock.advance(Duration::from_millis(600));
                     let err = short_lease(&h.idem, &Control::default(), "o-1").await.unwrap_err();
                     assert!(matches!(err, PaymentError::Idempotency(Error::InProgress { .. })), "{err:?}");
                 }
@@ -261,7 +262,7 @@ macro_rules! behaviour {
     };
 }
 
-#[idempotent(key = order, store = idem, name = "behaviour::short", lease = "300ms")]
+#[idempotent(key = order, store = idem, name = "behaviour::short", lease = "1s")]
 async fn short_lease(
     idem: &Idempotency,
     ctl: &Control,

@@ -58,6 +58,7 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
             "a_heartbeat_extends_only_its_own_lease",
             "a_stale_token_cannot_complete_or_fail_after_a_takeover",
             "steps_are_stored_under_the_token_and_removed_by_completion",
+            "a_release_before_its_claim_landed_refuses_that_claim",
         ],
         "{report}"
     );

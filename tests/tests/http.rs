@@ -27,6 +27,7 @@ struct Api {
 /// What came back.
 #[derive(Debug)]
 struct Reply {
+    version: axum::http::Version,
     status: StatusCode,
     headers: HeaderMap,
     body: Value,
@@ -47,6 +48,15 @@ impl Api {
         gateway_delay: Duration,
         configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
     ) -> Self {
+        Self::start_on(false, gateway_delay, configure).await
+    }
+
+    /// The API, its client speaking HTTP/2 (with prior knowledge) when `http2`, else HTTP/1.1.
+    async fn start_on(
+        http2: bool,
+        gateway_delay: Duration,
+        configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
+    ) -> Self {
         let harness = Harness::with(Backend::DynamoDb, configure).await;
         let ledger = Arc::new(Ledger::default());
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -55,7 +65,9 @@ impl Api {
         let addr = listener.local_addr().unwrap();
         let router = app(harness.idem.clone(), ledger.clone(), gateway_delay);
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(http2)
+            .build_http();
         Self {
             addr,
             ledger,
@@ -77,11 +89,13 @@ impl Api {
             .body(Full::new(Bytes::from(body.to_string())))
             .unwrap();
         let response = self.client.request(request).await.unwrap();
+        let version = response.version();
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Reply {
+            version,
             status,
             headers,
             body,
@@ -292,4 +306,27 @@ async fn a_declined_payment_is_a_final_answer_and_replays() {
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(again.body, first.body);
     assert!(api.ledger.charges().is_empty());
+}
+
+#[tokio::test]
+async fn over_http2_a_retry_is_replayed_and_a_reused_key_is_422() {
+    let api = Api::start_on(true, Duration::ZERO, |b| b).await;
+    let first = api
+        .post(Some("acme"), Some("order-h2"), &payment(4200))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(first.version, axum::http::Version::HTTP_2);
+    let again = api
+        .post(Some("acme"), Some("order-h2"), &payment(4200))
+        .await;
+    assert_eq!(again.version, axum::http::Version::HTTP_2);
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("location"), first.header("location"));
+    assert_eq!(again.body, first.body);
+    let other = api
+        .post(Some("acme"), Some("order-h2"), &payment(9900))
+        .await;
+    assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(api.ledger.charges().len(), 1, "charged once");
 }

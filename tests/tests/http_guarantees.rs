@@ -61,6 +61,15 @@ on_both_stores!(
     identical_bytes_in_another_content_encoding_are_another_request,
     utf8_representation_headers_are_replayed,
     a_request_body_that_fails_is_400_not_413,
+    a_panicking_identity_function_answers_500_and_leaves_the_key_free,
+    header_values_that_are_not_utf8_are_replayed_byte_for_byte,
+    a_replay_sends_only_the_headers_the_layer_stores,
+    a_retry_gzipped_again_is_replayed,
+    a_retry_with_a_new_multipart_boundary_is_replayed,
+    a_fingerprint_of_the_services_own_decides_what_is_the_same_request,
+    trailers_pass_through_and_replay_over_http1,
+    trailers_pass_through_and_replay_over_http2,
+    a_client_that_resets_its_http2_stream_does_not_cancel_the_handler,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -863,7 +872,7 @@ async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
     let harness = Harness::over(
         Arc::new(CompletionsDown::default()),
         idempotent_tests::RequestCounter::default(),
-        |b| b.default_lease(Duration::from_millis(300)),
+        |b| b.default_lease(Duration::from_secs(1)),
     );
     let runs = Runs::default();
     let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
@@ -1175,4 +1184,557 @@ async fn a_request_body_that_fails_is_400_not_413(backend: Backend) {
         (whole.status, whole.bytes().as_ref()),
         (StatusCode::CREATED, &b"charge 1"[..])
     );
+}
+
+// The identity function runs in the service's own future, before any claim: its panic reached hyper,
+// which closed the connection without an answer.
+async fn a_panicking_identity_function_answers_500_and_leaves_the_key_free(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(
+        harness.idem.clone(),
+        |parts: &axum::http::request::Parts| {
+            assert!(
+                !parts.headers.contains_key("x-broken-token"),
+                "the token's claims did not parse"
+            );
+            Some(TENANT.to_owned())
+        },
+    )
+    .namespace(NAMESPACE);
+    let router = Router::new().route("/payments", charge(&runs).layer(layer));
+    let server = Server::start(harness, router).await;
+    let broken = server
+        .send(
+            server
+                .request("/payments", "i-1")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("x-broken-token", "1"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&broken, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.count(), 0);
+    assert!(server.record("i-1").await.is_none(), "nothing claimed");
+    let fixed = server.post("/payments", "i-1", "{}").await;
+    assert_eq!(
+        (fixed.status, fixed.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..]),
+        "{fixed:?}"
+    );
+}
+
+// A `Content-Disposition` whose file name is Latin-1 (`filename="r\xe9sum\xe9.pdf"`, as older servers
+// and some frameworks send it) is a valid header value that is not UTF-8: the first caller got it, the
+// retry did not.
+async fn header_values_that_are_not_utf8_are_replayed_byte_for_byte(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let disposition: &[u8] = b"attachment; filename=\"r\xe9sum\xe9.pdf\"";
+    let handler = post(move || async move {
+        let mut response = (StatusCode::CREATED, "%PDF-1.7").into_response();
+        response.headers_mut().insert(
+            header::CONTENT_DISPOSITION,
+            header::HeaderValue::from_bytes(disposition).unwrap(),
+        );
+        response
+    });
+    let router = Router::new().route("/documents", handler.layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let first = server.post("/documents", "l-1", "{}").await;
+    let again = server.post("/documents", "l-1", "{}").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    for reply in [&first, &again] {
+        assert_eq!(
+            reply
+                .headers
+                .get(header::CONTENT_DISPOSITION)
+                .map(header::HeaderValue::as_bytes),
+            Some(disposition),
+            "{reply:?}"
+        );
+    }
+}
+
+/// The SHA-256 of an empty body, as the layer fingerprints one.
+const EMPTY_BODY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+// A record the layer did not write (another service sharing the table, a tampered item) holds a
+// `Set-Cookie` header: the layer never stores one, and its replay must not send it either.
+async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    // The stored response as the layer writes one, with headers it would never have stored.
+    let crafted = serde_json::json!({
+        "status": 201,
+        "headers": [
+            ["content-type", "text/plain"],
+            ["set-cookie", "session=attacker; Path=/; HttpOnly"],
+            ["x-internal", "1"],
+        ],
+        "body": { "text": "charge 0" },
+        "trailers": [
+            ["grpc-status", "0"],
+            ["set-cookie", "late=attacker"],
+            ["content-length", "999"],
+        ],
+    });
+    let fingerprint = vec![
+        "POST".to_owned(),
+        "/payments".to_owned(),
+        EMPTY_BODY_SHA256.to_owned(),
+    ];
+    harness
+        .idem
+        .operation(NAMESPACE, &(TENANT.to_owned(), "c-1".to_owned()))
+        .payload(&fingerprint)
+        .run(|| async { Ok::<_, idempotent_runtime::Error>(crafted) })
+        .await
+        .unwrap();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let replay = server
+        .send(server.request("/payments", "c-1"), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        replay.header("idempotent-replayed"),
+        Some("true"),
+        "{replay:?}"
+    );
+    assert_eq!(
+        (replay.status, replay.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 0"[..])
+    );
+    assert_eq!(replay.header("content-type"), Some("text/plain"));
+    assert_eq!(replay.header("set-cookie"), None, "{replay:?}");
+    assert_eq!(replay.header("x-internal"), None, "{replay:?}");
+    // Of the trailers, only those the layer stores are named for sending.
+    assert_eq!(replay.header("trailer"), Some("grpc-status"), "{replay:?}");
+    assert_eq!(runs.count(), 0);
+}
+
+/// A handler that counts its runs and answers 201 with the run's number and the body's length.
+fn upload(runs: &Runs) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move |body: Bytes| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            (
+                StatusCode::CREATED,
+                format!("upload {run}: {} bytes", body.len()),
+            )
+        }
+    })
+}
+
+/// `content` as Python's `gzip.compress(content)` encodes it at Unix time `mtime`: compression level
+/// 9 (`XFL` 2), no file name, operating system 255 ("unknown"), the time in the header.
+fn python_gzip(content: &[u8], mtime: u32) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::GzBuilder::new()
+        .mtime(mtime)
+        .operating_system(255)
+        .write(Vec::new(), flate2::Compression::best());
+    encoder.write_all(content).unwrap();
+    let bytes = encoder.finish().unwrap();
+    let mut header = vec![0x1f, 0x8b, 0x08, 0x00];
+    header.extend(mtime.to_le_bytes());
+    header.extend([0x02, 0xff]);
+    assert_eq!(bytes[..10], header[..], "gzip.compress's header");
+    bytes
+}
+
+// The same JSON sent twice, gzip-encoded each time by Python's `gzip.compress`, one second apart: the
+// bodies differ only in the header's timestamp, and the retry got 422 "use a new key" instead of the
+// replay (a client that followed the advice ran the request twice).
+async fn a_retry_gzipped_again_is_replayed(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/uploads", upload(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let content = br#"{"amount": 4200, "currency": "eur"}"#;
+    let send = |key: &'static str, body: Vec<u8>| {
+        let request = server
+            .request("/uploads", key)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let client = server.client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            Reply {
+                status,
+                headers,
+                body: Ok(body),
+            }
+        }
+    };
+    let first = send("z-1", python_gzip(content, 1_765_000_000)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = send("z-1", python_gzip(content, 1_765_000_001)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes(), first.bytes());
+    // Another content under the same key is still another request.
+    let other = send("z-1", python_gzip(br#"{"amount": 9900}"#, 1_765_000_002)).await;
+    assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs.count(), 1);
+}
+
+/// A form as requests and urllib3 encode it (`requests.post(url, files=..)`), with `boundary`.
+fn multipart_form(boundary: &str, amount: &str) -> String {
+    format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"amount\"\r\n\r\n{amount}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"receipt\"; filename=\"receipt.txt\"\r\n\
+         Content-Type: text/plain\r\n\r\npaid in full\r\n\
+         --{boundary}--\r\n"
+    )
+}
+
+// The same form sent twice, each encoding drawing its own random boundary as urllib3 does: the retry got
+// 422 instead of the replay.
+async fn a_retry_with_a_new_multipart_boundary_is_replayed(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/uploads", upload(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let send = async |boundary: &str, amount: &str| {
+        server
+            .send(
+                server.request("/uploads", "f-1").header(
+                    header::CONTENT_TYPE,
+                    format!("multipart/form-data; boundary={boundary}"),
+                ),
+                &multipart_form(boundary, amount),
+            )
+            .await
+    };
+    let first = send("9c1f0b6e2a7d4e58b3a0c6d1e2f3a4b5", "4200")
+        .await
+        .unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = send("f0e1d2c3b4a5968778695a4b3c2d1e0f", "4200")
+        .await
+        .unwrap();
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes(), first.bytes());
+    let other = send("0123456789abcdef0123456789abcdef", "9900")
+        .await
+        .unwrap();
+    assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(runs.count(), 1);
+}
+
+// A service's own fingerprint: its JSON bodies compared by meaning, and an `Api-Version` header that
+// makes the same body another request. A fingerprint function that panics answers 500 and claims nothing.
+async fn a_fingerprint_of_the_services_own_decides_what_is_the_same_request(backend: Backend) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let layer = layer(&harness).fingerprint(|parts, body| {
+        assert!(
+            !parts.headers.contains_key("x-broken"),
+            "the fingerprint broke"
+        );
+        let canonical = serde_json::from_slice::<Value>(body).map(|json| json.to_string());
+        let mut fingerprint = idempotent_runtime::http::request_fingerprint(
+            parts,
+            canonical.as_ref().map_or(body, String::as_bytes),
+        );
+        let version = parts
+            .headers
+            .get("api-version")
+            .map(|v| v.as_bytes().to_vec());
+        fingerprint.push(format!("api-version {version:?}"));
+        fingerprint
+    });
+    let router = Router::new().route("/payments", charge(&runs).layer(layer));
+    let server = Server::start(harness, router).await;
+    let first = server
+        .post("/payments", "j-1", r#"{"amount":5,"currency":"eur"}"#)
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let reordered = server
+        .post("/payments", "j-1", r#"{ "currency": "eur", "amount": 5 }"#)
+        .await;
+    assert_eq!(
+        reordered.header("idempotent-replayed"),
+        Some("true"),
+        "{reordered:?}"
+    );
+    assert_eq!(reordered.bytes(), first.bytes());
+    let versioned = server
+        .send(
+            server
+                .request("/payments", "j-1")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("api-version", "2026-01-01"),
+            r#"{"amount":5,"currency":"eur"}"#,
+        )
+        .await
+        .unwrap();
+    assert_problem(&versioned, StatusCode::UNPROCESSABLE_ENTITY);
+    let broken = server
+        .send(
+            server
+                .request("/payments", "j-2")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("x-broken", "1"),
+            "{}",
+        )
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_problem(&broken, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(server.record("j-2").await.is_none(), "nothing claimed");
+    assert_eq!(runs.count(), 1);
+}
+
+// With `optional()`, a request without a key passes through without idempotency; one whose key is
+// present but malformed is still a 400, and its handler does not run: the client meant to send a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_lets_a_missing_key_through_never_a_malformed_one() {
+    let harness = Harness::new(Backend::Memory).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness).optional()));
+    let server = Server::start(harness, router).await;
+    for malformed in ["\"\"", "\"open", &"k".repeat(256)] {
+        let reply = server.post("/payments", malformed, "{}").await;
+        assert_problem(&reply, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(runs.count(), 0);
+    let keyless = server
+        .send(
+            Request::post(format!("http://{}/payments", server.addr))
+                .header(header::CONTENT_TYPE, "application/json"),
+            "{}",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (keyless.status, keyless.bytes().as_ref()),
+        (StatusCode::CREATED, &b"charge 1"[..])
+    );
+}
+
+/// Which protocol a connection of its own speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), as gRPC clients and proxies speak it to a service.
+    Http2,
+}
+
+/// A request body of data frames, then trailers.
+type Framed = http_body_util::StreamBody<
+    futures_util::stream::Iter<
+        std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    >,
+>;
+
+fn framed(data: &'static str, trailers: Option<HeaderMap>) -> Framed {
+    let mut frames = vec![Ok(hyper::body::Frame::data(Bytes::from_static(
+        data.as_bytes(),
+    )))];
+    frames.extend(trailers.map(|t| Ok(hyper::body::Frame::trailers(t))));
+    http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+}
+
+/// Sends `request` over a new connection to `addr` speaking `protocol`; its reply and trailers.
+async fn send_on_own_connection(
+    addr: SocketAddr,
+    protocol: Protocol,
+    request: Request<Framed>,
+) -> (Reply, Option<HeaderMap>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let response = match protocol {
+        Protocol::Http1 => {
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(connection);
+            sender.send_request(request).await.unwrap()
+        }
+        Protocol::Http2 => {
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            sender.send_request(request).await.unwrap()
+        }
+    };
+    let status = response.status();
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    let reply = Reply {
+        status,
+        headers,
+        body: Ok(collected.to_bytes()),
+    };
+    (reply, trailers)
+}
+
+/// A gRPC-style handler: reads the request's trailers, answers 201 with a body and trailers
+/// (`grpc-status`, and the request's checksum trailer echoed), naming them in `Trailer`.
+fn with_trailers(runs: &Runs) -> axum::routing::MethodRouter {
+    let runs = runs.clone();
+    post(move |request: Request<Body>| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.next();
+            let collected = request.into_body().collect().await.unwrap();
+            let checksum = collected
+                .trailers()
+                .and_then(|t| t.get("x-checksum").cloned())
+                .unwrap_or_else(|| header::HeaderValue::from_static("none"));
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", header::HeaderValue::from_static("0"));
+            trailers.insert("x-request-checksum", checksum);
+            trailers.insert(
+                header::SET_COOKIE,
+                header::HeaderValue::from_static("late=1"),
+            );
+            let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
+                Ok(hyper::body::Frame::data(Bytes::from(format!(
+                    "run {run}: {} bytes",
+                    collected.to_bytes().len()
+                )))),
+                Ok(hyper::body::Frame::trailers(trailers)),
+            ];
+            Response::builder()
+                .status(StatusCode::CREATED)
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .header(header::TRAILER, "grpc-status, x-request-checksum")
+                .body(Body::new(http_body_util::StreamBody::new(
+                    futures_util::stream::iter(frames),
+                )))
+                .unwrap()
+        }
+    })
+}
+
+// The body's trailers were dropped on the way in (the request was rebuilt from its data frames), on
+// the replay, and over HTTP/1.1 for the first caller too (its response went out with a
+// `Content-Length`, which cannot carry trailers): gRPC's status and checksums were lost.
+async fn trailers_pass_through_and_replay(backend: Backend, protocol: Protocol) {
+    let harness = Harness::new(backend).await;
+    let runs = Runs::default();
+    let router = Router::new().route("/rpc", with_trailers(&runs).layer(layer(&harness)));
+    let server = Server::start(harness, router).await;
+    let request = || {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", header::HeaderValue::from_static("crc32=9a3b"));
+        let mut request = Request::post(format!("http://{}/rpc", server.addr))
+            .header("idempotency-key", "t-1")
+            .header(header::CONTENT_TYPE, "application/grpc");
+        if protocol == Protocol::Http1 {
+            request = request
+                .header(header::TE, "trailers")
+                .header(header::TRAILER, "x-checksum");
+        }
+        request.body(framed("hello", Some(trailers))).unwrap()
+    };
+    let (first, first_trailers) = send_on_own_connection(server.addr, protocol, request()).await;
+    let (again, again_trailers) = send_on_own_connection(server.addr, protocol, request()).await;
+    assert_eq!(first.header("idempotent-replayed"), None, "{first:?}");
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        Some("true"),
+        "{again:?}"
+    );
+    for (reply, trailers) in [(&first, &first_trailers), (&again, &again_trailers)] {
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        assert_eq!(reply.bytes().as_ref(), b"run 1: 5 bytes", "{reply:?}");
+        let trailers = trailers
+            .as_ref()
+            .unwrap_or_else(|| panic!("{protocol:?}: no trailers: {reply:?}"));
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0", "{trailers:?}");
+        assert_eq!(
+            trailers.get("x-request-checksum").unwrap(),
+            "crc32=9a3b",
+            "{protocol:?}: the request's trailer did not reach the handler: {trailers:?}"
+        );
+    }
+    // A trailer about the moment (hyper's HTTP/1.1 drops it; HTTP/2 passes it to the first caller, as
+    // without the layer) is not stored.
+    let replayed = again_trailers.unwrap();
+    assert!(replayed.get(header::SET_COOKIE).is_none(), "{replayed:?}");
+    assert_eq!(runs.count(), 1);
+}
+
+async fn trailers_pass_through_and_replay_over_http1(backend: Backend) {
+    trailers_pass_through_and_replay(backend, Protocol::Http1).await;
+}
+
+async fn trailers_pass_through_and_replay_over_http2(backend: Backend) {
+    trailers_pass_through_and_replay(backend, Protocol::Http2).await;
+}
+
+// Over HTTP/2 a client that gives up resets its stream (`RST_STREAM`) or closes the connection: hyper
+// drops the handler's future, as on an HTTP/1 EOF. The handler runs to completion on its own task, its
+// response is stored, and the retry (over HTTP/2 as well) is its replay.
+async fn a_client_that_resets_its_http2_stream_does_not_cancel_the_handler(backend: Backend) {
+    let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(1))).await;
+    let charges = Runs::default();
+    let router = slow_charge(&harness, &charges);
+    let server = Server::start(harness, router).await;
+
+    let stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::post(format!("http://{}/payments", server.addr))
+        .header("idempotency-key", "h2-hang-up")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(framed("{}", None))
+        .unwrap();
+    let patience = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while charges.count() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the handler never started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::select! {
+        answer = sender.send_request(request) => panic!("the handler answered: {answer:?}"),
+        () = patience => {}
+    }
+    // Dropping the request's future resets its stream; closing the connection ends the rest.
+    drop(sender);
+    connection.abort();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline
+        && server
+            .record("h2-hang-up")
+            .await
+            .is_none_or(|r| r.status != Status::Completed)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.harness.clock.advance(Duration::from_secs(3));
+    let request = Request::post(format!("http://{}/payments", server.addr))
+        .header("idempotency-key", "h2-hang-up")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(framed("{}", None))
+        .unwrap();
+    let (retry, _) = send_on_own_connection(server.addr, Protocol::Http2, request).await;
+    assert_eq!(charges.count(), 1, "charged twice: {retry:?}");
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.bytes().as_ref(), b"charge 1");
 }

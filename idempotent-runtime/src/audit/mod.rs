@@ -515,7 +515,7 @@ impl Auditor {
         metrics::counter!("dynamo_ttl_delete_before_retry_total", "namespace" => retry.namespace.clone())
             .increment(1);
         tracing::warn!(
-            key = %retry.key,
+            key = %crate::telemetry::escaped(&retry.key),
             after_deletion_s = retry.after_deletion_s,
             after_expiry_s = retry.after_expiry_s,
             "a key was claimed again after TTL deleted its record"

@@ -34,10 +34,13 @@ use std::time::Duration;
 use aws_credential_types::provider::error::CredentialsError;
 use clap::{Args, Parser, Subcommand};
 use idempotent_runtime::admin::{self, KeyReport, Released, Traffic};
+// Every text taken from a record (a key, a namespace, an error, a region, a response) is printed
+// through it: a record may hold terminal escape sequences (`--json` escapes them as JSON does).
 use idempotent_runtime::aws_sdk_dynamodb::Client;
 use idempotent_runtime::aws_sdk_dynamodb::config::{
     Credentials, ProvideCredentials as _, SharedCredentialsProvider,
 };
+use idempotent_runtime::telemetry::escaped;
 use idempotent_runtime::{Clock as _, DynamoDbStore, Layout, Store as _, SystemClock, TableReport};
 
 #[derive(Debug, Parser)]
@@ -284,7 +287,8 @@ async fn main() -> ExitCode {
     match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("idempotent: error: {e}");
+            // An error may quote a record (a corrupt item's text).
+            eprintln!("idempotent: error: {}", escaped(&e.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -454,7 +458,7 @@ async fn release(cli: &Cli, k: &KeyArgs, yes: bool) -> Result<(), Failure> {
     } else if outcome == Released::Released {
         println!(
             "released: `{}` is FAILED and may be claimed again",
-            report.key
+            escaped(&report.key)
         );
     } else if outcome == Released::Lapsed {
         println!(
@@ -604,7 +608,7 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
         println!("{}", serde_json::to_string_pretty(r)?);
         return Ok(());
     }
-    println!("key        {}", r.key);
+    println!("key        {}", escaped(&r.key));
     println!("status     {} (attempt {})", r.status, r.attempt);
     if let Some(ms) = r.lease_left_ms {
         let seconds = |ms: i64| format!("{}.{}", ms.abs() / 1000, ms.abs() % 1000 / 100);
@@ -626,14 +630,14 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     if let Some(bytes) = r.response_bytes {
         println!("response   {bytes} bytes stored");
         if let Some(preview) = &r.response_preview {
-            println!("           {preview}");
+            println!("           {}", escaped(preview));
         }
     }
     if let Some(error) = &r.error {
-        println!("error      {error}");
+        println!("error      {}", escaped(error));
     }
     if let Some(region) = &r.completed_in {
-        println!("completed  in region {region}");
+        println!("completed  in region {}", escaped(region));
     }
     if r.claim_writes_in_effect {
         println!("claim-time writes are in effect");
@@ -761,7 +765,7 @@ fn print_finding(finding: &idempotent_runtime::audit::Finding) {
             utc(d.deleted_at_s),
             d.deletion_lag_s,
             "",
-            d.key,
+            escaped(&d.key),
             d.status,
             d.rule.as_str()
         ),
@@ -771,7 +775,7 @@ fn print_finding(finding: &idempotent_runtime::audit::Finding) {
             utc(r.retried_at_s),
             "",
             r.after_deletion_s,
-            r.key,
+            escaped(&r.key),
             r.after_expiry_s
         ),
         _ => {}
@@ -824,10 +828,14 @@ async fn keys_list(cli: &Cli, args: &KeysListArgs) -> Result<(), Failure> {
             .map_or_else(String::new, |ms| (ms / 1000).to_string());
         println!(
             "{:<10} {:>7} {:>12} {:>12}  {}",
-            k.status, k.attempt, lease, k.expires_in_s, k.key
+            k.status,
+            k.attempt,
+            lease,
+            k.expires_in_s,
+            escaped(&k.key)
         );
         if let Some(error) = k.error.as_deref().and_then(|e| e.lines().next()) {
-            println!("{:>46}{error}", "");
+            println!("{:>46}{}", "", escaped(error));
         }
     }
     if list.matched > list.keys.len() as u64 {
@@ -865,14 +873,26 @@ async fn keys_stats(cli: &Cli, args: &KeysArgs) -> Result<(), Failure> {
     for g in &stats.groups {
         println!(
             "{:<32} {:<10} {:>8} {:>12} {:>10} {:>8} {:>10}",
-            g.namespace, g.status, g.count, g.bytes, g.max_bytes, g.expired, g.past_lease
+            // Padded as text: `escaped` writes without padding.
+            escaped(&g.namespace).to_string(),
+            g.status,
+            g.count,
+            g.bytes,
+            g.max_bytes,
+            g.expired,
+            g.past_lease
         );
     }
     if !stats.errors.is_empty() {
         println!();
         println!("FAILED records by error:");
         for e in &stats.errors {
-            println!("{:>8}  {}: {}", e.count, e.namespace, e.error);
+            println!(
+                "{:>8}  {}: {}",
+                e.count,
+                escaped(&e.namespace),
+                escaped(&e.error)
+            );
         }
     }
     println!();

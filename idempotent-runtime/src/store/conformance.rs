@@ -112,7 +112,7 @@ use super::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
 };
 use crate::record::{Record, Status};
-use request::{LEASE, NOW, claim, complete, extend, fail};
+use request::{LEASE, NOW, claim, complete, extend, fail, release};
 
 /// How long one case may take before it is reported as hanging.
 const CASE_TIMEOUT: Duration = Duration::from_mins(2);
@@ -468,6 +468,7 @@ pub const RECORD_CASES: &[&str] = &[
     "a_fresh_claim_with_steps_is_refused_by_live_steps",
     "a_claim_that_starts_a_new_operation_removes_its_steps",
     "a_resume_needs_exactly_the_steps_it_read",
+    "a_release_before_its_claim_landed_refuses_that_claim",
     "of_32_racing_claims_exactly_one_wins",
 ];
 
@@ -492,6 +493,7 @@ dispatch!(
     a_fresh_claim_with_steps_is_refused_by_live_steps,
     a_claim_that_starts_a_new_operation_removes_its_steps,
     a_resume_needs_exactly_the_steps_it_read,
+    a_release_before_its_claim_landed_refuses_that_claim,
     of_32_racing_claims_exactly_one_wins,
 );
 
@@ -1152,6 +1154,60 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
         (r.status, r.token.as_str(), r.steps.as_deref()),
         (Status::Pending, "t3", Some(&b"one"[..])),
         "status, token and steps after a resume"
+    );
+    Ok(())
+}
+
+/// A release ([`Change::Release`](crate::store::Change::Release)) sent by a call whose claim is still
+/// in flight: on an absent record it writes a FAILED one under the call's token, which the call's
+/// claim, landing afterwards, does not overwrite; another call's claim takes the key at once. A
+/// release of a landed claim is a failure of it; one of another call's record changes nothing.
+async fn a_release_before_its_claim_landed_refuses_that_claim<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    ensure_eq!(
+        c.store.transition(&release("gone", "t1")).await?,
+        WriteOutcome::Applied,
+        "a release of an absent key writes its mark"
+    );
+    let mark = c.record("gone").await?;
+    ensure!(
+        mark.status == Status::Failed && mark.token == "t1",
+        "the mark is FAILED under the releasing call's token, got {mark:?}"
+    );
+    let late = c.store.claim(&claim("gone", "t1", NOW)).await?;
+    ensure!(
+        matches!(&late, ClaimOutcome::Existing(r) if r.status == Status::Failed && r.token == "t1"),
+        "the released call's late claim must be refused by its mark, got {late:?}"
+    );
+    ensure_eq!(
+        c.store.claim(&claim("gone", "t2", NOW)).await?,
+        ClaimOutcome::Claimed,
+        "another call claims the released key at once"
+    );
+    ensure_eq!(
+        c.record("gone").await?.attempt,
+        1,
+        "the mark is no claim attempt: the next claim is the first"
+    );
+
+    c.pending("landed", "t1").await?;
+    ensure_eq!(
+        c.store.transition(&release("landed", "t1")).await?,
+        WriteOutcome::Applied,
+        "a release of a landed claim"
+    );
+    ensure_eq!(
+        c.record("landed").await?.status,
+        Status::Failed,
+        "a released claim is FAILED"
+    );
+
+    c.pending("theirs", "t2").await?;
+    let rejected = c.store.transition(&release("theirs", "t1")).await?;
+    ensure!(
+        matches!(&rejected, WriteOutcome::Rejected(Some(r)) if r.token == "t2" && r.status == Status::Pending),
+        "a release of another call's claim is rejected with its record, got {rejected:?}"
     );
     Ok(())
 }

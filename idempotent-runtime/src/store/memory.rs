@@ -226,6 +226,10 @@ pub(crate) fn claimed<'r>(
     with_writes: bool,
 ) -> Result<Record, &'r Record> {
     let attempt = match old {
+        // A call's own released claim (see `Change::Release`): a late claim of that call never lands.
+        Some(old) if old.status == Status::Failed && old.token == request.token => {
+            return Err(old);
+        }
         Some(old) if with_writes && !old.is_claimable_with_writes(request.now_ms) => {
             return Err(old);
         }
@@ -273,8 +277,11 @@ pub(crate) fn claimed<'r>(
 /// [`fenced`] and [`applied`] to the record it unpacked, without copying it again).
 #[cfg(any(test, feature = "emulator"))]
 pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) -> Option<Record> {
-    old.filter(|r| fenced(r, transition))
-        .map(|r| applied(r.clone(), transition))
+    match old {
+        Some(r) if fenced(r, transition) => Some(applied(r.clone(), transition)),
+        None if matches!(transition.change, Change::Release { .. }) => Some(tombstone(transition)),
+        _ => None,
+    }
 }
 
 /// Whether `record` is PENDING under the transition's token, so that the transition may be made; a
@@ -289,6 +296,33 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
             } => record.claim_writes_in_effect,
             _ => true,
         }
+}
+
+/// The record a [`Change::Release`] writes where there was none: FAILED under the releasing call's
+/// token, so that the call's own claim, if it lands later, is refused by it.
+pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
+    let Change::Release {
+        error,
+        expires_at_s,
+    } = transition.change
+    else {
+        unreachable!("only a release writes a record where there is none")
+    };
+    Record {
+        key: transition.key.to_owned(),
+        status: Status::Failed,
+        token: transition.token.to_owned(),
+        attempt: 0,
+        lease_until_ms: None,
+        expires_at_s,
+        fingerprint: None,
+        response: None,
+        error: Some(error.to_owned()),
+        replay_until_s: None,
+        claim_writes_in_effect: false,
+        completed_in: None,
+        steps: None,
+    }
 }
 
 /// The error of a claim that keeps claim-time writes and finds no record at all: like DynamoDB's failed
@@ -316,6 +350,15 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.steps = None;
             record.expires_at_s = expires_at_s;
             record.replay_until_s = replay_until_s;
+            record.lease_until_ms = None;
+        }
+        Change::Release {
+            error,
+            expires_at_s,
+        } => {
+            record.status = Status::Failed;
+            record.error = Some(error.to_owned());
+            record.expires_at_s = expires_at_s;
             record.lease_until_ms = None;
         }
         Change::Fail {
@@ -372,6 +415,10 @@ impl Store for MemoryStore {
         match state.records.get(transition.key) {
             Some(old) if fenced(&old, transition) => {
                 state.records.insert(applied(old, transition));
+                Ok(WriteOutcome::Applied)
+            }
+            None if matches!(transition.change, Change::Release { .. }) => {
+                state.records.insert(tombstone(transition));
                 Ok(WriteOutcome::Applied)
             }
             old => Ok(WriteOutcome::Rejected(old)),

@@ -141,6 +141,18 @@ pub enum Change<'a> {
         /// Every finished step's value, encoded.
         steps: &'a [u8],
     },
+    /// The call holding the token gives its claim up, whether or not the claim has landed (a dropped
+    /// call, or one whose claim's answer never came): a PENDING record under the token becomes FAILED
+    /// with `error`, as [`Fail`](Self::Fail) does; where there is **no record**, a FAILED record under
+    /// the token is written (a tombstone), which a claim with the same token that lands later finds
+    /// and does not overwrite (every claim is refused by a FAILED record under its own token). Any
+    /// other record is left alone and returned.
+    Release {
+        /// Why, for operators.
+        error: &'a str,
+        /// The record's new expiry (epoch seconds).
+        expires_at_s: u64,
+    },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {
         /// New lease end (epoch milliseconds).
@@ -161,6 +173,7 @@ impl Change<'_> {
             (Change::Fail { .. }, true) => "fail_transaction",
             (Change::SaveSteps { .. }, _) => "step",
             (Change::ExtendLease { .. }, _) => "heartbeat",
+            (Change::Release { .. }, _) => "release",
         }
     }
 }
@@ -358,9 +371,14 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// [`is_claimable_keeping_writes`](Record::is_claimable_keeping_writes) is claimed; any other record
     /// is returned as blocking, and an absent one is [`StoreError::Corrupt`] (DynamoDB reports a failed
     /// condition without an item; nothing was written, and the caller claims again with its writes).
+    ///
+    /// A FAILED record under the request's own token is never claimed: it is the mark its call left when
+    /// it gave the claim up ([`Change::Release`]), and this request is that call's, landing late.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
+    /// A [`Change::Release`] is also applied where there is no record at all, writing a FAILED one under
+    /// its token.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
 
     /// Applies `transition` together with the staged `writes`, atomically: all or nothing. Used for a

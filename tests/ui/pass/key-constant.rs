@@ -1,5 +1,6 @@
 //! A key that is the same for every call, said deliberately with a named constant (a run-once operation),
-//! and a literal beside a parameter in a tuple key.
+//! and keys that may differ between calls although they hold literals: a literal beside a parameter in a
+//! tuple key, even one that spells the parameter's name (a tag), and a call that reads per-call state.
 #![deny(warnings)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +9,8 @@ use idempotent_runtime::{Error, Idempotency, idempotent};
 
 static SEEDS: AtomicUsize = AtomicUsize::new(0);
 static CHARGES: AtomicUsize = AtomicUsize::new(0);
+static VISITS: AtomicUsize = AtomicUsize::new(0);
+static REQUEST: AtomicUsize = AtomicUsize::new(0);
 
 const SEED: &str = "seed-v1";
 
@@ -23,6 +26,21 @@ async fn charge(order_id: u64) -> Result<u64, Error> {
     Ok(order_id)
 }
 
+#[idempotent(key = ("user", user))]
+async fn visit(user: String) -> Result<usize, Error> {
+    Ok(VISITS.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// Per-call state the key reads through a call without arguments.
+fn request_id() -> usize {
+    REQUEST.load(Ordering::SeqCst)
+}
+
+#[idempotent(key = format!("request-{}", request_id()))]
+async fn handle() -> Result<usize, Error> {
+    Ok(request_id())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     Idempotency::in_memory().install();
@@ -32,4 +50,12 @@ async fn main() {
     assert_eq!(charge(1).await.unwrap(), 1);
     assert_eq!(charge(2).await.unwrap(), 2);
     assert_eq!(CHARGES.load(Ordering::SeqCst), 2);
+    // Two users, two records; the same user again, a replay.
+    assert_eq!(visit("ann".into()).await.unwrap(), 1);
+    assert_eq!(visit("bob".into()).await.unwrap(), 2);
+    assert_eq!(visit("ann".into()).await.unwrap(), 1);
+    assert_eq!(VISITS.load(Ordering::SeqCst), 2);
+    assert_eq!(handle().await.unwrap(), 0);
+    REQUEST.store(1, Ordering::SeqCst);
+    assert_eq!(handle().await.unwrap(), 1);
 }

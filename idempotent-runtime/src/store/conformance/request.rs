@@ -47,6 +47,19 @@ pub fn complete<'a>(
     }
 }
 
+/// Releases `key` for `token` (kept a minute after [`NOW`]): see [`Change::Release`].
+#[must_use]
+pub fn release<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::Release {
+            error: "released",
+            expires_at_s: NOW / 1000 + 60,
+        },
+    }
+}
+
 /// Fails `key` under `token` (error `declined`, kept a minute after [`NOW`]).
 #[must_use]
 pub fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {

@@ -47,6 +47,18 @@ pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
 /// still in effect, so that a compensation never undoes them twice.
 pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attribute_exists(#cw)";
 
+/// What every claim adds to its condition: the record is not a FAILED one under the claim's own token,
+/// which only the claim's own call writes when it gives the claim up ([`RELEASE`]), so that a claim of
+/// that call that lands after its release is refused.
+pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk)";
+
+/// The condition of a release ([`Change::Release`]): no record at all (the claim has not landed, and a
+/// tombstone is written), or PENDING under the caller's token.
+pub const RELEASABLE: &str = "attribute_not_exists(#pk) OR (#st = :pending AND #tk = :tk)";
+
+/// A release's update: FAILED under the caller's token (on an absent record, a new one: `#at` 0).
+pub const RELEASE: &str = "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = if_not_exists(#at, :zero) REMOVE #lu";
+
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 
@@ -303,6 +315,16 @@ impl RecordUpdate {
                 values.insert(":sp".to_owned(), AttributeValue::B(steps.to_vec().into()));
                 (SAVE_STEPS, &names.save_steps)
             }
+            Change::Release {
+                error,
+                expires_at_s,
+            } => {
+                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+                values.insert(":er".to_owned(), s(error));
+                values.insert(":ex".to_owned(), n(expires_at_s));
+                values.insert(":zero".to_owned(), n(0));
+                (RELEASE, &names.release)
+            }
             Change::ExtendLease {
                 lease_until_ms,
                 expires_at_s,
@@ -317,6 +339,7 @@ impl RecordUpdate {
                 release_claim_writes: true,
                 ..
             } => HELD_WITH_CLAIM_WRITES,
+            Change::Release { .. } => RELEASABLE,
             _ => HELD_BY_TOKEN,
         };
         Self {
@@ -440,7 +463,10 @@ static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
                     };
                     let expressions = (
                         update,
-                        leak(format!("({}) AND ({steps})", kind.condition())),
+                        leak(format!(
+                            "({}) AND ({steps}) AND {NOT_RELEASED}",
+                            kind.condition()
+                        )),
                     );
                     claims[claim_index(fingerprint, kind, mode)] = expressions;
                 }
@@ -467,6 +493,7 @@ pub(super) struct PreparedNames {
     fail: [HashMap<String, String>; 2],
     extend_lease: HashMap<String, String>,
     save_steps: HashMap<String, String>,
+    release: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -480,6 +507,7 @@ impl PreparedNames {
             fail: Default::default(),
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
             save_steps: attribute_names(names, &[SAVE_STEPS, HELD_BY_TOKEN]),
+            release: attribute_names(names, &[RELEASE, RELEASABLE]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -696,9 +724,10 @@ mod tests {
                     let (update, condition) = CLAIMS[index];
                     assert_eq!(update.contains(":fp"), fingerprint);
                     assert!(condition.contains(kind.condition()), "{condition}");
+                    // Every claim is refused by its own call's release.
                     let steps = mode.condition();
                     assert!(
-                        condition.ends_with(&format!("AND ({steps})")),
+                        condition.ends_with(&format!("AND ({steps}) AND {NOT_RELEASED}")),
                         "{condition}"
                     );
                     assert_eq!(update.contains("#sp = :sp"), mode.starts_afresh());

@@ -95,8 +95,11 @@ impl Item<'_> {
         let AttributeValue::S(text) = attr.value() else {
             return Err(not_a(name, "a string"));
         };
-        Status::parse(text)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown status `{text}` in `{name}`")))
+        Status::parse(text).ok_or_else(|| {
+            // The item's own text, shown to operators and logged: escaped.
+            let text = crate::telemetry::escaped(text);
+            StoreError::Corrupt(format!("unknown status `{text}` in `{name}`"))
+        })
     }
 }
 

@@ -18,6 +18,10 @@
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
 //!
+//! Every claim's condition below also ends `AND NOT (#st = FAILED AND #tk = :tk)`
+//! ([`NOT_RELEASED`](expression::NOT_RELEASED)): a record its own call released refuses that call's
+//! claim when it lands late.
+//!
 //! | request | update | condition |
 //! |---|---|---|
 //! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `(attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND (attribute_not_exists(#sp) OR #ex >= :now_s)` (an operation without steps leaves a live record's steps alone) |
@@ -31,6 +35,7 @@
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | operator's release of a record with steps (`idempotent key release`) | `SET #lu = 0, #ex = :ex` (the lease lapses; the record stays PENDING with its steps) | `#st = PENDING AND #tk = :tk` |
+//! | release (a call dropped while claiming, or whose claim's answer never came) | `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + failed_ttl, #at = if_not_exists(#at, 0) REMOVE #lu` | `attribute_not_exists(#pk) OR (#st = PENDING AND #tk = :tk)`: on no item, a tombstone under the call's token |
 //! | wait | consistent `GetItem` | — |
 //!
 //! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record

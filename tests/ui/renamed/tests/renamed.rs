@@ -1,5 +1,5 @@
-//! `crate = ".."` with a renamed dependency: the cases only compile if the generated code never names
-//! `idempotent_runtime`.
+//! A renamed dependency, with `crate = ".."` and without it: the cases only compile if the generated
+//! code never names `idempotent_runtime`.
 
 #[test]
 fn renamed() {

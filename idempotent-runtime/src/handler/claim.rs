@@ -1,0 +1,659 @@
+//! Claiming a key: the call's attempts and where it stands ([`Stage`]), what dropping it does, the
+//! claim requests (plain, or with business writes), the release of a claim a call gives up, waiting on
+//! another call's claim, and the answers found without running the body (the local cache, a replay).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "the state machine's parts share its vocabulary"
+)]
+use super::*;
+
+/// How a claim with claim-time writes ended ([`claim_with_writes`]).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "like `ClaimOutcome`, which it carries on: boxing the record would allocate"
+)]
+pub(super) enum WithWrites {
+    /// The claim and its writes committed together.
+    Claimed,
+    /// This record blocks the claim.
+    Blocked(Record),
+    /// The key is to be taken with a plain claim instead: its claim-time writes are still in effect,
+    /// or (for a resume of steps) the record is gone.
+    Plain,
+}
+
+/// First poll after this long, doubling up to [`MAX_POLL`], while waiting for an in-flight call.
+pub(super) const FIRST_POLL: Duration = Duration::from_millis(25);
+pub(super) const MAX_POLL: Duration = Duration::from_secs(1);
+
+/// A claim with claim-time writes, as a transaction; [`WithWrites::Plain`] when the key is to be taken
+/// with a plain claim instead. Boxed and out of line: most calls have no claim-time writes, and their claim's code
+/// stays dense in the instruction cache.
+#[cold]
+pub(super) fn claim_with_writes<'a>(
+    idem: &'a Idempotency,
+    plan: &'a Plan<'_>,
+    request: &'a ClaimRequest<'_>,
+) -> Pin<Box<dyn Future<Output = Result<WithWrites, Error>> + Send + 'a>> {
+    Box::pin(async move {
+        let namespace = plan.call.namespace;
+        let fingerprint = plan.fingerprint.map_or(0, str::len);
+        if let Err(detail) = plan.claim_writes.check_limits(plan.key, fingerprint) {
+            return Err(Error::TooManyWrites {
+                namespace: namespace.to_owned(),
+                detail,
+            });
+        }
+        let claimed = idem.store().claim_transaction(request, plan.claim_writes);
+        match telemetry::observe("claim_transaction", claimed).await {
+            Ok(TransactOutcome::Committed) => Ok(WithWrites::Claimed),
+            // Claimable, but its claim-time writes are still in effect (a failure without compensation,
+            // or a lapsed claim): take it with a plain claim, which keeps them, so they are never applied
+            // twice.
+            Ok(TransactOutcome::Rejected(Some(record)))
+                if record.is_claimable_keeping_writes(request.now_ms) =>
+            {
+                tracing::debug!(
+                    namespace,
+                    "claim-time writes still in effect; claiming without applying them again"
+                );
+                Ok(WithWrites::Plain)
+            }
+            Ok(TransactOutcome::Rejected(Some(record))) => Ok(WithWrites::Blocked(record)),
+            // A resume whose record is gone: the plain claim finds it gone too, and the call claims
+            // afresh.
+            Ok(TransactOutcome::Rejected(None))
+                if matches!(request.steps, StepsClaim::Resume { .. }) =>
+            {
+                Ok(WithWrites::Plain)
+            }
+            Ok(TransactOutcome::Rejected(None)) => Err(Error::CorruptRecord {
+                namespace: namespace.to_owned(),
+                detail: "the claim condition failed but no item was returned".into(),
+            }),
+            Ok(TransactOutcome::Canceled(reasons)) => Err(Error::TransactionCanceled {
+                namespace: namespace.to_owned(),
+                reasons,
+            }),
+            Err(StoreError::Invalid(source)) => Err(Error::WriteRejected {
+                namespace: namespace.to_owned(),
+                source,
+            }),
+            Err(e) => Err(store_error(namespace, e)),
+        }
+    })
+}
+
+/// How the claim phase ended.
+pub(super) enum Acquired<T> {
+    /// We hold the claim until this instant (epoch milliseconds): run the body. `took_over`: the key was
+    /// held by a lapsed claim when this call found it.
+    Held {
+        lease_until_ms: u64,
+        took_over: bool,
+    },
+    /// The answer is known without running the body: a replay from the store or from the local cache.
+    Done(T, Outcome),
+}
+
+/// What a call's claim attempts need: the call, its fencing token and its durations; and where the call
+/// is, for what dropping it must do (see its `Drop`).
+pub(super) struct Attempt<'a> {
+    pub(super) idem: &'a Idempotency,
+    pub(super) plan: &'a Plan<'a>,
+    pub(super) token: &'a str,
+    pub(super) lease: Duration,
+    pub(super) ttl: Duration,
+    pub(super) stage: Where,
+}
+
+impl<'a> Attempt<'a> {
+    /// What the call does after `answer` to its `number`th claim attempt, read now
+    /// ([`decide::after_claim`]), and the time (less the margin) it was judged at.
+    fn next(&self, answer: decide::Answer<'_>, number: u32) -> (decide::AfterClaim, u64) {
+        let now_ms = self.idem.clock().now_ms();
+        let judged = judged_ms(now_ms, self.idem.clock_skew_margin());
+        (decide::after_claim(answer, number, now_ms, judged), judged)
+    }
+
+    /// The call holds its claim until `lease_until_ms`: its steps are the ones `seen` (a resume), and
+    /// the body runs.
+    fn held<T>(&self, seen: Option<Vec<u8>>, lease_until_ms: u64, took_over: bool) -> Acquired<T> {
+        if let Some(steps) = self.plan.steps {
+            steps.claimed(seen);
+        }
+        Acquired::Held {
+            lease_until_ms,
+            took_over,
+        }
+    }
+
+    /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
+    /// claim-time writes and keeps none; with steps, it starts the operation afresh).
+    fn request(&self, number: u32) -> ClaimRequest<'a> {
+        let times = claim_times(
+            self.idem.clock().now_ms(),
+            self.idem.clock_skew_margin(),
+            self.lease,
+            writes_lifetime(self.idem, self.plan, self.ttl),
+        );
+        ClaimRequest {
+            key: self.plan.key,
+            token: self.token,
+            attempt: number,
+            now_ms: times.now_ms,
+            lease_until_ms: times.lease_until_ms,
+            expires_at_s: times.expires_at_s,
+            fingerprint: self.plan.fingerprint,
+            keep_claim_writes: false,
+            steps: self
+                .plan
+                .steps
+                .map_or(StepsClaim::Untouched, |steps| steps.claim(self.token, None)),
+        }
+    }
+}
+
+/// Where a call is, as far as dropping its future is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Stage {
+    /// A claim request is out, or its answer not yet read: it may have landed.
+    Claiming,
+    /// The key is someone else's (the call is reading it, or waiting): nothing of ours is stored.
+    Waiting,
+    /// The body runs in the caller's future.
+    Running,
+    /// The body runs on its own task, or the call is over: a drop changes nothing.
+    Done,
+}
+
+/// A call's [`Stage`], shared by its future's parts. Atomic only so that a call's future stays `Send`
+/// (a `Cell` borrowed across an await would not be); one thread reads and writes it at a time.
+pub(crate) struct Where(AtomicU8);
+
+impl Where {
+    pub(super) fn new(stage: Stage) -> Self {
+        Self(AtomicU8::new(stage as u8))
+    }
+
+    pub(super) fn get(&self) -> Stage {
+        match self.0.load(Ordering::Relaxed) {
+            0 => Stage::Claiming,
+            1 => Stage::Waiting,
+            2 => Stage::Running,
+            _ => Stage::Done,
+        }
+    }
+
+    pub(crate) fn set(&self, stage: Stage) {
+        self.0.store(stage as u8, Ordering::Relaxed);
+    }
+}
+
+/// An `Attempt` lives in the call's future: when the future is dropped before it finished (a client hung
+/// up, a `timeout` or `select!` gave up on it), it says so and cleans up by the call's [`Stage`]. A claim
+/// that may have landed is released at once by a fenced write with the call's own token (its condition
+/// fails harmlessly if the claim never landed), so the key is free for the next caller; a body cut off
+/// mid-way leaves the key PENDING until its lease runs out (it may have had effects: running it again
+/// early would be worse), with a warning and `idempotency_calls_dropped_total{phase="body"}`.
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+impl Attempt<'_> {
+    /// Cleans up after a call that ends here without going on (its future was dropped, or its claim
+    /// failed with an error that leaves the claim's fate unknown), by its [`Stage`]
+    /// ([`decide::on_drop`]).
+    pub(super) fn abandon(&self) {
+        let namespace = self.plan.call.namespace;
+        let releasable = self.plan.steps.is_none_or(Steps::releasable);
+        match decide::on_drop(self.stage.get(), releasable) {
+            decide::OnDrop::KeepClaim => telemetry::call_dropped(namespace, Dropped::Claim),
+            decide::OnDrop::Release => {
+                telemetry::call_dropped(namespace, Dropped::Claim);
+                // A claim with claim-time writes leaves them in effect (a release sends no
+                // compensation), so its record must live as long as a failure that keeps them.
+                // So must a claim that may hold finished steps (a resume).
+                let lifetime = failed_lifetime(
+                    self.idem.failed_ttl(),
+                    (!self.plan.claim_writes.is_empty() || self.plan.steps.is_some())
+                        .then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
+                );
+                release(self.idem, namespace, self.plan.key, self.token, lifetime);
+            }
+            decide::OnDrop::KeepBody => telemetry::call_dropped(namespace, Dropped::Body),
+            decide::OnDrop::Nothing => {}
+        }
+        // Done: a call is cleaned up once.
+        self.stage.set(Stage::Done);
+    }
+}
+
+/// The error text of a claim released because its call was dropped before the body started.
+pub(crate) const RELEASED: &str = "released: the call was dropped before its body started";
+
+/// Moves a claim that `token` may hold on `key` to FAILED ([`RELEASED`]), on a task of its own (a drop
+/// cannot await): the key is claimable again at once, and the FAILED record shows why. Fenced like
+/// every transition, so a claim that never landed, or was taken over since, is left alone. Outside a
+/// Tokio runtime nothing can be sent, and the claim lapses with its lease.
+#[cold]
+pub(super) fn release(
+    idem: &Idempotency,
+    namespace: &'static str,
+    key: &str,
+    token: &str,
+    lifetime: Duration,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            namespace,
+            "call dropped outside a Tokio runtime: its claim is not released and lapses with its lease"
+        );
+        return;
+    };
+    let (idem, key, token) = (idem.clone(), key.to_owned(), token.to_owned());
+    let tasks = idem.tasks().clone();
+    let release = async move {
+        let now_ms = idem.clock().now_ms();
+        // A release, not a failure: where the claim has not landed yet (its request still in
+        // flight), it leaves a FAILED record under the call's token that the claim, landing later,
+        // finds and does not overwrite.
+        let transition = Transition {
+            key: &key,
+            token: &token,
+            change: Change::Release {
+                error: RELEASED,
+                expires_at_s: expiry_s(now_ms, lifetime),
+            },
+        };
+        match telemetry::observe("release", idem.store().transition(&transition)).await {
+            Ok(WriteOutcome::Applied) => {
+                tracing::debug!(namespace, "dropped call's claim released");
+            }
+            // The claim is no longer ours (or never landed on a record of another call's): nothing to
+            // release.
+            Ok(WriteOutcome::Rejected(_)) => {}
+            Err(error) => tracing::warn!(
+                namespace,
+                %error,
+                "could not release the claim of a call that gave it up; it lapses with its lease"
+            ),
+        }
+    };
+    runtime.spawn(tasks.track_future(release));
+}
+
+/// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
+/// in-flight call until it finishes or the wait runs out.
+pub(super) async fn acquire<T: DeserializeOwned>(
+    attempt: &Attempt<'_>,
+) -> Result<Acquired<T>, Error> {
+    // Read from `attempt` where used rather than copied into locals: this future is part of every
+    // call's, and each local that lives across an await makes it larger.
+    let Attempt {
+        idem, plan, token, ..
+    } = *attempt;
+    let wait_until = plan
+        .call
+        .wait
+        .filter(|w| !w.is_zero())
+        .map(|w| tokio::time::Instant::now() + w);
+
+    if let Some(value) = cached(idem, plan)? {
+        return Ok(Acquired::Done(value, Outcome::Cached));
+    }
+
+    // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
+    // two reads; each pass is a new claim attempt, with its own times. (No record, and nothing decided
+    // from one, is held across an await: this future is part of every call's, and stays small.)
+    let mut poll = FIRST_POLL;
+    let mut number = 0;
+    let mut took_over = false;
+    // With steps: the stored steps of a record to resume, as last seen (boxed: a pointer in every
+    // call's future, where most calls have no steps).
+    let mut resume: Option<Box<Vec<u8>>> = None;
+    'claim: loop {
+        number += 1;
+        tracing::Span::current().record("attempt", number);
+        let mut request = attempt.request(number);
+        if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
+            steps.resuming();
+            request.steps = steps.claim(token, Some(seen));
+        }
+        let claimed_until_ms = request.lease_until_ms;
+        attempt.stage.set(Stage::Claiming);
+        // The request is moved into the attempt's own future: this one then holds it only while that
+        // future is awaited, and the record it may return can share its place.
+        let mut record = match claim_once(idem, plan, request).await? {
+            Claim::Held => {
+                let landed = decide::Answer::Landed {
+                    lease_until_ms: claimed_until_ms,
+                };
+                match attempt.next(landed, number).0 {
+                    decide::AfterClaim::Run { lease_until_ms } => {
+                        let seen = resume.map(|seen| *seen);
+                        return Ok(attempt.held(seen, lease_until_ms, took_over));
+                    }
+                    // Answered after its lease: claim again (the refusal shows our record, and its
+                    // steps, which the renewal then resumes).
+                    decide::AfterClaim::Renew => continue 'claim,
+                    _ => return Err(contended(plan.call.namespace, number)),
+                }
+            }
+            Claim::Blocked(record) => record,
+            // The record is gone (deleted since the transaction, or the claim that saw it): a new
+            // operation, whose claim applies the writes, and starts its steps afresh.
+            Claim::Vanished(_) if number <= CLAIMABLE_RETRIES => {
+                resume = None;
+                continue 'claim;
+            }
+            Claim::Vanished(e) => return Err(store_error(plan.call.namespace, e)),
+        };
+        // The claim was refused: the record is someone else's (or ours, which `examine` says).
+        attempt.stage.set(Stage::Waiting);
+        // Inspect the record; while waiting, keep re-reading it until it is done or claimable.
+        loop {
+            // Decided in a block of its own: nothing but the action outlives it (this future is part
+            // of every call's, and what lives across the wait below makes it larger).
+            let (action, judged) = {
+                let judged = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
+                let found = examine(plan.call, &record, token, plan.fingerprint, judged)?;
+                let refused = decide::Answer::Refused {
+                    record: &record,
+                    found: &found,
+                };
+                attempt.next(refused, number)
+            };
+            let retry_after = match action {
+                decide::AfterClaim::Run { lease_until_ms } => {
+                    attempt.stage.set(Stage::Claiming);
+                    return Ok(attempt.held(record.steps, lease_until_ms, took_over));
+                }
+                decide::AfterClaim::Renew => {
+                    attempt.stage.set(Stage::Claiming);
+                    resume = plan.steps.and(record.steps).map(Box::new);
+                    continue 'claim;
+                }
+                decide::AfterClaim::Released => return Err(released(plan.call.namespace)),
+                decide::AfterClaim::Replay => {
+                    return replay_record(idem, plan, record)
+                        .map(|value| Acquired::Done(value, Outcome::Replayed));
+                }
+                decide::AfterClaim::Contended => {
+                    return Err(contended(plan.call.namespace, number));
+                }
+                decide::AfterClaim::Reclaim { took_over: lapsed } => {
+                    took_over = lapsed;
+                    // Steps that live on are resumed (a claim that starts afresh is refused by them).
+                    resume = plan
+                        .steps
+                        .filter(|steps| steps.resumes(&record, judged))
+                        .and(record.steps)
+                        .map(Box::new);
+                    continue 'claim;
+                }
+                decide::AfterClaim::InProgress(retry_after) => retry_after,
+            };
+            let Some(pause) = next_poll(wait_until, &mut poll) else {
+                let namespace = plan.call.namespace;
+                return Err(in_progress(idem, namespace, retry_after, attempt.lease));
+            };
+            // Boxed: a timer and a read are large, and a call that finds no one in flight never waits.
+            match Box::pin(reread(idem, plan.call.namespace, plan.key, pause)).await? {
+                Some(next) => record = next,
+                // Deleted (by TTL or by hand): the key is new.
+                None => continue 'claim,
+            }
+        }
+    }
+}
+
+/// When a call that may wait until `wait_until` reads the record it waits on again, or `None` once
+/// its wait has run out; each pause is twice the last (`poll`), up to [`MAX_POLL`].
+fn next_poll(
+    wait_until: Option<tokio::time::Instant>,
+    poll: &mut Duration,
+) -> Option<tokio::time::Instant> {
+    let deadline = wait_until.filter(|d| *d > tokio::time::Instant::now())?;
+    let pause = deadline.min(tokio::time::Instant::now() + *poll);
+    *poll = (*poll * 2).min(MAX_POLL);
+    Some(pause)
+}
+
+/// What one claim attempt found.
+pub(super) enum Claim {
+    /// The key is ours.
+    Held,
+    /// Here is the record that blocked the claim.
+    Blocked(Record),
+    /// A claim that needs the record (one keeping claim-time writes, or a resume of steps) found none:
+    /// the store's error, for when the call claims no more.
+    Vanished(StoreError),
+}
+
+/// One claim attempt: a plain conditional write, or first a transaction when business writes go with
+/// it (and, when that is refused for writes still in effect, a plain claim that keeps them).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the request twice"
+)]
+pub(super) fn claim_once<'a>(
+    idem: &'a Idempotency,
+    plan: &'a Plan<'a>,
+    mut request: ClaimRequest<'a>,
+) -> impl Future<Output = Result<Claim, Error>> + 'a {
+    async move {
+        if !plan.claim_writes.is_empty() {
+            match claim_with_writes(idem, plan, &request).await? {
+                WithWrites::Claimed => return Ok(Claim::Held),
+                WithWrites::Blocked(record) => return Ok(Claim::Blocked(record)),
+                // The writes are in effect: a plain claim keeps them, conditioned on their mark still
+                // being set, so that a decision made stale by another caller (who released them
+                // meanwhile) never runs the body without them.
+                WithWrites::Plain => request.keep_claim_writes = true,
+            }
+        }
+        match telemetry::observe("claim", idem.store().claim(&request)).await {
+            Ok(ClaimOutcome::Claimed) => Ok(Claim::Held),
+            Ok(ClaimOutcome::Existing(record)) => Ok(Claim::Blocked(record)),
+            Err(e @ StoreError::Corrupt(_))
+                if request.keep_claim_writes
+                    || matches!(request.steps, StepsClaim::Resume { .. }) =>
+            {
+                Ok(Claim::Vanished(e))
+            }
+            Err(e) => Err(store_error(plan.call.namespace, e)),
+        }
+    }
+}
+
+/// The error of a call whose claim was released (by itself, when it gave up on it) before it could
+/// use it: the claim is lost.
+#[cold]
+pub(super) fn released(namespace: &str) -> Error {
+    Error::LeaseLost {
+        namespace: namespace.to_owned(),
+    }
+}
+
+/// [`Error::Contended`].
+#[cold]
+pub(super) fn contended(namespace: &str, attempts: u32) -> Error {
+    Error::Contended {
+        namespace: namespace.to_owned(),
+        attempts,
+    }
+}
+
+/// [`Error::InProgress`] for a call with `lease` that found the key held by a claim that may be taken
+/// over once `retry_after` has passed (see [`Found::InProgress`]).
+#[cold]
+pub(super) fn in_progress(
+    idem: &Idempotency,
+    namespace: &str,
+    retry_after: Duration,
+    lease: Duration,
+) -> Error {
+    Error::InProgress {
+        namespace: namespace.to_owned(),
+        retry_after,
+        retry_hint: retry_hint(idem.heartbeat(), idem.retry_hint(), retry_after, lease),
+    }
+}
+
+/// The [`retry_hint`](Error::InProgress) for a caller that found a claim it may take over once
+/// `retry_after` has passed (counted from the caller's clock less the skew margin, as every takeover
+/// decision is).
+///
+/// While heartbeats are on, a live holder extends its lease to `lease` from its own now every
+/// [`decide::heartbeat_interval`]: just after a heartbeat `retry_after` is `lease` (plus the margin), and it
+/// falls to `lease - interval` (plus the margin) by the time the next one is due. So a `retry_after`
+/// below `lease - interval` means the lease has not been extended for longer than an interval even if
+/// the holder's clock runs behind this caller's by the whole margin: the claim is *stalled* (its
+/// worker died, hangs, or cannot reach the store), and the hint is the time until it can be taken
+/// over — whole seconds, rounded up past the instant the lease counts as lapsed, never zero. A live
+/// holder (and any holder while heartbeats are off, when a lease never moves and its result may come
+/// at any moment) gets `hint`, at most `retry_after`.
+///
+/// Judged with this caller's `lease`: a holder that claimed with a longer one looks live, one with a
+/// shorter one looks stalled sooner (its hint is still what is left of its lease).
+pub(crate) fn retry_hint(
+    heartbeat: bool,
+    hint: Duration,
+    retry_after: Duration,
+    lease: Duration,
+) -> Duration {
+    let stalled = heartbeat
+        && decide::heartbeat_interval(lease)
+            .is_some_and(|every| retry_after < lease.saturating_sub(every));
+    if stalled {
+        // Lapsed once the judged clock is strictly past the lease's end: one millisecond after
+        // `retry_after`.
+        Duration::from_secs(millis(retry_after).saturating_add(1).div_ceil(1000).max(1))
+    } else {
+        retry_after.min(hint)
+    }
+}
+
+/// Sleeps until `pause`, then reads the key's record again, for a call waiting on an in-flight one.
+pub(super) async fn reread(
+    idem: &Idempotency,
+    namespace: &str,
+    key: &str,
+    pause: tokio::time::Instant,
+) -> Result<Option<Record>, Error> {
+    tokio::time::sleep_until(pause).await;
+    telemetry::observe("get", idem.store().get(key))
+        .await
+        .map_err(|e| store_error(namespace, e))
+}
+
+/// The local cache's answer, if it has one for the key.
+pub(super) fn cached<T: DeserializeOwned>(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+) -> Result<Option<T>, Error> {
+    let namespace = plan.call.namespace;
+    let Some(hit) = idem
+        .cache()
+        .and_then(|c| c.get(plan.key, idem.clock().now_ms()))
+    else {
+        return Ok(None);
+    };
+    same_payload(namespace, hit.fingerprint.as_deref(), plan.fingerprint)?;
+    tracing::debug!(namespace, "replaying cached response");
+    replay(namespace, &hit.response, idem.max_response_bytes()).map(Some)
+}
+
+/// The stored response of a COMPLETED record, which the local cache then keeps too.
+pub(super) fn replay_record<T: DeserializeOwned>(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    record: Record,
+) -> Result<T, Error> {
+    tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
+    let response = record.response.unwrap_or_default();
+    let value = replay(plan.call.namespace, &response, idem.max_response_bytes())?;
+    remember(
+        idem,
+        plan.key,
+        response,
+        record.fingerprint.as_deref(),
+        record.replay_until_s.unwrap_or(record.expires_at_s),
+    );
+    Ok(value)
+}
+
+#[cfg(test)]
+mod retry_hints {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_mins(1);
+    const SHORT: Duration = Duration::from_secs(1);
+
+    fn hint(retry_after: Duration) -> Duration {
+        retry_hint(true, SHORT, retry_after, LEASE)
+    }
+
+    /// A 60 s lease is extended every 20 s: `retry_after` (which counts the skew margin) falls from
+    /// 61 s to 41 s between two heartbeats, and below 40 s the claim is stalled.
+    #[test]
+    fn the_short_hint_until_a_heartbeat_is_overdue_then_the_lease() {
+        assert_eq!(hint(Duration::from_secs(61)), SHORT);
+        assert_eq!(hint(Duration::from_secs(40)), SHORT, "due, not overdue");
+        assert_eq!(hint(Duration::from_millis(39_999)), Duration::from_secs(40));
+        assert_eq!(
+            hint(Duration::from_secs(39)),
+            Duration::from_secs(40),
+            "lapsed only once strictly past the lease's end"
+        );
+        assert_eq!(hint(Duration::from_millis(38_001)), Duration::from_secs(39));
+        assert_eq!(hint(Duration::from_millis(1)), Duration::from_secs(1));
+        // A PENDING record without a lease, or at its lease's very end: never zero.
+        assert_eq!(hint(Duration::ZERO), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn without_heartbeats_a_lease_never_moves_and_the_hint_stays_short() {
+        assert_eq!(
+            retry_hint(false, SHORT, Duration::from_secs(5), LEASE),
+            SHORT
+        );
+        assert_eq!(
+            retry_hint(false, SHORT, Duration::from_millis(300), LEASE),
+            Duration::from_millis(300),
+            "never more than what is left"
+        );
+    }
+
+    #[test]
+    fn extreme_leases_neither_overflow_nor_stall_live_claims() {
+        // The longest lease a handle accepts, nearly all of it left, long overdue by its heartbeat.
+        let century = crate::MAX_DURATION;
+        let left = century / 2;
+        assert_eq!(
+            retry_hint(true, SHORT, left, century),
+            Duration::from_secs(left.as_secs() + 1)
+        );
+        // A `retry_after` as large as milliseconds go (a lease end far past any lease).
+        let huge = Duration::from_millis(u64::MAX);
+        assert_eq!(retry_hint(true, SHORT, huge, century), SHORT);
+        assert_eq!(
+            retry_hint(true, SHORT, huge, Duration::MAX),
+            Duration::from_secs(u64::MAX / 1000 + 1)
+        );
+        // A lease too short to have a heartbeat interval below it is never stalled.
+        assert_eq!(
+            retry_hint(true, SHORT, Duration::ZERO, Duration::ZERO),
+            Duration::ZERO
+        );
+        assert_eq!(
+            retry_hint(true, SHORT, Duration::ZERO, Duration::from_millis(1)),
+            Duration::ZERO
+        );
+    }
+}

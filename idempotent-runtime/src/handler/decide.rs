@@ -1,0 +1,392 @@
+//! Every "what next" of a call, as pure, synchronous functions that return named actions: what the
+//! answer to a claim means, what a rejected transition means, what dropping a call does at each stage,
+//! what a claim that failed with an error leaves behind, and when the next heartbeat goes and what
+//! lease it asks for.
+//!
+//! The handler does the I/O each action names and nothing else; the protocol model (`model.rs`)
+//! drives the same functions, so that it checks these decisions as written rather than a copy of them
+//! (as tokio's task `state.rs` keeps its transitions apart from `harness.rs`, which only matches on
+//! them). Being synchronous, none of them can enlarge a call's future.
+//!
+//! Time passes while a request is in flight: a claim's answer can arrive after the lease it asked
+//! for, a heartbeat's round trip eats into the lease it renews. So every decision that starts or keeps
+//! a body running is taken with the caller's clock as read *when the answer is read*, never with the
+//! time the request was sent.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::record::{Record, Status};
+
+use super::{CLAIMABLE_RETRIES, Found, Stage, millis};
+
+/// The shortest lease a call may ask for: a lease is renewed by heartbeats every third of it, and a
+/// heartbeat's round trip eats into it, so a shorter one lapses under ordinary store latency (and costs
+/// hundreds of heartbeat writes a second).
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// What a call does next, once it has read the answer to a claim attempt (see [`after_claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterClaim {
+    /// The claim is ours and its lease still ahead of the caller's clock: run the body.
+    Run {
+        /// The claim's lease end (epoch milliseconds).
+        lease_until_ms: u64,
+    },
+    /// The claim is ours, but its lease had run out by the time its answer was read (a slow answer,
+    /// or the SDK's retry of a lost one): another caller may have taken the key over meanwhile, so the
+    /// body must not start on it. Claim again with the same token: that renews the lease if nobody
+    /// took over, and shows who did otherwise.
+    Renew,
+    /// The record is ours but no longer PENDING: the claim was released (the call gave up on it and
+    /// marked it so), and the call must not use it.
+    Released,
+    /// The key is claimable (FAILED, expired, or a lapsed claim of another call): claim again.
+    /// `took_over`: the key was held by another call's lapsed claim.
+    Reclaim {
+        /// Whether the claim taken next takes over a lapsed one.
+        took_over: bool,
+    },
+    /// The record holds the answer: replay it without running the body.
+    Replay,
+    /// Another call holds the key; its lease (plus the skew margin) ends in this long. Wait and read
+    /// again (when the call may wait), or report [`Error::InProgress`].
+    InProgress(Duration),
+    /// The key changed hands (or the answers came too late) on every attempt the call may make:
+    /// [`Error::Contended`].
+    Contended,
+}
+
+/// What the answer to a claim attempt said.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Answer<'r> {
+    /// The claim landed; it asked for a lease until `lease_until_ms`.
+    Landed {
+        /// The lease end the request asked for (epoch milliseconds).
+        lease_until_ms: u64,
+    },
+    /// The claim was refused by `record`, which means `found` for this call ([`examine`](super::examine)).
+    Refused {
+        /// The record that blocked the claim.
+        record: &'r Record,
+        /// What it means for this call.
+        found: &'r Found,
+    },
+}
+
+/// What a call does after the answer to its `number`th claim attempt, read when the caller's clock says
+/// `now_ms` (not less the margin: a holder's lease is at risk only once its own clock has passed the
+/// lease end, since others take over only once theirs, less the margin, has).
+pub(crate) fn after_claim(
+    answer: Answer<'_>,
+    number: u32,
+    now_ms: u64,
+    judged_ms: u64,
+) -> AfterClaim {
+    let exhausted = number > CLAIMABLE_RETRIES;
+    let ours = |lease_until_ms: u64| {
+        if now_ms < lease_until_ms {
+            AfterClaim::Run { lease_until_ms }
+        } else if exhausted {
+            AfterClaim::Contended
+        } else {
+            AfterClaim::Renew
+        }
+    };
+    match answer {
+        Answer::Landed { lease_until_ms } => ours(lease_until_ms),
+        Answer::Refused { record, found } => match *found {
+            // Our own claim, recognised in a retried request's answer: only a PENDING one is a claim
+            // (a released one is a mark that the call gave it up).
+            Found::Ours if record.status == Status::Pending => {
+                ours(record.lease_until_ms.unwrap_or(0))
+            }
+            Found::Ours => AfterClaim::Released,
+            Found::Replay => AfterClaim::Replay,
+            Found::Claimable if exhausted => AfterClaim::Contended,
+            Found::Claimable => AfterClaim::Reclaim {
+                took_over: record.status == Status::Pending && !record.is_expired(judged_ms),
+            },
+            Found::InProgress(retry_after) => AfterClaim::InProgress(retry_after),
+        },
+    }
+}
+
+/// What a claim attempt that failed with `error` leaves behind, for a call that now gives up while its
+/// claim's fate is unknown ([`Stage::Claiming`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterClaimError {
+    /// The request may have landed (its answer was lost, or the store failed after applying it):
+    /// release it, so that the key is not held for a whole lease by a call that is gone.
+    Release,
+    /// Nothing was written (the store refused the request, or it was never sent).
+    Nothing,
+}
+
+/// See [`AfterClaimError`].
+pub(crate) fn after_claim_error(error: &Error) -> AfterClaimError {
+    match error {
+        Error::Throttled { .. }
+        | Error::Unavailable { .. }
+        | Error::RegionUnavailable { .. }
+        | Error::Store { .. }
+        // Every claim answered too late to use: the last one may still be ours.
+        | Error::Contended { .. } => AfterClaimError::Release,
+        _ => AfterClaimError::Nothing,
+    }
+}
+
+/// What dropping a call's future does, by the [`Stage`] it was in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnDrop {
+    /// A claim may have landed and no body ran: release it (fenced by the call's token), and count the
+    /// dropped claim.
+    Release,
+    /// A claim may have landed, but releasing it would let the operation start over (a resume of
+    /// steps under a policy that restarts a failed operation): leave it to lapse with its lease, and
+    /// count the dropped claim.
+    KeepClaim,
+    /// The body was cut off mid-way: it may have had effects, so the claim stays until its lease runs
+    /// out; count the dropped body.
+    KeepBody,
+    /// Nothing of the call's is held (it was waiting on another call, or is done).
+    Nothing,
+}
+
+/// See [`OnDrop`]. `releasable`: whether a claim of this call may be released (see
+/// [`Steps::releasable`](crate::steps::Steps::releasable); always for a call without steps).
+pub(crate) fn on_drop(stage: Stage, releasable: bool) -> OnDrop {
+    match stage {
+        Stage::Claiming if releasable => OnDrop::Release,
+        Stage::Claiming => OnDrop::KeepClaim,
+        Stage::Running => OnDrop::KeepBody,
+        Stage::Waiting | Stage::Done => OnDrop::Nothing,
+    }
+}
+
+/// What a rejected completion means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterRejectedComplete {
+    /// Our own earlier attempt landed (its answer was lost): the result is stored.
+    Stored,
+    /// The claim is no longer ours: [`Error::LeaseLost`], the result is not stored.
+    Lost,
+}
+
+/// What a completion rejected with `record` (the record as the store returned it) means for the
+/// claim `token` holds.
+pub(crate) fn after_rejected_complete(
+    record: Option<&Record>,
+    token: &str,
+) -> AfterRejectedComplete {
+    if super::landed(record, token, Status::Completed) {
+        AfterRejectedComplete::Stored
+    } else {
+        AfterRejectedComplete::Lost
+    }
+}
+
+/// What a call recording its body's failure does after the failure was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterRejectedFail {
+    /// Our own earlier attempt landed (its answer was lost): the failure is recorded.
+    Recorded,
+    /// The claim is still ours, but its claim-time writes are not in effect (the compensation is
+    /// conditioned on them): record the failure again without the compensation, which would undo
+    /// another caller's writes.
+    WithoutCompensation,
+    /// The claim is no longer ours: nothing to record.
+    Lost,
+}
+
+/// What a failure rejected with `record` means for the claim `token` holds; `compensating`: whether
+/// the rejected request carried compensating writes.
+pub(crate) fn after_rejected_fail(
+    record: Option<&Record>,
+    token: &str,
+    compensating: bool,
+) -> AfterRejectedFail {
+    match record {
+        _ if super::landed(record, token, Status::Failed) => AfterRejectedFail::Recorded,
+        Some(record)
+            if compensating && record.status == Status::Pending && record.token == token =>
+        {
+            AfterRejectedFail::WithoutCompensation
+        }
+        _ => AfterRejectedFail::Lost,
+    }
+}
+
+/// How often a running body's heartbeat extends its lease: every third of the lease, counted from when
+/// the previous request (the claim, or the last heartbeat) was *sent*; `None` for a lease too short to
+/// renew (below [`MIN_LEASE`], which only a deadline-bound operation may have), whose claim is not
+/// renewed at all.
+pub(crate) fn heartbeat_interval(lease: Duration) -> Option<Duration> {
+    (lease >= MIN_LEASE).then(|| lease / 3)
+}
+
+/// When the next heartbeat goes (epoch milliseconds of the caller's clock): one interval after the
+/// previous request that set the lease was sent (`sent_ms`), so that a slow answer never delays the
+/// next renewal. A heartbeat already due goes at once.
+pub(crate) fn next_heartbeat_ms(sent_ms: u64, interval: Duration) -> u64 {
+    sent_ms.saturating_add(millis(interval))
+}
+
+/// The lease end a heartbeat sent at `sent_ms` asks for: a whole lease from its send (the time the
+/// request spends in flight is the holder's, never added to the lease).
+pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration) -> u64 {
+    sent_ms.saturating_add(millis(lease))
+}
+
+/// What a heartbeat's answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterHeartbeat {
+    /// The lease was extended to the end the heartbeat asked for.
+    Extended,
+    /// The lease was extended, but the answer came after the lease it renewed had run out: while the
+    /// request was in flight the claim looked lapsed, and only the fence kept another caller out. The
+    /// store latency is close to what the lease allows; said loudly.
+    ExtendedLate,
+    /// The claim is no longer ours (taken over, or the outcome already stored): stop beating; the
+    /// completion's fence says which.
+    Stop,
+    /// The request failed: try again at the next interval (the lease is not extended meanwhile).
+    Retry,
+}
+
+/// What a heartbeat whose request was `applied` (`None`: it failed) means, read when the caller's
+/// clock says `answered_ms`, for a claim whose lease ran until `lease_until_ms` before it.
+pub(crate) fn after_heartbeat(
+    applied: Option<bool>,
+    answered_ms: u64,
+    lease_until_ms: u64,
+) -> AfterHeartbeat {
+    match applied {
+        Some(true) if answered_ms >= lease_until_ms => AfterHeartbeat::ExtendedLate,
+        Some(true) => AfterHeartbeat::Extended,
+        Some(false) => AfterHeartbeat::Stop,
+        None => AfterHeartbeat::Retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::Found;
+
+    fn record(status: Status, lease_until_ms: Option<u64>) -> Record {
+        Record {
+            key: "k".into(),
+            status,
+            token: "t".into(),
+            attempt: 1,
+            lease_until_ms,
+            expires_at_s: 1_000_000,
+            fingerprint: None,
+            response: None,
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+            steps: None,
+        }
+    }
+
+    #[test]
+    fn a_claim_answered_after_its_lease_is_renewed_never_run() {
+        let landed = Answer::Landed {
+            lease_until_ms: 2_000,
+        };
+        assert_eq!(
+            after_claim(landed, 1, 1_999, 999),
+            AfterClaim::Run {
+                lease_until_ms: 2_000
+            }
+        );
+        assert_eq!(after_claim(landed, 1, 2_000, 1_000), AfterClaim::Renew);
+        assert_eq!(
+            after_claim(landed, CLAIMABLE_RETRIES + 1, 2_000, 1_000),
+            AfterClaim::Contended
+        );
+        // A retried claim recognised as ours: the record's lease, not the request's.
+        let ours = record(Status::Pending, Some(5_000));
+        let found = Found::Ours;
+        let refused = Answer::Refused {
+            record: &ours,
+            found: &found,
+        };
+        assert_eq!(
+            after_claim(refused, 1, 4_999, 3_999),
+            AfterClaim::Run {
+                lease_until_ms: 5_000
+            }
+        );
+        assert_eq!(after_claim(refused, 1, 5_000, 4_000), AfterClaim::Renew);
+    }
+
+    #[test]
+    fn our_released_record_is_never_a_claim() {
+        let released = record(Status::Failed, None);
+        let found = Found::Ours;
+        let answer = Answer::Refused {
+            record: &released,
+            found: &found,
+        };
+        assert_eq!(after_claim(answer, 1, 0, 0), AfterClaim::Released);
+    }
+
+    #[test]
+    fn only_a_lapsed_live_claim_is_taken_over() {
+        let found = Found::Claimable;
+        let lapsed = record(Status::Pending, Some(10));
+        let failed = record(Status::Failed, None);
+        for (record, took_over) in [(&lapsed, true), (&failed, false)] {
+            let answer = Answer::Refused {
+                record,
+                found: &found,
+            };
+            assert_eq!(
+                after_claim(answer, 1, 100, 100),
+                AfterClaim::Reclaim { took_over }
+            );
+        }
+        // Expired: a new operation, not a takeover.
+        let answer = Answer::Refused {
+            record: &lapsed,
+            found: &found,
+        };
+        assert_eq!(
+            after_claim(answer, 1, 2_000_000_000, 2_000_000_000),
+            AfterClaim::Reclaim { took_over: false }
+        );
+    }
+
+    #[test]
+    fn heartbeats_are_counted_from_their_send() {
+        let lease = Duration::from_secs(3);
+        let every = heartbeat_interval(lease).unwrap();
+        assert_eq!(every, Duration::from_secs(1));
+        assert_eq!(next_heartbeat_ms(10_000, every), 11_000);
+        assert_eq!(heartbeat_lease_ms(11_000, lease), 14_000);
+        assert_eq!(heartbeat_interval(Duration::from_millis(999)), None);
+        assert_eq!(
+            after_heartbeat(Some(true), 13_999, 14_000),
+            AfterHeartbeat::Extended
+        );
+        assert_eq!(
+            after_heartbeat(Some(true), 14_000, 14_000),
+            AfterHeartbeat::ExtendedLate
+        );
+        assert_eq!(after_heartbeat(Some(false), 0, 0), AfterHeartbeat::Stop);
+        assert_eq!(after_heartbeat(None, 0, 0), AfterHeartbeat::Retry);
+    }
+
+    #[test]
+    fn a_drop_releases_only_a_claim_that_no_body_used() {
+        assert_eq!(on_drop(Stage::Claiming, true), OnDrop::Release);
+        assert_eq!(on_drop(Stage::Claiming, false), OnDrop::KeepClaim);
+        assert_eq!(on_drop(Stage::Running, true), OnDrop::KeepBody);
+        assert_eq!(on_drop(Stage::Waiting, true), OnDrop::Nothing);
+        assert_eq!(on_drop(Stage::Done, true), OnDrop::Nothing);
+    }
+}

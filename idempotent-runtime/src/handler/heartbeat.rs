@@ -1,0 +1,125 @@
+//! The lease heartbeat beside a running body: every third of the lease, counted from when the previous
+//! request that set the lease was sent ([`decide::next_heartbeat_ms`]).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "the state machine's parts share its vocabulary"
+)]
+use super::*;
+
+/// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
+/// of it, so a live worker is never taken over (when the handle has heartbeats on).
+pub(super) fn with_heartbeat<F: Future>(heartbeat: Heartbeat<'_>, work: F) -> WithHeartbeat<'_, F> {
+    WithHeartbeat {
+        work,
+        beat: None,
+        heartbeat,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `work`, with the lease heartbeat beside it while it is pending ([`with_heartbeat`]). A future of its
+    /// own rather than an `async fn` around `select!`, which would hold `work` twice (the argument, and
+    /// the pinned local it is moved into) in the box every call that runs its body takes (see
+    /// `future_size`). The heartbeat is boxed when first needed, that is when `work` did not finish at its
+    /// first poll, so that its timer and request are not part of that box either.
+    pub(super) struct WithHeartbeat<'a, F> {
+        #[pin]
+        pub(super) work: F,
+        pub(super) beat: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+        pub(super) heartbeat: Heartbeat<'a>,
+    }
+}
+
+/// What the heartbeat needs: the claim on `key` held by `token`, whose lease (until `lease_until_ms`,
+/// asked for by a request sent one `lease` before) it extends.
+#[derive(Clone, Copy)]
+pub(super) struct Heartbeat<'a> {
+    pub(super) idem: &'a Idempotency,
+    pub(super) key: &'a str,
+    pub(super) token: &'a str,
+    pub(super) lease: Duration,
+    pub(super) ttl: Duration,
+    pub(super) lease_until_ms: u64,
+}
+
+impl<F: Future> Future for WithHeartbeat<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        // The work first: once it is done, the heartbeat stops (it is dropped with this future).
+        if let std::task::Poll::Ready(out) = this.work.poll(cx) {
+            return std::task::Poll::Ready(out);
+        }
+        let heartbeat = *this.heartbeat;
+        if !heartbeat.idem.heartbeat() {
+            return std::task::Poll::Pending;
+        }
+        let beat = this
+            .beat
+            .get_or_insert_with(|| Box::pin(heartbeats(heartbeat)));
+        // The heartbeat never finishes; polled here to arm its timer and send its requests.
+        let _ = beat.as_mut().poll(cx);
+        std::task::Poll::Pending
+    }
+}
+
+/// Extends the lease every third of it, counted from when the previous request that set it was sent
+/// (the claim, then each heartbeat), so that a slow answer never delays the next renewal; until the
+/// claim is found lost or completed. Never returns. A lease too short to renew is not renewed
+/// ([`decide::heartbeat_interval`]).
+pub(super) async fn heartbeats(heartbeat: Heartbeat<'_>) {
+    let Heartbeat {
+        idem,
+        key,
+        token,
+        lease,
+        ttl,
+        mut lease_until_ms,
+    } = heartbeat;
+    let Some(every) = decide::heartbeat_interval(lease) else {
+        return std::future::pending().await;
+    };
+    let clock = idem.clock();
+    let mut sent_ms = lease_until_ms.saturating_sub(millis(lease));
+    loop {
+        let due_ms = decide::next_heartbeat_ms(sent_ms, every);
+        let wait = due_ms.saturating_sub(clock.now_ms());
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        sent_ms = clock.now_ms();
+        let asked_ms = decide::heartbeat_lease_ms(sent_ms, lease);
+        let transition = Transition {
+            key,
+            token,
+            change: Change::ExtendLease {
+                lease_until_ms: asked_ms,
+                expires_at_s: expiry_s(sent_ms, lease.saturating_add(ttl)),
+            },
+        };
+        let applied =
+            match telemetry::observe("heartbeat", idem.store().transition(&transition)).await {
+                Ok(WriteOutcome::Applied) => Some(true),
+                Ok(WriteOutcome::Rejected(_)) => Some(false),
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease heartbeat failed; will retry");
+                    None
+                }
+            };
+        match decide::after_heartbeat(applied, clock.now_ms(), lease_until_ms) {
+            decide::AfterHeartbeat::Extended => lease_until_ms = asked_ms,
+            decide::AfterHeartbeat::ExtendedLate => {
+                tracing::warn!(
+                    lease_ms = millis(lease),
+                    "a lease heartbeat was answered after the lease it renewed had run out; the store is nearly too slow for this lease: a longer lease keeps a live worker from being taken over"
+                );
+                lease_until_ms = asked_ms;
+            }
+            // Lost, or already completed: the completion reports which. Stop beating.
+            decide::AfterHeartbeat::Stop => std::future::pending::<()>().await,
+            decide::AfterHeartbeat::Retry => {}
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! Running a claimed body: [`run()`] (the call's state machine from claim to outcome), the body in place
+//! or on a task of its own ([`Runner`]), a panic caught and recorded, and [`finish`], which stores the
+//! body's outcome.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "the state machine's parts share its vocabulary"
+)]
+use super::*;
+
+/// Runs `body` at most once per key while its record lives, and says how the call ended. The caller
+/// runs it inside the call's span ([`telemetry::call_span`]) and closes that with the [`Outcome`]
+/// ([`telemetry::finish`]).
+///
+/// It owns what the call needs (`parts`) and is built before anything awaits it, so that a caller's
+/// future holds it in place, with the body's future once, and no call allocates a box for it (see
+/// `future_size`).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the body's twice (see `future_size`)"
+)]
+pub(crate) fn run<I, T, E, F, D, R>(
+    parts: Parts<'_, I>,
+    describe: D,
+    body: F,
+    runner: R,
+) -> impl Future<Output = (Result<T, E>, Outcome)>
+where
+    I: std::borrow::Borrow<Idempotency>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+    R: Runner<T, E, F, D>,
+{
+    async move {
+        let idem: &Idempotency = parts.idem.borrow();
+        // Borrowed where the block keeps them, not moved out: a moved field would be held twice.
+        let plan = &Plan {
+            call: &parts.call,
+            key: &parts.key,
+            fingerprint: parts.fingerprint.as_deref(),
+            staging: parts.staging,
+            claim_writes: &parts.claim_writes,
+            compensation: &parts.compensation,
+            steps: parts.steps.as_ref(),
+        };
+        let call = plan.call;
+        let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
+        let lease = call.lease.unwrap_or_else(|| idem.default_lease());
+        // Written into a buffer in the call's own future: a token lives exactly as long as its call.
+        let mut token_buffer = uuid::Uuid::encode_buffer();
+        let token: &str = uuid::Uuid::new_v4()
+            .hyphenated()
+            .encode_lower(&mut token_buffer);
+        let attempt = Attempt {
+            idem,
+            plan,
+            token,
+            lease,
+            ttl,
+            stage: Where::new(Stage::Claiming),
+        };
+        // Dropped with this future: what a drop must do depends on `attempt.stage`.
+        let acquired = acquire(&attempt).await;
+        // A claim whose answer never came (every attempt lost, or the store failed after applying
+        // it) may have landed: released like a dropped call's, so that the key is not held for a
+        // whole lease by a call that has given up.
+        if let Err(error) = &acquired
+            && attempt.stage.get() == Stage::Claiming
+            && decide::after_claim_error(error) == decide::AfterClaimError::Release
+        {
+            attempt.abandon();
+        }
+        attempt.stage.set(Stage::Done);
+        let (lease_until_ms, took_over) = match acquired {
+            Ok(Acquired::Done(value, outcome)) => {
+                crate::execution::record(crate::Execution::Replayed);
+                return (Ok(value), outcome);
+            }
+            Ok(Acquired::Held {
+                lease_until_ms,
+                took_over,
+            }) => {
+                if let Some(steps) = plan.steps {
+                    steps.begin(idem, plan.key, token, plan.fingerprint, lease, plan.staging);
+                }
+                (lease_until_ms, took_over)
+            }
+            Err(e) => {
+                if e.is_setup() {
+                    setup_error(&e);
+                }
+                let outcome = Outcome::of(&e);
+                return (Err(e.into()), outcome);
+            }
+        };
+        tracing::debug!(namespace = call.namespace, "claimed; running the body");
+        attempt.stage.set(Stage::Running);
+        let claim = Held {
+            idem,
+            plan,
+            token,
+            ttl,
+        };
+        let finished = if R::DETACHED {
+            let work = Work {
+                body,
+                describe,
+                lease,
+                lease_until_ms,
+                took_over,
+            };
+            let task = runner.spawn(&claim, work);
+            // From here on the body's end does not depend on the caller.
+            attempt.stage.set(Stage::Done);
+            // Boxed: every call's future would carry the wait for the task otherwise.
+            Box::pin(joined(call.namespace, task)).await
+        } else {
+            // The heartbeat keeps the claim ours while the body runs and while its result is being
+            // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
+            // carry the body, the completion and the timer.
+            let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
+            let heartbeat = Heartbeat {
+                idem,
+                key: plan.key,
+                token,
+                lease,
+                ttl: writes_lifetime(idem, plan, ttl),
+                lease_until_ms,
+            };
+            Box::pin(with_heartbeat(heartbeat, work)).await
+        };
+        attempt.stage.set(Stage::Done);
+        let outcome = match finished {
+            Ok(outcome) => outcome,
+            // The record is FAILED (`panicked: ..`); the panic goes on to the caller as it was.
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
+        // (which records first) does not mask the outer one.
+        crate::execution::record(crate::Execution::Executed);
+        outcome
+    }
+}
+
+/// A panic's payload, as `catch_unwind` gives it and `resume_unwind` takes it back.
+pub(crate) type Panic = Box<dyn Any + Send + 'static>;
+
+/// How a body that holds its claim ended: its result and the call's outcome, or its panic (the record is
+/// FAILED by then; COMPLETED when the body returned `Ok` and its value's `Serialize` panicked).
+pub(crate) type Finished<T, E> = Result<(Result<T, E>, Outcome), Panic>;
+
+/// The body of a call that holds its claim, with what storing its outcome needs.
+pub(crate) struct Work<F, D> {
+    pub(super) body: F,
+    pub(super) describe: D,
+    pub(super) lease: Duration,
+    /// The claim's lease end (epoch milliseconds), and whether it took over a lapsed claim.
+    pub(super) lease_until_ms: u64,
+    pub(super) took_over: bool,
+}
+
+/// Where a call that holds its claim runs its body and the writes that store its outcome, with the
+/// heartbeat beside them: in the caller's future ([`Inline`]) or on a task of its own ([`Detach`]).
+/// Chosen at compile time (`DETACHED`), so that the inline path is the code it always was.
+pub(crate) trait Runner<T, E, F, D> {
+    /// Whether the body runs on a task of its own ([`spawn`](Self::spawn)) rather than in place.
+    const DETACHED: bool;
+
+    /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
+
+    /// The body of a call with no record (the kill switch is on, or a missing key under
+    /// [`MissingKey::Skip`](crate::MissingKey::Skip)): in place, or on a task of its own (tracked by `tasks` when the handle is
+    /// known), so that a detached call keeps its promise that a caller who gives up stops the waiting,
+    /// not the work. Lazy: nothing starts before the returned future is first polled.
+    type Alone: Future<Output = Result<T, E>>;
+
+    /// See [`Alone`](Self::Alone).
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone;
+}
+
+/// Runs the body in the caller's future: dropping the future stops the body where it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inline;
+
+impl<T, E, F, D> Runner<T, E, F, D> for Inline
+where
+    F: Future<Output = Result<T, E>>,
+{
+    const DETACHED: bool = false;
+
+    fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+        unreachable!("an inline call runs its body in place")
+    }
+
+    type Alone = F;
+
+    fn alone(self, _: &'static str, _: Option<&tokio_util::task::TaskTracker>, body: F) -> F {
+        body
+    }
+}
+
+/// Runs the body, and the storing of its outcome, on a Tokio task of its own (tracked by the handle, for
+/// [`Idempotency::drain`]): the caller's future only waits for it, so a caller that is dropped (a
+/// client hung up, a `timeout`) leaves the body running to its end and its result stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Detach;
+
+impl<T, E, F, D> Runner<T, E, F, D> for Detach
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: From<Error> + Send + 'static,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    D: FnOnce(&E) -> String + Send + 'static,
+{
+    const DETACHED: bool = true;
+
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+        use tracing::Instrument as _;
+        let owned = OwnedClaim::of(claim);
+        let task = async move {
+            let plan = owned.plan();
+            let claim = Held {
+                idem: &owned.idem,
+                plan: &plan,
+                token: &owned.token,
+                ttl: owned.ttl,
+            };
+            let lease = work.lease;
+            let finished = finish(
+                claim,
+                work.body,
+                work.describe,
+                lease,
+                work.lease_until_ms,
+                work.took_over,
+            );
+            let heartbeat = Heartbeat {
+                idem: &owned.idem,
+                key: &owned.key,
+                token: &owned.token,
+                lease,
+                ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
+                lease_until_ms: work.lease_until_ms,
+            };
+            with_heartbeat(heartbeat, finished).await
+        };
+        // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
+        claim
+            .idem
+            .tasks()
+            .spawn(task.instrument(tracing::Span::current()))
+    }
+
+    type Alone = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+    fn alone(
+        self,
+        namespace: &'static str,
+        tasks: Option<&tokio_util::task::TaskTracker>,
+        body: F,
+    ) -> Self::Alone {
+        use tracing::Instrument as _;
+        let tasks = tasks.cloned();
+        Box::pin(async move {
+            let body = body.instrument(tracing::Span::current());
+            let task = match tasks {
+                Some(tasks) => tasks.spawn(body),
+                None => tokio::spawn(body),
+            };
+            match task.await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Err(Error::ResultNotStored {
+                    namespace: namespace.to_owned(),
+                    source: "the runtime shut down before the detached body finished".into(),
+                }
+                .into()),
+            }
+        })
+    }
+}
+
+/// The end of a detached body's task, for its caller.
+pub(super) async fn joined<T, E: From<Error>>(
+    namespace: &'static str,
+    task: tokio::task::JoinHandle<Finished<T, E>>,
+) -> Finished<T, E> {
+    match task.await {
+        Ok(finished) => finished,
+        Err(e) if e.is_panic() => Err(e.into_panic()),
+        // The runtime shut down under the task: like a crash, the claim lapses with its lease.
+        Err(_) => {
+            let error = Error::ResultNotStored {
+                namespace: namespace.to_owned(),
+                source: "the runtime shut down before the detached body finished".into(),
+            };
+            let outcome = Outcome::of(&error);
+            Ok((Err(error.into()), outcome))
+        }
+    }
+}
+
+/// What a detached body's task owns of its call (a [`Held`] borrows it).
+pub(super) struct OwnedClaim {
+    pub(super) idem: Idempotency,
+    pub(super) call: Call,
+    pub(super) key: String,
+    pub(super) fingerprint: Option<String>,
+    pub(super) staging: Option<Staged>,
+    pub(super) claim_writes: Writes,
+    pub(super) compensation: Writes,
+    pub(super) steps: Option<Steps>,
+    pub(super) token: String,
+    pub(super) ttl: Duration,
+}
+
+impl OwnedClaim {
+    fn of(claim: &Held<'_>) -> Self {
+        let plan = claim.plan;
+        Self {
+            idem: claim.idem.clone(),
+            call: *plan.call,
+            key: plan.key.to_owned(),
+            fingerprint: plan.fingerprint.map(ToOwned::to_owned),
+            staging: plan.staging.cloned(),
+            claim_writes: plan.claim_writes.clone(),
+            compensation: plan.compensation.clone(),
+            steps: plan.steps.cloned(),
+            token: claim.token.to_owned(),
+            ttl: claim.ttl,
+        }
+    }
+
+    fn plan(&self) -> Plan<'_> {
+        Plan {
+            call: &self.call,
+            key: &self.key,
+            fingerprint: self.fingerprint.as_deref(),
+            staging: self.staging.as_ref(),
+            claim_writes: &self.claim_writes,
+            compensation: &self.compensation,
+            steps: self.steps.as_ref(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `future`, with a panic in its `poll` caught and returned (the future is not polled again).
+    pub(super) struct CatchUnwind<F> {
+        #[pin]
+        pub(super) future: F,
+    }
+}
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Panic>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let future = self.project().future;
+        // Unwind safety: after a panic the body's future is never polled again, only dropped; what
+        // the call does next (record FAILED, resume the panic) touches none of its state.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// The text stored for a body that panicked: `panicked: <message>` (a payload that is not a string, as
+/// `std::panic::panic_any` may give, has no message).
+pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    format!("panicked: {message}")
+}
+
+/// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
+/// boxes it, with the heartbeat beside it; `lease_until_ms` and `took_over` are the claim's.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future holds the body's twice and is 72 bytes larger (see `future_size`)"
+)]
+pub(super) fn finish<T, E, F>(
+    claim: Held<'_>,
+    body: F,
+    describe: impl FnOnce(&E) -> String,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> impl Future<Output = Finished<T, E>>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    async move {
+        let idem = claim.idem;
+        let outcome = CatchUnwind { future: body }.await;
+        // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
+        // extend it, so a whole lease from now; without them, what is left of it).
+        let window = if idem.heartbeat() {
+            lease
+        } else {
+            Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
+        };
+        let mut persist = Persist::new(window);
+        Ok(match outcome {
+            // Each boxed on its own, so that no box of a call is above the allocator's small sizes
+            // (see `future_size`).
+            Ok(Ok(value)) => {
+                let mut thrown = None;
+                let completed = Box::pin(claim.complete(value, &mut persist, &mut thrown)).await;
+                // The value's `Serialize` panicked: the success is stored as final all the same
+                // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
+                if let Some(panic) = thrown {
+                    return Err(panic);
+                }
+                match completed {
+                    Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
+                    Ok(value) => (Ok(value), Outcome::Executed),
+                    Err(e) => {
+                        let outcome = Outcome::of(&e);
+                        (Err(e.into()), outcome)
+                    }
+                }
+            }
+            Ok(Err(err)) => {
+                // A panic in the error's text (its `Display`) is a failure like a panicking body's:
+                // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
+                match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                    Ok(text) => {
+                        Box::pin(claim.fail(&text, &mut persist)).await;
+                        (Err(err), Outcome::Failed)
+                    }
+                    Err(panic) => {
+                        Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
+                        return Err(panic);
+                    }
+                }
+            }
+            // A panic is a failure: recorded as one, so that the key is free at once.
+            Err(panic) => {
+                tracing::warn!(
+                    namespace = claim.namespace(),
+                    "the body panicked; recording the failure"
+                );
+                Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
+                return Err(panic);
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+
+    /// A response of the bench's receipt's size.
+    type Receipt = (String, u64, String, String);
+
+    /// The parts of a call for `run`, with no writes.
+    fn parts(idem: &Idempotency) -> Parts<'static, &Idempotency> {
+        Parts {
+            idem,
+            call: Call::new("bench::charge"),
+            key: "k".to_owned(),
+            fingerprint: None,
+            staging: None,
+            claim_writes: Writes::new(),
+            compensation: Writes::new(),
+            steps: None,
+        }
+    }
+
+    /// A call's state machine is held in place by every caller's future (not boxed: a box per call
+    /// costs a duplicate about 1% of its CPU on the null DynamoDB), so it stays small: the parts only
+    /// a call that runs its body needs (the body's completion, the heartbeat) and only a waiting call
+    /// needs (the timer, the re-read) are boxed on their own paths, and a replay never allocates them.
+    #[test]
+    fn a_calls_state_machine_stays_under_a_kilobyte() {
+        let idem =
+            crate::Idempotency::builder_arc(std::sync::Arc::new(crate::MemoryStore::new())).build();
+        // A body holding a request of about the bench's size.
+        let request = [7_u8; 96];
+        let body = async move { Ok::<u32, Error>(u32::from(request[0])) };
+        let instrumented = tracing::Instrument::instrument(
+            run(parts(&idem), |e: &Error| e.to_string(), body, Inline),
+            tracing::Span::none(),
+        );
+        let size = std::mem::size_of_val(&instrumented);
+        assert!(
+            size <= 1024,
+            "the state machine is {size} bytes: box the new part on its own path"
+        );
+        // The body is in it once: a body 512 bytes larger makes it 512 bytes larger, not 1,024 (an
+        // `async fn` keeps its arguments beside the locals they are moved into).
+        let large = [7_u8; 96 + 512];
+        let larger = std::mem::size_of_val(&run(
+            parts(&idem),
+            |e: &Error| e.to_string(),
+            async move { Ok::<u32, Error>(u32::from(large[0])) },
+            Inline,
+        ));
+        let small = std::mem::size_of_val(&run(
+            parts(&idem),
+            |e: &Error| e.to_string(),
+            async move { Ok::<u32, Error>(u32::from(request[0])) },
+            Inline,
+        ));
+        assert!(
+            larger - small <= 512 + 16,
+            "a body 512 bytes larger made the state machine {} bytes larger",
+            larger - small
+        );
+        let call = Call::new("bench::charge");
+        let none = Writes::new();
+        let plan = Plan {
+            call: &call,
+            key: "k",
+            fingerprint: None,
+            staging: None,
+            claim_writes: &none,
+            compensation: &none,
+            steps: None,
+        };
+        let held = Held {
+            idem: &idem,
+            plan: &plan,
+            token: "t",
+            ttl: Duration::ZERO,
+        };
+        // A value of the bench's receipt's size (three strings and a number): the completion holds it.
+        let receipt = || (String::new(), 0, String::new(), String::new());
+        let mut persist = Persist::new(Duration::ZERO);
+        let mut thrown = None;
+        let complete = std::mem::size_of_val(&held.complete(receipt(), &mut persist, &mut thrown));
+        let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
+        // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
+        // the heartbeat beside them.
+        let body = async move {
+            Ok::<Receipt, Error>((
+                String::new(),
+                u64::from(request[1]),
+                String::new(),
+                String::new(),
+            ))
+        };
+        let work = finish(
+            held,
+            body,
+            |e: &Error| e.to_string(),
+            Duration::ZERO,
+            0,
+            false,
+        );
+        let heartbeat = Heartbeat {
+            idem: &idem,
+            key: "k",
+            token: "t",
+            lease: Duration::ZERO,
+            ttl: Duration::ZERO,
+            lease_until_ms: 0,
+        };
+        let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
+        for (part, size) in [
+            ("completion", complete),
+            ("failure", fail),
+            ("body with its heartbeat", heartbeat),
+        ] {
+            assert!(size <= 1024, "the boxed {part} is {size} bytes");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+// Written out, `self: &Self` is as borrowed as `&self`.
+use idempotent_runtime::{Error, Idempotency, idempotent};
+
+struct Payments {
+    idem: Idempotency,
+    fee: u64,
+}
+
+impl Payments {
+    #[idempotent(key = order_id, store = self.idem, detach)]
+    async fn charge(self: &Self, order_id: u64) -> Result<u64, Error> {
+        Ok(order_id + self.fee)
+    }
+}
+
+fn main() {}
