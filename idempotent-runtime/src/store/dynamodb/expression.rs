@@ -670,7 +670,7 @@ mod tests {
                     assert_complete(&cleared);
                     assert!(cleared.update.ends_with(", #sp"), "{cleared:?}");
                     assert!(
-                        cleared.condition.ends_with("AND (#ex < :now_s)"),
+                        cleared.condition.contains("AND (#ex < :now_s) AND"),
                         "{cleared:?}"
                     );
                 }
