@@ -135,19 +135,32 @@ fn utf8_prefix(bytes: &[u8]) -> String {
 pub enum Released {
     /// The PENDING record is now FAILED: the next call claims it at once.
     Released,
+    /// The PENDING record of an operation run with steps stays PENDING, with its steps, and its lease
+    /// has lapsed: the next call takes it over at once and resumes after the finished steps. (A FAILED
+    /// record would be read as a failure of the body, after which an operation with the restart policy
+    /// starts over and runs its finished steps again.)
+    Lapsed,
     /// The record changed since it was read (completed, failed, or claimed again); nothing was written.
     Changed(Option<Record>),
     /// The record is not PENDING: there is no claim to release; nothing was written.
     NotPending(Status),
 }
 
-/// Moves the PENDING `record` to FAILED, fenced by the token it holds, so the key may be claimed at once.
-/// If its worker is in fact still running, that worker's result will not be stored
-/// ([`LeaseLost`](crate::Error::LeaseLost)) and the next call runs the body again.
+/// Releases the PENDING `record`'s claim, fenced by the token it holds, so the key may be claimed at
+/// once. If its worker is in fact still running, its result will not be stored
+/// ([`LeaseLost`](crate::Error::LeaseLost)) once another call took the key, and that call runs the body
+/// again.
 ///
-/// The FAILED record expires in an hour, or, when its claim-time writes are in effect
-/// ([`Record::claim_writes_in_effect`]), at the claim's own expiry if that is later: the writes stay in
-/// effect, and a retry must still find the record that says so.
+/// A record without steps is moved to FAILED ([`Released::Released`]). It expires in an hour, or, when
+/// its claim-time writes are in effect ([`Record::claim_writes_in_effect`]), at the claim's own expiry
+/// if that is later: the writes stay in effect, and a retry must still find the record that says so.
+///
+/// A record with steps ([`Operation::run_steps`](crate::Operation::run_steps)) is not failed: a release
+/// is no failure of the body, and an operation with the restart policy would start over after one and
+/// run its finished steps again. Its lease is made to lapse instead ([`Released::Lapsed`]): it stays
+/// PENDING with its steps and its expiry, and the next call takes it over and resumes after the
+/// finished steps, whatever its policy. A worker that is still running keeps its claim if its next
+/// heartbeat comes before another call: it extends the lease again.
 ///
 /// # Errors
 /// The store's error when the write fails.
@@ -161,25 +174,36 @@ pub async fn release(
     }
     // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
     // from the claim): the FAILED record must remember the writes as long as the claim would have, or
-    // a retry after it expired would apply them again. So does one with finished steps: a retry after
-    // it expired would be a new operation, and run them again.
+    // a retry after it expired would apply them again.
     let released_for = now_ms.div_ceil(1000) + 3600;
-    let expires_at_s = if record.claim_writes_in_effect || record.steps.is_some() {
-        released_for.max(record.expires_at_s)
+    let (change, released) = if record.steps.is_some() {
+        // The steps live as long as the operation would: a retry after they expired would be a new
+        // operation, and run them again.
+        let lapse = Change::ExtendLease {
+            lease_until_ms: 0,
+            expires_at_s: released_for.max(record.expires_at_s),
+        };
+        (lapse, Released::Lapsed)
     } else {
-        released_for
+        let expires_at_s = if record.claim_writes_in_effect {
+            released_for.max(record.expires_at_s)
+        } else {
+            released_for
+        };
+        let fail = Change::Fail {
+            error: "released by an operator (`idempotent key release`)",
+            expires_at_s,
+            release_claim_writes: false,
+        };
+        (fail, Released::Released)
     };
     let transition = Transition {
         key: &record.key,
         token: &record.token,
-        change: Change::Fail {
-            error: "released by an operator (`idempotent key release`)",
-            expires_at_s,
-            release_claim_writes: false,
-        },
+        change,
     };
     Ok(match store.transition(&transition).await? {
-        WriteOutcome::Applied => Released::Released,
+        WriteOutcome::Applied => released,
         WriteOutcome::Rejected(now) => Released::Changed(now),
     })
 }

@@ -349,9 +349,10 @@ pub enum Error {
     },
 
     /// A step's value, with the values of the steps before it, would not fit in the record (DynamoDB's
-    /// 400 KB item, compressed as responses are). The step ran; nothing was written, and the body stops
-    /// there (its record moves to FAILED, and a retry runs this step again). Return a smaller value
-    /// from the step (an id rather than the whole object).
+    /// 400 KB item, compressed as responses are). The step ran, so it is recorded as finished without
+    /// a value, and the body stops there; later calls of the operation get [`Error::StepNotStored`]
+    /// at this step, which never runs again. Return a smaller value from the step (an id rather than
+    /// the whole object).
     #[error(
         "`{namespace}`: the value of step `{step}` does not fit in the record ({bytes} bytes with the steps before it, at most {budget}); return a smaller value from the step"
     )]
@@ -367,9 +368,13 @@ pub enum Error {
     },
 
     /// A step's stored value no longer deserializes into the step's type (the type changed in a
-    /// deploy while a call was half-way?). The step is not run again; the body stops there.
+    /// deploy while a call was half-way?). The step is not run again; the body stops there, and so
+    /// does every call of the operation until the code reads the stored value. Renaming the step would
+    /// run its effect again for every operation in flight: instead, give the step a type that accepts
+    /// both forms (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum of the old and the
+    /// new shape) and convert the old one in the body.
     #[error(
-        "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); if the type changed, give the step a new name"
+        "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); the step is not run again: if its type changed, read it as a type that accepts both the old and the new form (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum) rather than renaming the step, which would run it again for operations in flight"
     )]
     StepValue {
         /// The key's namespace.
@@ -379,6 +384,56 @@ pub enum Error {
         /// `serde_json`'s error.
         #[source]
         source: serde_json::Error,
+    },
+
+    /// A step finished in an earlier call of the operation (its closure returned `Ok`: its effect
+    /// happened), but its value could not be stored: it did not serialize (a `NaN`, a `Serialize` that
+    /// failed or panicked) or did not fit in the record ([`Error::StepTooLarge`] for that call). The
+    /// step is recorded as finished without a value and is never run again while the record lives, so
+    /// the body cannot go past it: every call of the operation stops there with this error. Settle the
+    /// key by hand (the runbook's "A step that cannot be resumed"), and make the step return a value
+    /// that stores (an id rather than the whole object).
+    #[error(
+        "`{namespace}`: step `{step}` finished in an earlier call but its value could not be stored ({detail}); it is not run again, so the operation cannot resume past it: settle the key by hand (see the runbook) and make the step return a smaller, serializable value"
+    )]
+    StepNotStored {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+        /// Why the value could not be stored, as recorded.
+        detail: String,
+    },
+
+    /// A step run with [`Steps::run_at_most_once`](crate::Steps::run_at_most_once) started in an
+    /// earlier call of the operation and did not finish (a crash, a lapsed lease taken over, a dropped
+    /// call, a panic): its effect may or may not have happened, and it is never run again while the
+    /// record lives. Every call of the operation stops there with this error until an operator settles
+    /// the key (the runbook's "A step that cannot be resumed"): find out whether the effect happened,
+    /// finish it by hand if needed, then complete or delete the record.
+    #[error(
+        "`{namespace}`: step `{step}` runs at most once and was interrupted in an earlier call before it finished; it is not run again: find out whether its effect happened and settle the key by hand (see the runbook)"
+    )]
+    StepInterrupted {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
+    },
+
+    /// With [`run_steps_transact`](crate::Operation::run_steps_transact), a step that staged business
+    /// writes finished in an earlier call that did not complete: the step is replayed, not run, so
+    /// its writes cannot be staged again, and the operation is refused rather than completed without
+    /// them. Stage business writes in the body, outside steps; settle this key by hand (the runbook's
+    /// "A step that cannot be resumed").
+    #[error(
+        "`{namespace}`: step `{step}` staged business writes in an earlier call that did not complete; a replayed step cannot stage them again, so the operation is not completed without them: stage writes in the body, outside steps, and settle the key by hand (see the runbook)"
+    )]
+    StepStagedWrites {
+        /// The key's namespace.
+        namespace: String,
+        /// The step's name.
+        step: String,
     },
 
     /// No `store = ..` was given and no default `Idempotency` was installed.
@@ -510,6 +565,9 @@ impl Error {
             | Error::StepRepeated { namespace, .. }
             | Error::StepTooLarge { namespace, .. }
             | Error::StepValue { namespace, .. }
+            | Error::StepNotStored { namespace, .. }
+            | Error::StepInterrupted { namespace, .. }
+            | Error::StepStagedWrites { namespace, .. }
             | Error::NotInstalled { namespace } => namespace,
         }
     }

@@ -149,7 +149,7 @@ pub use operation::MissingKey;
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, Record, Status};
 pub use size::MAX_ITEM_BYTES;
-pub use steps::Steps;
+pub use steps::{Steps, StepsReport};
 pub use store::memory::MemoryStore;
 pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};

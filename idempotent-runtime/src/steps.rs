@@ -8,9 +8,17 @@
 //! values, the operation's *origin* (the token of the claim that started it), from which
 //! [`Steps::key`] derives the keys a body passes to downstream APIs: the same in every run of the
 //! operation, new once its record expired and the key is a new operation.
+//!
+//! Beside the values, the record marks the steps that must never run again although they have no
+//! value to replay: a step that finished but whose value could not be stored ([`Error::StepNotStored`]
+//! on a resume), and an at-most-once step ([`Steps::run_at_most_once`]) that started and did not
+//! finish ([`Error::StepInterrupted`]). An operation holding such a mark is *pinned*: it resumes,
+//! and never starts over, not even with the restart policy.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -19,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::store::StepsClaim;
+use crate::store::writes::Staged;
 use crate::{Error, Idempotency, Record, codec};
 
 /// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
@@ -77,8 +86,15 @@ struct Shared {
     state: Mutex<State>,
     /// Step writes go one at a time, each with every step finished before it.
     writing: tokio::sync::Mutex<()>,
-    /// A claim that resumes stored steps is (or was) on its way.
-    resuming: std::sync::atomic::AtomicBool,
+    /// The claim last built for this call resumes stored steps (it may be on its way).
+    resuming: AtomicBool,
+    /// The record last found claimable is a failure this call restarts after: its next claim that
+    /// starts afresh may take a FAILED record (and only then, so that a blind first claim never
+    /// restarts a pinned operation).
+    restarting: AtomicBool,
+    /// The record last found claimable is a failure this call resumes although the operation restarts
+    /// after failures: a pinned operation, or a panic ([`resumes`](Steps::resumes)).
+    resuming_failure: AtomicBool,
 }
 
 #[derive(Default)]
@@ -99,6 +115,26 @@ struct State {
 /// [`MAX_ERROR_BYTES`](crate::handler::MAX_ERROR_BYTES), and its attribute's name).
 const FAILURE_ROOM: usize = crate::handler::MAX_ERROR_BYTES + 64;
 
+/// Whether `record` is FAILED by a panic (the error text the handler stores for one).
+fn panicked(record: &Record) -> bool {
+    record
+        .error
+        .as_deref()
+        .is_some_and(|error| error.starts_with("panicked: "))
+}
+
+/// The most bytes of why a step's value could not be stored, as recorded.
+const MAX_DETAIL_BYTES: usize = 512;
+
+/// `text`, cut on a character boundary to at most `max` bytes.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let cut = text.floor_char_boundary(max.saturating_sub(3));
+    format!("{}...", &text[..cut])
+}
+
 /// What storing a step needs of the call holding the key.
 struct Call {
     idem: Idempotency,
@@ -108,6 +144,8 @@ struct Call {
     lease: Duration,
     /// The stored steps as this call knows them (decoded), or why they do not decode.
     stored: Result<Stored, String>,
+    /// The writes the body stages ([`run_steps_transact`](crate::Operation::run_steps_transact)).
+    staging: Option<Staged>,
 }
 
 /// The stored form of an operation's steps (JSON, compressed as responses are).
@@ -119,9 +157,33 @@ pub(crate) struct Stored {
     /// `serde_json::Value`, which would turn a 128-bit integer into a float).
     #[serde(default)]
     pub(crate) steps: BTreeMap<String, Box<serde_json::value::RawValue>>,
+    /// The steps that finished (their closure returned `Ok`) but whose value could not be stored, by
+    /// name, with why: never run again ([`Error::StepNotStored`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) unstored: BTreeMap<String, String>,
+    /// The at-most-once steps that started and have not finished: never run again
+    /// ([`Error::StepInterrupted`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) started: BTreeSet<String>,
+    /// The steps that staged business writes when they ran: a replay cannot stage them again
+    /// ([`Error::StepStagedWrites`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) staged: BTreeSet<String>,
 }
 
 impl Stored {
+    /// Whether the operation holds a step that must never run again and has no value to replay: it
+    /// resumes, and never starts over (not even with the restart policy).
+    pub(crate) fn pins(&self) -> bool {
+        !self.unstored.is_empty() || !self.started.is_empty()
+    }
+
+    /// Whether the encoded steps `bytes` pin their operation ([`pins`](Self::pins)); steps that do
+    /// not decode do too, so that nothing is run again on a record this version cannot read.
+    pub(crate) fn pinned(bytes: &[u8]) -> bool {
+        Self::decode(bytes).map_or(true, |stored| stored.pins())
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         // A map of JSON values with string keys always serializes.
         codec::pack(serde_json::to_vec(self).expect("steps serialize"))
@@ -145,7 +207,9 @@ impl Steps {
                 initial: OnceLock::new(),
                 state: Mutex::new(State::default()),
                 writing: tokio::sync::Mutex::new(()),
-                resuming: std::sync::atomic::AtomicBool::new(false),
+                resuming: AtomicBool::new(false),
+                restarting: AtomicBool::new(false),
+                resuming_failure: AtomicBool::new(false),
             }),
         }
     }
@@ -158,9 +222,16 @@ impl Steps {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the operation starts over after a failure.
+    /// Whether the operation starts over after a failure: with the restart policy, unless it is
+    /// pinned (a step that must never run again has no value to replay, [`Stored::pins`]) as far as
+    /// this call knows.
     pub(crate) fn restart_failed(&self) -> bool {
         self.shared.restart_failed
+            && !self
+                .state()
+                .call
+                .as_ref()
+                .is_some_and(|call| call.stored.as_ref().map_or(true, Stored::pins))
     }
 
     /// The steps a claim that starts the operation afresh stores: none finished, `token` as origin.
@@ -169,7 +240,7 @@ impl Steps {
         self.shared.initial.get_or_init(|| {
             Stored {
                 origin: token.to_owned(),
-                steps: BTreeMap::new(),
+                ..Stored::default()
             }
             .encode()
         })
@@ -177,46 +248,68 @@ impl Steps {
 
     /// What a claim attempt of the call holding `token` does with the record's steps: resumes `seen`
     /// (the steps of a record that refused an earlier attempt and that it [`resumes`](Self::resumes)),
-    /// or starts the operation afresh.
+    /// or starts the operation afresh. Remembers which, for [`releasable`](Self::releasable): the
+    /// claim last built is the one that may be on its way.
+    ///
+    /// A fresh claim takes a FAILED record with steps only once this call found it to be a failure the
+    /// operation restarts after ([`resumes`](Self::resumes)); a blind first claim never does, so that
+    /// it never restarts a pinned operation. A resume of pinned steps is made whatever the record's
+    /// status: such an operation never starts over.
     pub(crate) fn claim<'a>(&'a self, token: &str, seen: Option<&'a [u8]>) -> StepsClaim<'a> {
-        let restart_failed = self.restart_failed();
+        self.shared
+            .resuming
+            .store(seen.is_some(), Ordering::Relaxed);
         match seen {
             Some(steps) => StepsClaim::Resume {
                 steps,
-                restart_failed,
+                restart_failed: self.shared.restart_failed
+                    && !Stored::pinned(steps)
+                    && !self.shared.resuming_failure.load(Ordering::Relaxed),
             },
             None => StepsClaim::Fresh {
                 initial: self.initial(token),
-                restart_failed,
+                restart_failed: self.shared.restart_failed
+                    && self.shared.restarting.load(Ordering::Relaxed),
             },
         }
     }
 
     /// Whether a claim that found `record` claimable should resume its steps rather than start afresh:
     /// it holds steps that live on (it is not expired, and not a failure the operation restarts after).
+    ///
+    /// With the restart policy, a FAILED record is restarted after, unless its steps pin the operation
+    /// ([`Stored::pins`]) or the failure is a panic (`panicked: ..`, as the handler records one): a
+    /// panic is a bug, not a failure the body undid what its steps did, so the operation resumes (and
+    /// the bug, once fixed, goes on from the first unfinished step).
     pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
-        record.steps.is_some()
-            && !record.is_expired(now_ms)
-            && !(self.shared.restart_failed && record.status == crate::Status::Failed)
+        let Some(steps) = record.steps.as_deref() else {
+            self.shared.restarting.store(false, Ordering::Relaxed);
+            self.shared.resuming_failure.store(false, Ordering::Relaxed);
+            return false;
+        };
+        let live = !record.is_expired(now_ms);
+        let failure = live && self.shared.restart_failed && record.status == crate::Status::Failed;
+        let resumed = failure && (Stored::pinned(steps) || panicked(record));
+        let restarts = failure && !resumed;
+        self.shared.restarting.store(restarts, Ordering::Relaxed);
+        self.shared
+            .resuming_failure
+            .store(resumed, Ordering::Relaxed);
+        live && !restarts
     }
 
-    /// A claim that resumes stored steps is being sent.
+    /// A claim that resumes stored steps is being sent (as [`claim`](Self::claim) with steps seen
+    /// records too).
     pub(crate) fn resuming(&self) {
-        self.shared
-            .resuming
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.shared.resuming.store(true, Ordering::Relaxed);
     }
 
     /// Whether a dropped call may release its claim (a fenced FAILED write): not when the operation
-    /// restarts after a failure and the claim may have resumed stored steps, whose effects a
+    /// restarts after a failure and the claim on its way resumes stored steps, whose effects a
     /// release is no failure of (the next call would start over and run them again). Such a claim
-    /// lapses with its lease instead.
+    /// lapses with its lease instead. A claim that starts afresh (the call's last) is released.
     pub(crate) fn releasable(&self) -> bool {
-        !(self.shared.restart_failed
-            && self
-                .shared
-                .resuming
-                .load(std::sync::atomic::Ordering::Relaxed))
+        !(self.shared.restart_failed && self.shared.resuming.load(Ordering::Relaxed))
     }
 
     /// The call's claim landed, leaving the record's steps as `stored` (`None`: it started afresh).
@@ -232,6 +325,7 @@ impl Steps {
         token: &str,
         fingerprint: Option<&str>,
         lease: Duration,
+        staging: Option<&Staged>,
     ) {
         let claimed = self.state().claimed.take();
         let stored = Stored::decode(claimed.as_deref().unwrap_or_else(|| self.initial(token)));
@@ -250,6 +344,7 @@ impl Steps {
             fingerprint: fingerprint.map(ToOwned::to_owned),
             lease,
             stored,
+            staging: staging.cloned(),
         });
     }
 
@@ -258,12 +353,25 @@ impl Steps {
     /// returns `Ok`, stores its value in the record before returning it. A step's `Err` is not stored:
     /// it is returned as it is, and the body ends with it as usual.
     ///
+    /// A crash (or a lapsed lease, a dropped call, a panic) while `step` runs leaves it unfinished:
+    /// the next call runs it again, which is safe when it passes [`key`](Self::key) to a downstream
+    /// API that honours idempotency keys. A step that must never run twice (an email, a legacy
+    /// payment API without keys) is for [`run_at_most_once`](Self::run_at_most_once).
+    ///
     /// With [`run_steps_transact`](crate::Operation::run_steps_transact), stage business writes in the
-    /// body, not inside a step: a replayed step does not run, so what it would stage is not staged again.
+    /// body, not inside a step: a replayed step does not run, so what it staged cannot be staged again.
+    /// Such a step is recorded as having staged writes, and a call that would replay it (after a call
+    /// that did not complete) stops there with [`Error::StepStagedWrites`] rather than completing the
+    /// operation without them. (Writes staged by the body's other futures while the step runs count as
+    /// the step's.)
     ///
     /// The value must serialize to JSON and deserialize back (as a call's response must); it counts
     /// toward the record's 400 KB with the values of the steps before it (compressed above
     /// [`COMPRESS_ABOVE`](crate::COMPRESS_ABOVE) bytes), so keep it small: an id, not a whole object.
+    /// A value that cannot be stored (it does not serialize, its `Serialize` panics, or it does not
+    /// fit) does not undo the step's effect: the step is recorded as finished without a value, this
+    /// call gets why (or the panic), and every later call of the operation gets
+    /// [`Error::StepNotStored`] at this step, which never runs again.
     ///
     /// Costs one conditional `UpdateItem` per step that runs (none for a replayed one), fenced by the
     /// call's claim: a call that lost its claim (a lease that lapsed, and another call took over)
@@ -274,6 +382,8 @@ impl Steps {
     /// # Errors
     /// `step`'s own error; or, converted into `E`: [`Error::StepRepeated`] for a name this call asked
     /// for before, [`Error::StepValue`] for a stored value that does not deserialize into `T`,
+    /// [`Error::StepNotStored`] for a step that finished before without a stored value,
+    /// [`Error::StepInterrupted`] for an at-most-once step of the same name that was interrupted,
     /// [`Error::Serialize`] for a value that does not serialize, [`Error::StepTooLarge`] for one that
     /// does not fit, [`Error::LeaseLost`], and the store's errors when the value could not be stored
     /// ([`Error::ResultNotStored`] once transient faults outlasted the lease).
@@ -284,62 +394,252 @@ impl Steps {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        if let Some(prior) = self.prior::<T, E>(name)? {
+            return prior;
+        }
+        let before = self.staged_writes();
+        let value = step().await?;
+        self.save(name, &value, self.staged_writes() > before)
+            .await?;
+        Ok(value)
+    }
+
+    /// How many business writes the body has staged so far (none without a transaction).
+    fn staged_writes(&self) -> usize {
+        self.state()
+            .call
+            .as_ref()
+            .and_then(|call| call.staging.as_ref())
+            .map_or(0, |staging| staging.lock().len())
+    }
+
+    /// Runs the step `name` at most once for the operation, even across crashes: as
+    /// [`run`](Self::run), except that before `step` runs, one more fenced write records that it
+    /// started. If the call ends before the step finished (a crash, a lapsed lease that another call
+    /// took over, a dropped call, a panic in `step`), the step is never run again while the record
+    /// lives: every later call of the operation stops at it with [`Error::StepInterrupted`], the
+    /// record's steps say so, and an operator settles the key (see the runbook's "A step that cannot be
+    /// resumed"). This is what a downstream without idempotency keys needs (an SMTP server, a legacy
+    /// payment API): a person decides, rather than a retry sending it twice.
+    ///
+    /// A step that returns `Err` has finished (it says its effect did not happen): the mark is removed
+    /// (one more write), and the next call of the operation runs it again. A value that cannot be
+    /// stored is handled as with [`run`](Self::run).
+    ///
+    /// Costs two conditional `UpdateItem`s per step that runs (the start, then the value), one more
+    /// than [`run`](Self::run); none for a replayed one. With the restart policy
+    /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)), an
+    /// operation holding an interrupted step does not start over after a failure: it stays where it is.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); and [`Error::StepInterrupted`] when an earlier call started this step and
+    /// did not finish it. When the start cannot be recorded ([`Error::LeaseLost`], the store's
+    /// errors), `step` does not run.
+    ///
+    /// ```
+    /// use idempotent_runtime::{Error, Idempotency, Steps};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Error> {
+    /// let idem = Idempotency::in_memory();
+    /// let sent = idem
+    ///     .operation("shop::confirm", "order-7")
+    ///     .run_steps(|steps: Steps| async move {
+    ///         // An SMTP server has no idempotency keys: never send twice, even after a crash.
+    ///         steps
+    ///             .run_at_most_once("email", || async { Ok::<_, Error>("queued 250 OK".to_owned()) })
+    ///             .await
+    ///     })
+    ///     .await?;
+    /// assert_eq!(sent, "queued 250 OK");
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_at_most_once<T, E, F, Fut>(&self, name: &str, step: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        if let Some(prior) = self.prior::<T, E>(name)? {
+            return prior;
+        }
+        self.write(name, |stored| {
+            stored.started.insert(name.to_owned());
+        })
+        .await?;
+        let before = self.staged_writes();
+        match step().await {
+            Ok(value) => {
+                self.save(name, &value, self.staged_writes() > before)
+                    .await?;
+                Ok(value)
+            }
+            Err(e) => {
+                // The step says its effect did not happen: it may run again. Should the mark stay
+                // (the write failed), the next call stops at the step instead: the safe side.
+                if let Err(error) = self
+                    .write(name, |stored| {
+                        stored.started.remove(name);
+                    })
+                    .await
+                {
+                    tracing::warn!(
+                        namespace = self.shared.namespace,
+                        step = name,
+                        %error,
+                        "an at-most-once step failed, and its start could not be cleared; the next call stops at it"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// What an earlier call of the operation left of the step `name`, for a body asking for it: its
+    /// value (replayed), or why it must not run again; `None` when it is to run. An error for a name
+    /// this call asked for before, or steps that do not decode.
+    fn prior<T, E>(&self, name: &str) -> Result<Option<Result<T, E>>, E>
+    where
+        T: DeserializeOwned,
+        E: From<Error>,
+    {
         let namespace = self.shared.namespace;
-        let stored = {
-            let mut state = self.state();
-            if !state.used.insert(name.to_owned()) {
-                return Err(Error::StepRepeated {
+        let mut state = self.state();
+        if !state.used.insert(name.to_owned()) {
+            return Err(Error::StepRepeated {
+                namespace: namespace.to_owned(),
+                step: name.to_owned(),
+            }
+            .into());
+        }
+        let stored = match state.call.as_ref().map(|call| &call.stored) {
+            None => return Ok(None),
+            Some(Ok(stored)) => stored,
+            Some(Err(detail)) => {
+                return Err(Error::CorruptRecord {
                     namespace: namespace.to_owned(),
-                    step: name.to_owned(),
+                    detail: format!("its stored steps do not decode: {detail}"),
                 }
                 .into());
             }
-            match state.call.as_ref().map(|call| &call.stored) {
-                None => None,
-                Some(Ok(stored)) => stored.steps.get(name).cloned(),
-                Some(Err(detail)) => {
-                    return Err(Error::CorruptRecord {
-                        namespace: namespace.to_owned(),
-                        detail: format!("its stored steps do not decode: {detail}"),
-                    }
-                    .into());
-                }
-            }
         };
-        if let Some(value) = stored {
+        if stored.staged.contains(name) {
+            tracing::warn!(
+                namespace,
+                step = name,
+                "step staged business writes in a call that did not complete; refusing to replay it without them"
+            );
+            return Ok(Some(Err(Error::StepStagedWrites {
+                namespace: namespace.to_owned(),
+                step: name.to_owned(),
+            }
+            .into())));
+        }
+        if let Some(value) = stored.steps.get(name) {
             tracing::debug!(
                 namespace,
                 step = name,
                 "step finished before; replaying its value"
             );
             crate::telemetry::step(namespace, "replayed");
-            return serde_json::from_str::<T>(value.get()).map_err(|source| {
-                Error::StepValue {
-                    namespace: namespace.to_owned(),
-                    step: name.to_owned(),
-                    source,
-                }
-                .into()
-            });
+            return Ok(Some(serde_json::from_str::<T>(value.get()).map_err(
+                |source| {
+                    Error::StepValue {
+                        namespace: namespace.to_owned(),
+                        step: name.to_owned(),
+                        source,
+                    }
+                    .into()
+                },
+            )));
         }
-        let value = step().await?;
-        self.save(name, &value).await?;
-        Ok(value)
+        if let Some(detail) = stored.unstored.get(name) {
+            tracing::warn!(
+                namespace,
+                step = name,
+                "step finished before without a stored value; it is not run again"
+            );
+            return Ok(Some(Err(Error::StepNotStored {
+                namespace: namespace.to_owned(),
+                step: name.to_owned(),
+                detail: detail.clone(),
+            }
+            .into())));
+        }
+        if stored.started.contains(name) {
+            tracing::warn!(
+                namespace,
+                step = name,
+                "at-most-once step was interrupted before; it is not run again"
+            );
+            return Ok(Some(Err(Error::StepInterrupted {
+                namespace: namespace.to_owned(),
+                step: name.to_owned(),
+            }
+            .into())));
+        }
+        Ok(None)
     }
 
-    /// Stores `value` as the step `name`'s, with every step finished before it.
+    /// Stores `value` as the step `name`'s, with every step finished before it. A value that cannot
+    /// be stored is recorded as such ([`Stored::unstored`]), and its error returned (or its panic
+    /// resumed).
     async fn save<T: Serialize + DeserializeOwned>(
         &self,
         name: &str,
         value: &T,
+        staged: bool,
     ) -> Result<(), Error> {
-        let namespace = self.shared.namespace;
         if self.state().call.is_none() {
             // No record: nothing to store, and the value goes back as it is.
             return Ok(());
         }
+        // Unwind safety: after a panic only the value's reference was touched, and the value is
+        // handed back (or dropped) untouched by this call.
+        let encoded = match std::panic::catch_unwind(AssertUnwindSafe(|| self.encode(value))) {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => {
+                let detail = error.to_string();
+                self.unstorable(name, &detail).await;
+                return Err(error);
+            }
+            Err(panic) => {
+                self.unstorable(name, &crate::handler::panicked(&*panic))
+                    .await;
+                std::panic::resume_unwind(panic);
+            }
+        };
+        let saved = self
+            .write(name, |stored| {
+                stored.started.remove(name);
+                if staged {
+                    stored.staged.insert(name.to_owned());
+                }
+                stored.steps.insert(name.to_owned(), encoded);
+            })
+            .await;
+        match saved {
+            Err(error @ Error::StepTooLarge { .. }) => {
+                self.unstorable(name, &error.to_string()).await;
+                Err(error)
+            }
+            Err(error) => Err(error),
+            Ok(()) => {
+                crate::telemetry::step(self.shared.namespace, "stored");
+                Ok(())
+            }
+        }
+    }
+
+    /// `value` as a step's stored JSON; an error for a value that does not serialize, or whose JSON
+    /// would not read back as it (a non-finite float).
+    fn encode<T: Serialize + DeserializeOwned>(
+        &self,
+        value: &T,
+    ) -> Result<Box<serde_json::value::RawValue>, Error> {
         let serialize_error = |source| Error::Serialize {
-            namespace: namespace.to_owned(),
+            namespace: self.shared.namespace.to_owned(),
             what: "step",
             source,
         };
@@ -356,11 +656,48 @@ impl Steps {
                 )),
             ));
         }
-        let value = serde_json::value::RawValue::from_string(
+        serde_json::value::RawValue::from_string(
             String::from_utf8(json).expect("serde_json writes UTF-8"),
         )
-        .map_err(serialize_error)?;
-        // One write at a time, so that each carries every step finished before it.
+        .map_err(serialize_error)
+    }
+
+    /// Records that the step `name` finished (its effect happened) but its value cannot be stored
+    /// (`detail` says why): it is never run again. A record that cannot take even the mark, or a
+    /// write that fails, is logged: the caller's error goes back all the same.
+    async fn unstorable(&self, name: &str, detail: &str) {
+        let namespace = self.shared.namespace;
+        let detail = truncate(detail, MAX_DETAIL_BYTES);
+        let marked = self
+            .write(name, |stored| {
+                stored.started.remove(name);
+                stored.unstored.insert(name.to_owned(), detail);
+            })
+            .await;
+        match marked {
+            Ok(()) => {
+                tracing::warn!(
+                    namespace,
+                    step = name,
+                    "step finished but its value cannot be stored; recorded as finished without a value"
+                );
+                crate::telemetry::step(namespace, "not_stored");
+            }
+            Err(error) => tracing::warn!(
+                namespace,
+                step = name,
+                %error,
+                "step finished but neither its value nor the fact could be stored"
+            ),
+        }
+    }
+
+    /// Applies `change` to the stored steps and writes them all, fenced by the call's claim; one
+    /// write at a time, so that each carries every change before it. Nothing without a record.
+    /// [`Error::StepTooLarge`] (for the step `name`), with nothing written or changed, when the
+    /// steps would not fit.
+    async fn write(&self, name: &str, change: impl FnOnce(&mut Stored)) -> Result<(), Error> {
+        let namespace = self.shared.namespace;
         let _writing = self.shared.writing.lock().await;
         let (idem, key, token, lease, bytes) = {
             let mut state = self.state();
@@ -371,8 +708,9 @@ impl Steps {
             let Ok(stored) = call.stored.as_mut() else {
                 unreachable!("a step runs only when the stored steps decoded");
             };
-            stored.steps.insert(name.to_owned(), value);
-            let bytes = stored.encode();
+            let mut next = stored.clone();
+            change(&mut next);
+            let bytes = next.encode();
             // The record must still take a failure's error text beside the steps (a FAILED record
             // keeps them), or the failure could not be written.
             let budget = call
@@ -381,7 +719,6 @@ impl Steps {
                 .response_budget(&call.key, call.fingerprint.as_deref())
                 .saturating_sub(FAILURE_ROOM);
             if bytes.len() > budget {
-                stored.steps.remove(name);
                 return Err(Error::StepTooLarge {
                     namespace: namespace.to_owned(),
                     step: name.to_owned(),
@@ -389,6 +726,7 @@ impl Steps {
                     budget,
                 });
             }
+            *stored = next;
             (
                 call.idem.clone(),
                 call.key.clone(),
@@ -397,9 +735,7 @@ impl Steps {
                 bytes,
             )
         };
-        crate::handler::save_steps(&idem, namespace, &key, &token, &bytes, lease).await?;
-        crate::telemetry::step(namespace, "stored");
-        Ok(())
+        crate::handler::save_steps(&idem, namespace, &key, &token, &bytes, lease).await
     }
 
     /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for
@@ -436,5 +772,45 @@ impl Steps {
             hash.update(part);
         }
         hex::encode(hash.finalize())
+    }
+}
+
+/// What a record's steps say ([`Record::steps_report`]): for an operator deciding what to do with a
+/// key whose operation cannot resume ([`Error::StepNotStored`], [`Error::StepInterrupted`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StepsReport {
+    /// The steps that finished with their value stored (replayed by the next call).
+    pub finished: Vec<String>,
+    /// The steps that finished but whose value could not be stored, with why: never run again.
+    pub not_stored: Vec<(String, String)>,
+    /// The at-most-once steps ([`Steps::run_at_most_once`]) that started and did not finish: their
+    /// effect may or may not have happened, and they are never run again.
+    pub interrupted: Vec<String>,
+}
+
+impl StepsReport {
+    /// Whether the operation cannot go past one of its steps without an operator: a step was
+    /// interrupted, or its value could not be stored.
+    #[must_use]
+    pub fn needs_operator(&self) -> bool {
+        !self.not_stored.is_empty() || !self.interrupted.is_empty()
+    }
+}
+
+impl Record {
+    /// What the record's steps say (an operation run with [`Steps`], while PENDING or FAILED): `None`
+    /// without steps.
+    ///
+    /// # Errors
+    /// Why the stored steps do not decode.
+    #[must_use]
+    pub fn steps_report(&self) -> Option<Result<StepsReport, String>> {
+        let bytes = self.steps.as_deref()?;
+        Some(Stored::decode(bytes).map(|stored| StepsReport {
+            finished: stored.steps.into_keys().collect(),
+            not_stored: stored.unstored.into_iter().collect(),
+            interrupted: stored.started.into_iter().collect(),
+        }))
     }
 }

@@ -1,7 +1,7 @@
 //! Steps (`Operation::run_steps`) under attack: regression tests for the behaviours that broke the
-//! feature's promise, each of which failed before its fix. Two known limitations remain
-//! `#[ignore = "reproduces: .."]` (run them with `--ignored`): a write staged inside a replayed step, and a
-//! custom `steps` attribute name longer than `response`.
+//! feature's promise, each of which failed before its fix. One known limitation remains
+//! `#[ignore = "reproduces: .."]` (run it with `--ignored`): a custom `steps` attribute name longer than
+//! `response`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -172,7 +172,7 @@ macro_rules! store_cases {
             /// An operator releases the PENDING claim a crash left behind (`idempotent key
             /// release`). A retry an hour and a half later, well within the operation's ttl, must
             /// resume: the finished reserve is not run again. A failed body with steps keeps its
-            /// record for the ttl for exactly this reason; the operator's release does not.
+            /// record for the ttl for exactly this reason, and so must the operator's release.
             #[tokio::test]
             async fn an_operators_release_keeps_the_finished_steps_for_the_ttl() {
                 let h = Harness::with($backend, |b| b.default_lease(LEASE)).await;
@@ -183,9 +183,10 @@ macro_rules! store_cases {
                     idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
                         .await
                         .unwrap();
+                // A record with steps is not failed: its lease lapses, and it keeps its steps.
                 assert!(matches!(
                     released,
-                    idempotent_runtime::admin::Released::Released
+                    idempotent_runtime::admin::Released::Lapsed
                 ));
 
                 h.clock.advance(Duration::from_mins(90));
@@ -329,11 +330,11 @@ async fn a_u128_step_value_replays() {
     );
 }
 
-/// With `run_steps_transact`, a business write staged inside a step is lost when that step is
-/// replayed: the resumed call completes the operation (COMPLETED, the response replayed from now on)
-/// without ever committing it. Either the write commits, or the library refuses to complete.
+/// With `run_steps_transact`, a business write staged inside a step cannot be staged again when that
+/// step is replayed: the resumed call must not complete the operation (COMPLETED, the response replayed
+/// from now on) without ever committing it. Either the write commits, or the library refuses to
+/// complete: it refuses, with `StepStagedWrites`, and the order step does not run again.
 #[tokio::test]
-#[ignore = "reproduces: a write staged in a step is silently dropped when a resume replays the step; the operation completes without it"]
 async fn a_write_staged_in_a_replayed_step_is_not_lost() {
     use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Put};
     let memory = Arc::new(idempotent_runtime::MemoryStore::new());
@@ -381,18 +382,42 @@ async fn a_write_staged_in_a_replayed_step_is_not_lost() {
         () = reserved.notified() => {}
     }
     h.clock.advance(LEASE * 2);
-    let done = call(false, None).await.unwrap();
-    assert_eq!(done, "charged order-1");
-    assert_eq!(effects.runs("order"), 1);
-    assert_eq!(
-        h.record(NAMESPACE, "staged").await.unwrap().status,
-        Status::Completed
-    );
-    let key = HashMap::from([("pk".to_owned(), AttributeValue::S("order-1".into()))]);
+    let refused = call(false, None).await;
     assert!(
-        memory.get_item("orders", &key).is_some(),
+        matches!(&refused, Err(AppError::Idempotency(Error::StepStagedWrites { step, .. })) if step == "order"),
+        "{refused:?}"
+    );
+    assert_eq!(effects.runs("order"), 1);
+    let record = h.record(NAMESPACE, "staged").await.unwrap();
+    assert_ne!(
+        record.status,
+        Status::Completed,
         "the operation completed without the write its order step staged"
     );
+    let key = HashMap::from([("pk".to_owned(), AttributeValue::S("order-1".into()))]);
+    assert!(memory.get_item("orders", &key).is_none());
+    // A call that completes in one go commits what its steps staged.
+    let whole = idempotent_runtime::Idempotency::builder_arc(memory.clone()).build();
+    let committed = whole
+        .operation(NAMESPACE, "staged-whole")
+        .run_steps_transact(|steps, tx| async move {
+            steps
+                .run("order", || async {
+                    tx.put(
+                        Put::builder()
+                            .table_name("orders")
+                            .item("pk", AttributeValue::S("order-2".into()))
+                            .build()
+                            .unwrap(),
+                    );
+                    Ok::<_, AppError>(2_u32)
+                })
+                .await
+        })
+        .await;
+    assert_eq!(committed.unwrap(), 2);
+    let key = HashMap::from([("pk".to_owned(), AttributeValue::S("order-2".into()))]);
+    assert!(memory.get_item("orders", &key).is_some());
 }
 
 /// Pins: two callers racing to resume the same crashed operation: exactly one takes it over, and

@@ -449,20 +449,25 @@ async fn release(cli: &Cli, k: &KeyArgs, yes: bool) -> Result<(), Failure> {
         }
     }
     let outcome = admin::release(&store, &record, now).await?;
-    let released = outcome == Released::Released;
+    let released = matches!(outcome, Released::Released | Released::Lapsed);
     if cli.json {
         println!(
             "{}",
             serde_json::json!({ "key": report.key, "released": released })
         );
-    } else if released {
+    } else if outcome == Released::Released {
         println!(
             "released: `{}` is FAILED and may be claimed again",
             escaped(&report.key)
         );
+    } else if outcome == Released::Lapsed {
+        println!(
+            "released: `{}` keeps its finished steps and its lease has lapsed: the next call takes it over and resumes",
+            report.key
+        );
     }
     match outcome {
-        Released::Released => Ok(()),
+        Released::Released | Released::Lapsed => Ok(()),
         Released::Changed(now) => Err(format!(
             "the record changed since it was read (now {}); nothing was written",
             now.map_or_else(|| "absent".to_owned(), |r| r.status.to_string())

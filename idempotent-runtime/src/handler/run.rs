@@ -83,7 +83,7 @@ where
                 took_over,
             }) => {
                 if let Some(steps) = plan.steps {
-                    steps.begin(idem, plan.key, token, plan.fingerprint, lease);
+                    steps.begin(idem, plan.key, token, plan.fingerprint, lease, plan.staging);
                 }
                 (lease_until_ms, took_over)
             }

@@ -50,6 +50,7 @@
 //! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
 //! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`]) stores its `initial` steps; [`Change::SaveSteps`] is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
+//! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) keeps the steps of a record it continues (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
@@ -465,6 +466,7 @@ pub const RECORD_CASES: &[&str] = &[
     "a_plain_claim_keeps_claim_writes_in_effect_as_they_were",
     "steps_are_stored_under_the_token_and_removed_by_completion",
     "a_fresh_claim_with_steps_is_refused_by_live_steps",
+    "a_claim_that_starts_a_new_operation_removes_its_steps",
     "a_resume_needs_exactly_the_steps_it_read",
     "a_release_before_its_claim_landed_refuses_that_claim",
     "of_32_racing_claims_exactly_one_wins",
@@ -489,6 +491,7 @@ dispatch!(
     a_plain_claim_keeps_claim_writes_in_effect_as_they_were,
     steps_are_stored_under_the_token_and_removed_by_completion,
     a_fresh_claim_with_steps_is_refused_by_live_steps,
+    a_claim_that_starts_a_new_operation_removes_its_steps,
     a_resume_needs_exactly_the_steps_it_read,
     a_release_before_its_claim_landed_refuses_that_claim,
     of_32_racing_claims_exactly_one_wins,
@@ -1073,6 +1076,41 @@ async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
         c.record("k").await?.steps.as_deref(),
         Some(&b"new"[..]),
         "the steps of an expired record after a fresh claim"
+    );
+    Ok(())
+}
+
+async fn a_claim_that_starts_a_new_operation_removes_its_steps<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
+    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store.transition(&fail("k", "t1")).await?;
+    // Not expired: the claim continues the operation (another deploy, without steps), and its steps
+    // stay for a later call with steps to resume.
+    ensure_eq!(
+        c.store.claim(&claim("k", "t2", NOW + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim without steps of a FAILED record with steps"
+    );
+    ensure_eq!(
+        c.record("k").await?.steps.as_deref(),
+        Some(&b"one"[..]),
+        "the steps after a claim without steps of a live record"
+    );
+    c.store.transition(&fail("k", "t2")).await?;
+    // Expired: the claim starts a new operation, which must not inherit the old one's steps.
+    let past = (c.record("k").await?.expires_at_s + 1) * 1000;
+    ensure_eq!(
+        c.store.claim(&claim("k", "t3", past)).await?,
+        ClaimOutcome::Claimed,
+        "a claim without steps of an expired record with steps"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.token.as_str(), r.steps),
+        (Status::Pending, "t3", None),
+        "status, token and steps after a claim without steps of an expired record"
     );
     Ok(())
 }

@@ -259,11 +259,15 @@ pub(crate) fn claimed<'r>(
         // Like DynamoDB's update, a plain claim leaves the attribute as it was.
         claim_writes_in_effect: with_writes || old.is_some_and(|o| o.claim_writes_in_effect),
         completed_in: None,
-        // A fresh start replaces them; a resume keeps them, and so does (like DynamoDB's update) a
-        // claim of an operation without steps.
+        // A fresh start replaces them; a resume keeps them, and so does a claim of an operation
+        // without steps, unless the record expired: the claim starts a new operation, which must not
+        // inherit the old one's steps.
         steps: match request.steps {
             StepsClaim::Fresh { initial, .. } => Some(initial.to_vec()),
-            StepsClaim::Untouched | StepsClaim::Resume { .. } => old.and_then(|o| o.steps.clone()),
+            StepsClaim::Resume { .. } => old.and_then(|o| o.steps.clone()),
+            StepsClaim::Untouched => old
+                .filter(|o| !o.is_expired(request.now_ms))
+                .and_then(|o| o.steps.clone()),
         },
     })
 }

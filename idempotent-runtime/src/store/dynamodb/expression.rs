@@ -65,6 +65,19 @@ pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 /// A step's update: the values of every step finished so far (an operation run with steps).
 pub const SAVE_STEPS: &str = "SET #sp = :sp";
 
+/// What a claim of an operation *without* steps adds to its condition: the record holds no steps, or
+/// is not expired (the claim continues the operation, and leaves its steps as they are). An expired
+/// record with steps refuses it, and the store sends the claim again as
+/// [`STEPS_CLEARED`] (a new operation must not inherit the old one's steps): so the steps of an
+/// expired record are removed by any claim that takes it, with or without steps (the rule of the
+/// memory store, which decides both in one step).
+pub const STEPS_UNTOUCHED: &str = "attribute_not_exists(#sp) OR #ex >= :now_s";
+
+/// The condition a claim of an operation without steps adds when it is sent again for an expired
+/// record with steps ([`STEPS_UNTOUCHED`] refused it): the record is expired. Its update also removes
+/// the steps (`REMOVE .., #sp`).
+pub const STEPS_CLEARED: &str = "#ex < :now_s";
+
 /// What a claim of an operation run with steps adds to its condition when it starts afresh: the record
 /// holds no steps, or is expired (a new operation) (the rule of
 /// [`Record::allows_steps_claim`](crate::Record::allows_steps_claim) for
@@ -206,11 +219,13 @@ pub(super) struct RecordUpdate {
 
 impl RecordUpdate {
     /// A claim; `with_writes`: a claim with business writes (`claim_with`), which marks them as in
-    /// effect and is refused while earlier ones are.
+    /// effect and is refused while earlier ones are; `clearing_steps`: a claim without steps sent
+    /// again for an expired record with steps ([`STEPS_CLEARED`]), which removes them.
     pub(super) fn claim(
         names: &PreparedNames,
         request: &ClaimRequest<'_>,
         with_writes: bool,
+        clearing_steps: bool,
     ) -> Self {
         let mut values = HashMap::with_capacity(10);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
@@ -239,7 +254,11 @@ impl RecordUpdate {
         } else {
             ClaimKind::Plain
         };
-        let mode = StepsMode::of(request.steps);
+        let mode = if clearing_steps {
+            StepsMode::Cleared
+        } else {
+            StepsMode::of(request.steps)
+        };
         let (update, condition, names) = names.claim(request.fingerprint.is_some(), kind, mode);
         Self {
             update,
@@ -371,15 +390,18 @@ enum StepsMode {
     FreshAfterFailure,
     Resume,
     ResumeUnlessFailed,
+    /// A claim without steps, sent again for an expired record with steps: it removes them.
+    Cleared,
 }
 
 impl StepsMode {
-    const ALL: [StepsMode; 5] = [
+    const ALL: [StepsMode; 6] = [
         StepsMode::Untouched,
         StepsMode::Fresh,
         StepsMode::FreshAfterFailure,
         StepsMode::Resume,
         StepsMode::ResumeUnlessFailed,
+        StepsMode::Cleared,
     ];
 
     fn of(claim: StepsClaim<'_>) -> Self {
@@ -404,14 +426,15 @@ impl StepsMode {
         }
     }
 
-    /// What the mode adds to the claim's condition; `None` for [`StepsMode::Untouched`].
-    const fn condition(self) -> Option<&'static str> {
+    /// What the mode adds to the claim's condition.
+    const fn condition(self) -> &'static str {
         match self {
-            StepsMode::Untouched => None,
-            StepsMode::Fresh => Some(STEPS_FRESH),
-            StepsMode::FreshAfterFailure => Some(STEPS_FRESH_AFTER_FAILURE),
-            StepsMode::Resume => Some(STEPS_RESUME),
-            StepsMode::ResumeUnlessFailed => Some(STEPS_RESUME_UNLESS_FAILED),
+            StepsMode::Untouched => STEPS_UNTOUCHED,
+            StepsMode::Cleared => STEPS_CLEARED,
+            StepsMode::Fresh => STEPS_FRESH,
+            StepsMode::FreshAfterFailure => STEPS_FRESH_AFTER_FAILURE,
+            StepsMode::Resume => STEPS_RESUME,
+            StepsMode::ResumeUnlessFailed => STEPS_RESUME_UNLESS_FAILED,
         }
     }
 
@@ -421,8 +444,9 @@ impl StepsMode {
     }
 }
 
-/// Every claim's update and condition, by [`claim_index`]: the claims of operations without steps are
-/// the constants above; those with steps add their steps condition and (starting afresh) set new steps.
+/// Every claim's update and condition, by [`claim_index`]: the constants above, with the steps
+/// condition of the claim's [`StepsMode`] (a claim with steps that starts afresh sets new steps; a
+/// claim without steps sent again for an expired record removes them).
 /// Built once.
 static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
     std::sync::LazyLock::new(|| {
@@ -431,26 +455,22 @@ static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
             for kind in ClaimKind::ALL {
                 for mode in StepsMode::ALL {
                     let update = claim_update(fingerprint, matches!(kind, ClaimKind::WithWrites));
-                    let expressions = match mode.condition() {
-                        None => (
-                            update,
-                            leak(format!("({}) AND {NOT_RELEASED}", kind.condition())),
-                        ),
-                        Some(steps) => {
-                            let update = if mode.starts_afresh() {
-                                leak(update.replacen(" ADD ", ", #sp = :sp ADD ", 1))
-                            } else {
-                                update
-                            };
-                            (
-                                update,
-                                leak(format!(
-                                    "({}) AND ({steps}) AND {NOT_RELEASED}",
-                                    kind.condition()
-                                )),
-                            )
-                        }
+                    let steps = mode.condition();
+                    let update = if mode.starts_afresh() {
+                        leak(update.replacen(" ADD ", ", #sp = :sp ADD ", 1))
+                    } else if matches!(mode, StepsMode::Cleared) {
+                        // The claim's update ends with its REMOVE clause.
+                        leak(format!("{update}, #sp"))
+                    } else {
+                        update
                     };
+                    let expressions = (
+                        update,
+                        leak(format!(
+                            "({}) AND ({steps}) AND {NOT_RELEASED}",
+                            kind.condition()
+                        )),
+                    );
                     claims[claim_index(fingerprint, kind, mode)] = expressions;
                 }
             }
@@ -647,7 +667,16 @@ mod tests {
                     keep_claim_writes,
                     steps,
                 };
-                assert_complete(&RecordUpdate::claim(&names, &request, with_writes));
+                assert_complete(&RecordUpdate::claim(&names, &request, with_writes, false));
+                if matches!(steps, StepsClaim::Untouched) {
+                    let cleared = RecordUpdate::claim(&names, &request, with_writes, true);
+                    assert_complete(&cleared);
+                    assert!(cleared.update.ends_with(", #sp"), "{cleared:?}");
+                    assert!(
+                        cleared.condition.contains("AND (#ex < :now_s) AND"),
+                        "{cleared:?}"
+                    );
+                }
             }
         }
         let mut changes = vec![
@@ -699,17 +728,11 @@ mod tests {
                     assert_eq!(update.contains(":fp"), fingerprint);
                     assert!(condition.contains(kind.condition()), "{condition}");
                     // Every claim is refused by its own call's release.
-                    if let Some(steps) = mode.condition() {
-                        assert!(
-                            condition.ends_with(&format!("AND ({steps}) AND {NOT_RELEASED}")),
-                            "{condition}"
-                        );
-                    } else {
-                        assert_eq!(
-                            condition,
-                            format!("({}) AND {NOT_RELEASED}", kind.condition())
-                        );
-                    }
+                    let steps = mode.condition();
+                    assert!(
+                        condition.ends_with(&format!("AND ({steps}) AND {NOT_RELEASED}")),
+                        "{condition}"
+                    );
                     assert_eq!(update.contains("#sp = :sp"), mode.starts_afresh());
                 }
             }

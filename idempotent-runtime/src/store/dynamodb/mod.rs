@@ -24,15 +24,17 @@
 //!
 //! | request | update | condition |
 //! |---|---|---|
-//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)` |
+//! | claim | `SET #st = PENDING, #tk = :tk, #lu = now + lease, #ex = now + lease + ttl[, #fp = :fp] ADD #at 1 REMOVE #rs, #er, #ru, #ci[, #fp]` | `(attribute_not_exists(#pk) OR #ex < :now_s OR #st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND (attribute_not_exists(#sp) OR #ex >= :now_s)` (an operation without steps leaves a live record's steps alone) |
+//! | claim without steps, sent again when an expired record with steps refused it (any of the claims without steps) | the claim's, plus `REMOVE .., #sp` (a new operation does not inherit the old one's steps) | the claim's, `AND (#ex < :now_s)` |
 //! | claim with business writes (`claim_with`), in a `TransactWriteItems` with them | the claim's, plus `SET #cw = true` | `attribute_not_exists(#pk) OR #ex < :now_s OR ((#st = FAILED OR (#st = PENDING AND #lu < :now_ms)) AND attribute_not_exists(#cw))` |
 //! | claim keeping claim-time writes (after a claim with writes was refused for them) | the claim's | `attribute_exists(#cw) AND #ex >= :now_s AND (#st = FAILED OR (#st = PENDING AND #lu < :now_ms))` |
 //! | claim of an operation with steps, afresh (`run_steps`) | the claim's (any of the three above), plus `SET #sp = :sp` (the new operation's origin, no step finished) | the claim's, `AND (attribute_not_exists(#sp) OR #ex < :now_s[ OR #st = FAILED])` (`#st = FAILED` with `restart_steps_after_failure`) |
 //! | claim of an operation with steps, resuming (after the fresh claim was refused by live steps) | the claim's (any of the three above) | the claim's, `AND #sp = :sp AND #ex >= :now_s[ AND #st = PENDING]` (`:sp`: the steps the caller read, which it replays) |
-//! | step (a step of a body run with steps finished) | `SET #sp = :sp` (every finished step's value) | `#st = PENDING AND #tk = :tk` |
+//! | step (a step of a body run with steps finished, or an at-most-once step started, or a value that could not be stored) | `SET #sp = :sp` (every finished step's value, and the marks) | `#st = PENDING AND #tk = :tk` |
 //! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
+//! | operator's release of a record with steps (`idempotent key release`) | `SET #lu = 0, #ex = :ex` (the lease lapses; the record stays PENDING with its steps) | `#st = PENDING AND #tk = :tk` |
 //! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0` | the fail's; the mark's `attribute_not_exists(#pk)` |
 //! | wait | consistent `GetItem` | — |
 //!
@@ -479,13 +481,33 @@ macro_rules! send {
 }
 use send;
 
+/// Whether a claim refused by `record` is to be sent again removing its steps: a claim without steps
+/// ([`StepsClaim::Untouched`](crate::store::StepsClaim::Untouched)) of an expired record that holds
+/// some (refused by [`STEPS_UNTOUCHED`](expression::STEPS_UNTOUCHED)). The claim starts a new
+/// operation, which must not inherit the old one's steps; the resend is conditioned on the record
+/// being expired still. One more request, only on such a record.
+fn clears_steps(request: &ClaimRequest<'_>, record: &Record) -> bool {
+    matches!(request.steps, crate::store::StepsClaim::Untouched)
+        && !request.keep_claim_writes
+        && record.steps.is_some()
+        && record.is_expired(request.now_ms)
+}
+
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, false);
-        let outcome = self
+        let update = RecordUpdate::claim(&self.inner.prepared, request, false, false);
+        let mut outcome = self
             .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
             .await?;
+        if let WriteOutcome::Rejected(Some(record)) = &outcome
+            && clears_steps(request, record)
+        {
+            let update = RecordUpdate::claim(&self.inner.prepared, request, false, true);
+            outcome = self
+                .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
+                .await?;
+        }
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
             WriteOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
@@ -532,10 +554,35 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, true);
+        let update = RecordUpdate::claim(&self.inner.prepared, request, true, false);
         let record = self.record_update(request.key, update)?;
         let token = request_token(
             "claim",
+            &self.inner.table,
+            request.key,
+            request.token,
+            request.attempt,
+        );
+        let outcome = self
+            .transact(
+                "claim_transaction",
+                request.key,
+                record,
+                writes.items().to_vec(),
+                token,
+            )
+            .await?;
+        let TransactOutcome::Rejected(Some(old)) = &outcome else {
+            return Ok(outcome);
+        };
+        if !clears_steps(request, old) {
+            return Ok(outcome);
+        }
+        // Another request (its own token): the same claim, removing the expired record's steps.
+        let update = RecordUpdate::claim(&self.inner.prepared, request, true, true);
+        let record = self.record_update(request.key, update)?;
+        let token = request_token(
+            "claim_clearing_steps",
             &self.inner.table,
             request.key,
             request.token,
