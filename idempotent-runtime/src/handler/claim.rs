@@ -358,18 +358,21 @@ pub(super) async fn acquire<T: DeserializeOwned>(
         let mut request = attempt.request(number);
         let claimed_until_ms = request.lease_until_ms;
         attempt.stage.set(Stage::Claiming);
-        let claim = if std::mem::take(&mut renew) {
-            Box::pin(renew_once(attempt, claimed_until_ms, request.expires_at_s)).await?
+        let renewing = std::mem::take(&mut renew);
+        if !renewing
+            && let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice))
+        {
+            steps.resuming();
+            request.steps = steps.claim(token, Some(seen));
+        }
+        // The request is moved into the attempt's own future: this one then holds it only while
+        // that future is awaited, and the record it may return can share its place. A renewal
+        // (rare: only a late answer renews) is boxed, with what it needs of the request.
+        let mut record = match if renewing {
+            Box::pin(renew_once(attempt, request)).await?
         } else {
-            if let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice)) {
-                steps.resuming();
-                request.steps = steps.claim(token, Some(seen));
-            }
-            // The request is moved into the attempt's own future: this one then holds it only
-            // while that future is awaited, and the record it may return can share its place.
             claim_once(idem, plan, request).await?
-        };
-        let mut record = match claim {
+        } {
             Claim::Held => {
                 let landed = decide::Answer::Landed {
                     lease_until_ms: claimed_until_ms,
@@ -474,21 +477,17 @@ fn next_poll(
 }
 
 /// A renewal of the call's own claim, answered too late to use: a fenced write under its token (a
-/// heartbeat's) asking for a lease until `lease_until_ms`. It lands only if no one took the key over
+/// heartbeat's) asking for the lease and expiry `request` would have. It lands only if no one took the key over
 /// ([`Claim::Held`]); otherwise it shows the record that did ([`Claim::Blocked`]), or that there is none
 /// ([`Claim::Vanished`]: the call claims afresh). Out of line and boxed: only a late answer renews.
 #[cold]
-async fn renew_once(
-    attempt: &Attempt<'_>,
-    lease_until_ms: u64,
-    expires_at_s: u64,
-) -> Result<Claim, Error> {
+async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<Claim, Error> {
     let transition = Transition {
         key: attempt.plan.key,
         token: attempt.token,
         change: Change::ExtendLease {
-            lease_until_ms,
-            expires_at_s,
+            lease_until_ms: request.lease_until_ms,
+            expires_at_s: request.expires_at_s,
         },
     };
     let renewed = telemetry::observe("renew", attempt.idem.store().transition(&transition)).await;
