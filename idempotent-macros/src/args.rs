@@ -624,10 +624,15 @@ pub(crate) fn ungroup(expr: Expr) -> Expr {
 ///   `stringify!(order_id)`, `{ "x" }`, `if true { 1 } else { 2 }`) is an error. When one of its strings
 ///   spells a parameter (`key = "order_id"`, `Some("req.order_id")`, `stringify!(order_id)`), the error
 ///   suggests the parameter; otherwise it says how to ask for one record for all calls deliberately:
-///   through a named constant, which the macro cannot tell from a parameter and so takes at its word.
+///   through a named constant alone, which the macro cannot tell from a parameter and so takes at its
+///   word.
 /// - In a key that may differ between calls, a string among its parts that spells a parameter is an
 ///   error too (`(tenant, "order_id")`: all orders of a tenant would share one record), unless the key
 ///   also holds what the string spells: `("user", user)` tags the value with its name.
+/// - A key that names no parameter (no identifier among its tokens is one, nor a format string's
+///   capture inside a macro: [`names_any`]) is an error too, however it is computed (`(|| "seed")()`,
+///   `cfg!(unix)`, `request_id()`, `(SEED, 1)`), unless the whole key is a name alone
+///   ([`is_bare_path`]): a named constant, the way to ask for one record for all calls.
 /// - `key = ()` serializes to `null`: every call would be a missing key.
 pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics) {
     let constant = is_constant(key);
@@ -668,7 +673,16 @@ pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics
             key,
             "`key = ()` serializes to `null`, a missing key for every call; expected an expression over the parameters, like `key = order_id`",
         );
-    } else if constant {
+    } else if constant
+        || (!names_any(key.to_token_stream(), parameters, false) && !is_bare_path(key))
+    {
+        if !constant {
+            diag.error(
+                key,
+                "`key` names no parameter of the function, so nothing in it need differ between calls: every call could share one record and the body run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)",
+            );
+            return;
+        }
         let what = if is_literal(key) {
             "a literal"
         } else {
@@ -680,6 +694,64 @@ pub(crate) fn check_key(key: &Expr, parameters: &[Ident], diag: &mut Diagnostics
                 "`key` is {what}, the same for every call, so every call would share one record and the body would run once; expected an expression over the parameters, like `key = order_id`, or, for an operation that runs once for all calls, a named constant (`const KEY: &str = \"seed-v1\";` and `key = KEY`)"
             ),
         );
+    }
+}
+
+/// Whether `tokens` name one of `parameters` (`self` among them for a method): as an identifier
+/// anywhere, or, inside a macro's arguments (`in_macro`), as a capture of a format string
+/// (`format!("{order_id}")`).
+fn names_any(tokens: TokenStream, parameters: &[Ident], in_macro: bool) -> bool {
+    use proc_macro2::TokenTree;
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    trees.iter().enumerate().any(|(at, tree)| match tree {
+        TokenTree::Ident(ident) => parameters.contains(ident),
+        TokenTree::Group(group) => {
+            // `name!(..)`: the group follows a `!` that follows a name.
+            let macro_call = at >= 2
+                && matches!(&trees[at - 1], TokenTree::Punct(p) if p.as_char() == '!')
+                && matches!(&trees[at - 2], TokenTree::Ident(_));
+            names_any(group.stream(), parameters, in_macro || macro_call)
+        }
+        TokenTree::Literal(literal) if in_macro => {
+            syn::parse2::<LitStr>(TokenTree::Literal(literal.clone()).into()).is_ok_and(|text| {
+                captured(&text.value())
+                    .iter()
+                    .any(|name| parameters.iter().any(|p| p == name))
+            })
+        }
+        _ => false,
+    })
+}
+
+/// The names a format string captures in braces: `order_id` in `"{order_id}"` and `"{order_id:>8}"`.
+fn captured(template: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = template;
+    while let Some(at) = rest.find('{') {
+        rest = &rest[at + 1..];
+        if let Some(after) = rest.strip_prefix('{') {
+            rest = after;
+            continue;
+        }
+        let end = rest.find(['}', ':']).unwrap_or(rest.len());
+        let name = rest[..end].trim();
+        if !name.is_empty() {
+            names.push(name.to_owned());
+        }
+        rest = &rest[end..];
+    }
+    names
+}
+
+/// Whether the whole key is a name alone (`KEY`, `crate::KEY`, `&KEY`): a named constant, the
+/// documented way to ask for one record for all calls.
+fn is_bare_path(key: &Expr) -> bool {
+    match key {
+        Expr::Path(path) => path.qself.is_none(),
+        Expr::Reference(r) => is_bare_path(&r.expr),
+        Expr::Paren(p) => is_bare_path(&p.expr),
+        Expr::Group(g) => is_bare_path(&g.expr),
+        _ => false,
     }
 }
 
@@ -1655,7 +1727,6 @@ mod tests {
         for key in [
             quote!(order_id as u64),
             quote!(order_id + 1),
-            quote!(SEED as u64),
             quote!([order_id; 2]),
         ] {
             assert_eq!(
@@ -1747,9 +1818,60 @@ mod tests {
         }
     }
 
-    /// What may differ between calls is taken at its word: a parameter, a named constant, a call
-    /// without arguments (it may read per-call state), a macro the attribute does not know, a format
-    /// string that captures a parameter.
+    /// A key that names no parameter is refused whatever computes it, unless it is a name alone (a
+    /// named constant): a closure, a `const` block, a loop, `cfg!`, a binding, a call without
+    /// arguments, a macro the attribute does not know, a computation over a constant.
+    #[test]
+    fn a_key_naming_no_parameter_is_refused_unless_it_is_a_name_alone() {
+        for key in [
+            quote!((|| "seed")()),
+            quote!(*&"order_id"),
+            quote!(const { "seed" }),
+            quote!(loop {
+                break "seed";
+            }),
+            quote!(cfg!(unix)),
+            quote!({
+                let k = "seed";
+                k
+            }),
+            quote!(request_id()),
+            quote!(Uuid::new_v4()),
+            quote!(my_key!("seed")),
+            quote!(String::from(SEED)),
+            quote!((1, SEED)),
+            quote!(SEED as u64),
+            quote!(format!("{seed}")),
+            quote!("{order_id}"),
+        ] {
+            let errors = key_errors(key.clone(), &["self", "order_id", "req"]);
+            assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+            assert!(errors[0].contains("named constant"), "{key}: {errors:?}");
+        }
+        for key in [
+            quote!(SEED),
+            quote!(&SEED),
+            quote!(crate::keys::SEED),
+            quote!((|| order_id)()),
+            quote!(*&order_id),
+            quote!({
+                let k = order_id;
+                k
+            }),
+            quote!(self.id),
+            quote!(format!("{order_id:>8}")),
+            quote!(my_key!(req)),
+        ] {
+            assert_eq!(
+                key_errors(key.clone(), &["self", "order_id", "req"]),
+                Vec::<String>::new(),
+                "{key}"
+            );
+        }
+    }
+
+    /// What may differ between calls is taken at its word: a parameter, through a call, a method, a
+    /// block, an `if`, a format string that captures it.
     #[test]
     fn keys_that_may_differ_between_calls_are_accepted() {
         for key in [
@@ -1758,13 +1880,9 @@ mod tests {
             quote!(order_id.to_string()),
             quote!({ order_id }),
             quote!(if order_id > 0 { 1 } else { 2 }),
-            quote!(request_id()),
-            quote!(Uuid::new_v4()),
             quote!(header(&req, "x-request-id")),
-            quote!(my_key!("seed")),
             quote!(format!("{order_id}")),
             quote!(format!("{}-{}", "a", order_id)),
-            quote!(String::from(SEED)),
             quote!(Key { id: order_id }),
         ] {
             assert_eq!(
@@ -1783,7 +1901,6 @@ mod tests {
             quote!(SEED),
             quote!(req.order_id),
             quote!(format!("{}", order_id)),
-            quote!((1, SEED)),
         ] {
             assert_eq!(
                 key_errors(key.clone(), &["order_id", "req"]),

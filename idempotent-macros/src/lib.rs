@@ -58,21 +58,21 @@ use proc_macro::TokenStream;
 /// (`name`) into the record's key, so the store never sees the key's values. A key that is `None`, or a
 /// tuple key with a `None` part, is missing, and the call is rejected unless `missing_key` says otherwise.
 ///
-/// A key that is the same for every call is refused at compile time, since every call would then share
-/// one record: any key made of literals only (`key = "seed"`, `key = (1, 2)`) or computed from literals
-/// alone, whatever computes it: an operator or a cast (`key = 1 as u64`, `key = 2 + 2`), a call or
-/// constructor given only literals (`String::from("seed")`, `Some("seed")`), a method of a literal
-/// (`"seed".to_string()`), a standard macro that makes a constant or formats only literals
-/// (`stringify!(order_id)`, `concat!(..)`, `env!(..)`, `format!("seed-{}", 1)`), a block, `if` or
-/// `match` over literals (`{ "x" }`, `if true { 1 } else { 2 }`). A string that spells a parameter, as
-/// the key or a part of it, is refused with the parameter as the suggestion (`key = "order_id"`,
-/// `key = (tenant, "req.order_id")`: did you mean `req.order_id`?), and so is `key = ()` (which
-/// serializes to `null`, a missing key). A name is taken at its word (the attribute cannot tell a
-/// parameter from a constant), and so are a call without arguments (`request_id()`, which may read
-/// what differs per call) and other macros. For an operation that is to run once for all calls, say
-/// so with a named constant: `const SEED: &str = "seed-v1";` and `key = SEED`. A literal beside a
-/// parameter (`key = ("refund", order_id)`) is an ordinary key, also when it spells the parameter
-/// beside it (`key = ("user", user)`, a tag).
+/// A key that may be the same for every call is refused at compile time, since every call would then
+/// share one record: any key that names no parameter of the function (nor `self`), however it is
+/// computed, unless it is a name alone. That covers keys made of literals only (`key = "seed"`,
+/// `key = (1, 2)`) or computed from literals: an operator or a cast (`key = 1 as u64`), a call or
+/// constructor (`String::from("seed")`, `(|| "seed")()`), a method of a literal (`"seed".to_string()`),
+/// any macro (`stringify!(order_id)`, `cfg!(unix)`, `format!("seed-{}", 1)`), a block, binding, loop,
+/// `const` block, `if` or `match` (`{ let k = "seed"; k }`, `loop { break "seed" }`), and a call that
+/// reads per-call state without a parameter (`request_id()`: pass what it reads as a parameter). A
+/// string that spells a parameter, as the key or a part of it, is refused with the parameter as the
+/// suggestion (`key = "order_id"`, `key = (tenant, "req.order_id")`: did you mean `req.order_id`?), and
+/// so is `key = ()` (which serializes to `null`, a missing key). A name alone is taken at its word (the
+/// attribute cannot tell a parameter from a constant): for an operation that is to run once for all
+/// calls, say so with a named constant, `const SEED: &str = "seed-v1";` and `key = SEED`. A literal
+/// beside a parameter (`key = ("refund", order_id)`) is an ordinary key, also when it spells the
+/// parameter beside it (`key = ("user", user)`, a tag).
 ///
 /// ```
 /// # use idempotent_runtime::{Error, idempotent};

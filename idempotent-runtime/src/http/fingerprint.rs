@@ -6,13 +6,17 @@
 //!
 //! - `Content-Encoding: gzip` (or `x-gzip`), alone: the SHA-256 of the bytes the body inflates to, so
 //!   the header's timestamp, file name, operating system and extra fields, and the compression level,
-//!   do not count. Inflating is bounded ([`MAX_INFLATED_BYTES`]); a body that inflates to more, or
-//!   does not inflate, is hashed as its compressed stream without its header (the same compressor
-//!   gives the same stream), prefixed `gzip-stream`.
-//! - `Content-Type: multipart/..; boundary=..`: the SHA-256 of the parts between the boundary
+//!   do not count. A body of several gzip members is hashed as each member's content with its length,
+//!   prefixed `gzip-members`: a server that inflates only the first member reads `gzip(a) + gzip(b)`
+//!   as `a`, and `gzip(a + b)` as `a + b`. Inflating is bounded ([`MAX_INFLATED_BYTES`]); a body that
+//!   inflates to more, or does not inflate, is hashed as its compressed stream without its header (the
+//!   same compressor gives the same stream), prefixed `gzip-stream`.
+//! - `Content-Type: multipart/..; boundary=..`, with its parameters read as RFC 9110 reads them (a
+//!   quoted value may hold `;`) and exactly one `boundary`: the SHA-256 of the media type
+//!   (`multipart/form-data` and `multipart/mixed` differ) and of the parts between the boundary
 //!   delimiters (RFC 2046 §5.1.1; a delimiter cannot occur inside a part), each with its length, so
-//!   the boundary does not count; prefixed `multipart`. A body without one delimiter is hashed as it
-//!   is.
+//!   the boundary does not count; prefixed `multipart`. A body without one delimiter, or whose
+//!   `Content-Type` does not parse or has no or several `boundary` parameters, is hashed as it is.
 //! - Any other body: the SHA-256 of its bytes, as it always was.
 
 use std::io::Read as _;
@@ -33,7 +37,9 @@ pub(super) fn body_digest(headers: &HeaderMap, body: &[u8]) -> String {
     if is_gzip(headers) {
         return gzip_digest(body);
     }
-    if let Some(digest) = multipart_boundary(headers).and_then(|b| multipart_digest(body, &b)) {
+    if let Some(digest) = multipart_boundary(headers)
+        .and_then(|(media_type, boundary)| multipart_digest(body, &media_type, &boundary))
+    {
         return digest;
     }
     hex::encode(Sha256::digest(body))
@@ -53,31 +59,68 @@ fn is_gzip(headers: &HeaderMap) -> bool {
     )
 }
 
-/// The digest of a gzip body: of its content, inflated (all its members) up to
-/// [`MAX_INFLATED_BYTES`]; else of its stream without the first member's header.
+/// The digest of a gzip body: of its content, inflated up to [`MAX_INFLATED_BYTES`] in all; else of
+/// its stream without the first member's header.
 fn gzip_digest(body: &[u8]) -> String {
     gzip_digest_within(body, MAX_INFLATED_BYTES)
 }
 
 /// [`gzip_digest`], inflating up to `limit` bytes.
+///
+/// A body of one member is hashed as its content. A body of several members (`gzip(a) + gzip(b)`) is
+/// hashed as each member's content with its length, prefixed `gzip-members`: many servers inflate only
+/// the first member (flate2's `GzDecoder`, async-compression's default), so `gzip(a) + gzip(b)` and
+/// `gzip(a + b)` are two requests to them, and must not share a fingerprint.
 fn gzip_digest_within(body: &[u8], limit: u64) -> String {
-    let mut inflated = flate2::read::MultiGzDecoder::new(body).take(limit + 1);
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0_u8; 32 << 10];
-    let mut total = 0_u64;
-    loop {
-        match inflated.read(&mut buffer) {
-            Ok(0) if total <= limit => return hex::encode(hasher.finalize()),
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                total += n as u64;
-                hasher.update(&buffer[..n]);
+    if let Some(members) = inflate_members(body, limit) {
+        return match members.as_slice() {
+            [(_, only)] => hex::encode(only),
+            members => {
+                let mut hasher = Sha256::new();
+                for (len, digest) in members {
+                    hasher.update(len.to_be_bytes());
+                    hasher.update(digest);
+                }
+                format!("gzip-members {}", hex::encode(hasher.finalize()))
             }
-        }
+        };
     }
     match gzip_header_len(body) {
         Some(len) => format!("gzip-stream {}", hex::encode(Sha256::digest(&body[len..]))),
         None => hex::encode(Sha256::digest(body)),
+    }
+}
+
+/// The length and SHA-256 of each gzip member's content in `body`, in order; `None` when `body` is not
+/// a run of whole members or inflates to more than `limit` bytes in all.
+fn inflate_members(body: &[u8], limit: u64) -> Option<Vec<(u64, [u8; 32])>> {
+    let mut members = Vec::new();
+    let mut rest = body;
+    let mut buffer = vec![0_u8; 32 << 10];
+    let mut total = 0_u64;
+    loop {
+        // The `bufread` decoder takes from `rest` only the member it inflates.
+        let mut member = flate2::bufread::GzDecoder::new(rest);
+        let mut hasher = Sha256::new();
+        let mut len = 0_u64;
+        loop {
+            match member.read(&mut buffer).ok()? {
+                0 => break,
+                n => {
+                    len += n as u64;
+                    total += n as u64;
+                    if total > limit {
+                        return None;
+                    }
+                    hasher.update(&buffer[..n]);
+                }
+            }
+        }
+        members.push((len, hasher.finalize().into()));
+        rest = member.into_inner();
+        if rest.is_empty() {
+            return Some(members);
+        }
     }
 }
 
@@ -107,43 +150,118 @@ fn gzip_header_len(body: &[u8]) -> Option<usize> {
     (at <= body.len()).then_some(at)
 }
 
-/// The boundary of a `multipart/*` body, from its `Content-Type` (quoted or not).
-fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
-    let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let mut fields = content_type.split(';');
-    let media_type = fields.next()?.trim();
-    if !media_type
-        .get(..10)
-        .is_some_and(|t| t.eq_ignore_ascii_case("multipart/"))
-    {
+/// The media type (`multipart/form-data`, lower case) and boundary of a `multipart/*` body, from its
+/// `Content-Type` read as RFC 9110 §8.3.1 reads it (a quoted parameter value may hold `;` or
+/// `boundary=`). `None` unless it parses and has exactly one `boundary` parameter, of 1 to 70 bytes
+/// (RFC 2046): a header a parser may read two ways is hashed with the body's bytes as they are.
+fn multipart_boundary(headers: &HeaderMap) -> Option<(String, Vec<u8>)> {
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let (Some(content_type), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let (media_type, parameters) = media_type(content_type.as_bytes())?;
+    if !media_type.starts_with("multipart/") {
         return None;
     }
-    fields.find_map(|parameter| {
-        let (name, value) = parameter.split_once('=')?;
-        if !name.trim().eq_ignore_ascii_case("boundary") {
-            return None;
+    let mut boundaries = parameters
+        .into_iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("boundary"));
+    match (boundaries.next(), boundaries.next()) {
+        (Some((_, boundary)), None) if (1..=70).contains(&boundary.len()) => {
+            Some((media_type, boundary))
         }
-        let value = value.trim();
-        let value = value
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(value);
-        // RFC 2046: 1 to 70 characters.
-        (1..=70).contains(&value.len()).then(|| value.to_owned())
-    })
+        _ => None,
+    }
 }
 
-/// The digest of a multipart body's parts, the text between its delimiters (`--boundary` opening the
-/// body, or `CRLF--boundary`) each with its length: the preamble, every part with its headers, and what
-/// follows the last delimiter (its closing `--` and the epilogue). `None` without a delimiter.
-fn multipart_digest(body: &[u8], boundary: &str) -> Option<String> {
-    let delimiter = format!("\r\n--{boundary}");
-    let delimiter = delimiter.as_bytes();
+/// A parameter of a media type: its name, and its value (a quoted string's unquoted).
+type Parameter = (String, Vec<u8>);
+
+/// A media type and its parameters (RFC 9110 §5.6.6, §8.3.1): `type/subtype`, lower case, and each
+/// parameter's name and value, a quoted string's value unquoted. `None` when `value` does not parse.
+fn media_type(value: &[u8]) -> Option<(String, Vec<Parameter>)> {
+    let mut at = 0;
+    let kind = token(value, &mut at)?;
+    (value.get(at) == Some(&b'/')).then_some(())?;
+    at += 1;
+    let subtype = token(value, &mut at)?;
+    let media_type = format!("{kind}/{subtype}").to_ascii_lowercase();
+    let mut parameters = Vec::new();
+    loop {
+        skip_whitespace(value, &mut at);
+        match value.get(at) {
+            None => return Some((media_type, parameters)),
+            Some(b';') => at += 1,
+            Some(_) => return None,
+        }
+        skip_whitespace(value, &mut at);
+        if matches!(value.get(at), None | Some(b';')) {
+            continue;
+        }
+        let name = token(value, &mut at)?;
+        (value.get(at) == Some(&b'=')).then_some(())?;
+        at += 1;
+        let parameter = if value.get(at) == Some(&b'"') {
+            quoted_string(value, &mut at)?
+        } else {
+            token(value, &mut at)?.into_bytes()
+        };
+        parameters.push((name, parameter));
+    }
+}
+
+/// The token (RFC 9110 §5.6.2) at `at`, at least one character, moving `at` past it.
+fn token(value: &[u8], at: &mut usize) -> Option<String> {
+    let start = *at;
+    while value
+        .get(*at)
+        .is_some_and(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b))
+    {
+        *at += 1;
+    }
+    (*at > start).then(|| String::from_utf8_lossy(&value[start..*at]).into_owned())
+}
+
+/// The value of the quoted string (RFC 9110 §5.6.4) at `at`, its quoted pairs resolved, moving `at`
+/// past its closing quote.
+fn quoted_string(value: &[u8], at: &mut usize) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    *at += 1;
+    loop {
+        let b = *value.get(*at)?;
+        *at += 1;
+        match b {
+            b'"' => return Some(out),
+            b'\\' => {
+                out.push(*value.get(*at)?);
+                *at += 1;
+            }
+            _ => out.push(b),
+        }
+    }
+}
+
+/// Moves `at` past spaces and tabs.
+fn skip_whitespace(value: &[u8], at: &mut usize) {
+    while matches!(value.get(*at), Some(b' ' | b'\t')) {
+        *at += 1;
+    }
+}
+
+/// The digest of a multipart body of `media_type`: the media type, then the text between its
+/// delimiters (`--boundary` opening the body, or `CRLF--boundary`) each with its length: the preamble,
+/// every part with its headers, and what follows the last delimiter (its closing `--` and the
+/// epilogue). `None` without a delimiter.
+fn multipart_digest(body: &[u8], media_type: &str, boundary: &[u8]) -> Option<String> {
+    let mut delimiter = b"\r\n--".to_vec();
+    delimiter.extend_from_slice(boundary);
+    let delimiter = delimiter.as_slice();
     let mut hasher = Sha256::new();
     let mut piece = |bytes: &[u8]| {
         hasher.update((bytes.len() as u64).to_be_bytes());
         hasher.update(bytes);
     };
+    piece(media_type.as_bytes());
     let mut rest = body;
     let mut found = false;
     if let Some(after) = rest.strip_prefix(&delimiter[2..]) {
@@ -243,6 +361,112 @@ mod tests {
         let past = gzip_digest_within(&bomb, (1 << 20) - 1);
         assert!(past.starts_with("gzip-stream "), "{past}");
         assert_eq!(past, gzip_digest_within(&again, (1 << 20) - 1));
+    }
+
+    fn concat(members: &[Vec<u8>]) -> Vec<u8> {
+        members.concat()
+    }
+
+    #[test]
+    fn a_body_of_several_gzip_members_is_hashed_member_by_member() {
+        let gz = headers(&[(header::CONTENT_ENCODING, "gzip")]);
+        let whole = body_digest(&gz, &gzip(b"amount=100", 1, None, 9));
+        let split = concat(&[gzip(b"amount=10", 1, None, 9), gzip(b"0", 1, None, 9)]);
+        let split_digest = body_digest(&gz, &split);
+        assert!(split_digest.starts_with("gzip-members "), "{split_digest}");
+        assert_ne!(whole, split_digest);
+        // Split elsewhere: another request to a server that reads the first member.
+        let elsewhere = concat(&[gzip(b"amount=1", 1, None, 9), gzip(b"00", 1, None, 9)]);
+        assert_ne!(split_digest, body_digest(&gz, &elsewhere));
+        // The members' headers and levels still do not count.
+        let again = concat(&[gzip(b"amount=10", 7, Some("a"), 1), gzip(b"0", 8, None, 6)]);
+        assert_eq!(split_digest, body_digest(&gz, &again));
+        // An empty member is a member.
+        let with_empty = concat(&[gzip(b"amount=100", 1, None, 9), gzip(b"", 1, None, 9)]);
+        assert_ne!(whole, body_digest(&gz, &with_empty));
+        // The bound is on all members together.
+        let zeros = vec![0_u8; 1 << 19];
+        let two = concat(&[gzip(&zeros, 1, None, 9), gzip(&zeros, 1, None, 9)]);
+        assert!(gzip_digest_within(&two, 1 << 20).starts_with("gzip-members "));
+        assert!(gzip_digest_within(&two, (1 << 20) - 1).starts_with("gzip-stream "));
+        // Trailing bytes that are not a member: the stream.
+        let mut trailing = gzip(b"amount=100", 1, None, 9);
+        trailing.extend_from_slice(b"junk");
+        assert!(body_digest(&gz, &trailing).starts_with("gzip-stream "));
+    }
+
+    #[test]
+    fn media_types_are_read_with_quoted_parameters() {
+        let (kind, parameters) =
+            media_type(br#"Multipart/Mixed ; x="a;boundary=100;\"b" ;; boundary=REAL"#).unwrap();
+        assert_eq!(kind, "multipart/mixed");
+        assert_eq!(
+            parameters,
+            [
+                ("x".to_owned(), br#"a;boundary=100;"b"#.to_vec()),
+                ("boundary".to_owned(), b"REAL".to_vec()),
+            ]
+        );
+        for malformed in [
+            &b"multipart"[..],
+            b"multipart/form-data; boundary",
+            b"multipart/form-data; boundary=\"open",
+            b"multipart/form-data; boundary=a b",
+            b"multipart/form-data boundary=a",
+        ] {
+            assert_eq!(
+                media_type(malformed),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(malformed)
+            );
+        }
+    }
+
+    #[test]
+    fn a_boundary_inside_a_quoted_parameter_is_not_the_boundary() {
+        let with = |content_type: &str| headers(&[(header::CONTENT_TYPE, content_type)]);
+        let body = |amount: &str| {
+            format!("--REAL\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\npay\r\n--{amount}\r\n--REAL--\r\n")
+                .into_bytes()
+        };
+        let first = body_digest(
+            &with(r#"multipart/form-data; x="a;boundary=100;b"; boundary=REAL"#),
+            &body("100"),
+        );
+        let second = body_digest(
+            &with(r#"multipart/form-data; x="a;boundary=999;b"; boundary=REAL"#),
+            &body("999"),
+        );
+        assert!(first.starts_with("multipart "), "{first}");
+        assert_ne!(first, second);
+        // Two `boundary` parameters, or a header that does not parse: the bytes as they are.
+        for content_type in [
+            "multipart/form-data; boundary=REAL; boundary=100",
+            "multipart/form-data; boundary=REAL; x=\"open",
+        ] {
+            assert_eq!(
+                body_digest(&with(content_type), &body("100")),
+                hex::encode(Sha256::digest(body("100"))),
+                "{content_type}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_multipart_media_type_is_part_of_the_digest() {
+        let with = |media_type: &str| {
+            headers(&[(header::CONTENT_TYPE, &format!("{media_type}; boundary=b1"))])
+        };
+        let fields = [("amount", "4200")];
+        let form_data = body_digest(&with("multipart/form-data"), &form("b1", &fields));
+        let mixed = body_digest(&with("multipart/mixed"), &form("b1", &fields));
+        assert!(form_data.starts_with("multipart ") && mixed.starts_with("multipart "));
+        assert_ne!(form_data, mixed);
+        assert_eq!(
+            form_data,
+            body_digest(&with("MULTIPART/Form-Data"), &form("b1", &fields))
+        );
     }
 
     fn form(boundary: &str, fields: &[(&str, &str)]) -> Vec<u8> {

@@ -1,6 +1,6 @@
 //! A key that is the same for every call, said deliberately with a named constant (a run-once operation),
 //! and keys that may differ between calls although they hold literals: a literal beside a parameter in a
-//! tuple key, even one that spells the parameter's name (a tag), and a call that reads per-call state.
+//! tuple key, even one that spells the parameter's name (a tag).
 #![deny(warnings)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +10,6 @@ use idempotent_runtime::{Error, Idempotency, idempotent};
 static SEEDS: AtomicUsize = AtomicUsize::new(0);
 static CHARGES: AtomicUsize = AtomicUsize::new(0);
 static VISITS: AtomicUsize = AtomicUsize::new(0);
-static REQUEST: AtomicUsize = AtomicUsize::new(0);
 
 const SEED: &str = "seed-v1";
 
@@ -31,16 +30,6 @@ async fn visit(user: String) -> Result<usize, Error> {
     Ok(VISITS.fetch_add(1, Ordering::SeqCst) + 1)
 }
 
-/// Per-call state the key reads through a call without arguments.
-fn request_id() -> usize {
-    REQUEST.load(Ordering::SeqCst)
-}
-
-#[idempotent(key = format!("request-{}", request_id()))]
-async fn handle() -> Result<usize, Error> {
-    Ok(request_id())
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     Idempotency::in_memory().install();
@@ -55,7 +44,4 @@ async fn main() {
     assert_eq!(visit("bob".into()).await.unwrap(), 2);
     assert_eq!(visit("ann".into()).await.unwrap(), 1);
     assert_eq!(VISITS.load(Ordering::SeqCst), 2);
-    assert_eq!(handle().await.unwrap(), 0);
-    REQUEST.store(1, Ordering::SeqCst);
-    assert_eq!(handle().await.unwrap(), 1);
 }
