@@ -342,6 +342,10 @@ fn print_traffic(stats: &idempotent_tests::proxy::Stats) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario, read top to bottom: the calls, what each key's record holds, one more call"
+)]
 async fn two_thousand_keys_under_drops_throttles_and_server_errors_run_exactly_once() {
     const KEYS: u64 = 2_000;
     let rig = Rig::new().await;
