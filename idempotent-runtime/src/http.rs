@@ -888,8 +888,12 @@ impl Settings {
 
     /// The stored headers that a replay sends: only those the layer stores, whoever wrote the record (a
     /// record is untrusted input: one written by another service on the table, or tampered with, could
-    /// otherwise set a cookie), and only names and values a header can carry.
-    fn replayed_headers(&self, stored: &[(String, StoredValue)]) -> HeaderMap {
+    /// otherwise set a cookie), and only names and values a header can carry. An error for more than a
+    /// header map holds (a crafted record): the stored response is unreadable.
+    fn replayed_headers(
+        &self,
+        stored: &[(String, StoredValue)],
+    ) -> Result<HeaderMap, axum::http::header::MaxSizeReached> {
         let mut headers = HeaderMap::new();
         for (name, value) in stored {
             let Ok(name) = HeaderName::try_from(name.as_str()) else {
@@ -899,10 +903,10 @@ impl Settings {
                 continue;
             }
             if let Some(value) = value.to_header() {
-                headers.append(name, value);
+                headers.try_append(name, value)?;
             }
         }
-        headers
+        Ok(headers)
     }
 
     /// A stored response, sent again with `Idempotent-Replayed: true`, its trailers after its body (and
@@ -910,8 +914,15 @@ impl Settings {
     /// the 410 of [`not_replayable`].
     fn replay(&self, stored: StoredResponse) -> Response<Body> {
         let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-        let mut headers = self.replayed_headers(&stored.headers);
-        let trailers = replayed_trailers(&stored.trailers);
+        let (Ok(mut headers), Ok(trailers)) = (
+            self.replayed_headers(&stored.headers),
+            replayed_trailers(&stored.trailers),
+        ) else {
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the stored response is unreadable",
+            );
+        };
         let mut response = match stored.body {
             StoredBody::Unstored => {
                 let location = headers
@@ -956,18 +967,21 @@ fn stored_trailers(trailers: &HeaderMap) -> Vec<(String, StoredValue)> {
 }
 
 /// The stored trailers a replay sends (by the rule they were stored by, whoever wrote the record), or
-/// `None` when there are none.
-fn replayed_trailers(stored: &[(String, StoredValue)]) -> Option<HeaderMap> {
+/// `None` when there are none; an error for more than a header map holds (a crafted record): the stored
+/// response is unreadable.
+fn replayed_trailers(
+    stored: &[(String, StoredValue)],
+) -> Result<Option<HeaderMap>, axum::http::header::MaxSizeReached> {
     let mut trailers = HeaderMap::new();
     for (name, value) in stored {
         let Ok(name) = HeaderName::try_from(name.as_str()) else {
             continue;
         };
         if let (true, Some(value)) = (replays_trailer(&name), value.to_header()) {
-            trailers.append(name, value);
+            trailers.try_append(name, value)?;
         }
     }
-    (!trailers.is_empty()).then_some(trailers)
+    Ok((!trailers.is_empty()).then_some(trailers))
 }
 
 /// Why a request body was not read.

@@ -86,7 +86,13 @@ fn with_canonical_json<T: Serialize + ?Sized, R>(
             if crate::codec::non_finite(value, &json).is_some() {
                 return Err(non_finite_float());
             }
-            if let Some(key) = first_repeated_key(value)? {
+            // What the `Value` path would lose: a repeated key, merged; an integer beyond 64 bits
+            // (from raw JSON), rounded to a float, so that two such values would share one record.
+            let plain = serde_json::to_vec(value)?;
+            if let Some(integer) = wide_integer(&plain) {
+                return Err(wide_integer_error(integer));
+            }
+            if let Some(key) = first_repeated_key(&plain)? {
                 return Err(repeated_key(&key));
             }
             Ok(f(&json, is_missing(&json)))
@@ -127,11 +133,59 @@ fn repeated_key(key: &str) -> serde_json::Error {
 /// The first object key that `value`'s JSON repeats within one object, if any. For the values the
 /// direct path leaves to the `Value` path: their plain JSON (`to_vec`, which keeps every entry, and
 /// writes map keys as `to_value` does) is read back, entry by entry.
-fn first_repeated_key<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<Option<String>, serde_json::Error> {
-    let json = serde_json::to_vec(value)?;
-    Ok(serde_json::from_slice::<repeated::FirstRepeated>(&json)?.0)
+fn first_repeated_key(json: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    Ok(serde_json::from_slice::<repeated::FirstRepeated>(json)?.0)
+}
+
+/// The first integer in `json` (outside strings) that neither `i64` nor `u64` holds: canonical JSON
+/// (through `serde_json::Value`) would round it to a float.
+fn wide_integer(json: &[u8]) -> Option<&str> {
+    let mut i = 0;
+    let mut in_string = false;
+    while i < json.len() {
+        let byte = json[i];
+        if in_string {
+            match byte {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if byte == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if byte == b'-' || byte.is_ascii_digit() {
+            let start = i;
+            i += 1;
+            while json
+                .get(i)
+                .is_some_and(|c| matches!(c, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-'))
+            {
+                i += 1;
+            }
+            let token = std::str::from_utf8(&json[start..i]).ok()?;
+            let integer = token.bytes().all(|c| c.is_ascii_digit() || c == b'-');
+            if integer && token.parse::<i64>().is_err() && token.parse::<u64>().is_err() {
+                return Some(token);
+            }
+            continue;
+        }
+        i += 1;
+    }
+    None
+}
+
+#[cold]
+fn wide_integer_error(integer: &str) -> serde_json::Error {
+    const SHOWN: usize = 40;
+    let cut = &integer[..integer.len().min(SHOWN)];
+    serde_json::Error::custom(format_args!(
+        "it holds the integer {cut} beyond 64 bits, which canonical JSON cannot keep exact (two such values would share one record); send it as a string"
+    ))
 }
 
 /// The reference: `serde_json::Value` keeps objects in a `BTreeMap`, which sorts their keys.
@@ -1389,7 +1443,11 @@ mod tests {
             );
         }
         // The `Value` path's check finds one too (the first in the order written).
-        assert!(first_repeated_key(value).unwrap().is_some());
+        assert!(
+            first_repeated_key(&serde_json::to_vec(value).unwrap())
+                .unwrap()
+                .is_some()
+        );
         assert!(derive_key("n", value).is_err());
         assert!(fingerprint(value).is_err());
     }

@@ -463,7 +463,7 @@ async fn release(cli: &Cli, k: &KeyArgs, yes: bool) -> Result<(), Failure> {
     } else if outcome == Released::Lapsed {
         println!(
             "released: `{}` keeps its finished steps and its lease has lapsed: the next call takes it over and resumes",
-            report.key
+            escaped(&report.key)
         );
     }
     match outcome {
