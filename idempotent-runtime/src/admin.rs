@@ -818,6 +818,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             steps: None,
+            released: Vec::new(),
         };
         KeyReport::new(&record, 0).response_preview.unwrap()
     }
@@ -939,6 +940,7 @@ mod tests {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            released: Vec::new(),
             steps: None,
         };
         let report = KeyReport::new(&record, 1_700_000_000_000);

@@ -147,7 +147,7 @@ pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
 pub use operation::MissingKey;
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
-pub use record::{AttributeNames, Record, Status};
+pub use record::{AttributeNames, MAX_RELEASED, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use steps::{Steps, StepsReport};
 pub use store::memory::MemoryStore;

@@ -81,9 +81,28 @@ pub struct Record {
     /// instead of running them again. Removed by a completion, and by a claim that starts the operation
     /// afresh.
     pub steps: Option<Vec<u8>>,
+    /// The tokens of calls that gave up a claim before it landed, found this record there when they
+    /// released it, and left their token on it ([`Change::MarkReleased`](crate::store::Change::MarkReleased)):
+    /// a claim under any of them is refused, so that a claim still in flight when its call gave it up
+    /// never lands afterwards. At most [`MAX_RELEASED`] of them; removed by a completion (the record is
+    /// final until it expires).
+    pub released: Vec<String>,
 }
 
+/// How many [`Record::released`] tokens a record holds at most: a release that finds the record full
+/// leaves no mark (its claim, if it lands later, lapses with its lease).
+pub const MAX_RELEASED: usize = 16;
+
 impl Record {
+    /// Whether a claim under `token` is refused because its call released it before it landed: the
+    /// record is a FAILED one under that token (the call's release failed its landed claim, or marked
+    /// the absent record), or holds the token among its [`released`](Self::released) ones.
+    #[must_use]
+    pub fn released_token(&self, token: &str) -> bool {
+        (self.status == Status::Failed && self.token == token)
+            || self.released.iter().any(|t| t == token)
+    }
+
     /// Whether a new claim may take this key at `now_ms`: the record expired, failed, or is a PENDING claim
     /// whose lease ran out. This is the single rule behind the stores' claim conditions.
     #[must_use]
@@ -146,7 +165,7 @@ impl Record {
 /// `lease_until`, `expires_at`, `fingerprint`, `response`, `error`, `replay_until` (only written with
 /// retention), `claim_writes` (only written by claims with business writes), `completed_in` (only
 /// written by a DynamoDB store that knows its region), `steps` (only written by operations run with
-/// steps) and `sk` (the sort key, only in a DynamoDB table
+/// steps), `released` (only written by the release of a call that gave up a claim in flight) and `sk` (the sort key, only in a DynamoDB table
 /// layout that has one).
 ///
 /// A setting of the record, not of one store: every store sizes its records by them
@@ -182,13 +201,16 @@ pub struct AttributeNames {
     pub completed_in: String,
     /// The finished steps' values of an operation run with steps (B), while it is PENDING or FAILED.
     pub steps: String,
+    /// The tokens of calls that released their claim before it landed (SS): a claim under one of
+    /// them is refused ([`Record::released`]).
+    pub released: String,
 }
 
 // Used by the DynamoDB store, which reads a returned item by these names.
 #[cfg(feature = "dynamodb")]
 impl AttributeNames {
     /// Every name, in the order of the fields.
-    fn all(&self) -> [&str; 14] {
+    fn all(&self) -> [&str; 15] {
         [
             &self.key,
             &self.sort_key,
@@ -204,6 +226,7 @@ impl AttributeNames {
             &self.claim_writes,
             &self.completed_in,
             &self.steps,
+            &self.released,
         ]
     }
 
@@ -233,6 +256,7 @@ impl Default for AttributeNames {
             claim_writes: "claim_writes".into(),
             completed_in: "completed_in".into(),
             steps: "steps".into(),
+            released: "released".into(),
         }
     }
 }
@@ -260,6 +284,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             steps: None,
+            released: Vec::new(),
         }
     }
 

@@ -115,6 +115,7 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         sort_key: "range".into(),
         completed_in: "region".into(),
         steps: "done".into(),
+        released: "given_up".into(),
     };
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(

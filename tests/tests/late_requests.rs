@@ -485,9 +485,7 @@ macro_rules! on_both_stores {
 }
 
 on_both_stores! {
-    #[ignore = "reproduces: a release marks only an absent record; a dropped call's claim landing late on a FAILED record holds the key for a lease"]
     a_dropped_retry_of_a_failed_key_frees_it => check_a_dropped_retry_of_a_failed_key_frees_it;
-    #[ignore = "reproduces: a release marks only an absent record; a dropped call's late takeover of a lapsed claim holds the key for a lease"]
     a_dropped_takeover_frees_the_key => check_a_dropped_takeover_frees_the_key;
     #[ignore = "reproduces: step writes are not ordered; a late copy of an earlier step's write moves the steps back and a finished step runs again"]
     a_late_step_write_never_moves_steps_back => check_a_late_step_write_never_moves_steps_back;

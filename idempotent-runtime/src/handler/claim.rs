@@ -270,28 +270,24 @@ pub(super) fn release(
     let (idem, key, token) = (idem.clone(), key.to_owned(), token.to_owned());
     let tasks = idem.tasks().clone();
     let release = async move {
-        // A fenced failure of the claim if it landed; where there is no record at all (the claim
-        // still in flight), a mark under the call's token that the claim, landing later, finds and
-        // does not overwrite ([`decide::after_release`]). Twice each at most: the claim lands once.
+        // A fenced failure of the claim if it landed; where it has not (the claim still in flight), a
+        // mark that the claim, landing later, respects: a FAILED record under the call's token where
+        // there is none, else the token left on the record there ([`decide::after_release`]). Each
+        // rejection means the record changed in between; six writes cover every order in which the
+        // claim can land and the record appear or vanish.
         let mut step = Some(decide::ReleaseStep::Fail);
-        for _ in 0..4 {
+        for _ in 0..6 {
             let Some(sent) = step else { break };
-            let now_ms = idem.clock().now_ms();
-            let change = match sent {
-                decide::ReleaseStep::Fail => Change::Fail {
-                    error: RELEASED,
-                    expires_at_s: expiry_s(now_ms, lifetime),
-                    release_claim_writes: false,
-                },
-                decide::ReleaseStep::Mark => Change::Release {
-                    error: RELEASED,
-                    expires_at_s: expiry_s(now_ms, mark_lifetime),
-                },
-            };
             let transition = Transition {
                 key: &key,
                 token: &token,
-                change,
+                change: release_change(
+                    sent,
+                    idem.clock().now_ms(),
+                    idem.clock_skew_margin(),
+                    lifetime,
+                    mark_lifetime,
+                ),
             };
             let (applied, found) = match telemetry::observe(
                 "release",
@@ -310,11 +306,37 @@ pub(super) fn release(
                     return;
                 }
             };
-            step = decide::after_release(sent, applied, found.as_ref());
+            step = decide::after_release(sent, applied, found.as_ref(), &token);
         }
         tracing::debug!(namespace, "the claim of a call that gave it up is released");
     };
     runtime.spawn(tasks.track_future(release));
+}
+
+/// The write a release makes at `step` at `now_ms` (with the caller's clock-skew `margin`): a
+/// failure living `lifetime`, a mark living `mark_lifetime` ([`decide::release_mark_lifetime`]), or
+/// the token left on another record.
+pub(crate) fn release_change(
+    step: decide::ReleaseStep,
+    now_ms: u64,
+    margin: Duration,
+    lifetime: Duration,
+    mark_lifetime: Duration,
+) -> Change<'static> {
+    match step {
+        decide::ReleaseStep::Fail => Change::Fail {
+            error: RELEASED,
+            expires_at_s: expiry_s(now_ms, lifetime),
+            release_claim_writes: false,
+        },
+        decide::ReleaseStep::Mark => Change::Release {
+            error: RELEASED,
+            expires_at_s: expiry_s(now_ms, mark_lifetime),
+        },
+        decide::ReleaseStep::MarkRecord => Change::MarkReleased {
+            now_ms: judged_ms(now_ms, margin),
+        },
+    }
 }
 
 /// Claims the key, or finds the stored answer, or says why neither is possible; with `wait`, polls an
@@ -368,7 +390,7 @@ pub(super) async fn acquire<T: DeserializeOwned>(
         // The request is moved into the attempt's own future: this one then holds it only while
         // that future is awaited, and the record it may return can share its place. A renewal
         // (rare: only a late answer renews) is boxed, with what it needs of the request.
-        let mut record = match if renewing {
+        let mut refused = match if renewing {
             Box::pin(renew_once(attempt, request)).await?
         } else {
             claim_once(idem, plan, request).await?
@@ -405,14 +427,19 @@ pub(super) async fn acquire<T: DeserializeOwned>(
         loop {
             // Decided in a block of its own: nothing but the action outlives it (this future is part
             // of every call's, and what lives across the wait below makes it larger).
-            let (action, judged) = {
+            // The record is moved in and out of it, so that only the block's binding is ever
+            // borrowed: one that was borrowed would keep its room in this future across the wait
+            // below even once dropped.
+            let (action, judged, record) = {
+                let record = refused;
                 let judged = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
                 let found = examine(plan.call, &record, token, plan.fingerprint, judged)?;
                 let refused = decide::Answer::Refused {
                     record: &record,
                     found: &found,
                 };
-                attempt.next(refused, number)
+                let (action, judged) = attempt.next(refused, number);
+                (action, judged, record)
             };
             let retry_after = match action {
                 decide::AfterClaim::Run { lease_until_ms } => {
@@ -454,9 +481,11 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 let namespace = plan.call.namespace;
                 return Err(in_progress(idem, namespace, retry_after, attempt.lease));
             };
+            // Not held while waiting: the re-read replaces it.
+            drop(record);
             // Boxed: a timer and a read are large, and a call that finds no one in flight never waits.
             match Box::pin(reread(idem, plan.call.namespace, plan.key, pause)).await? {
-                Some(next) => record = next,
+                Some(next) => refused = next,
                 // Deleted (by TTL or by hand): the key is new.
                 None => continue 'claim,
             }

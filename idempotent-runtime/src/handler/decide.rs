@@ -169,8 +169,11 @@ pub(crate) fn on_drop(stage: Stage, releasable: bool) -> OnDrop {
 }
 
 /// The writes of a release, in the order they are tried: first a fenced failure of the claim (which
-/// holds the key if it landed), then, where there is no record at all (the claim still in flight), a
-/// FAILED mark under the call's token ([`Change::Release`](crate::store::Change::Release)).
+/// holds the key if it landed); where there is no record at all (the claim still in flight), a FAILED
+/// mark under the call's token ([`Change::Release`](crate::store::Change::Release)); where there is
+/// another record, the call's token left on it
+/// ([`Change::MarkReleased`](crate::store::Change::MarkReleased)). Either way the claim, landing later,
+/// is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseStep {
     /// PENDING under the call's token → FAILED.
@@ -178,27 +181,40 @@ pub(crate) enum ReleaseStep {
     /// No record → a FAILED mark under the call's token, living as long as the claim it stands in for
     /// would ([`release_mark_lifetime`]).
     Mark,
+    /// Another record → the call's token among its released ones.
+    MarkRecord,
 }
 
-/// What a release does after `step` was `applied`, or rejected with the record it `found` (`None`: no
-/// record).
+/// What a release under `token` does after `step` was `applied`, or rejected with the record it
+/// `found` (`None`: no record). A release ends with the token among the record's released ones
+/// (a mark where there was no record holds it too): a FAILED record under the token alone does not
+/// keep the claim out once another call has claimed and failed it. Each rejection means the record
+/// changed since the last write (or holds all the released tokens it may): the next write is the one
+/// that record calls for.
 pub(crate) fn after_release(
     step: ReleaseStep,
     applied: bool,
     found: Option<&Record>,
+    token: &str,
 ) -> Option<ReleaseStep> {
     if applied {
-        return None;
+        return (step == ReleaseStep::Fail).then_some(ReleaseStep::MarkRecord);
     }
     match (step, found) {
-        // No record: the claim has not landed (or never will); leave the mark it must respect.
-        (ReleaseStep::Fail, None) => Some(ReleaseStep::Mark),
-        // The claim landed between the two writes: fail it.
-        (ReleaseStep::Mark, Some(record)) if record.status == Status::Pending => {
+        // The claim landed (between two writes): fail it.
+        (ReleaseStep::Mark | ReleaseStep::MarkRecord, Some(record))
+            if record.status == Status::Pending && record.token == token =>
+        {
             Some(ReleaseStep::Fail)
         }
-        // Another call's record, or ours no longer PENDING: nothing of ours to release.
-        _ => None,
+        // No record: the claim has not landed (or never will); leave the mark it must respect.
+        (_, None) => Some(ReleaseStep::Mark),
+        // Already refuses the claim: our token is on it.
+        (_, Some(record)) if record.released.iter().any(|t| t == token) => None,
+        // Another call's record, which the claim may still land on once it is claimable.
+        (ReleaseStep::Fail | ReleaseStep::Mark, Some(_)) => Some(ReleaseStep::MarkRecord),
+        // A record that holds all the released tokens it may: the claim lapses with its lease.
+        (ReleaseStep::MarkRecord, Some(_)) => None,
     }
 }
 
@@ -334,6 +350,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             steps: None,
+            released: Vec::new(),
         }
     }
 
@@ -427,21 +444,60 @@ mod tests {
     }
 
     #[test]
-    fn a_release_fails_a_landed_claim_and_marks_an_absent_one() {
+    fn a_release_fails_a_landed_claim_and_marks_any_other_record() {
+        use ReleaseStep::{Fail, Mark, MarkRecord};
+        // `record` is under token "t": ours here.
         let ours = record(Status::Pending, Some(10));
+        let released = Record {
+            released: vec!["t".into()],
+            ..record(Status::Failed, None)
+        };
+        // Failed by our release but without our token among the released ones: marked next.
         let failed = record(Status::Failed, None);
-        assert_eq!(after_release(ReleaseStep::Fail, true, None), None);
+        let theirs = Record {
+            token: "other".into(),
+            ..record(Status::Failed, None)
+        };
+        let lapsed = Record {
+            token: "other".into(),
+            ..record(Status::Pending, Some(10))
+        };
+        let marked = Record {
+            released: vec!["t".into()],
+            ..theirs.clone()
+        };
+        assert_eq!(after_release(Fail, true, None, "t"), Some(MarkRecord));
         assert_eq!(
-            after_release(ReleaseStep::Fail, false, None),
-            Some(ReleaseStep::Mark)
+            after_release(Fail, false, Some(&failed), "t"),
+            Some(MarkRecord)
         );
-        assert_eq!(after_release(ReleaseStep::Fail, false, Some(&failed)), None);
-        assert_eq!(after_release(ReleaseStep::Mark, true, None), None);
+        for step in [Mark, MarkRecord] {
+            assert_eq!(after_release(step, true, None, "t"), None, "{step:?}");
+        }
+        for step in [Fail, Mark, MarkRecord] {
+            // Our token on our released record, or on another record: the claim is refused already.
+            assert_eq!(after_release(step, false, Some(&released), "t"), None);
+            assert_eq!(after_release(step, false, Some(&marked), "t"), None);
+        }
+        assert_eq!(after_release(Fail, false, None, "t"), Some(Mark));
+        assert_eq!(after_release(MarkRecord, false, None, "t"), Some(Mark));
+        assert_eq!(after_release(Mark, false, Some(&ours), "t"), Some(Fail));
         assert_eq!(
-            after_release(ReleaseStep::Mark, false, Some(&ours)),
-            Some(ReleaseStep::Fail)
+            after_release(MarkRecord, false, Some(&ours), "t"),
+            Some(Fail)
         );
-        assert_eq!(after_release(ReleaseStep::Mark, false, Some(&failed)), None);
+        for other in [&theirs, &lapsed] {
+            assert_eq!(
+                after_release(Fail, false, Some(other), "t"),
+                Some(MarkRecord)
+            );
+            assert_eq!(
+                after_release(Mark, false, Some(other), "t"),
+                Some(MarkRecord)
+            );
+            // Rejected by a record that holds all the tokens it may.
+            assert_eq!(after_release(MarkRecord, false, Some(other), "t"), None);
+        }
         assert_eq!(
             release_mark_lifetime(Duration::from_mins(1), Duration::from_hours(24)),
             Duration::from_mins(60 * 24 + 1)

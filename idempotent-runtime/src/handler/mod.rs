@@ -54,9 +54,9 @@ mod heartbeat;
 mod run;
 mod settle;
 
-#[cfg(test)]
-pub(crate) use claim::RELEASED;
 pub(crate) use claim::Stage;
+#[cfg(test)]
+pub(crate) use claim::{RELEASED, release_change};
 pub use decide::MIN_LEASE;
 pub(crate) use run::{Detach, Inline, Runner, panicked, run};
 pub(crate) use settle::save_steps;
@@ -389,6 +389,7 @@ mod examine_order {
             claim_writes_in_effect: false,
             completed_in: None,
             steps: None,
+            released: Vec::new(),
         };
         let call = Call::new("ns");
         let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);
@@ -426,6 +427,7 @@ mod decision {
             replay_until_s: None,
             claim_writes_in_effect: false,
             completed_in: None,
+            released: Vec::new(),
             steps: None,
         }
     }

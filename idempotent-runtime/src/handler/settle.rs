@@ -47,6 +47,10 @@ impl Persist {
 }
 
 /// One attempt at a fenced transition, as the store reported it.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every rejected write: boxing the record would allocate there"
+)]
 pub(super) enum Written {
     Applied,
     Rejected(Option<Record>),

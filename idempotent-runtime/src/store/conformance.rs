@@ -52,6 +52,7 @@
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) keeps the steps of a record it continues (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one) and changes nothing else; every claim under a released token is refused, other claims keep the tokens, a completion removes them; a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) reject it |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
@@ -112,7 +113,7 @@ use super::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
 };
 use crate::record::{Record, Status};
-use request::{LEASE, NOW, claim, complete, extend, fail, release};
+use request::{LEASE, NOW, claim, complete, extend, fail, mark_released, release};
 
 /// How long one case may take before it is reported as hanging.
 const CASE_TIMEOUT: Duration = Duration::from_mins(2);
@@ -469,6 +470,7 @@ pub const RECORD_CASES: &[&str] = &[
     "a_claim_that_starts_a_new_operation_removes_its_steps",
     "a_resume_needs_exactly_the_steps_it_read",
     "a_release_before_its_claim_landed_refuses_that_claim",
+    "a_token_released_on_a_record_is_refused_by_it",
     "of_32_racing_claims_exactly_one_wins",
 ];
 
@@ -494,6 +496,7 @@ dispatch!(
     a_claim_that_starts_a_new_operation_removes_its_steps,
     a_resume_needs_exactly_the_steps_it_read,
     a_release_before_its_claim_landed_refuses_that_claim,
+    a_token_released_on_a_record_is_refused_by_it,
     of_32_racing_claims_exactly_one_wins,
 );
 
@@ -1172,8 +1175,8 @@ async fn a_release_before_its_claim_landed_refuses_that_claim<S: Store>(
     );
     let mark = c.record("gone").await?;
     ensure!(
-        mark.status == Status::Failed && mark.token == "t1",
-        "the mark is FAILED under the releasing call's token, got {mark:?}"
+        mark.status == Status::Failed && mark.token == "t1" && mark.released == ["t1"],
+        "the mark is FAILED under the releasing call's token, its only released one, got {mark:?}"
     );
     let late = c.store.claim(&claim("gone", "t1", NOW)).await?;
     ensure!(
@@ -1199,6 +1202,127 @@ async fn a_release_before_its_claim_landed_refuses_that_claim<S: Store>(
             "a release mark on a record (here {holder}'s claim) is rejected with it, got {rejected:?}"
         );
     }
+    Ok(())
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "one contract, case by case in the order a record meets them"
+)]
+async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    // On another call's FAILED record: the token joins the released ones, nothing else changes;
+    // the released call's claim is refused, another call's is not, and keeps the token.
+    c.pending("failed", "t2").await?;
+    c.store.transition(&fail("failed", "t2")).await?;
+    let before = c.record("failed").await?;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t1", NOW))
+            .await?,
+        WriteOutcome::Applied,
+        "a token left on another call's FAILED record"
+    );
+    let marked = c.record("failed").await?;
+    ensure_eq!(
+        marked,
+        Record {
+            released: vec!["t1".to_owned()],
+            ..before
+        },
+        "a released token changes nothing else"
+    );
+    let late = c.store.claim(&claim("failed", "t1", NOW)).await?;
+    ensure!(
+        matches!(&late, ClaimOutcome::Existing(r) if r.token == "t2"),
+        "a claim under a released token must be refused, got {late:?}"
+    );
+    c.pending("failed", "t3").await?;
+    ensure_eq!(
+        c.record("failed").await?.released,
+        vec!["t1".to_owned()],
+        "a claim keeps the released tokens"
+    );
+    // On a live claim of another call: the token waits there until the claim lapses.
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t4", NOW))
+            .await?,
+        WriteOutcome::Applied,
+        "a token left on another call's live claim"
+    );
+    let after_lease = NOW + LEASE + 1;
+    let late = c.store.claim(&claim("failed", "t4", after_lease)).await?;
+    ensure!(
+        matches!(&late, ClaimOutcome::Existing(r) if r.token == "t3"),
+        "a claim under a released token must be refused after the lease too, got {late:?}"
+    );
+    // Left twice, it is held once.
+    c.store
+        .transition(&mark_released("failed", "t4", NOW))
+        .await?;
+    let record = c.record("failed").await?;
+    ensure_eq!(record.released.len(), 2, "each token once: {record:?}");
+    // A completion removes them: the record is final until it expires.
+    c.store
+        .transition(&complete("failed", "t3", b"{}", NOW / 1000 + 60))
+        .await?;
+    ensure!(
+        c.record("failed").await?.released.is_empty(),
+        "a completion removes the released tokens"
+    );
+    // Rejected, returned as they are: a live COMPLETED record, a claim under the token itself, no
+    // record.
+    let completed = c.record("failed").await?;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t5", NOW))
+            .await?,
+        WriteOutcome::Rejected(Some(completed)),
+        "a live COMPLETED record is final"
+    );
+    c.pending("mine", "t1").await?;
+    let mine = c.record("mine").await?;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("mine", "t1", NOW))
+            .await?,
+        WriteOutcome::Rejected(Some(mine)),
+        "a claim under the token itself landed: it is failed, not marked"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("absent", "t1", NOW))
+            .await?,
+        WriteOutcome::Rejected(None),
+        "no record: a release mark is written instead"
+    );
+    // An expired COMPLETED record takes it (its claim may land at once).
+    let expired_ms = (NOW / 1000 + 61) * 1000;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t5", expired_ms))
+            .await?,
+        WriteOutcome::Applied,
+        "an expired COMPLETED record takes a released token"
+    );
+    // At most MAX_RELEASED tokens.
+    c.pending("full", "owner").await?;
+    for i in 0..crate::MAX_RELEASED {
+        c.store
+            .transition(&mark_released("full", &format!("r{i}"), NOW))
+            .await?;
+    }
+    let full = c.record("full").await?;
+    ensure_eq!(full.released.len(), crate::MAX_RELEASED, "{full:?}");
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("full", "one-more", NOW))
+            .await?,
+        WriteOutcome::Rejected(Some(full)),
+        "a record holding MAX_RELEASED tokens rejects one more"
+    );
     Ok(())
 }
 

@@ -226,10 +226,9 @@ pub(crate) fn claimed<'r>(
     with_writes: bool,
 ) -> Result<Record, &'r Record> {
     let attempt = match old {
-        // A call's own released claim (see `Change::Release`): a late claim of that call never lands.
-        Some(old) if old.status == Status::Failed && old.token == request.token => {
-            return Err(old);
-        }
+        // A call's own released claim (see `Change::Release`, `Change::MarkReleased`): a late claim
+        // of that call never lands.
+        Some(old) if old.released_token(request.token) => return Err(old),
         Some(old) if with_writes && !old.is_claimable_with_writes(request.now_ms) => {
             return Err(old);
         }
@@ -269,6 +268,9 @@ pub(crate) fn claimed<'r>(
                 .filter(|o| !o.is_expired(request.now_ms))
                 .and_then(|o| o.steps.clone()),
         },
+        // Like DynamoDB's update, a claim leaves them as they were: a claim still in flight under one
+        // of them may land later.
+        released: old.map(|o| o.released.clone()).unwrap_or_default(),
     })
 }
 
@@ -284,19 +286,25 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
     }
 }
 
-/// Whether `record` is PENDING under the transition's token, so that the transition may be made; a
-/// failure that releases claim-time writes (its compensation) also needs them still in effect.
+/// Whether the transition may be made on `record`: it is PENDING under the transition's token; a
+/// failure that releases claim-time writes (its compensation) also needs them still in effect. The
+/// exceptions: a release mark needs no record at all, and a [`Change::MarkReleased`] any record *not*
+/// PENDING under the token nor COMPLETED and live, with room for one more released token.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
-    !matches!(transition.change, Change::Release { .. })
-        && record.status == Status::Pending
-        && record.token == transition.token
-        && match transition.change {
-            Change::Fail {
-                release_claim_writes: true,
-                ..
-            } => record.claim_writes_in_effect,
-            _ => true,
+    let held = record.status == Status::Pending && record.token == transition.token;
+    match transition.change {
+        Change::Release { .. } => false,
+        Change::MarkReleased { now_ms } => {
+            !held
+                && (record.status != Status::Completed || record.is_expired(now_ms))
+                && record.released.len() < crate::MAX_RELEASED
         }
+        Change::Fail {
+            release_claim_writes: true,
+            ..
+        } => held && record.claim_writes_in_effect,
+        _ => held,
+    }
 }
 
 /// The record a [`Change::Release`] writes where there was none: FAILED under the releasing call's
@@ -323,6 +331,7 @@ pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
         claim_writes_in_effect: false,
         completed_in: None,
         steps: None,
+        released: vec![transition.token.to_owned()],
     }
 }
 
@@ -352,9 +361,16 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.expires_at_s = expires_at_s;
             record.replay_until_s = replay_until_s;
             record.lease_until_ms = None;
+            // Final until it expires: no claim lands on it, released or not.
+            record.released.clear();
         }
         // Never applied to a record ([`fenced`]): written where there is none ([`tombstone`]).
         Change::Release { .. } => {}
+        Change::MarkReleased { .. } => {
+            if !record.released.iter().any(|t| t == transition.token) {
+                record.released.push(transition.token.to_owned());
+            }
+        }
         Change::Fail {
             error,
             expires_at_s,

@@ -141,16 +141,32 @@ pub enum Change<'a> {
         /// Every finished step's value, encoded.
         steps: &'a [u8],
     },
-    /// Where there is **no record**, a FAILED record under the token (a mark): the call holding the
-    /// token gave up a claim whose request is still in flight (dropped, or its answer never came), and
-    /// that claim, if it lands later, finds the mark and does not overwrite it (every claim is refused
-    /// by a FAILED record under its own token). Any record at all rejects it, returned as it is. (A
-    /// claim that has landed is given up with a [`Fail`](Self::Fail) first.)
+    /// Where there is **no record**, a FAILED record under the token (a mark) whose only
+    /// [`released`](Record::released) token is that one: the call holding the token gave up a claim
+    /// whose request is still in flight (dropped, or its answer never came), and that claim, if it
+    /// lands later, finds the mark and does not overwrite it (every claim is refused under a released
+    /// token; another call's claim of the mark keeps it). Any record at all rejects it, returned as it
+    /// is. (A claim that has landed is given up with a [`Fail`](Self::Fail) first, and its token then
+    /// left on the record with a [`MarkReleased`](Self::MarkReleased).)
     Release {
         /// Why, for operators.
         error: &'a str,
         /// The record's new expiry (epoch seconds).
         expires_at_s: u64,
+    },
+    /// On a record that is **not PENDING under the token**, and not COMPLETED unless expired at
+    /// `now_ms`, the token is added to the record's [`released`](Record::released) ones, the rest left
+    /// as it is: the call holding the token gave up a claim whose request is still in flight and found
+    /// another record there (a FAILED one, a lapsed or live claim of another call, an expired one), and
+    /// that claim, if it lands later, is refused by it (every claim is refused under a released token).
+    /// A record that already holds [`MAX_RELEASED`](crate::MAX_RELEASED) tokens, one PENDING under the
+    /// token (the claim landed: it is given up with a [`Fail`](Self::Fail)), a live COMPLETED one (final:
+    /// no claim lands on it before it expires) and no record at all (a [`Release`](Self::Release) marks
+    /// that) reject it, returned as they are.
+    MarkReleased {
+        /// The caller's time, less its clock-skew margin, as a claim's
+        /// ([`ClaimRequest::now_ms`]): whether a COMPLETED record has expired.
+        now_ms: u64,
     },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {
@@ -162,7 +178,7 @@ pub enum Change<'a> {
 }
 
 impl Change<'_> {
-    /// The request's name, for telemetry and request tokens: `complete`, `fail`, `step` or `heartbeat`, with
+    /// The request's name, for telemetry and request tokens: `complete`, `fail`, `step`, `release` or `heartbeat`, with
     /// `_transaction` when it goes in one transaction with business writes.
     pub(crate) fn op(&self, transactional: bool) -> &'static str {
         match (self, transactional) {
@@ -172,7 +188,7 @@ impl Change<'_> {
             (Change::Fail { .. }, true) => "fail_transaction",
             (Change::SaveSteps { .. }, _) => "step",
             (Change::ExtendLease { .. }, _) => "heartbeat",
-            (Change::Release { .. }, _) => "release",
+            (Change::Release { .. } | Change::MarkReleased { .. }, _) => "release",
         }
     }
 }
@@ -192,6 +208,10 @@ pub enum WriteOutcome {
 
 /// What a transaction of a record's claim or transition with business [`Writes`] found.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every rejected transaction: boxing the record would allocate there"
+)]
 pub enum TransactOutcome {
     /// The record and every staged write committed together.
     Committed,
@@ -371,8 +391,9 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// is returned as blocking, and an absent one is [`StoreError::Corrupt`] (DynamoDB reports a failed
     /// condition without an item; nothing was written, and the caller claims again with its writes).
     ///
-    /// A FAILED record under the request's own token is never claimed: it is the mark its call left when
-    /// it gave the claim up ([`Change::Release`]), and this request is that call's, landing late.
+    /// A record that [`released the request's token`](Record::released_token) is never claimed: it is
+    /// the mark its call left when it gave the claim up ([`Change::Release`], [`Change::MarkReleased`]),
+    /// and this request is that call's, landing late.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.

@@ -79,6 +79,7 @@ impl Store for Flaky {
                 claim_writes_in_effect: false,
                 completed_in: None,
                 steps: None,
+                released: Vec::new(),
             }));
         }
         self.inner.claim(request).await

@@ -60,6 +60,16 @@ pub fn release<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
     }
 }
 
+/// Leaves `token` on the record of `key` ([`Change::MarkReleased`]) at `now_ms`.
+#[must_use]
+pub fn mark_released<'a>(key: &'a str, token: &'a str, now_ms: u64) -> Transition<'a> {
+    Transition {
+        key,
+        token,
+        change: Change::MarkReleased { now_ms },
+    }
+}
+
 /// Fails `key` under `token` (error `declined`, kept a minute after [`NOW`]).
 #[must_use]
 pub fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {

@@ -7,10 +7,12 @@
 //!
 //! Placeholders: `#pk` key, `#st` status, `#tk` token, `#at` attempt, `#lu` lease end, `#ex` expiry, `#fp`
 //! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect, `#ci`
-//! the region that completed the record, `#sp` the finished steps of an operation run with steps. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
+//! the region that completed the record, `#sp` the finished steps of an operation run with steps, `#rl`
+//! the tokens of calls that released their claim before it landed. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
-//! store's region), `:sp` (the steps), `:one` (1) and `:true`.
+//! store's region), `:sp` (the steps), `:tks` (a set holding the token), `:max`
+//! ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:one` (1) and `:true`.
 //!
 //! `#pk` is always the *partition* key attribute: in a [`Layout`](super::Layout) with a sort key, every
 //! request names the item by its full primary key, and `attribute_not_exists(#pk)` holds exactly when
@@ -48,16 +50,28 @@ pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
 pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attribute_exists(#cw)";
 
 /// What every claim adds to its condition: the record is not a FAILED one under the claim's own token,
-/// which only the claim's own call writes when it gives the claim up ([`RELEASE`]), so that a claim of
-/// that call that lands after its release is refused.
-pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk)";
+/// which only the claim's own call writes when it gives the claim up ([`RELEASE`]), and does not hold
+/// that token among its released ones ([`MARK_RELEASED`]), so that a claim of that call that lands
+/// after its release is refused (the rule of [`Record::released_token`](crate::Record::released_token)).
+pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk) AND NOT contains(#rl, :tk)";
 
 /// The condition of a release's mark ([`Change::Release`]): no record at all (the call's claim has not
 /// landed).
 pub const RELEASABLE: &str = "attribute_not_exists(#pk)";
 
-/// A release mark's item: FAILED under the caller's token, no claim attempt made (`#at` 0).
-pub const RELEASE: &str = "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero";
+/// A release mark's item: FAILED under the caller's token, which is also its only released one (a
+/// claim that takes the mark over keeps it), no claim attempt made (`#at` 0).
+pub const RELEASE: &str =
+    "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero, #rl = :tks";
+
+/// The condition of a [`Change::MarkReleased`]: a record that is not PENDING under the caller's token
+/// (the call's claim has not landed) nor COMPLETED and live (final until it expires), and holds fewer
+/// than `:max` released tokens.
+pub const MARKABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
+
+/// A [`Change::MarkReleased`]'s update: the caller's token (`:tks`, a set of one) joins the record's
+/// released tokens; nothing else changes.
+pub const MARK_RELEASED: &str = "ADD #rl :tks";
 
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
@@ -117,28 +131,33 @@ pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str
     }
 }
 
-/// The completion's update: COMPLETED with a new expiry, the lease (and any stored steps) removed. `response`: the response is
+/// The completion's update: COMPLETED with a new expiry, the lease (and any stored steps and released
+/// tokens) removed. `response`: the response is
 /// stored (else the record replays as too large); `replay_until`: with retention, the end of the
 /// replay window; `region`: the store knows its region, and records it as the one that completed the
 /// record.
 #[must_use]
 pub const fn complete_update(response: bool, replay_until: bool, region: bool) -> &'static str {
     match (response, replay_until, region) {
-        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp",
+        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp, #rl",
         (true, true, false) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp, #rl"
         }
-        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp",
-        (false, true, false) => "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp",
+        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp, #rl",
+        (false, true, false) => {
+            "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp, #rl"
+        }
         (true, false, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp, #rl"
         }
         (true, true, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp, #rl"
         }
-        (false, false, true) => "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp",
+        (false, false, true) => {
+            "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp, #rl"
+        }
         (false, true, true) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp"
+            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp, #rl"
         }
     }
 }
@@ -199,6 +218,7 @@ fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
         "#cw" => &names.claim_writes,
         "#ci" => &names.completed_in,
         "#sp" => &names.steps,
+        "#rl" => &names.released,
         other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
     }
 }
@@ -326,7 +346,21 @@ impl RecordUpdate {
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
                 values.insert(":zero".to_owned(), n(0));
+                values.insert(
+                    ":tks".to_owned(),
+                    AttributeValue::Ss(vec![transition.token.to_owned()]),
+                );
                 (RELEASE, &names.release)
+            }
+            Change::MarkReleased { now_ms } => {
+                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
+                values.insert(":now_s".to_owned(), n(now_ms / 1000));
+                values.insert(
+                    ":tks".to_owned(),
+                    AttributeValue::Ss(vec![transition.token.to_owned()]),
+                );
+                values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
+                (MARK_RELEASED, &names.mark_released)
             }
             Change::ExtendLease {
                 lease_until_ms,
@@ -343,6 +377,7 @@ impl RecordUpdate {
                 ..
             } => HELD_WITH_CLAIM_WRITES,
             Change::Release { .. } => RELEASABLE,
+            Change::MarkReleased { .. } => MARKABLE,
             _ => HELD_BY_TOKEN,
         };
         Self {
@@ -497,6 +532,7 @@ pub(super) struct PreparedNames {
     extend_lease: HashMap<String, String>,
     save_steps: HashMap<String, String>,
     release: HashMap<String, String>,
+    mark_released: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -511,6 +547,7 @@ impl PreparedNames {
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
             save_steps: attribute_names(names, &[SAVE_STEPS, HELD_BY_TOKEN]),
             release: attribute_names(names, &[RELEASE, RELEASABLE]),
+            mark_released: attribute_names(names, &[MARK_RELEASED, MARKABLE]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -685,6 +722,11 @@ mod tests {
                 expires_at_s: 2,
             },
             Change::SaveSteps { steps: b"{}" },
+            Change::Release {
+                error: "released",
+                expires_at_s: 2,
+            },
+            Change::MarkReleased { now_ms: 1_000 },
         ];
         for release_claim_writes in [false, true] {
             changes.push(Change::Fail {

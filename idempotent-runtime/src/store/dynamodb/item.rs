@@ -76,6 +76,15 @@ impl Item<'_> {
         }
     }
 
+    fn string_set(&mut self, name: &str) -> Result<Vec<String>, StoreError> {
+        match self.take(name) {
+            None => Ok(Vec::new()),
+            Some(Attr::Moved(AttributeValue::Ss(v))) => Ok(v),
+            Some(Attr::Seen(AttributeValue::Ss(v))) => Ok(v.clone()),
+            Some(_) => Err(not_a(name, "a string set")),
+        }
+    }
+
     fn boolean(&mut self, name: &str) -> Result<Option<bool>, StoreError> {
         match self.take(name).as_ref().map(Attr::value) {
             None => Ok(None),
@@ -166,6 +175,7 @@ pub(crate) fn parse_record(
         claim_writes_in_effect: item.boolean(&names.claim_writes)?.unwrap_or(false),
         completed_in: item.string(&names.completed_in)?,
         steps: item.binary(&names.steps)?,
+        released: item.string_set(&names.released)?,
     })
 }
 
@@ -200,6 +210,7 @@ mod tests {
             claim_writes: "cw".into(),
             completed_in: "ci".into(),
             steps: "sp".into(),
+            released: "rl".into(),
         }
     }
 
@@ -218,6 +229,10 @@ mod tests {
             (names.claim_writes.clone(), AttributeValue::Bool(true)),
             (names.completed_in.clone(), s("eu-west-1")),
             (names.steps.clone(), AttributeValue::B(Blob::new(*b"steps"))),
+            (
+                names.released.clone(),
+                AttributeValue::Ss(vec!["t-0".into()]),
+            ),
             // Not the record's: ignored.
             ("status".to_owned(), s("FAILED")),
             ("business".to_owned(), n(1)),
@@ -260,6 +275,7 @@ mod tests {
                 claim_writes_in_effect: true,
                 completed_in: Some("eu-west-1".into()),
                 steps: Some(b"steps".to_vec()),
+                released: vec!["t-0".into()],
             }
         );
         // The tenant layout joins the two key attributes.

@@ -18,9 +18,10 @@
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
 //!
-//! Every claim's condition below also ends `AND NOT (#st = FAILED AND #tk = :tk)`
-//! ([`NOT_RELEASED`](expression::NOT_RELEASED)): a record its own call released refuses that call's
-//! claim when it lands late.
+//! Every claim's condition below also ends `AND NOT (#st = FAILED AND #tk = :tk) AND NOT contains(#rl, :tk)`
+//! ([`NOT_RELEASED`](expression::NOT_RELEASED)): a record its own call released, or that holds the
+//! call's token among its released ones (`#rl`, a string set), refuses that call's claim when it lands
+//! late.
 //!
 //! | request | update | condition |
 //! |---|---|---|
@@ -31,11 +32,11 @@
 //! | claim of an operation with steps, afresh (`run_steps`) | the claim's (any of the three above), plus `SET #sp = :sp` (the new operation's origin, no step finished) | the claim's, `AND (attribute_not_exists(#sp) OR #ex < :now_s[ OR #st = FAILED])` (`#st = FAILED` with `restart_steps_after_failure`) |
 //! | claim of an operation with steps, resuming (after the fresh claim was refused by live steps) | the claim's (any of the three above) | the claim's, `AND #sp = :sp AND #ex >= :now_s[ AND #st = PENDING]` (`:sp`: the steps the caller read, which it replays) |
 //! | step (a step of a body run with steps finished, or an at-most-once step started, or a value that could not be stored) | `SET #sp = :sp` (every finished step's value, and the marks) | `#st = PENDING AND #tk = :tk` |
-//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
+//! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp, #rl` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | operator's release of a record with steps (`idempotent key release`) | `SET #lu = 0, #ex = :ex` (the lease lapses; the record stays PENDING with its steps) | `#st = PENDING AND #tk = :tk` |
-//! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0` | the fail's; the mark's `attribute_not_exists(#pk)` |
+//! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0, #rl = {:tk}`; on any other item (the fail applied, or another call's record), the token left on it: `ADD #rl {:tk}` | the fail's; the mark's `attribute_not_exists(#pk)`; the token's `attribute_exists(#pk) AND NOT (#st = PENDING AND #tk = :tk) AND (#st <> COMPLETED OR #ex < :now_s) AND (attribute_not_exists(#rl) OR size(#rl) < 16)` |
 //! | wait | consistent `GetItem` | — |
 //!
 //! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record

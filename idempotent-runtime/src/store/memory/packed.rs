@@ -61,6 +61,9 @@ const REPLAY_UNTIL: u8 = 1 << 5;
 const COMPLETED_IN: u8 = 1 << 7;
 /// In the first byte, beside the status: the record holds an operation's finished steps.
 const STEPS: u8 = 1 << 6;
+/// In the first byte, beside the status: the record holds released tokens (each length-prefixed,
+/// in one part).
+const RELEASED: u8 = 1 << 5;
 /// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
 const TOKEN_UUID: u8 = 1 << 6;
 /// The fingerprint is lowercase hex (every fingerprint this crate makes), held as the bytes it spells.
@@ -90,6 +93,7 @@ impl Packed {
             claim_writes_in_effect,
             completed_in,
             steps,
+            released,
         } = record;
         let mut flags = 0;
         for (present, flag) in [
@@ -124,6 +128,14 @@ impl Packed {
             0
         };
         let steps_flag = if steps.is_some() { STEPS } else { 0 };
+        let released_flag = if released.is_empty() { 0 } else { RELEASED };
+        let released = (!released.is_empty()).then(|| {
+            let mut out = Vec::new();
+            for token in &released {
+                put_bytes(&mut out, token.as_bytes());
+            }
+            out
+        });
         let token: &[u8] = token_uuid
             .as_ref()
             .map_or(token.as_bytes(), |uuid| uuid.as_bytes());
@@ -142,6 +154,7 @@ impl Packed {
             error.as_deref().map(str::as_bytes),
             completed_in.as_deref().map(str::as_bytes),
             steps.as_deref(),
+            released.as_deref(),
         ];
         // Allocated at its exact length: no shrinking afterwards, which would leave a free fragment
         // behind every record.
@@ -155,7 +168,7 @@ impl Packed {
                 .sum::<usize>()
             + texts.iter().flatten().map(|t| bytes_len(t)).sum::<usize>();
         let mut out = Vec::with_capacity(len);
-        out.push(status_byte(status) | completed_in_flag | steps_flag);
+        out.push(status_byte(status) | completed_in_flag | steps_flag | released_flag);
         out.push(flags);
         put_bytes(&mut out, key.as_bytes());
         put_bytes(&mut out, token);
@@ -207,9 +220,16 @@ impl Packed {
         let error = (flags & ERROR != 0).then(|| text(reader.bytes()).to_owned());
         let completed_in = (status & COMPLETED_IN != 0).then(|| text(reader.bytes()).to_owned());
         let steps = (status & STEPS != 0).then(|| reader.bytes().to_vec());
+        let mut released = Vec::new();
+        if status & RELEASED != 0 {
+            let mut tokens = Reader(reader.bytes());
+            while !tokens.0.is_empty() {
+                released.push(text(tokens.bytes()).to_owned());
+            }
+        }
         Record {
             key,
-            status: status_of(status & !(COMPLETED_IN | STEPS)),
+            status: status_of(status & !(COMPLETED_IN | STEPS | RELEASED)),
             token,
             attempt,
             lease_until_ms,
@@ -221,6 +241,7 @@ impl Packed {
             claim_writes_in_effect: flags & CLAIM_WRITES != 0,
             completed_in,
             steps,
+            released,
         }
     }
 }
@@ -341,6 +362,11 @@ mod tests {
             claim_writes_in_effect: true,
             completed_in: Some("eu-west-1".to_owned()),
             steps: Some(b"steps".to_vec()),
+            released: vec![
+                "10000000-0000-4000-8000-000000000000".to_owned(),
+                String::new(),
+                "not a uuid".to_owned(),
+            ],
         }
     }
 
@@ -356,6 +382,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             steps: None,
+            released: Vec::new(),
             attempt: u64::MAX,
             expires_at_s: 0,
             ..record()

@@ -289,6 +289,7 @@ fn failed_record(writes_in_effect: bool) -> Record {
         claim_writes_in_effect: writes_in_effect,
         completed_in: None,
         steps: None,
+        released: Vec::new(),
     }
 }
 
