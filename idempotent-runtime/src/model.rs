@@ -23,9 +23,13 @@
 //!   ([`decide::after_rejected_complete`], [`decide::after_rejected_fail`], including the failure
 //!   recorded again without its compensation), and a running body's heartbeats (when the next one goes,
 //!   [`decide::heartbeat_interval`] and [`decide::next_heartbeat_ms`]; the lease it asks for,
-//!   [`decide::heartbeat_lease_ms`]; what its answer means, [`decide::after_heartbeat`]);
+//!   [`decide::heartbeat_lease_ms`]; what its answer means, [`decide::after_heartbeat`]), the writes
+//!   of a release and their order ([`decide::after_release`], built by [`handler::release_change`]),
+//!   and, through [`Steps`], what a claim does with stored steps ([`decide::steps_found`]) and whether
+//!   a dropped claim with steps is released ([`decide::steps_releasable`]);
 //! - from the store: what it admits, the memory store's [`claimed`] and [`transitioned`] (which rest
-//!   on [`Record::is_claimable`], and write a release's mark where there is no record), whether a
+//!   on [`Record::is_claimable`] and [`Record::released_token`], write a release's mark where there is
+//!   no record and leave a released token on any other), whether a
 //!   claim needs a record ([`needs_record`]) and the error when it is gone ([`vanished`]); the
 //!   claim-with-writes fallback from [`Record::is_claimable_keeping_writes`];
 //! - for steps, what [`Steps`] decides (below).

@@ -17,6 +17,36 @@ const MAX_NUMBER_BYTES: usize = 21;
 /// A fencing token (a hyphenated UUID).
 const TOKEN_BYTES: usize = 36;
 
+/// The most bytes of the body's error text stored on a FAILED record.
+pub(crate) const MAX_ERROR_BYTES: usize = 4096;
+
+/// The most bytes the encoded steps of an operation run with steps may have so that its PENDING or
+/// FAILED record for `key` fits in one item: the limit minus every other attribute such a record
+/// holds, names included (counted generously): a lease, a failure's error text (up to
+/// [`MAX_ERROR_BYTES`]), the released tokens (up to [`MAX_RELEASED`](crate::MAX_RELEASED) of this
+/// crate's tokens), and the steps attribute's own name.
+pub(crate) fn steps_budget(names: &AttributeNames, key: &str, fingerprint: Option<&str>) -> usize {
+    let overhead = names.key.len()
+        + key.len()
+        + names.status.len()
+        + "COMPLETED".len()
+        + names.token.len()
+        + TOKEN_BYTES
+        + names.attempt.len()
+        + names.lease_until.len()
+        + names.expires_at.len()
+        + 3 * MAX_NUMBER_BYTES
+        + names.claim_writes.len()
+        + 1
+        + fingerprint.map_or(0, |f| names.fingerprint.len() + f.len())
+        + names.error.len()
+        + MAX_ERROR_BYTES
+        + names.released.len()
+        + crate::MAX_RELEASED * TOKEN_BYTES
+        + names.steps.len();
+    MAX_ITEM_BYTES.saturating_sub(overhead)
+}
+
 /// The most bytes a response may have so that a COMPLETED record for `key` fits in one item: the limit
 /// minus every other attribute, names included (counted generously).
 pub(crate) fn response_budget(

@@ -111,12 +111,8 @@ struct State {
     claimed: Option<Vec<u8>>,
 }
 
-/// Room the steps leave in the record for a failure's error text (at most
-/// [`MAX_ERROR_BYTES`](crate::handler::MAX_ERROR_BYTES), and its attribute's name).
-const FAILURE_ROOM: usize = crate::handler::MAX_ERROR_BYTES + 64;
-
 /// Whether `record` is FAILED by a panic (the error text the handler stores for one).
-fn panicked(record: &Record) -> bool {
+pub(crate) fn panicked(record: &Record) -> bool {
     record
         .error
         .as_deref()
@@ -282,20 +278,15 @@ impl Steps {
     /// panic is a bug, not a failure the body undid what its steps did, so the operation resumes (and
     /// the bug, once fixed, goes on from the first unfinished step).
     pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
-        let Some(steps) = record.steps.as_deref() else {
-            self.shared.restarting.store(false, Ordering::Relaxed);
-            self.shared.resuming_failure.store(false, Ordering::Relaxed);
-            return false;
-        };
-        let live = !record.is_expired(now_ms);
-        let failure = live && self.shared.restart_failed && record.status == crate::Status::Failed;
-        let resumed = failure && (Stored::pinned(steps) || panicked(record));
-        let restarts = failure && !resumed;
-        self.shared.restarting.store(restarts, Ordering::Relaxed);
+        use crate::handler::decide::StepsFound;
+        let found = crate::handler::decide::steps_found(record, now_ms, self.shared.restart_failed);
+        self.shared
+            .restarting
+            .store(found == StepsFound::Restart, Ordering::Relaxed);
         self.shared
             .resuming_failure
-            .store(resumed, Ordering::Relaxed);
-        live && !restarts
+            .store(found == StepsFound::ResumeFailure, Ordering::Relaxed);
+        matches!(found, StepsFound::Resume | StepsFound::ResumeFailure)
     }
 
     /// A claim that resumes stored steps is being sent (as [`claim`](Self::claim) with steps seen
@@ -309,7 +300,10 @@ impl Steps {
     /// release is no failure of (the next call would start over and run them again). Such a claim
     /// lapses with its lease instead. A claim that starts afresh (the call's last) is released.
     pub(crate) fn releasable(&self) -> bool {
-        !(self.shared.restart_failed && self.shared.resuming.load(Ordering::Relaxed))
+        crate::handler::decide::steps_releasable(
+            self.shared.restart_failed,
+            self.shared.resuming.load(Ordering::Relaxed),
+        )
     }
 
     /// The call's claim landed, leaving the record's steps as `stored` (`None`: it started afresh).
@@ -711,13 +705,12 @@ impl Steps {
             let mut next = stored.clone();
             change(&mut next);
             let bytes = next.encode();
-            // The record must still take a failure's error text beside the steps (a FAILED record
-            // keeps them), or the failure could not be written.
+            // The record must still take a failure's error text and released tokens beside the
+            // steps (a FAILED record keeps them), or the failure could not be written.
             let budget = call
                 .idem
                 .store()
-                .response_budget(&call.key, call.fingerprint.as_deref())
-                .saturating_sub(FAILURE_ROOM);
+                .steps_budget(&call.key, call.fingerprint.as_deref());
             if bytes.len() > budget {
                 return Err(Error::StepTooLarge {
                     namespace: namespace.to_owned(),

@@ -58,6 +58,7 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
             "a_heartbeat_extends_only_its_own_lease",
             "a_stale_token_cannot_complete_or_fail_after_a_takeover",
             "steps_are_stored_under_the_token_and_removed_by_completion",
+            "a_token_released_on_a_record_is_refused_by_it",
         ],
         "{report}"
     );
@@ -167,6 +168,7 @@ async fn a_store_that_lets_two_claims_win_fails_the_claim_cases() {
             "a_heartbeat_extends_only_its_own_lease",
             "expiry_is_decided_by_the_claims_clock",
             "a_pending_record_is_claimable_once_its_lease_ran_out",
+            "a_token_released_on_a_record_is_refused_by_it",
             "of_32_racing_claims_exactly_one_wins",
         ],
         "{report}"

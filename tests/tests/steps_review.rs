@@ -1,7 +1,5 @@
 //! Steps (`Operation::run_steps`) under attack: regression tests for the behaviours that broke the
-//! feature's promise, each of which failed before its fix. One known limitation remains
-//! `#[ignore = "reproduces: .."]` (run it with `--ignored`): a custom `steps` attribute name longer than
-//! `response`.
+//! feature's promise, each of which failed before its fix.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -575,7 +573,6 @@ async fn a_resume_of_steps_at_the_budget_is_accepted() {
 /// PENDING item. Promised: "a step value that would not fit the 400 KB item is a clear error
 /// (`StepTooLarge`) before anything is written"; observed: the store's `ValidationException`.
 #[tokio::test]
-#[ignore = "reproduces: a long `steps` attribute name is not in the step budget; DynamoDB refuses the step write with a ValidationException instead of StepTooLarge"]
 async fn a_long_steps_attribute_name_is_in_the_budget() {
     let len = longest_step_value().await - 64;
     let names = idempotent_runtime::AttributeNames {

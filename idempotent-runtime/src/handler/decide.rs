@@ -225,6 +225,51 @@ pub(crate) fn release_mark_lifetime(lease: Duration, lifetime: Duration) -> Dura
     lease.saturating_add(lifetime)
 }
 
+/// What a claim that found a claimable record does with the operation's steps
+/// ([`steps_found`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepsFound {
+    /// The record holds no steps, or it expired (a new operation): start afresh.
+    Fresh,
+    /// The record's steps live on: resume them.
+    Resume,
+    /// A FAILED record the restart policy would start over after, but whose steps pin the operation
+    /// (a step that must never run again) or whose failure is a panic (a bug, not a failure that undid
+    /// the steps): resume them all the same.
+    ResumeFailure,
+    /// A FAILED record under the restart policy: start the operation over.
+    Restart,
+}
+
+/// What a claim of an operation with steps does with the steps of a claimable `record` it found at
+/// `now_ms`; `restart_policy`: the operation starts over after a failure
+/// (`on_failure = "restart"`).
+pub(crate) fn steps_found(record: &Record, now_ms: u64, restart_policy: bool) -> StepsFound {
+    let Some(steps) = record.steps.as_deref() else {
+        return StepsFound::Fresh;
+    };
+    if record.is_expired(now_ms) {
+        return StepsFound::Fresh;
+    }
+    if !(restart_policy && record.status == Status::Failed) {
+        return StepsFound::Resume;
+    }
+    if crate::steps::Stored::pinned(steps) || crate::steps::panicked(record) {
+        StepsFound::ResumeFailure
+    } else {
+        StepsFound::Restart
+    }
+}
+
+/// Whether a dropped call of an operation with steps may release its claim (a fenced FAILED
+/// write): not when the operation restarts after a failure (`restart_policy`) and the claim on its
+/// way is `resuming` stored steps, whose effects a release is no failure of (the next call would
+/// start over and run them again); such a claim lapses with its lease. A claim that starts afresh is
+/// released.
+pub(crate) fn steps_releasable(restart_policy: bool, resuming: bool) -> bool {
+    !(restart_policy && resuming)
+}
+
 /// What a rejected completion means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AfterRejectedComplete {
@@ -441,6 +486,59 @@ mod tests {
         );
         assert_eq!(after_heartbeat(Some(false), 0, 0), AfterHeartbeat::Stop);
         assert_eq!(after_heartbeat(None, 0, 0), AfterHeartbeat::Retry);
+    }
+
+    #[test]
+    fn steps_are_resumed_unless_new_or_restarted_after_a_failure() {
+        let steps = crate::steps::Stored::default().encode();
+        let live = |status| Record {
+            steps: Some(steps.clone()),
+            ..record(status, Some(10))
+        };
+        let now = 1_000;
+        for restart in [false, true] {
+            assert_eq!(
+                steps_found(&record(Status::Failed, None), now, restart),
+                StepsFound::Fresh,
+                "no steps"
+            );
+            let expired = live(Status::Failed);
+            assert_eq!(
+                steps_found(&expired, (expired.expires_at_s + 1) * 1000, restart),
+                StepsFound::Fresh,
+                "expired: a new operation"
+            );
+            assert_eq!(
+                steps_found(&live(Status::Pending), now, restart),
+                StepsFound::Resume
+            );
+        }
+        assert_eq!(
+            steps_found(&live(Status::Failed), now, false),
+            StepsFound::Resume
+        );
+        assert_eq!(
+            steps_found(&live(Status::Failed), now, true),
+            StepsFound::Restart
+        );
+        let panicked = Record {
+            error: Some("panicked: boom".into()),
+            ..live(Status::Failed)
+        };
+        assert_eq!(steps_found(&panicked, now, true), StepsFound::ResumeFailure);
+        let unreadable = Record {
+            steps: Some(b"not steps".to_vec()),
+            ..live(Status::Failed)
+        };
+        assert_eq!(
+            steps_found(&unreadable, now, true),
+            StepsFound::ResumeFailure,
+            "steps this version cannot read pin the operation"
+        );
+        assert!(steps_releasable(false, false));
+        assert!(steps_releasable(false, true));
+        assert!(steps_releasable(true, false));
+        assert!(!steps_releasable(true, true));
     }
 
     #[test]

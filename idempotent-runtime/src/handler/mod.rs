@@ -276,8 +276,7 @@ pub(crate) fn landed(record: Option<&Record>, token: &str, status: Status) -> bo
 
 /// How often a call re-claims a key it found claimable, before it reports [`Error::Contended`].
 pub(crate) const CLAIMABLE_RETRIES: u32 = 3;
-/// The most bytes of the body's error text stored on a FAILED record.
-pub(crate) const MAX_ERROR_BYTES: usize = 4096;
+pub(crate) use crate::size::MAX_ERROR_BYTES;
 
 /// Everything about one call except the body.
 pub(crate) struct Plan<'a> {

@@ -141,6 +141,10 @@ impl<S: Store, O: Override<S>> Store for Delegating<S, O> {
         self.inner.response_budget(key, fingerprint)
     }
 
+    fn steps_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        self.inner.steps_budget(key, fingerprint)
+    }
+
     fn kind(&self) -> &'static str {
         self.with.kind()
     }

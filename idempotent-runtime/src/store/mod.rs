@@ -463,6 +463,16 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         crate::size::response_budget(&DEFAULT_NAMES, key, fingerprint)
     }
 
+    /// The most bytes the encoded steps of an operation run with steps may have for `key`, so that its
+    /// PENDING or FAILED record (a lease, a failure's error text, released tokens beside them) fits in
+    /// one item. The default is DynamoDB's 400 KB limit with the default attribute names, like
+    /// [`response_budget`](Self::response_budget)'s.
+    fn steps_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        static DEFAULT_NAMES: std::sync::LazyLock<crate::record::AttributeNames> =
+            std::sync::LazyLock::new(crate::record::AttributeNames::default);
+        crate::size::steps_budget(&DEFAULT_NAMES, key, fingerprint)
+    }
+
     /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).
     fn kind(&self) -> &'static str;
 }

@@ -584,6 +584,22 @@ impl Store for RoutedStore {
         }
     }
 
+    /// Like [`response_budget`](Self::response_budget): the home region's, or with failover the
+    /// smallest of every region's.
+    fn steps_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        if self.failed_over.is_some() {
+            self.regions
+                .iter()
+                .map(|r| r.store.steps_budget(key, fingerprint))
+                .min()
+                .unwrap_or(0)
+        } else {
+            self.regions[self.home_index(key)]
+                .store
+                .steps_budget(key, fingerprint)
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "routed"
     }

@@ -626,6 +626,14 @@ impl Store for DynamoDbStore {
             .saturating_sub(inner.layout.extra_key_bytes(&inner.names) + region)
     }
 
+    /// The common budget ([`Store::steps_budget`]) under this store's attribute names, less the
+    /// layout's sort key.
+    fn steps_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
+        let inner = &self.inner;
+        crate::size::steps_budget(&inner.names, key, fingerprint)
+            .saturating_sub(inner.layout.extra_key_bytes(&inner.names))
+    }
+
     fn kind(&self) -> &'static str {
         "dynamodb"
     }
