@@ -431,6 +431,86 @@ mod tests {
         assert_eq!(after_claim(refused, 1, 5_000, 4_000), AfterClaim::Renew);
     }
 
+    /// A call re-claims a claimable record up to `CLAIMABLE_RETRIES` times, and renews a late
+    /// answer as often; the next time it gives up.
+    #[test]
+    fn retries_stop_after_the_last_allowed_attempt() {
+        let failed = record(Status::Failed, None);
+        let found = Found::Claimable;
+        let refused = Answer::Refused {
+            record: &failed,
+            found: &found,
+        };
+        assert_eq!(
+            after_claim(refused, CLAIMABLE_RETRIES, 0, 0),
+            AfterClaim::Reclaim { took_over: false }
+        );
+        assert_eq!(
+            after_claim(refused, CLAIMABLE_RETRIES + 1, 0, 0),
+            AfterClaim::Contended
+        );
+        let landed = Answer::Landed {
+            lease_until_ms: 2_000,
+        };
+        assert_eq!(
+            after_claim(landed, CLAIMABLE_RETRIES, 2_000, 1_000),
+            AfterClaim::Renew
+        );
+    }
+
+    /// A claim that failed with its fate unknown (the request may have landed) is released; one the
+    /// store refused, or that never left, leaves nothing to release.
+    #[test]
+    fn only_a_claim_that_may_have_landed_is_released() {
+        let source = || -> crate::error::BoxError { "lost".into() };
+        let namespace = || "ns".to_owned();
+        for may_have_landed in [
+            Error::Throttled {
+                namespace: namespace(),
+                source: source(),
+            },
+            Error::Unavailable {
+                namespace: namespace(),
+                source: source(),
+            },
+            Error::RegionUnavailable {
+                namespace: namespace(),
+                region: "eu-west-1".to_owned(),
+                source: source(),
+            },
+            Error::Store {
+                namespace: namespace(),
+                source: source(),
+            },
+            Error::Contended {
+                namespace: namespace(),
+                attempts: 4,
+            },
+        ] {
+            assert_eq!(
+                after_claim_error(&may_have_landed),
+                AfterClaimError::Release,
+                "{may_have_landed:?}"
+            );
+        }
+        for nothing_written in [
+            Error::PayloadMismatch {
+                namespace: namespace(),
+            },
+            Error::InProgress {
+                namespace: namespace(),
+                retry_after: Duration::from_secs(1),
+                retry_hint: Duration::from_secs(1),
+            },
+        ] {
+            assert_eq!(
+                after_claim_error(&nothing_written),
+                AfterClaimError::Nothing,
+                "{nothing_written:?}"
+            );
+        }
+    }
+
     #[test]
     fn our_released_record_is_never_a_claim() {
         let released = record(Status::Failed, None);
