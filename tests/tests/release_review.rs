@@ -166,6 +166,79 @@ async fn check_the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_k
     assert_eq!(runs.count(), 1);
 }
 
+/// A claim the store applies and whose answer is then lost on every attempt (throttling or a network
+/// fault past the SDK's retries): the call fails with [`Error::Unavailable`] and releases the claim.
+#[derive(Debug)]
+struct AnswerLost;
+
+#[async_trait::async_trait]
+impl Override<Forward> for AnswerLost {
+    fn kind(&self) -> &'static str {
+        "answer-lost"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        inner.claim(request).await?;
+        Err(StoreError::Unavailable("the answer was lost".into()))
+    }
+}
+
+/// A busy key during a burst of store faults: sixteen calls whose claims land but whose answers are
+/// lost. Each fails with `Unavailable`, and its release fails its claim at once (the next call takes
+/// the key) but also leaves its token on the record, where it stays until a completion. Then one call
+/// gives up a claim still on the wire: the record is full, no mark is left, and the late claim holds
+/// the key for its lease. No call was dropped to fill the record: transient errors alone did.
+async fn check_a_burst_of_lost_answers_does_not_disarm_the_next_release(backend: Backend) {
+    let store = backing(backend).await;
+    let clock = ManualClock::starting_now();
+    let faulty = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        AnswerLost,
+    )))
+    .clock(clock.clone())
+    .build();
+    let runs = Runs::default();
+    for lost in 1..=MAX_RELEASED {
+        let answer = charge(&faulty, &runs).await;
+        assert!(
+            matches!(answer, Err(Error::Unavailable { .. })),
+            "{answer:?}"
+        );
+        faulty.drain(Duration::from_secs(10)).await;
+        let failed = record(&*store).await.expect("a record");
+        assert_eq!(
+            failed.status,
+            Status::Failed,
+            "released at once: {failed:?}"
+        );
+        assert_eq!(failed.released.len(), lost, "{failed:?}");
+    }
+    assert_eq!(runs.count(), 0);
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    give_up_while_claiming(&slow, &runs).await;
+    let after = record(&*store).await.expect("a record");
+    let next = Idempotency::builder_arc(store).clock(clock).build();
+    let answer = charge(&next, &runs).await;
+    assert!(
+        matches!(answer, Ok(1)),
+        "the key must be free at once, not held for a lease by a call that returned: {answer:?}; \
+         record after the last release: status {:?}, lease until {:?}, {} released tokens",
+        after.status,
+        after.lease_until_ms,
+        after.released.len(),
+    );
+    assert_eq!(runs.count(), 1);
+}
+
 macro_rules! on_both_stores {
     ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
@@ -195,4 +268,7 @@ on_both_stores! {
     #[ignore = "reproduces: a 17th release on a full record leaves no mark; its late claim holds the key"]
     the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key =>
         check_the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key;
+    #[ignore = "reproduces: 16 lost claim answers fill the released set; a later release leaves no mark"]
+    a_burst_of_lost_answers_does_not_disarm_the_next_release =>
+        check_a_burst_of_lost_answers_does_not_disarm_the_next_release;
 }
