@@ -6,8 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotent_runtime::aws_sdk_dynamodb::Client;
+use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use idempotent_runtime::store::conformance::{Delegating, Override};
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, StepsClaim, TransactOutcome, Transition, WriteOutcome, Writes,
+};
 use idempotent_runtime::{
     Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store, StoreError,
 };
@@ -40,6 +44,22 @@ impl Store for Forward {
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         self.0.get(key).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.claim_transaction(request, writes).await
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        self.0.transact_transition(transition, writes).await
     }
 
     fn kind(&self) -> &'static str {
@@ -239,6 +259,191 @@ async fn check_a_burst_of_lost_answers_does_not_disarm_the_next_release(backend:
     assert_eq!(runs.count(), 1);
 }
 
+/// A claim with business writes the store applies `after` it was sent, whether or not its caller is
+/// still there; plain claims go through at once.
+#[derive(Debug)]
+struct TransactionAppliedLate(Duration);
+
+#[async_trait::async_trait]
+impl Override<Forward> for TransactionAppliedLate {
+    fn kind(&self) -> &'static str {
+        "transaction-applied-late"
+    }
+
+    async fn claim_transaction(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        let store = inner.0.clone();
+        let (key, token) = (request.key.to_owned(), request.token.to_owned());
+        let fingerprint = request.fingerprint.map(str::to_owned);
+        let (attempt, now_ms, lease_until_ms, expires_at_s, keep) = (
+            request.attempt,
+            request.now_ms,
+            request.lease_until_ms,
+            request.expires_at_s,
+            request.keep_claim_writes,
+        );
+        let (writes, after) = (writes.clone(), self.0);
+        let applied = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let request = ClaimRequest {
+                key: &key,
+                token: &token,
+                attempt,
+                now_ms,
+                lease_until_ms,
+                expires_at_s,
+                fingerprint: fingerprint.as_deref(),
+                keep_claim_writes: keep,
+                steps: StepsClaim::Untouched,
+            };
+            store.claim_transaction(&request, &writes).await
+        });
+        applied.await.unwrap()
+    }
+
+    async fn transact_transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        inner.transact_transition(transition, writes).await
+    }
+}
+
+/// A business table with one item, `sku-1`, whose `available` a claim reserves from.
+struct Stock {
+    table: String,
+    memory: Option<Arc<MemoryStore>>,
+    client: Option<Client>,
+}
+
+impl Stock {
+    /// The store a test runs on, and its stock of `available` units.
+    async fn new(backend: Backend, available: u64) -> (Arc<dyn Store>, Self) {
+        let item = std::collections::HashMap::from([
+            ("pk".to_owned(), AttributeValue::S("sku-1".into())),
+            (
+                "available".to_owned(),
+                AttributeValue::N(available.to_string()),
+            ),
+        ]);
+        match backend {
+            Backend::Memory => {
+                let memory = Arc::new(MemoryStore::new());
+                memory.create_table("inventory", "pk", None).unwrap();
+                memory.put_item("inventory", item).unwrap();
+                let stock = Self {
+                    table: "inventory".into(),
+                    memory: Some(memory.clone()),
+                    client: None,
+                };
+                (memory, stock)
+            }
+            Backend::DynamoDb => {
+                let (store, _) = dynamodb_store().await;
+                let client = store.client().clone();
+                let table = idempotent_tests::unique_table("inventory");
+                idempotent_tests::create_plain_table(&client, &table, "pk").await;
+                client
+                    .put_item()
+                    .table_name(&table)
+                    .set_item(Some(item))
+                    .send()
+                    .await
+                    .unwrap();
+                let stock = Self {
+                    table,
+                    memory: None,
+                    client: Some(client),
+                };
+                (Arc::new(store), stock)
+            }
+        }
+    }
+
+    async fn available(&self) -> u64 {
+        let key =
+            std::collections::HashMap::from([("pk".to_owned(), AttributeValue::S("sku-1".into()))]);
+        let item = match (&self.memory, &self.client) {
+            (Some(memory), _) => memory.get_item(&self.table, &key).unwrap(),
+            (None, Some(client)) => client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key))
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap()
+                .item
+                .unwrap(),
+            (None, None) => unreachable!("a stock is on one store"),
+        };
+        item["available"].as_n().unwrap().parse().unwrap()
+    }
+
+    /// `available -= 1` if any is left.
+    fn reserve(&self) -> TransactWriteItem {
+        let update = Update::builder()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S("sku-1".into()))
+            .update_expression("SET available = available - :one")
+            .condition_expression("available >= :one")
+            .expression_attribute_values(":one", AttributeValue::N("1".into()))
+            .build()
+            .unwrap();
+        TransactWriteItem::builder().update(update).build()
+    }
+}
+
+/// The operation under test with one unit reserved at claim time.
+async fn reserve(idem: &Idempotency, stock: &Stock, runs: &Runs) -> Result<usize, Error> {
+    idem.operation(NAMESPACE, KEY)
+        .lease(Duration::from_mins(1))
+        .claim_with([stock.reserve()])
+        .run(|| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
+        .await
+}
+
+/// A call with claim-time writes (a reservation) gives up while its transaction is on the wire; the
+/// transaction lands after the release. It must be refused as a whole: no unit reserved for a call
+/// that returned, and the key free for the next caller, whose own claim reserves exactly one unit.
+async fn check_a_claim_with_writes_given_up_in_flight_reserves_nothing(backend: Backend) {
+    let (store, stock) = Stock::new(backend, 5).await;
+    let clock = ManualClock::starting_now();
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        TransactionAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let runs = Runs::default();
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(50), reserve(&slow, &stock, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        stock.available().await,
+        5,
+        "the late transaction of a call that gave it up must not reserve"
+    );
+    let mark = record(&*store).await.expect("the release's mark");
+    assert_eq!(mark.status, Status::Failed, "{mark:?}");
+    assert!(!mark.claim_writes_in_effect, "{mark:?}");
+    let next = Idempotency::builder_arc(store.clone()).clock(clock).build();
+    assert_eq!(reserve(&next, &stock, &runs).await.unwrap(), 1);
+    assert_eq!(stock.available().await, 4, "one unit, reserved once");
+    assert_eq!(runs.count(), 1);
+    let done = record(&*store).await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert!(done.released.is_empty(), "{done:?}");
+}
+
 macro_rules! on_both_stores {
     ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
@@ -271,4 +476,6 @@ on_both_stores! {
     #[ignore = "reproduces: 16 lost claim answers fill the released set; a later release leaves no mark"]
     a_burst_of_lost_answers_does_not_disarm_the_next_release =>
         check_a_burst_of_lost_answers_does_not_disarm_the_next_release;
+    a_claim_with_writes_given_up_in_flight_reserves_nothing =>
+        check_a_claim_with_writes_given_up_in_flight_reserves_nothing;
 }
