@@ -444,6 +444,93 @@ async fn check_a_claim_with_writes_given_up_in_flight_reserves_nothing(backend: 
     assert!(done.released.is_empty(), "{done:?}");
 }
 
+/// The error of a body that fails on purpose, or the library's.
+#[derive(Debug)]
+enum BodyError {
+    Failed,
+    Idempotency(Error),
+}
+
+impl From<Error> for BodyError {
+    fn from(e: Error) -> Self {
+        Self::Idempotency(e)
+    }
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed => f.write_str("the body failed"),
+            Self::Idempotency(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Another caller holds the key (its body waits on `go`, then fails) when a call gives up a claim
+/// still on the wire: the release finds the holder's live claim and leaves its token there. The
+/// holder's failure keeps the token, so the late claim, landing on a FAILED (claimable) record, is
+/// refused; the next caller runs the body at once, and its completion clears the tokens.
+async fn check_a_release_on_another_callers_claim_outlives_its_failure(backend: Backend) {
+    let store = backing(backend).await;
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = tokio::spawn({
+        let (idem, runs, go) = (direct.clone(), runs.clone(), go.clone());
+        async move {
+            idem.operation(NAMESPACE, KEY)
+                .lease(Duration::from_mins(1))
+                .run(|| async {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    go.acquire().await.unwrap().forget();
+                    Err::<usize, _>(BodyError::Failed)
+                })
+                .await
+        }
+    });
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let held = record(&*store).await.expect("the holder's claim");
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&slow, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    let marked = record(&*store).await.unwrap();
+    assert_eq!(
+        (marked.status, &marked.token, marked.released.len()),
+        (Status::Pending, &held.token, 1),
+        "the holder's claim, with the released token: {marked:?}"
+    );
+    // The holder fails before the late claim lands.
+    go.add_permits(1);
+    assert!(matches!(holder.await.unwrap(), Err(BodyError::Failed)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let failed = record(&*store).await.unwrap();
+    assert_eq!(
+        (failed.status, &failed.token, &failed.released),
+        (Status::Failed, &held.token, &marked.released),
+        "the late claim must be refused by the token the holder's failure kept: {failed:?}"
+    );
+    assert_eq!(runs.count(), 1, "only the holder ran");
+    assert_eq!(
+        charge(&direct, &runs).await.unwrap(),
+        2,
+        "the next caller runs at once"
+    );
+    let done = record(&*store).await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert!(done.released.is_empty(), "{done:?}");
+}
+
 macro_rules! on_both_stores {
     ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
@@ -478,4 +565,6 @@ on_both_stores! {
         check_a_burst_of_lost_answers_does_not_disarm_the_next_release;
     a_claim_with_writes_given_up_in_flight_reserves_nothing =>
         check_a_claim_with_writes_given_up_in_flight_reserves_nothing;
+    a_release_on_another_callers_claim_outlives_its_failure =>
+        check_a_release_on_another_callers_claim_outlives_its_failure;
 }
