@@ -13,7 +13,8 @@ use idempotent_runtime::store::{
     ClaimOutcome, ClaimRequest, StepsClaim, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{
-    Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store, StoreError,
+    Clock, Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store,
+    StoreError,
 };
 use idempotent_tests::{Backend, dynamodb_store};
 
@@ -529,6 +530,61 @@ async fn check_a_release_on_another_callers_claim_outlives_its_failure(backend: 
     let done = record(&*store).await.unwrap();
     assert_eq!(done.status, Status::Completed);
     assert!(done.released.is_empty(), "{done:?}");
+}
+
+/// A release that finds a FAILED record leaves its token there, but not its lifetime: the record
+/// keeps the expiry of the failure (by default `failed_ttl` = the lease), where a mark written on no
+/// record lives the lease and the ttl past it. Once the FAILED record expires and is deleted (what
+/// DynamoDB's TTL does, here `purge_expired`), the late claim lands on nothing and holds the key for
+/// its lease, though it was sent before the failure expired. On the memory store, whose purge is
+/// explicit; DynamoDB's TTL deletes at a time of its own choosing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "reproduces: a token left on a FAILED record dies with it; the late claim then holds the key"]
+async fn memory_a_released_token_lives_as_long_as_the_claim_it_stands_for() {
+    let memory = Arc::new(MemoryStore::new());
+    let store: Arc<dyn Store> = memory.clone();
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let failed = direct
+        .operation(NAMESPACE, KEY)
+        .lease(Duration::from_mins(1))
+        .run(|| async {
+            runs.0.fetch_add(1, Ordering::SeqCst);
+            Err::<usize, _>(BodyError::Failed)
+        })
+        .await;
+    assert!(matches!(failed, Err(BodyError::Failed)));
+    let failure = record(&*store).await.unwrap();
+    // Just before the failure expires, a call on a slow store gives up its claim.
+    clock.advance(Duration::from_secs(59));
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(300)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&slow, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    let marked = record(&*store).await.unwrap();
+    assert_eq!(marked.released.len(), 1, "{marked:?}");
+    assert_eq!(
+        marked.expires_at_s, failure.expires_at_s,
+        "the token took the failure's lifetime"
+    );
+    // The failure expires and TTL deletes it, while the claim is still on the wire; then it lands.
+    clock.advance(Duration::from_secs(3));
+    memory.purge_expired(clock.now_ms());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = record(&*store).await;
+    let answer = charge(&direct, &runs).await;
+    assert!(
+        matches!(answer, Ok(2)),
+        "the key must be free, not held for a lease by a call that returned: {answer:?}; record: {after:?}"
+    );
 }
 
 macro_rules! on_both_stores {
