@@ -587,6 +587,123 @@ async fn memory_a_released_token_lives_as_long_as_the_claim_it_stands_for() {
     );
 }
 
+/// One region of a routed store: down (every request `Unavailable`), or up with its claims applied
+/// `late` after they were sent.
+#[derive(Debug)]
+struct Region {
+    down: std::sync::atomic::AtomicBool,
+    late: Duration,
+}
+
+impl Region {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("the region is down".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Override<Forward> for Region {
+    fn kind(&self) -> &'static str {
+        "region"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.check()?;
+        ClaimAppliedLate(self.late).claim(inner, request).await
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.check()?;
+        inner.transition(transition).await
+    }
+
+    async fn get(&self, inner: &Forward, key: &str) -> Result<Option<Record>, StoreError> {
+        self.check()?;
+        inner.get(key).await
+    }
+}
+
+/// Home-region routing with failover, the key's home down and the other region slow: a call's claim
+/// fails over and is still on the wire when its caller gives up. The release is sent where the call's
+/// claims are followed, the home (a claim is pinned to the region it failed over to only once it is
+/// held), which is down: no mark is left anywhere, and the claim lands in the other region, holding
+/// the key there for its lease while the next caller fails over to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "reproduces: a release of a claim failed over in flight goes to the down home; the claim holds"]
+async fn memory_a_claim_failed_over_in_flight_is_released_where_it_went() {
+    let names = ["region-a", "region-b"];
+    let regions: Vec<(Arc<MemoryStore>, Arc<Delegating<Forward, Region>>)> = names
+        .iter()
+        .map(|_| {
+            let memory = Arc::new(MemoryStore::new());
+            let region = Region {
+                down: std::sync::atomic::AtomicBool::new(false),
+                late: Duration::from_millis(150),
+            };
+            let store = Arc::new(Delegating::new(Forward(memory.clone()), region));
+            (memory, store)
+        })
+        .collect();
+    let routed = idempotent_runtime::RoutedStore::new(
+        names
+            .iter()
+            .zip(&regions)
+            .map(|(name, (_, store))| (*name, store.clone() as Arc<dyn Store>)),
+    )
+    .unwrap()
+    .failover(true);
+    let key = idempotent_runtime::derive_key(NAMESPACE, KEY).unwrap();
+    let home = names.iter().position(|n| *n == routed.home(&key)).unwrap();
+    let away = 1 - home;
+    regions[home].1.with.down.store(true, Ordering::SeqCst);
+    let routed: Arc<dyn Store> = Arc::new(routed);
+    let clock = ManualClock::starting_now();
+    let idem = Idempotency::builder_arc(routed.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&idem, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    idem.drain(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let landed = regions[away].0.records();
+    // The next caller, with the home still down, fails over too; its claims are answered at once.
+    let next = Idempotency::builder_arc(Arc::new(
+        idempotent_runtime::RoutedStore::new(names.iter().zip(&regions).enumerate().map(
+            |(i, (name, (memory, store)))| {
+                let store: Arc<dyn Store> = if i == home {
+                    store.clone()
+                } else {
+                    memory.clone()
+                };
+                (*name, store)
+            },
+        ))
+        .unwrap()
+        .failover(true),
+    ))
+    .clock(clock)
+    .build();
+    let answer = charge(&next, &runs).await;
+    assert!(
+        matches!(answer, Ok(1)),
+        "the key must be free, not held for a lease by a call that returned: {answer:?}; \
+         records in the region the claim failed over to: {landed:?}"
+    );
+}
+
 macro_rules! on_both_stores {
     ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
