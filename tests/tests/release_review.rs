@@ -635,6 +635,9 @@ impl Override<Forward> for Region {
     }
 }
 
+/// A region's records, behind its switches.
+type RegionStore = Delegating<Forward, Region>;
+
 /// Home-region routing with failover, the key's home down and the other region slow: a call's claim
 /// fails over and is still on the wire when its caller gives up. The release is sent where the call's
 /// claims are followed, the home (a claim is pinned to the region it failed over to only once it is
@@ -644,7 +647,7 @@ impl Override<Forward> for Region {
 #[ignore = "reproduces: a release of a claim failed over in flight goes to the down home; the claim holds"]
 async fn memory_a_claim_failed_over_in_flight_is_released_where_it_went() {
     let names = ["region-a", "region-b"];
-    let regions: Vec<(Arc<MemoryStore>, Arc<Delegating<Forward, Region>>)> = names
+    let regions: Vec<(Arc<MemoryStore>, Arc<RegionStore>)> = names
         .iter()
         .map(|_| {
             let memory = Arc::new(MemoryStore::new());
