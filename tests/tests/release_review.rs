@@ -10,7 +10,8 @@ use idempotent_runtime::aws_sdk_dynamodb::Client;
 use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
-    ClaimOutcome, ClaimRequest, StepsClaim, TransactOutcome, Transition, WriteOutcome, Writes,
+    Change, ClaimOutcome, ClaimRequest, StepsClaim, TransactOutcome, Transition, WriteOutcome,
+    Writes,
 };
 use idempotent_runtime::{
     Clock, Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store,
@@ -707,6 +708,117 @@ async fn memory_a_claim_failed_over_in_flight_is_released_where_it_went() {
     );
 }
 
+/// A claim held back until the release's mark is about to be written: the claim lands between the
+/// release's first write (a fail, refused: no record yet) and its mark, which then finds the claim.
+#[derive(Debug)]
+struct ClaimLandsBeforeTheMark {
+    land: Arc<tokio::sync::Semaphore>,
+    landed: Arc<tokio::sync::Semaphore>,
+    writes: std::sync::Mutex<Vec<&'static str>>,
+}
+
+impl ClaimLandsBeforeTheMark {
+    fn new() -> Self {
+        Self {
+            land: Arc::new(tokio::sync::Semaphore::new(0)),
+            landed: Arc::new(tokio::sync::Semaphore::new(0)),
+            writes: std::sync::Mutex::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Override<Forward> for ClaimLandsBeforeTheMark {
+    fn kind(&self) -> &'static str {
+        "claim-lands-before-the-mark"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        // Applied on a task of its own, as the store goes on with a request whose client left.
+        let store = inner.0.clone();
+        let (key, token) = (request.key.to_owned(), request.token.to_owned());
+        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
+            request.attempt,
+            request.now_ms,
+            request.lease_until_ms,
+            request.expires_at_s,
+        );
+        let (land, landed) = (self.land.clone(), self.landed.clone());
+        tokio::spawn(async move {
+            land.acquire().await.unwrap().forget();
+            let request = ClaimRequest {
+                key: &key,
+                token: &token,
+                attempt,
+                now_ms,
+                lease_until_ms,
+                expires_at_s,
+                fingerprint: None,
+                keep_claim_writes: false,
+                steps: StepsClaim::Untouched,
+            };
+            let outcome = store.claim(&request).await;
+            landed.add_permits(1);
+            outcome
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let name = match transition.change {
+            Change::Fail { .. } => "fail",
+            Change::Release { .. } => "mark",
+            Change::MarkReleased { .. } => "mark-record",
+            _ => "other",
+        };
+        self.writes.lock().unwrap().push(name);
+        if name == "mark" {
+            self.land.add_permits(1);
+            self.landed.acquire().await.unwrap().forget();
+        }
+        inner.transition(transition).await
+    }
+}
+
+/// A release racing its own claim in the order fail (no record) → the claim lands → mark (finds the
+/// claim): the release fails the claim it found, then leaves its token on it; the key is FAILED at
+/// once, and the next caller runs the body.
+async fn check_a_claim_landing_between_the_releases_writes_is_failed(backend: Backend) {
+    let store = backing(backend).await;
+    let race = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimLandsBeforeTheMark::new(),
+    ));
+    let clock = ManualClock::starting_now();
+    let dropped = Idempotency::builder_arc(race.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&dropped, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    dropped.drain(Duration::from_secs(10)).await;
+    assert_eq!(
+        *race.with.writes.lock().unwrap(),
+        ["fail", "mark", "fail", "mark-record"],
+        "the release's writes"
+    );
+    let released = record(&*store).await.unwrap();
+    assert_eq!(released.status, Status::Failed, "{released:?}");
+    assert_eq!(released.released, [released.token.clone()], "{released:?}");
+    let next = Idempotency::builder_arc(store).clock(clock).build();
+    assert_eq!(charge(&next, &runs).await.unwrap(), 1);
+    assert_eq!(runs.count(), 1);
+}
+
 macro_rules! on_both_stores {
     ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
@@ -743,4 +855,6 @@ on_both_stores! {
         check_a_claim_with_writes_given_up_in_flight_reserves_nothing;
     a_release_on_another_callers_claim_outlives_its_failure =>
         check_a_release_on_another_callers_claim_outlives_its_failure;
+    a_claim_landing_between_the_releases_writes_is_failed =>
+        check_a_claim_landing_between_the_releases_writes_is_failed;
 }
