@@ -813,7 +813,11 @@ async fn check_a_claim_landing_between_the_releases_writes_is_failed(backend: Ba
     );
     let released = record(&*store).await.unwrap();
     assert_eq!(released.status, Status::Failed, "{released:?}");
-    assert_eq!(released.released, [released.token.clone()], "{released:?}");
+    assert_eq!(
+        released.released,
+        std::slice::from_ref(&released.token),
+        "{released:?}"
+    );
     let next = Idempotency::builder_arc(store).clock(clock).build();
     assert_eq!(charge(&next, &runs).await.unwrap(), 1);
     assert_eq!(runs.count(), 1);
