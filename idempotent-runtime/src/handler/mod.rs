@@ -55,8 +55,9 @@ mod run;
 mod settle;
 
 pub(crate) use claim::Stage;
+pub(crate) use claim::RELEASED;
 #[cfg(test)]
-pub(crate) use claim::{RELEASED, release_change};
+pub(crate) use claim::release_change;
 pub use decide::MIN_LEASE;
 pub(crate) use run::{Detach, Inline, Runner, panicked, run};
 pub(crate) use settle::save_steps;

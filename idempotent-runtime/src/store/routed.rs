@@ -347,17 +347,27 @@ impl RoutedStore {
     fn pin_if_ours(&self, record: &Record, token: &str, region: usize) {
         if record.token == token {
             self.pin(&record.key, token, region);
+        } else {
+            self.forget(token);
         }
     }
 
-    /// Forgets a call once its outcome is stored.
+    /// Forgets a call once its outcome is stored, or its release is done: a release's failure of
+    /// the claim is followed by the token left on the record, in the same region.
     fn unpin(&self, token: &str, change: &Change<'_>) {
-        if let Some(failed_over) = &self.failed_over
-            && !matches!(
-                change,
-                Change::ExtendLease { .. } | Change::SaveSteps { .. }
-            )
-        {
+        let more_to_come = match change {
+            Change::ExtendLease { .. } | Change::SaveSteps { .. } => true,
+            Change::Fail { error, .. } => *error == crate::handler::RELEASED,
+            _ => false,
+        };
+        if !more_to_come {
+            self.forget(token);
+        }
+    }
+
+    /// Forgets where a call's claim went.
+    fn forget(&self, token: &str) {
+        if let Some(failed_over) = &self.failed_over {
             failed_over.remove(token);
         }
     }
@@ -429,6 +439,12 @@ impl RoutedStore {
                 &self.regions[region].name,
                 Some(skipped.as_ref().unwrap_or(&first)),
             );
+            // A claim is remembered where it goes before it is sent, not once it is answered: a call
+            // dropped while it is on its way releases it there (the caller forgets a claim another
+            // call's record refused).
+            if let Some(token) = token {
+                self.pin(key, token, region);
+            }
             match send(self.regions[region].store.as_ref()).await {
                 Err(e) if is_outage(&e) => skipped = Some(e),
                 other => return other.map(|t| (t, region)),

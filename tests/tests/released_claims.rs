@@ -19,7 +19,7 @@ use idempotent_runtime::{
 };
 use idempotent_tests::{Backend, dynamodb_store};
 
-const NAMESPACE: &str = "release_review::charge";
+const NAMESPACE: &str = "released_claims::charge";
 const KEY: &str = "order-1";
 
 /// The store a test runs on.
@@ -645,7 +645,6 @@ type RegionStore = Delegating<Forward, Region>;
 /// held), which is down: no mark is left anywhere, and the claim lands in the other region, holding
 /// the key there for its lease while the next caller fails over to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "reproduces: a release of a claim failed over in flight goes to the down home; the claim holds"]
 async fn memory_a_claim_failed_over_in_flight_is_released_where_it_went() {
     let names = ["region-a", "region-b"];
     let regions: Vec<(Arc<MemoryStore>, Arc<RegionStore>)> = names
