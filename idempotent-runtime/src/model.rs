@@ -131,7 +131,7 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
 use crate::error::Error;
 use crate::handler::decide::{
     self, AfterClaim, AfterClaimError, AfterHeartbeat, AfterRejectedComplete, AfterRejectedFail,
-    OnDrop,
+    AfterRejectedSteps, OnDrop,
 };
 use crate::handler::{self, CLAIMABLE_RETRIES, Call, Stage};
 use crate::record::{Record, Status};
@@ -800,29 +800,40 @@ impl Protocol {
             return false;
         };
         let step = state.workers[worker].steps.next;
-        let mut stored =
-            Stored::decode(&state.workers[worker].steps.known).expect("the model's steps decode");
-        stored
-            .steps
-            .insert(STEPS[step].to_owned(), step_value(worker, step));
-        let bytes = stored.encode();
-        let applied = self.transition(state, worker, Change::SaveSteps { steps: &bytes });
+        let previous = state.workers[worker].steps.known.clone();
+        let bytes = Stored::decode(&previous)
+            .expect("the model's steps decode")
+            .rewritten(|stored| {
+                stored
+                    .steps
+                    .insert(STEPS[step].to_owned(), step_value(worker, step));
+            })
+            .encode();
+        let change = Change::SaveSteps {
+            steps: &bytes,
+            previous: &previous,
+        };
+        let applied = self.transition(state, worker, change);
+        // Refused, it may still be stored: the request's earlier copy landed (the handler's rule).
+        let stored = applied
+            || decide::after_rejected_steps(state.record.as_ref(), &token(worker), &bytes)
+                == AfterRejectedSteps::Stored;
         let w = &mut state.workers[worker];
-        match (applied, lost) {
+        match (applied, stored, lost) {
             // The SDK sends the same request again.
-            (true, true) => {
+            (true, _, true) => {
                 w.phase = Phase::SavingStep {
                     beating,
                     resent: true,
                 };
             }
-            (true, false) => {
+            (_, true, false) => {
                 w.steps.known = bytes;
                 w.steps.next += 1;
                 w.phase = Phase::Running { beating };
             }
-            (false, true) => return false,
-            (false, false) => {
+            (false, _, true) => return false,
+            (false, false, false) => {
                 state.ghost.steps.fenced = true;
                 w.phase = Phase::Done(Outcome::LeaseLost);
             }
@@ -1020,7 +1031,7 @@ impl Protocol {
             state.ghost.completions += 1;
             state.ghost.applied[worker] = true;
         }
-        if let Change::SaveSteps { steps } = change {
+        if let Change::SaveSteps { steps, .. } = change {
             state
                 .ghost
                 .steps

@@ -342,14 +342,19 @@ async fn check_a_call_that_gave_up_on_its_own_claim_releases_it(backend: Backend
     );
 }
 
+/// What the store answered the late copy of a step's write.
+type LateOutcome = Arc<std::sync::Mutex<Option<Result<WriteOutcome, StoreError>>>>;
+
 /// The first `SaveSteps` request times out at the caller (an `Unavailable` error, which the runtime
 /// retries) but the store applies it `after` later, on a task of its own, whatever has happened since
-/// (as `ClaimAppliedLate` models for claims). Every other request goes straight through.
+/// (as `ClaimAppliedLate` models for claims), and keeps its answer in `outcome`. Every other request
+/// goes straight through.
 #[derive(Debug)]
 struct FirstStepAppliedLate {
     after: Duration,
     first: AtomicBool,
     applied: Arc<tokio::sync::Notify>,
+    outcome: LateOutcome,
 }
 
 #[async_trait::async_trait]
@@ -363,25 +368,29 @@ impl Override<Forward> for FirstStepAppliedLate {
         inner: &Forward,
         transition: &Transition<'_>,
     ) -> Result<WriteOutcome, StoreError> {
-        if let idempotent_runtime::store::Change::SaveSteps { steps } = transition.change
+        if let idempotent_runtime::store::Change::SaveSteps { steps, previous } = transition.change
             && self.first.swap(false, Ordering::SeqCst)
         {
             let store = inner.0.clone();
-            let (key, token, steps) = (
+            let (key, token, steps, previous) = (
                 transition.key.to_owned(),
                 transition.token.to_owned(),
                 steps.to_vec(),
+                previous.to_vec(),
             );
-            let (after, applied) = (self.after, self.applied.clone());
+            let (after, applied, slot) = (self.after, self.applied.clone(), self.outcome.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
                 let late = Transition {
                     key: &key,
                     token: &token,
-                    change: idempotent_runtime::store::Change::SaveSteps { steps: &steps },
+                    change: idempotent_runtime::store::Change::SaveSteps {
+                        steps: &steps,
+                        previous: &previous,
+                    },
                 };
                 let outcome = store.transition(&late).await;
-                assert!(matches!(outcome, Ok(WriteOutcome::Applied)), "{outcome:?}");
+                *slot.lock().unwrap() = Some(outcome);
                 applied.notify_one();
             });
             return Err(StoreError::Unavailable(
@@ -420,21 +429,24 @@ async fn checkout(idem: &Idempotency, charges: &Runs, hang: bool) -> Result<Stri
         .await
 }
 
-/// A step's fenced write (`SaveSteps`) is a plain `SET` under the claim's token: a late copy
-/// of an earlier step's write, applied after a later step's, moves the record's steps back. The first
-/// `SaveSteps` ("reserve") times out at the caller and is retried (it lands), "charge" runs and its
-/// write lands; then the first request, still on its way, is applied: the record says only "reserve"
-/// is done. The worker dies in "email"; the next call resumes and runs "charge" a second time.
+/// A late copy of an earlier step's write never moves the record's steps back. The first `SaveSteps`
+/// ("reserve") times out at the caller and is retried (it lands), "charge" runs and its write lands;
+/// then the first request, still on its way, reaches the store. Were it applied (a plain `SET` under
+/// the claim's token), the record would say only "reserve" is done, and once the worker dies in
+/// "email", the next call would resume and run "charge" a second time. A step's write is made only on
+/// the steps it extends: the late copy is refused, and the record still holds "charge".
 async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let applied = Arc::new(tokio::sync::Notify::new());
+    let outcome = LateOutcome::default();
     let late = Arc::new(Delegating::new(
         Forward(store.clone()),
         FirstStepAppliedLate {
             after: Duration::from_millis(300),
             first: AtomicBool::new(true),
             applied: applied.clone(),
+            outcome: outcome.clone(),
         },
     ));
     let worker = Idempotency::builder_arc(late).clock(clock.clone()).build();
@@ -448,6 +460,16 @@ async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
         "the worker hangs in its last step: {crashed:?}"
     );
     assert_eq!(charges.count(), 1);
+    let late_copy = outcome.lock().unwrap().take();
+    let Some(Ok(WriteOutcome::Rejected(Some(record)))) = late_copy else {
+        panic!("the late copy of the first step's write must be refused: {late_copy:?}");
+    };
+    let finished = record.steps_report().unwrap().unwrap().finished;
+    assert_eq!(
+        finished,
+        ["charge", "reserve"],
+        "refused by the later steps"
+    );
     clock.advance(Duration::from_secs(32));
     let next = Idempotency::builder_arc(store).clock(clock).build();
     let resumed = checkout(&next, &charges, false).await;
@@ -489,7 +511,6 @@ on_both_stores! {
     a_dropped_retry_of_a_failed_key_frees_it => check_a_dropped_retry_of_a_failed_key_frees_it;
     #[ignore = "reproduces: a release marks only an absent record; a dropped call's late takeover of a lapsed claim holds the key for a lease"]
     a_dropped_takeover_frees_the_key => check_a_dropped_takeover_frees_the_key;
-    #[ignore = "reproduces: step writes are not ordered; a late copy of an earlier step's write moves the steps back and a finished step runs again"]
     a_late_step_write_never_moves_steps_back => check_a_late_step_write_never_moves_steps_back;
     a_claim_answered_just_after_its_lease_renews => check_a_claim_answered_just_after_its_lease_renews;
     a_call_that_gave_up_on_its_own_claim_releases_it => check_a_call_that_gave_up_on_its_own_claim_releases_it;

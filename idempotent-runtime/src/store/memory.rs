@@ -285,7 +285,9 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 }
 
 /// Whether `record` is PENDING under the transition's token, so that the transition may be made; a
-/// failure that releases claim-time writes (its compensation) also needs them still in effect.
+/// failure that releases claim-time writes (its compensation) also needs them still in effect, and a
+/// step's write the steps it extends (its `previous`), so that a late copy of an earlier one is
+/// refused.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     !matches!(transition.change, Change::Release { .. })
         && record.status == Status::Pending
@@ -295,6 +297,7 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
                 release_claim_writes: true,
                 ..
             } => record.claim_writes_in_effect,
+            Change::SaveSteps { previous, .. } => record.steps.as_deref() == Some(previous),
             _ => true,
         }
 }
@@ -368,7 +371,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
                 record.claim_writes_in_effect = false;
             }
         }
-        Change::SaveSteps { steps } => record.steps = Some(steps.to_vec()),
+        Change::SaveSteps { steps, .. } => record.steps = Some(steps.to_vec()),
         Change::ExtendLease {
             lease_until_ms,
             expires_at_s,
