@@ -819,21 +819,21 @@ impl Protocol {
             || decide::after_rejected_steps(state.record.as_ref(), &token(worker), &bytes)
                 == AfterRejectedSteps::Stored;
         let w = &mut state.workers[worker];
-        match (applied, stored, lost) {
+        match (stored, lost) {
             // The SDK sends the same request again.
-            (true, _, true) => {
+            (true, true) if applied => {
                 w.phase = Phase::SavingStep {
                     beating,
                     resent: true,
                 };
             }
-            (_, true, false) => {
+            (true, false) => {
                 w.steps.known = bytes;
                 w.steps.next += 1;
                 w.phase = Phase::Running { beating };
             }
-            (false, _, true) => return false,
-            (false, false, false) => {
+            (_, true) => return false,
+            (false, false) => {
                 state.ghost.steps.fenced = true;
                 w.phase = Phase::Done(Outcome::LeaseLost);
             }

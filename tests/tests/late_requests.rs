@@ -1,6 +1,6 @@
 //! Requests that land late or answer late: a dropped call's claim landing on a record that was
 //! already there, a claim answered within the skew margin after its lease, a step's write applied
-//! after a later one. Each test names the scenario it proves, on both stores; the ones marked
+//! after a later one, a detached call's claim still on its way when the handle is drained. Each test names the scenario it proves, on both stores; the ones marked
 //! `#[ignore = "reproduces: .."]` show defects still open (run them with `--ignored`).
 
 use std::sync::Arc;
@@ -481,6 +481,76 @@ async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
     );
 }
 
+/// Every claim reaches the store `after` it was sent.
+#[derive(Debug)]
+struct SlowClaims(Duration);
+
+#[async_trait::async_trait]
+impl Override<Forward> for SlowClaims {
+    fn kind(&self) -> &'static str {
+        "slow-claims"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        tokio::time::sleep(self.0).await;
+        inner.claim(request).await
+    }
+}
+
+/// A graceful shutdown drains the handle while a detached call's claim is still on its way (the call
+/// has started; its body has not). `drain` must wait for that call too: its body starts once the claim
+/// lands, and a process that exits after `drain` returned would cut it off mid-way, leaving the key
+/// PENDING for a lease (and the body to run again for the next caller). So when `drain` returns 0, the
+/// body has run and its outcome is stored.
+async fn check_drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend: Backend) {
+    let store = backing(backend).await;
+    let slow = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        SlowClaims(Duration::from_millis(300)),
+    ));
+    let idem = Idempotency::builder_arc(slow).build();
+    let (runs, finished) = (Runs::default(), Arc::new(AtomicBool::new(false)));
+    let call = {
+        let (idem, runs, finished) = (idem.clone(), runs.clone(), finished.clone());
+        tokio::spawn(async move {
+            idem.operation(NS, "order-1")
+                .detach()
+                .run(move || async move {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    finished.store(true, Ordering::SeqCst);
+                    Ok::<_, Error>(7_u32)
+                })
+                .await
+        })
+    };
+    // The call has sent its claim, which is still on its way.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(runs.count(), 0, "the claim has not landed yet");
+    let left = idem.drain(Duration::from_secs(10)).await;
+    let (ran, done) = (runs.count(), finished.load(Ordering::SeqCst));
+    let record = {
+        let key = idempotent_runtime::derive_key(NS, "order-1").unwrap();
+        store.get(&key).await.unwrap()
+    };
+    assert_eq!(
+        (left, ran, done),
+        (0, 1, true),
+        "drain returned {left} with the detached call's body run {ran} times, finished: {done} \
+         (record {:?})",
+        record.as_ref().map(|r| r.status)
+    );
+    assert_eq!(
+        record.map(|r| r.status),
+        Some(idempotent_runtime::Status::Completed)
+    );
+    assert_eq!(call.await.unwrap().unwrap(), 7);
+}
+
 macro_rules! on_both_stores {
     ($($(#[$meta:meta])* $name:ident => $body:expr;)*) => {
         mod memory {
@@ -514,4 +584,5 @@ on_both_stores! {
     a_late_step_write_never_moves_steps_back => check_a_late_step_write_never_moves_steps_back;
     a_claim_answered_just_after_its_lease_renews => check_a_claim_answered_just_after_its_lease_renews;
     a_call_that_gave_up_on_its_own_claim_releases_it => check_a_call_that_gave_up_on_its_own_claim_releases_it;
+    drain_waits_for_a_detached_call_whose_claim_is_in_flight => check_drain_waits_for_a_detached_call_whose_claim_is_in_flight;
 }
