@@ -481,6 +481,87 @@ async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
     );
 }
 
+/// Every `SaveSteps` request goes through, and a copy of it (the steps it extends, its own) is kept.
+#[derive(Debug, Default)]
+struct StepWrites(std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>)>>);
+
+#[async_trait::async_trait]
+impl Override<Forward> for StepWrites {
+    fn kind(&self) -> &'static str {
+        "step-writes"
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        if let idempotent_runtime::store::Change::SaveSteps { steps, previous } = transition.change
+        {
+            self.0
+                .lock()
+                .unwrap()
+                .push((previous.to_vec(), steps.to_vec()));
+        }
+        inner.transition(transition).await
+    }
+}
+
+/// An at-most-once step that returns `Err` clears the mark its start set: its second write undoes its
+/// first. Were the steps after it the same bytes as before the mark, a late copy of the mark's write
+/// (made on those steps) would land again, and the operation would be pinned on a step that said its
+/// effect did not happen (every later call stopping with `StepInterrupted`). Each write's steps are
+/// unlike every earlier one's, so the late copy is refused.
+async fn check_a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
+    let store = backing(backend).await;
+    let writes = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        StepWrites::default(),
+    ));
+    let idem = Idempotency::builder_arc(writes.clone()).build();
+    let declined = tokio::time::timeout(
+        Duration::from_millis(300),
+        idem.operation(STEPS_NS, "order-2").run_steps(
+            |steps: idempotent_runtime::Steps| async move {
+                let sent = steps
+                    .run_at_most_once("email", || async { Err::<(), _>(AppError::Declined) })
+                    .await;
+                assert!(matches!(sent, Err(AppError::Declined)), "{sent:?}");
+                // The worker hangs: the record stays PENDING under its claim.
+                std::future::pending::<()>().await;
+                Ok::<u32, AppError>(0)
+            },
+        ),
+    )
+    .await;
+    assert!(declined.is_err(), "the worker hangs: {declined:?}");
+    let sent = writes.with.0.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "the mark, and its removal");
+    let (before, marked) = &sent[0];
+    let key = idempotent_runtime::derive_key(STEPS_NS, "order-2").unwrap();
+    let record = store.get(&key).await.unwrap().unwrap();
+    let late = Transition {
+        key: &key,
+        token: &record.token,
+        change: idempotent_runtime::store::Change::SaveSteps {
+            steps: marked,
+            previous: before,
+        },
+    };
+    let outcome = store.transition(&late).await.unwrap();
+    assert_eq!(
+        outcome,
+        WriteOutcome::Rejected(Some(record.clone())),
+        "the mark's late copy"
+    );
+    let report = store.get(&key).await.unwrap().unwrap().steps_report();
+    assert_eq!(
+        report.unwrap().unwrap().interrupted,
+        Vec::<String>::new(),
+        "the step is not marked as interrupted"
+    );
+}
+
 /// Every claim reaches the store `after` it was sent.
 #[derive(Debug)]
 struct SlowClaims(Duration);
@@ -585,4 +666,5 @@ on_both_stores! {
     a_claim_answered_just_after_its_lease_renews => check_a_claim_answered_just_after_its_lease_renews;
     a_call_that_gave_up_on_its_own_claim_releases_it => check_a_call_that_gave_up_on_its_own_claim_releases_it;
     drain_waits_for_a_detached_call_whose_claim_is_in_flight => check_drain_waits_for_a_detached_call_whose_claim_is_in_flight;
+    a_late_copy_of_an_undone_step_mark_is_refused => check_a_late_copy_of_an_undone_step_mark_is_refused;
 }
