@@ -81,7 +81,8 @@ struct Inner {
     max_response_bytes: usize,
     /// Shared by the handles [`Idempotency::with_max_response_bytes`] derives.
     cache: Option<Arc<crate::cache::ResponseCache>>,
-    /// The detached bodies still running (and the releases of dropped claims), for [`Idempotency::drain`].
+    /// The detached calls still running, from their claim on (and the releases of dropped claims), for
+    /// [`Idempotency::drain`].
     tasks: tokio_util::task::TaskTracker,
 }
 
@@ -230,7 +231,8 @@ impl Idempotency {
         self.inner.cache.as_deref()
     }
 
-    /// The work this handle started on tasks of its own: detached bodies, releases of dropped claims.
+    /// The work this handle started on tasks of its own (detached bodies, releases of dropped claims),
+    /// and the detached calls whose claim has not landed yet.
     pub(crate) fn tasks(&self) -> &tokio_util::task::TaskTracker {
         &self.inner.tasks
     }
@@ -239,6 +241,10 @@ impl Idempotency {
     /// ([`Operation::detach`](crate::Operation::detach), the attribute's `detach`) has finished and
     /// stored its outcome, and every release of a dropped claim has been sent. Returns how many were
     /// still running when `timeout` passed: `0` when all finished.
+    ///
+    /// A detached call counts from the moment it starts (its future is first polled), before its
+    /// claim is sent: a call whose claim is still on its way when `drain` is called is waited for
+    /// until its body has finished too (or until its claim is refused, or the call dropped).
     ///
     /// Call it in a graceful shutdown, after the server stopped taking requests and before the process
     /// exits: a detached body keeps running after its caller is gone (a client hung up, a timeout), and

@@ -71,6 +71,16 @@
 //! its next step's effect: that is the lease's promise, as for a whole body (and what `Steps::key` is
 //! for), not the steps'.
 //!
+//! Late step writes (`late_step_copies`): a step's write may also time out at its caller with its
+//! first copy still on its way; the call sends it again, and the first copy lands at any later time.
+//! A write is made only on the steps it extends ([`Change::SaveSteps`]'s `previous`, in
+//! [`transitioned`]), and a resend refused because its first copy landed counts as stored
+//! ([`decide::after_rejected_steps`]). `late_step_writes_never_move_steps_back` explores that with two
+//! callers (83,772 states) and finds nothing; with a step's write made whatever steps it extends (a
+//! plain overwrite under the token, as before), it finds in 14 moves (28,078 states) a late copy of the
+//! first step's write landing after the second's, the holder stuck, and the next caller resuming from
+//! the first step and running the second again.
+//!
 //! Requests in flight (`in_flight`): a claim's send, its application at the store and the reading of
 //! its answer are separate moves, with time passing between them, so an answer may be read after the
 //! lease it asked for; the SDK may resend a claim whose answer was lost, or give up on it; a claim sent
@@ -137,7 +147,7 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
 use crate::error::Error;
 use crate::handler::decide::{
     self, AfterClaim, AfterClaimError, AfterHeartbeat, AfterRejectedComplete, AfterRejectedFail,
-    OnDrop,
+    AfterRejectedSteps, OnDrop,
 };
 use crate::handler::{self, CLAIMABLE_RETRIES, Call, Stage};
 use crate::record::{Record, Status};
@@ -180,6 +190,9 @@ struct Protocol {
     /// Bodies run with steps ([`Steps`]): each call's body runs [`STEPS`] in a row, storing each
     /// finished one's value, then completes; claims start afresh or resume (issue 31).
     steps: bool,
+    /// With steps: a step's write may time out at its caller while it is still on its way; the SDK
+    /// sends it again, and the first copy lands at any later time (once per call).
+    late_step_copies: bool,
     /// Requests in flight: a claim's send, its application at the store and the reading of its answer
     /// are separate moves, with time passing between them (an answer may come after the lease it asked
     /// for, the SDK may resend a claim whose answer was lost or give up on it, and a claim may land after
@@ -216,6 +229,7 @@ impl Protocol {
             transact: true,
             interruptions: false,
             steps: false,
+            late_step_copies: false,
             in_flight: false,
             latency: 0,
             claims_given_up: false,
@@ -381,6 +395,9 @@ struct Worker {
     /// The call's claim was answered too late to use: its next request renews it
     /// ([`decide::AfterClaim::Renew`]), a fenced write made in one move.
     renew: bool,
+    /// With late step copies: the first copy of a step's write the call gave up on, still on its way
+    /// (the steps it extends, and its own); it lands whatever the call does meanwhile.
+    late_step: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// What the model knows that no participant does: the ground truth the properties are stated against.
@@ -805,18 +822,20 @@ impl Protocol {
         let Phase::SavingStep { beating, .. } = state.workers[worker].phase else {
             return false;
         };
-        let step = state.workers[worker].steps.next;
-        let mut stored =
-            Stored::decode(&state.workers[worker].steps.known).expect("the model's steps decode");
-        stored
-            .steps
-            .insert(STEPS[step].to_owned(), step_value(worker, step));
-        let bytes = stored.encode();
-        let applied = self.transition(state, worker, Change::SaveSteps { steps: &bytes });
+        let (previous, bytes) = Self::step_write(state, worker);
+        let change = Change::SaveSteps {
+            steps: &bytes,
+            previous: &previous,
+        };
+        let applied = self.transition(state, worker, change);
+        // Refused, it may still be stored: the request's earlier copy landed (the handler's rule).
+        let stored = applied
+            || decide::after_rejected_steps(state.record.as_ref(), &token(worker), &bytes)
+                == AfterRejectedSteps::Stored;
         let w = &mut state.workers[worker];
-        match (applied, lost) {
+        match (stored, lost) {
             // The SDK sends the same request again.
-            (true, true) => {
+            (true, true) if applied => {
                 w.phase = Phase::SavingStep {
                     beating,
                     resent: true,
@@ -827,13 +846,69 @@ impl Protocol {
                 w.steps.next += 1;
                 w.phase = Phase::Running { beating };
             }
-            (false, true) => return false,
+            (_, true) => return false,
             (false, false) => {
                 state.ghost.steps.fenced = true;
                 w.phase = Phase::Done(Outcome::LeaseLost);
             }
         }
         true
+    }
+
+    /// The step write `worker`'s body sends for its next step, as [`Steps`] builds it: the steps it
+    /// extends (those the body knows), and those it stores.
+    fn step_write(state: &State, worker: usize) -> (Vec<u8>, Vec<u8>) {
+        let w = &state.workers[worker];
+        let step = w.steps.next;
+        let bytes = Stored::decode(&w.steps.known)
+            .expect("the model's steps decode")
+            .rewritten(|stored| {
+                stored
+                    .steps
+                    .insert(STEPS[step].to_owned(), step_value(worker, step));
+            })
+            .encode();
+        (w.steps.known.clone(), bytes)
+    }
+
+    /// The step's write times out at the caller (an error the handler retries) with its first copy
+    /// still on its way: the call sends the same request again.
+    fn delay_step(state: &mut State, worker: usize) {
+        let Phase::SavingStep { beating, .. } = state.workers[worker].phase else {
+            return;
+        };
+        let copy = Self::step_write(state, worker);
+        let w = &mut state.workers[worker];
+        w.late_step = Some(copy);
+        w.phase = Phase::SavingStep {
+            beating,
+            resent: true,
+        };
+    }
+
+    /// The first copy of a step's write lands, after whatever the call did since (stored later
+    /// steps, crashed, lost the key): applied only if the record still holds the steps it extends.
+    fn late_step_lands(&self, state: &mut State, worker: usize) {
+        let Some((previous, steps)) = state.workers[worker].late_step.take() else {
+            return;
+        };
+        let change = Change::SaveSteps {
+            steps: &steps,
+            previous: &previous,
+        };
+        self.transition(state, worker, change);
+    }
+
+    /// The moves of worker `i` (`w`) while its step's write is on its way; `resent`: the SDK sends it
+    /// again.
+    fn saving_step_actions(&self, i: usize, w: &Worker, resent: bool, actions: &mut Vec<Action>) {
+        actions.extend([Action::SaveStep(i, false), Action::Crash(i)]);
+        if !resent {
+            actions.push(Action::SaveStep(i, true));
+            if self.late_step_copies && w.late_step.is_none() {
+                actions.push(Action::DelayStep(i));
+            }
+        }
     }
 
     /// What steps must not break, and witnesses that they are resumed and fenced.
@@ -922,6 +997,10 @@ enum Action {
     Step(usize),
     /// Send the step's write; `lost`: applied, but its response is lost (the SDK resends).
     SaveStep(usize, bool),
+    /// The step's write times out at its caller, its first copy still on its way; the SDK resends.
+    DelayStep(usize),
+    /// The first copy of a step's write the call gave up on lands, whatever happened since.
+    LateStepLands(usize),
 }
 
 /// The worker whose calls are detached when the model explores interruptions.
@@ -1028,7 +1107,7 @@ impl Protocol {
             state.ghost.completions += 1;
             state.ghost.applied[worker] = true;
         }
-        if let Change::SaveSteps { steps } = change {
+        if let Change::SaveSteps { steps, .. } = change {
             state
                 .ghost
                 .steps
@@ -1551,6 +1630,7 @@ impl Model for Protocol {
                                 flight: None,
                                 beat: Beat::default(),
                                 renew: false,
+                                late_step: None,
                             })
                             .collect(),
                         ghost: Ghost::default(),
@@ -1575,6 +1655,9 @@ impl Model for Protocol {
         for (i, w) in state.workers.iter().enumerate() {
             if w.flight.is_some() {
                 actions.push(Action::Land(i));
+            }
+            if w.late_step.is_some() {
+                actions.push(Action::LateStepLands(i));
             }
             match &w.phase {
                 Phase::Idle if i < self.callers => actions.push(Action::Call(i)),
@@ -1650,13 +1733,8 @@ impl Model for Protocol {
                 ]),
                 Phase::Idle | Phase::Done(_) | Phase::Crashed => {}
                 Phase::KeepingClaim(_) => actions.extend([Action::KeepClaim(i), Action::Crash(i)]),
-                Phase::SavingStep { resent: false, .. } => actions.extend([
-                    Action::SaveStep(i, false),
-                    Action::SaveStep(i, true),
-                    Action::Crash(i),
-                ]),
-                Phase::SavingStep { resent: true, .. } => {
-                    actions.extend([Action::SaveStep(i, false), Action::Crash(i)]);
+                Phase::SavingStep { resent, .. } => {
+                    self.saving_step_actions(i, w, *resent, actions);
                 }
             }
         }
@@ -1739,6 +1817,8 @@ impl Model for Protocol {
                     return None;
                 }
             }
+            Action::DelayStep(i) => Self::delay_step(&mut state, i),
+            Action::LateStepLands(i) => self.late_step_lands(&mut state, i),
             // The moves of requests in flight.
             _ => {
                 if !self.move_in_flight(before, &mut state, action) {
@@ -2196,6 +2276,33 @@ fn steps_are_resumed_never_run_again() {
     };
     let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
     println!("model [steps]: {run}");
+    checker.assert_properties();
+}
+
+/// Bodies of two steps whose writes may land late: a step's write times out at its caller while its
+/// first copy is still on its way, the SDK sends it again, and the first copy lands at any later
+/// time (after the next step's write, after a crash, after a takeover). A step stored is still never
+/// run again by a call holding the key: a write is made only on the steps it extends, so a late copy
+/// never moves the steps back, and a resend refused because its first copy landed counts as stored
+/// ([`decide::after_rejected_steps`]). Two callers (a crashed one and the one that resumes), as in
+/// [`steps_are_resumed_never_run_again`] otherwise.
+#[test]
+fn late_step_writes_never_move_steps_back() {
+    let protocol = Protocol {
+        steps: true,
+        late_step_copies: true,
+        callers: 2,
+        skew: 0,
+        margin: Duration::ZERO,
+        lease: Duration::from_secs(1),
+        wait: false,
+        claim_writes: false,
+        compensate: false,
+        transact: false,
+        ..Protocol::new(horizon())
+    };
+    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
+    println!("model [late step writes]: {run}");
     checker.assert_properties();
 }
 

@@ -140,6 +140,8 @@ struct Call {
     lease: Duration,
     /// The stored steps as this call knows them (decoded), or why they do not decode.
     stored: Result<Stored, String>,
+    /// The same, as the record holds them (encoded): what the call's next step write extends.
+    written: Vec<u8>,
     /// The writes the body stages ([`run_steps_transact`](crate::Operation::run_steps_transact)).
     staging: Option<Staged>,
 }
@@ -165,6 +167,21 @@ pub(crate) struct Stored {
     /// ([`Error::StepStagedWrites`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) staged: BTreeSet<String>,
+    /// How many step writes the operation made: each write stores one more, so that its steps differ
+    /// from every earlier write's, even where it undoes the one before (an at-most-once step that
+    /// returned `Err` clears the mark its start set). A write is made only on the steps it extends
+    /// ([`Change::SaveSteps`](crate::store::Change::SaveSteps)'s `previous`): without the count, a
+    /// late copy of the mark's write would find its `previous` there again, and land.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) writes: u64,
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's `skip_serializing_if` passes a reference"
+)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Stored {
@@ -178,6 +195,14 @@ impl Stored {
     /// not decode do too, so that nothing is run again on a record this version cannot read.
     pub(crate) fn pinned(bytes: &[u8]) -> bool {
         Self::decode(bytes).map_or(true, |stored| stored.pins())
+    }
+
+    /// The steps a write making `change` stores: these, changed, with one more write counted.
+    pub(crate) fn rewritten(&self, change: impl FnOnce(&mut Self)) -> Self {
+        let mut next = self.clone();
+        change(&mut next);
+        next.writes += 1;
+        next
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -321,8 +346,12 @@ impl Steps {
         lease: Duration,
         staging: Option<&Staged>,
     ) {
-        let claimed = self.state().claimed.take();
-        let stored = Stored::decode(claimed.as_deref().unwrap_or_else(|| self.initial(token)));
+        let written = self
+            .state()
+            .claimed
+            .take()
+            .unwrap_or_else(|| self.initial(token).to_vec());
+        let stored = Stored::decode(&written);
         let resumed = stored.as_ref().map_or(0, |s| s.steps.len());
         if resumed > 0 {
             tracing::debug!(
@@ -338,6 +367,7 @@ impl Steps {
             fingerprint: fingerprint.map(ToOwned::to_owned),
             lease,
             stored,
+            written,
             staging: staging.cloned(),
         });
     }
@@ -686,14 +716,15 @@ impl Steps {
         }
     }
 
-    /// Applies `change` to the stored steps and writes them all, fenced by the call's claim; one
-    /// write at a time, so that each carries every change before it. Nothing without a record.
+    /// Applies `change` to the stored steps and writes them all, fenced by the call's claim and made
+    /// only on the steps the call's last write stored (or its claim left); one write at a time, so
+    /// that each carries every change before it. Nothing without a record.
     /// [`Error::StepTooLarge`] (for the step `name`), with nothing written or changed, when the
     /// steps would not fit.
     async fn write(&self, name: &str, change: impl FnOnce(&mut Stored)) -> Result<(), Error> {
         let namespace = self.shared.namespace;
         let _writing = self.shared.writing.lock().await;
-        let (idem, key, token, lease, bytes) = {
+        let (idem, key, token, lease, previous, bytes) = {
             let mut state = self.state();
             let Some(call) = state.call.as_mut() else {
                 // No record: nothing to store.
@@ -702,8 +733,7 @@ impl Steps {
             let Ok(stored) = call.stored.as_mut() else {
                 unreachable!("a step runs only when the stored steps decoded");
             };
-            let mut next = stored.clone();
-            change(&mut next);
+            let next = stored.rewritten(change);
             let bytes = next.encode();
             // The record must still take a failure's error text and released tokens beside the
             // steps (a FAILED record keeps them), or the failure could not be written.
@@ -720,15 +750,19 @@ impl Steps {
                 });
             }
             *stored = next;
+            // From now on the record holds either (the write's fate may stay unknown): the next
+            // write extends this one's, and is refused if this one never landed.
+            let previous = std::mem::replace(&mut call.written, bytes.clone());
             (
                 call.idem.clone(),
                 call.key.clone(),
                 call.token.clone(),
                 call.lease,
+                previous,
                 bytes,
             )
         };
-        crate::handler::save_steps(&idem, namespace, &key, &token, &bytes, lease).await
+        crate::handler::save_steps(&idem, namespace, &key, &token, &previous, &bytes, lease).await
     }
 
     /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for

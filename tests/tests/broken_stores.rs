@@ -5,7 +5,7 @@ use idempotent_runtime::store::conformance::{
     self, BusinessTable, Delegating, Outcome, Override, Report, Subject, TRANSACTION_CASES,
 };
 use idempotent_runtime::store::{
-    ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
+    Change, ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
 
@@ -117,11 +117,72 @@ async fn a_store_that_ignores_steps_in_claims_fails_the_steps_cases() {
         failed(&report),
         [
             "steps_are_stored_under_the_token_and_removed_by_completion",
+            // The claim stored no steps, so no step's write extends them.
+            "a_step_write_is_made_only_on_the_steps_it_extends",
             "a_fresh_claim_with_steps_is_refused_by_live_steps",
+            "a_claim_that_starts_a_new_operation_removes_its_steps",
             "a_resume_needs_exactly_the_steps_it_read",
         ],
         "{report}"
     );
+}
+
+/// Breaks ordered steps: a step's write is a plain overwrite under the token, whatever steps it
+/// extends (so a late copy of an earlier step's write moves the steps back).
+#[derive(Debug, Default)]
+struct OverwritesSteps;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for OverwritesSteps {
+    fn kind(&self) -> &'static str {
+        "overwrites-steps"
+    }
+
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let Change::SaveSteps { steps, .. } = transition.change else {
+            return inner.transition(transition).await;
+        };
+        let held = inner.get(transition.key).await?;
+        let previous = held
+            .as_ref()
+            .and_then(|r| r.steps.clone())
+            .unwrap_or_default();
+        let overwrite = Transition {
+            change: Change::SaveSteps {
+                steps,
+                previous: &previous,
+            },
+            ..*transition
+        };
+        inner.transition(&overwrite).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_overwrites_steps_fails_the_ordered_steps_case() {
+    let report = conformance::check(|| async { broken(OverwritesSteps) }).await;
+    assert_eq!(
+        failed(&report),
+        ["a_step_write_is_made_only_on_the_steps_it_extends"],
+        "{report}"
+    );
+    let Some(Outcome::Failed(why)) =
+        report.outcome("a_step_write_is_made_only_on_the_steps_it_extends")
+    else {
+        panic!("{report}")
+    };
+    assert!(
+        why.starts_with(
+            "a late copy of an earlier step's write (its `previous` is no longer stored): \
+             expected Rejected(Some(Record {"
+        ),
+        "{why}"
+    );
+    assert!(why.ends_with("got Applied"), "{why}");
 }
 
 /// Breaks linearizability: a claim takes a key whose PENDING claim is still live.

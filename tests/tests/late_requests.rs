@@ -1,6 +1,6 @@
 //! Requests that land late or answer late: a dropped call's claim landing on a record that was
 //! already there, a claim answered within the skew margin after its lease, a step's write applied
-//! after a later one. Each test names the scenario it proves, on both stores; the ones marked
+//! after a later one, a detached call's claim still on its way when the handle is drained. Each test names the scenario it proves, on both stores; the ones marked
 //! `#[ignore = "reproduces: .."]` show defects still open (run them with `--ignored`).
 
 use std::sync::Arc;
@@ -342,14 +342,19 @@ async fn check_a_call_that_gave_up_on_its_own_claim_releases_it(backend: Backend
     );
 }
 
+/// What the store answered the late copy of a step's write.
+type LateOutcome = Arc<std::sync::Mutex<Option<Result<WriteOutcome, StoreError>>>>;
+
 /// The first `SaveSteps` request times out at the caller (an `Unavailable` error, which the runtime
 /// retries) but the store applies it `after` later, on a task of its own, whatever has happened since
-/// (as `ClaimAppliedLate` models for claims). Every other request goes straight through.
+/// (as `ClaimAppliedLate` models for claims), and keeps its answer in `outcome`. Every other request
+/// goes straight through.
 #[derive(Debug)]
 struct FirstStepAppliedLate {
     after: Duration,
     first: AtomicBool,
     applied: Arc<tokio::sync::Notify>,
+    outcome: LateOutcome,
 }
 
 #[async_trait::async_trait]
@@ -363,25 +368,29 @@ impl Override<Forward> for FirstStepAppliedLate {
         inner: &Forward,
         transition: &Transition<'_>,
     ) -> Result<WriteOutcome, StoreError> {
-        if let idempotent_runtime::store::Change::SaveSteps { steps } = transition.change
+        if let idempotent_runtime::store::Change::SaveSteps { steps, previous } = transition.change
             && self.first.swap(false, Ordering::SeqCst)
         {
             let store = inner.0.clone();
-            let (key, token, steps) = (
+            let (key, token, steps, previous) = (
                 transition.key.to_owned(),
                 transition.token.to_owned(),
                 steps.to_vec(),
+                previous.to_vec(),
             );
-            let (after, applied) = (self.after, self.applied.clone());
+            let (after, applied, slot) = (self.after, self.applied.clone(), self.outcome.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
                 let late = Transition {
                     key: &key,
                     token: &token,
-                    change: idempotent_runtime::store::Change::SaveSteps { steps: &steps },
+                    change: idempotent_runtime::store::Change::SaveSteps {
+                        steps: &steps,
+                        previous: &previous,
+                    },
                 };
                 let outcome = store.transition(&late).await;
-                assert!(matches!(outcome, Ok(WriteOutcome::Applied)), "{outcome:?}");
+                *slot.lock().unwrap() = Some(outcome);
                 applied.notify_one();
             });
             return Err(StoreError::Unavailable(
@@ -420,21 +429,24 @@ async fn checkout(idem: &Idempotency, charges: &Runs, hang: bool) -> Result<Stri
         .await
 }
 
-/// A step's fenced write (`SaveSteps`) is a plain `SET` under the claim's token: a late copy
-/// of an earlier step's write, applied after a later step's, moves the record's steps back. The first
-/// `SaveSteps` ("reserve") times out at the caller and is retried (it lands), "charge" runs and its
-/// write lands; then the first request, still on its way, is applied: the record says only "reserve"
-/// is done. The worker dies in "email"; the next call resumes and runs "charge" a second time.
+/// A late copy of an earlier step's write never moves the record's steps back. The first `SaveSteps`
+/// ("reserve") times out at the caller and is retried (it lands), "charge" runs and its write lands;
+/// then the first request, still on its way, reaches the store. Were it applied (a plain `SET` under
+/// the claim's token), the record would say only "reserve" is done, and once the worker dies in
+/// "email", the next call would resume and run "charge" a second time. A step's write is made only on
+/// the steps it extends: the late copy is refused, and the record still holds "charge".
 async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let applied = Arc::new(tokio::sync::Notify::new());
+    let outcome = LateOutcome::default();
     let late = Arc::new(Delegating::new(
         Forward(store.clone()),
         FirstStepAppliedLate {
             after: Duration::from_millis(300),
             first: AtomicBool::new(true),
             applied: applied.clone(),
+            outcome: outcome.clone(),
         },
     ));
     let worker = Idempotency::builder_arc(late).clock(clock.clone()).build();
@@ -448,6 +460,16 @@ async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
         "the worker hangs in its last step: {crashed:?}"
     );
     assert_eq!(charges.count(), 1);
+    let late_copy = outcome.lock().unwrap().take();
+    let Some(Ok(WriteOutcome::Rejected(Some(record)))) = late_copy else {
+        panic!("the late copy of the first step's write must be refused: {late_copy:?}");
+    };
+    let finished = record.steps_report().unwrap().unwrap().finished;
+    assert_eq!(
+        finished,
+        ["charge", "reserve"],
+        "refused by the later steps"
+    );
     clock.advance(Duration::from_secs(32));
     let next = Idempotency::builder_arc(store).clock(clock).build();
     let resumed = checkout(&next, &charges, false).await;
@@ -457,6 +479,157 @@ async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
         1,
         "\"charge\" had finished and its value was stored: the resume ran it again ({resumed:?})"
     );
+}
+
+/// Every `SaveSteps` request goes through, and a copy of it (the steps it extends, its own) is kept.
+#[derive(Debug, Default)]
+struct StepWrites(std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>)>>);
+
+#[async_trait::async_trait]
+impl Override<Forward> for StepWrites {
+    fn kind(&self) -> &'static str {
+        "step-writes"
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        if let idempotent_runtime::store::Change::SaveSteps { steps, previous } = transition.change
+        {
+            self.0
+                .lock()
+                .unwrap()
+                .push((previous.to_vec(), steps.to_vec()));
+        }
+        inner.transition(transition).await
+    }
+}
+
+/// An at-most-once step that returns `Err` clears the mark its start set: its second write undoes its
+/// first. Were the steps after it the same bytes as before the mark, a late copy of the mark's write
+/// (made on those steps) would land again, and the operation would be pinned on a step that said its
+/// effect did not happen (every later call stopping with `StepInterrupted`). Each write's steps are
+/// unlike every earlier one's, so the late copy is refused.
+async fn check_a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
+    let store = backing(backend).await;
+    let writes = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        StepWrites::default(),
+    ));
+    let idem = Idempotency::builder_arc(writes.clone()).build();
+    let declined = tokio::time::timeout(
+        Duration::from_millis(300),
+        idem.operation(STEPS_NS, "order-2").run_steps(
+            |steps: idempotent_runtime::Steps| async move {
+                let sent = steps
+                    .run_at_most_once("email", || async { Err::<(), _>(AppError::Declined) })
+                    .await;
+                assert!(matches!(sent, Err(AppError::Declined)), "{sent:?}");
+                // The worker hangs: the record stays PENDING under its claim.
+                std::future::pending::<()>().await;
+                Ok::<u32, AppError>(0)
+            },
+        ),
+    )
+    .await;
+    assert!(declined.is_err(), "the worker hangs: {declined:?}");
+    let sent = writes.with.0.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "the mark, and its removal");
+    let (before, marked) = &sent[0];
+    let key = idempotent_runtime::derive_key(STEPS_NS, "order-2").unwrap();
+    let record = store.get(&key).await.unwrap().unwrap();
+    let late = Transition {
+        key: &key,
+        token: &record.token,
+        change: idempotent_runtime::store::Change::SaveSteps {
+            steps: marked,
+            previous: before,
+        },
+    };
+    let outcome = store.transition(&late).await.unwrap();
+    assert_eq!(
+        outcome,
+        WriteOutcome::Rejected(Some(record.clone())),
+        "the mark's late copy"
+    );
+    let report = store.get(&key).await.unwrap().unwrap().steps_report();
+    assert_eq!(
+        report.unwrap().unwrap().interrupted,
+        Vec::<String>::new(),
+        "the step is not marked as interrupted"
+    );
+}
+
+/// Every claim reaches the store `after` it was sent.
+#[derive(Debug)]
+struct SlowClaims(Duration);
+
+#[async_trait::async_trait]
+impl Override<Forward> for SlowClaims {
+    fn kind(&self) -> &'static str {
+        "slow-claims"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        tokio::time::sleep(self.0).await;
+        inner.claim(request).await
+    }
+}
+
+/// A graceful shutdown drains the handle while a detached call's claim is still on its way (the call
+/// has started; its body has not). `drain` must wait for that call too: its body starts once the claim
+/// lands, and a process that exits after `drain` returned would cut it off mid-way, leaving the key
+/// PENDING for a lease (and the body to run again for the next caller). So when `drain` returns 0, the
+/// body has run and its outcome is stored.
+async fn check_drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend: Backend) {
+    let store = backing(backend).await;
+    let slow = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        SlowClaims(Duration::from_millis(300)),
+    ));
+    let idem = Idempotency::builder_arc(slow).build();
+    let (runs, finished) = (Runs::default(), Arc::new(AtomicBool::new(false)));
+    let call = {
+        let (idem, runs, finished) = (idem.clone(), runs.clone(), finished.clone());
+        tokio::spawn(async move {
+            idem.operation(NS, "order-1")
+                .detach()
+                .run(move || async move {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    finished.store(true, Ordering::SeqCst);
+                    Ok::<_, Error>(7_u32)
+                })
+                .await
+        })
+    };
+    // The call has sent its claim, which is still on its way.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(runs.count(), 0, "the claim has not landed yet");
+    let left = idem.drain(Duration::from_secs(10)).await;
+    let (ran, done) = (runs.count(), finished.load(Ordering::SeqCst));
+    let record = {
+        let key = idempotent_runtime::derive_key(NS, "order-1").unwrap();
+        store.get(&key).await.unwrap()
+    };
+    assert_eq!(
+        (left, ran, done),
+        (0, 1, true),
+        "drain returned {left} with the detached call's body run {ran} times, finished: {done} \
+         (record {:?})",
+        record.as_ref().map(|r| r.status)
+    );
+    assert_eq!(
+        record.map(|r| r.status),
+        Some(idempotent_runtime::Status::Completed)
+    );
+    assert_eq!(call.await.unwrap().unwrap(), 7);
 }
 
 macro_rules! on_both_stores {
@@ -487,8 +660,9 @@ macro_rules! on_both_stores {
 on_both_stores! {
     a_dropped_retry_of_a_failed_key_frees_it => check_a_dropped_retry_of_a_failed_key_frees_it;
     a_dropped_takeover_frees_the_key => check_a_dropped_takeover_frees_the_key;
-    #[ignore = "reproduces: step writes are not ordered; a late copy of an earlier step's write moves the steps back and a finished step runs again"]
     a_late_step_write_never_moves_steps_back => check_a_late_step_write_never_moves_steps_back;
     a_claim_answered_just_after_its_lease_renews => check_a_claim_answered_just_after_its_lease_renews;
     a_call_that_gave_up_on_its_own_claim_releases_it => check_a_call_that_gave_up_on_its_own_claim_releases_it;
+    drain_waits_for_a_detached_call_whose_claim_is_in_flight => check_drain_waits_for_a_detached_call_whose_claim_is_in_flight;
+    a_late_copy_of_an_undone_step_mark_is_refused => check_a_late_copy_of_an_undone_step_mark_is_refused;
 }

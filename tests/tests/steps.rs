@@ -427,8 +427,9 @@ async fn each_step_costs_one_update_and_a_resume_two_claims() {
 }
 
 /// A step write whose response is lost (the write landed; the SDK sends it again) is harmless: the
-/// write is fenced by the call's own token, which still holds the key, so the resent write lands again
-/// and the body goes on; every step's effect happens once.
+/// resent write is refused (the steps it extends are no longer there), and the record it gets back
+/// holds exactly its steps under the call's own token, so the call counts it as stored and the body
+/// goes on; every step's effect happens once.
 #[tokio::test]
 async fn a_step_write_whose_response_was_lost_is_sent_again_harmlessly() {
     use idempotent_tests::proxy::{Fault, Rule};

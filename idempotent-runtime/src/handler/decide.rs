@@ -323,6 +323,35 @@ pub(crate) fn after_rejected_fail(
     }
 }
 
+/// What a rejected step write ([`Change::SaveSteps`](crate::store::Change::SaveSteps)) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterRejectedSteps {
+    /// Our own earlier copy of this write landed (its answer was lost, and the copy sent again found
+    /// the steps it extends gone): the steps are stored, the body goes on.
+    Stored,
+    /// The claim is no longer ours, or the record's steps are neither the ones the write extends nor
+    /// the ones it writes: [`Error::LeaseLost`], the step's value is not stored and the body stops.
+    Lost,
+}
+
+/// What a step write of `steps` rejected with `record` (as the store returned it) means for the claim
+/// `token` holds: stored if the record is still PENDING under the token and holds exactly `steps`.
+/// (A call's step writes are each unlike every earlier one, so only this write can have put them
+/// there.)
+pub(crate) fn after_rejected_steps(
+    record: Option<&Record>,
+    token: &str,
+    steps: &[u8],
+) -> AfterRejectedSteps {
+    if super::landed(record, token, Status::Pending)
+        && record.and_then(|r| r.steps.as_deref()) == Some(steps)
+    {
+        AfterRejectedSteps::Stored
+    } else {
+        AfterRejectedSteps::Lost
+    }
+}
+
 /// How often a running body's heartbeat extends its lease: every third of the lease, counted from when
 /// the previous request (the claim, or the last heartbeat) was *sent*; `None` for a lease too short to
 /// renew (below [`MIN_LEASE`], which only a deadline-bound operation may have), whose claim is not
@@ -546,6 +575,37 @@ mod tests {
             after_claim(answer, 1, 2_000_000_000, 2_000_000_000),
             AfterClaim::Reclaim { took_over: false }
         );
+    }
+
+    #[test]
+    fn a_rejected_step_write_is_stored_only_if_its_own_steps_are_there() {
+        let with_steps = |status, token: &str, steps: &[u8]| Record {
+            token: token.into(),
+            steps: Some(steps.to_vec()),
+            ..record(status, Some(5_000))
+        };
+        let ours = with_steps(Status::Pending, "t", b"two");
+        assert_eq!(
+            after_rejected_steps(Some(&ours), "t", b"two"),
+            AfterRejectedSteps::Stored
+        );
+        // Later steps than ours (a stale copy's view), or earlier ones: not this write's.
+        for steps in [&b"one"[..], b"three"] {
+            let record = with_steps(Status::Pending, "t", steps);
+            assert_eq!(
+                after_rejected_steps(Some(&record), "t", b"two"),
+                AfterRejectedSteps::Lost
+            );
+        }
+        // Our steps, but another token's claim, or no longer PENDING.
+        let taken = with_steps(Status::Pending, "u", b"two");
+        let failed = with_steps(Status::Failed, "t", b"two");
+        for record in [Some(&taken), Some(&failed), None] {
+            assert_eq!(
+                after_rejected_steps(record, "t", b"two"),
+                AfterRejectedSteps::Lost
+            );
+        }
     }
 
     #[test]

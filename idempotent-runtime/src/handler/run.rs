@@ -46,6 +46,11 @@ where
             steps: parts.steps.as_ref(),
         };
         let call = plan.call;
+        // A detached call counts for `Idempotency::drain` from here, before its claim is sent, until
+        // its body's task (tracked itself) is spawned: a drain while the claim is on its way waits
+        // for the body it starts. Declared before `attempt`, so that a drop releases the claim (on a
+        // tracked task) before the call stops counting.
+        let tracked = R::track(idem.tasks());
         let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
         let lease = call.lease.unwrap_or_else(|| idem.default_lease());
         // Written into a buffer in the call's own future: a token lives exactly as long as its call.
@@ -112,6 +117,7 @@ where
                 took_over,
             };
             let task = runner.spawn(&claim, work);
+            drop(tracked);
             // From here on the body's end does not depend on the caller.
             attempt.stage.set(Stage::Done);
             // Boxed: every call's future would carry the wait for the task otherwise.
@@ -168,6 +174,14 @@ pub(crate) trait Runner<T, E, F, D> {
     /// Whether the body runs on a task of its own ([`spawn`](Self::spawn)) rather than in place.
     const DETACHED: bool;
 
+    /// What a call holds from its start until its body's task is spawned, so that
+    /// [`Idempotency::drain`] waits for it meanwhile (nothing for a body run in place, which a drain
+    /// does not wait for).
+    type Tracked;
+
+    /// See [`Tracked`](Self::Tracked).
+    fn track(tasks: &tokio_util::task::TaskTracker) -> Self::Tracked;
+
     /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
     fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
 
@@ -196,6 +210,10 @@ where
 {
     const DETACHED: bool = false;
 
+    type Tracked = ();
+
+    fn track(_: &tokio_util::task::TaskTracker) {}
+
     fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
         unreachable!("an inline call runs its body in place")
     }
@@ -221,6 +239,12 @@ where
     D: FnOnce(&E) -> String + Send + 'static,
 {
     const DETACHED: bool = true;
+
+    type Tracked = tokio_util::task::task_tracker::TaskTrackerToken;
+
+    fn track(tasks: &tokio_util::task::TaskTracker) -> Self::Tracked {
+        tasks.token()
+    }
 
     fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
         use tracing::Instrument as _;

@@ -408,28 +408,38 @@ impl Held<'_> {
     }
 }
 
-/// Stores an operation's finished steps (`steps`, encoded) in its record, fenced by the call's claim
+/// Stores an operation's finished steps (`steps`, encoded) in its record in place of `previous` (the
+/// steps it holds, as the claim or the call's last step write left them), fenced by the call's claim
 /// (`token`): retried through transient faults while a lease allows (heartbeats extend it meanwhile).
-/// A rejection means the claim is no longer ours: [`Error::LeaseLost`], and the body stops at its step.
+/// A rejection that finds `steps` there under the token is this write's own earlier copy, which
+/// landed; any other means the claim is no longer ours: [`Error::LeaseLost`], and the body stops at
+/// its step.
 pub(crate) async fn save_steps(
     idem: &Idempotency,
     namespace: &'static str,
     key: &str,
     token: &str,
+    previous: &[u8],
     steps: &[u8],
     lease: Duration,
 ) -> Result<(), Error> {
     let transition = Transition {
         key,
         token,
-        change: Change::SaveSteps { steps },
+        change: Change::SaveSteps { steps, previous },
     };
     let mut persist = Persist::new(lease);
     loop {
-        // The same request every time: a retry after a lost response writes the same steps again,
-        // which the fence still allows.
+        // The same request every time: a retry after a lost response is refused (the steps it
+        // extends are gone), and the record it gets back shows that it landed.
         let last = match telemetry::observe("step", idem.store().transition(&transition)).await {
             Ok(WriteOutcome::Applied) => return Ok(()),
+            Ok(WriteOutcome::Rejected(record))
+                if decide::after_rejected_steps(record.as_ref(), token, steps)
+                    == decide::AfterRejectedSteps::Stored =>
+            {
+                return Ok(());
+            }
             Ok(WriteOutcome::Rejected(_)) => {
                 tracing::warn!(
                     namespace,

@@ -49,6 +49,7 @@
 //! | `a_claim_without_a_fingerprint_clears_the_old_one` | a claim writes the request's fingerprint, or none |
 //! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
 //! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`]) stores its `initial` steps; [`Change::SaveSteps`] is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
+//! | `a_step_write_is_made_only_on_the_steps_it_extends` | ordered steps: [`Change::SaveSteps`] is made only while the record holds exactly its `previous`; a late copy of an earlier step's write, the same write sent again after it landed, a write on steps never stored, or on a record without steps, is [`WriteOutcome::Rejected`] with the record as it is (holding the later steps), nothing written |
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) keeps the steps of a record it continues (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
@@ -466,6 +467,7 @@ pub const RECORD_CASES: &[&str] = &[
     "a_claim_without_a_fingerprint_clears_the_old_one",
     "a_plain_claim_keeps_claim_writes_in_effect_as_they_were",
     "steps_are_stored_under_the_token_and_removed_by_completion",
+    "a_step_write_is_made_only_on_the_steps_it_extends",
     "a_fresh_claim_with_steps_is_refused_by_live_steps",
     "a_claim_that_starts_a_new_operation_removes_its_steps",
     "a_resume_needs_exactly_the_steps_it_read",
@@ -492,6 +494,7 @@ dispatch!(
     a_claim_without_a_fingerprint_clears_the_old_one,
     a_plain_claim_keeps_claim_writes_in_effect_as_they_were,
     steps_are_stored_under_the_token_and_removed_by_completion,
+    a_step_write_is_made_only_on_the_steps_it_extends,
     a_fresh_claim_with_steps_is_refused_by_live_steps,
     a_claim_that_starts_a_new_operation_removes_its_steps,
     a_resume_needs_exactly_the_steps_it_read,
@@ -980,11 +983,17 @@ fn resume<'a>(key: &'a str, token: &'a str, now_ms: u64, seen: &'a [u8]) -> Clai
     }
 }
 
-fn save_steps<'a>(key: &'a str, token: &'a str, steps: &'a [u8]) -> Transition<'a> {
+/// A step's write of `steps`, in place of `previous`.
+fn save_steps<'a>(
+    key: &'a str,
+    token: &'a str,
+    previous: &'a [u8],
+    steps: &'a [u8],
+) -> Transition<'a> {
     Transition {
         key,
         token,
-        change: Change::SaveSteps { steps },
+        change: Change::SaveSteps { steps, previous },
     }
 }
 
@@ -1002,7 +1011,9 @@ async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
         "the steps a fresh claim stores"
     );
     ensure_eq!(
-        c.store.transition(&save_steps("k", "t1", b"one")).await?,
+        c.store
+            .transition(&save_steps("k", "t1", b"origin", b"one"))
+            .await?,
         WriteOutcome::Applied,
         "a step's write by the claim's own token"
     );
@@ -1012,7 +1023,10 @@ async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
         (Status::Pending, "t1", Some(&b"one"[..])),
         "status, token and steps after a step's write"
     );
-    let rejected = c.store.transition(&save_steps("k", "t2", b"two")).await?;
+    let rejected = c
+        .store
+        .transition(&save_steps("k", "t2", b"one", b"two"))
+        .await?;
     ensure_eq!(
         rejected,
         WriteOutcome::Rejected(Some(r)),
@@ -1030,11 +1044,75 @@ async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
     Ok(())
 }
 
+async fn a_step_write_is_made_only_on_the_steps_it_extends<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("k", "t1", b"origin", b"one"))
+            .await?,
+        WriteOutcome::Applied,
+        "a step's write on the steps the claim stored"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("k", "t1", b"one", b"two"))
+            .await?,
+        WriteOutcome::Applied,
+        "the next step's write, on the steps the first one stored"
+    );
+    let r = c.record("k").await?;
+    // The first write's copy that the caller gave up on, applied late: it must not move the steps
+    // back (the caller resuming from them would run the second step again).
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("k", "t1", b"origin", b"one"))
+            .await?,
+        WriteOutcome::Rejected(Some(r.clone())),
+        "a late copy of an earlier step's write (its `previous` is no longer stored)"
+    );
+    // The second write sent again after it landed: rejected, with the record holding its steps
+    // under its token, from which the caller knows that it landed.
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("k", "t1", b"one", b"two"))
+            .await?,
+        WriteOutcome::Rejected(Some(r.clone())),
+        "a step's write sent again after it landed"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("k", "t1", b"never", b"three"))
+            .await?,
+        WriteOutcome::Rejected(Some(r.clone())),
+        "a step's write on steps the record never held"
+    );
+    ensure_eq!(
+        c.record("k").await?,
+        r,
+        "the record after the rejected step writes"
+    );
+    // A record without steps (claimed by an operation without them) takes no step write.
+    c.store.claim(&claim("plain", "t2", NOW)).await?;
+    let plain = c.record("plain").await?;
+    ensure_eq!(
+        c.store
+            .transition(&save_steps("plain", "t2", b"origin", b"one"))
+            .await?,
+        WriteOutcome::Rejected(Some(plain)),
+        "a step's write on a record without steps"
+    );
+    Ok(())
+}
+
 async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
     c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
-    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store
+        .transition(&save_steps("k", "t1", b"origin", b"one"))
+        .await?;
     c.store.transition(&fail("k", "t1")).await?;
     let failed = c.record("k").await?;
     ensure_eq!(
@@ -1067,7 +1145,9 @@ async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
         "the steps after a fresh claim replaced them"
     );
     // Expired: a new operation, whose fresh claim replaces the steps.
-    c.store.transition(&save_steps("k", "t4", b"old")).await?;
+    c.store
+        .transition(&save_steps("k", "t4", b"anew", b"old"))
+        .await?;
     c.store.transition(&fail("k", "t4")).await?;
     let past = (c.record("k").await?.expires_at_s + 1) * 1000;
     ensure_eq!(
@@ -1087,7 +1167,9 @@ async fn a_claim_that_starts_a_new_operation_removes_its_steps<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
     c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
-    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store
+        .transition(&save_steps("k", "t1", b"origin", b"one"))
+        .await?;
     c.store.transition(&fail("k", "t1")).await?;
     // Not expired: the claim continues the operation (another deploy, without steps), and its steps
     // stay for a later call with steps to resume.
@@ -1131,7 +1213,9 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
         "a refused resume must write nothing"
     );
     c.store.claim(&fresh("k", "t1", NOW, b"origin")).await?;
-    c.store.transition(&save_steps("k", "t1", b"one")).await?;
+    c.store
+        .transition(&save_steps("k", "t1", b"origin", b"one"))
+        .await?;
     c.store.transition(&fail("k", "t1")).await?;
     let failed = c.record("k").await?;
     ensure_eq!(

@@ -287,9 +287,10 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 }
 
 /// Whether the transition may be made on `record`: it is PENDING under the transition's token; a
-/// failure that releases claim-time writes (its compensation) also needs them still in effect. The
-/// exceptions: a release mark needs no record at all, and a [`Change::MarkReleased`] any record *not*
-/// PENDING under the token nor COMPLETED and live, with room for one more released token.
+/// failure that releases claim-time writes (its compensation) also needs them still in effect, and a
+/// step's write the steps it extends (its `previous`), so that a late copy of an earlier one is
+/// refused. The exceptions: a release mark needs no record at all, and a [`Change::MarkReleased`] any
+/// record *not* PENDING under the token nor COMPLETED and live, with room for one more released token.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     let held = record.status == Status::Pending && record.token == transition.token;
     match transition.change {
@@ -303,6 +304,7 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
             release_claim_writes: true,
             ..
         } => held && record.claim_writes_in_effect,
+        Change::SaveSteps { previous, .. } => held && record.steps.as_deref() == Some(previous),
         _ => held,
     }
 }
@@ -384,7 +386,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
                 record.claim_writes_in_effect = false;
             }
         }
-        Change::SaveSteps { steps } => record.steps = Some(steps.to_vec()),
+        Change::SaveSteps { steps, .. } => record.steps = Some(steps.to_vec()),
         Change::ExtendLease {
             lease_until_ms,
             expires_at_s,

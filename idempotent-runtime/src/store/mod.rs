@@ -137,9 +137,19 @@ pub enum Change<'a> {
     },
     /// PENDING stays PENDING with the values of the steps finished so far (all of them, encoded): a step
     /// of an operation run with steps has finished ([`Steps::run`](crate::Steps::run)).
+    ///
+    /// Ordered: made only while the record holds exactly `previous`, the steps this write extends (as
+    /// the claim left them, or as the call's last step write stored them). A copy of an earlier write
+    /// that lands late (the first copy of a request the SDK sent again) finds later steps there and is
+    /// rejected, so a record's steps never move back. A write rejected with the record holding exactly
+    /// its `steps` under its token is its own earlier copy, which landed: the caller counts it as
+    /// applied. Each write's steps differ from every earlier write's of the call (they count the
+    /// writes), so no earlier write's `previous` is ever there again.
     SaveSteps {
         /// Every finished step's value, encoded.
         steps: &'a [u8],
+        /// The steps the record holds before this write, as stored.
+        previous: &'a [u8],
     },
     /// Where there is **no record**, a FAILED record under the token (a mark) whose only
     /// [`released`](Record::released) token is that one: the call holding the token gave up a claim
@@ -397,7 +407,8 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Applies `transition` if the record is PENDING under its token; otherwise returns the record as it was.
-    /// A [`Change::Release`] instead is applied only where there is no record at all, writing a FAILED
+    /// A [`Change::SaveSteps`] also needs the record's steps to be exactly its `previous`. A
+    /// [`Change::Release`] instead is applied only where there is no record at all, writing a FAILED
     /// one under its token.
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError>;
 

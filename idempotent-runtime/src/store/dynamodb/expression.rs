@@ -11,8 +11,8 @@
 //! the tokens of calls that released their claim before it landed. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
-//! store's region), `:sp` (the steps), `:tks` (a set holding the token), `:max`
-//! ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:one` (1) and `:true`.
+//! store's region), `:sp` (the steps), `:prev` (the steps a step's write extends), `:tks` (a set
+//! holding the token), `:max` ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:one` (1) and `:true`.
 //!
 //! `#pk` is always the *partition* key attribute: in a [`Layout`](super::Layout) with a sort key, every
 //! request names the item by its full primary key, and `attribute_not_exists(#pk)` holds exactly when
@@ -49,6 +49,14 @@ pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
 /// still in effect, so that a compensation never undoes them twice.
 pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attribute_exists(#cw)";
 
+/// The condition of a step's write ([`SAVE_STEPS`]): [`HELD_BY_TOKEN`], and the record holds exactly
+/// the steps the write extends (`:prev`, [`Change::SaveSteps`]'s `previous`). A late copy of an earlier
+/// step's write (the first copy of a request the SDK sent again, applied after a later step's) finds
+/// later steps there and is refused, so that the steps never move back. One request still: the
+/// condition is part of the `UpdateItem`, and a refusal returns the record (`ALL_OLD`), which tells
+/// the caller whether it was its own earlier copy that landed (the record holds exactly its `:sp`).
+pub const HELD_WITH_STEPS: &str = "#st = :pending AND #tk = :tk AND #sp = :prev";
+
 /// What every claim adds to its condition: the record is not a FAILED one under the claim's own token,
 /// which only the claim's own call writes when it gives the claim up ([`RELEASE`]), and does not hold
 /// that token among its released ones ([`MARK_RELEASED`]), so that a claim of that call that lands
@@ -76,7 +84,8 @@ pub const MARK_RELEASED: &str = "ADD #rl :tks";
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 
-/// A step's update: the values of every step finished so far (an operation run with steps).
+/// A step's update: the values of every step finished so far (an operation run with steps), under
+/// [`HELD_WITH_STEPS`].
 pub const SAVE_STEPS: &str = "SET #sp = :sp";
 
 /// What a claim of an operation *without* steps adds to its condition: the record holds no steps, or
@@ -334,8 +343,12 @@ impl RecordUpdate {
                 values.insert(":ex".to_owned(), n(expires_at_s));
                 names.fail(release_claim_writes)
             }
-            Change::SaveSteps { steps } => {
+            Change::SaveSteps { steps, previous } => {
                 values.insert(":sp".to_owned(), AttributeValue::B(steps.to_vec().into()));
+                values.insert(
+                    ":prev".to_owned(),
+                    AttributeValue::B(previous.to_vec().into()),
+                );
                 (SAVE_STEPS, &names.save_steps)
             }
             Change::Release {
@@ -378,6 +391,7 @@ impl RecordUpdate {
             } => HELD_WITH_CLAIM_WRITES,
             Change::Release { .. } => RELEASABLE,
             Change::MarkReleased { .. } => MARKABLE,
+            Change::SaveSteps { .. } => HELD_WITH_STEPS,
             _ => HELD_BY_TOKEN,
         };
         Self {
@@ -545,7 +559,7 @@ impl PreparedNames {
             complete: Default::default(),
             fail: Default::default(),
             extend_lease: attribute_names(names, &[EXTEND_LEASE, HELD_BY_TOKEN]),
-            save_steps: attribute_names(names, &[SAVE_STEPS, HELD_BY_TOKEN]),
+            save_steps: attribute_names(names, &[SAVE_STEPS, HELD_WITH_STEPS]),
             release: attribute_names(names, &[RELEASE, RELEASABLE]),
             mark_released: attribute_names(names, &[MARK_RELEASED, MARKABLE]),
         };
@@ -721,7 +735,10 @@ mod tests {
                 lease_until_ms: 1,
                 expires_at_s: 2,
             },
-            Change::SaveSteps { steps: b"{}" },
+            Change::SaveSteps {
+                steps: b"{}",
+                previous: b"{ }",
+            },
             Change::Release {
                 error: "released",
                 expires_at_s: 2,

@@ -31,7 +31,7 @@
 //! | claim keeping claim-time writes (after a claim with writes was refused for them) | the claim's | `attribute_exists(#cw) AND #ex >= :now_s AND (#st = FAILED OR (#st = PENDING AND #lu < :now_ms))` |
 //! | claim of an operation with steps, afresh (`run_steps`) | the claim's (any of the three above), plus `SET #sp = :sp` (the new operation's origin, no step finished) | the claim's, `AND (attribute_not_exists(#sp) OR #ex < :now_s[ OR #st = FAILED])` (`#st = FAILED` with `restart_steps_after_failure`) |
 //! | claim of an operation with steps, resuming (after the fresh claim was refused by live steps) | the claim's (any of the three above) | the claim's, `AND #sp = :sp AND #ex >= :now_s[ AND #st = PENDING]` (`:sp`: the steps the caller read, which it replays) |
-//! | step (a step of a body run with steps finished, or an at-most-once step started, or a value that could not be stored) | `SET #sp = :sp` (every finished step's value, and the marks) | `#st = PENDING AND #tk = :tk` |
+//! | step (a step of a body run with steps finished, or an at-most-once step started, or a value that could not be stored) | `SET #sp = :sp` (every finished step's value, and the marks) | `#st = PENDING AND #tk = :tk AND #sp = :prev` (`:prev`: the steps it extends, so that a late copy of an earlier step's write is refused; refused with the record holding exactly `:sp` under `:tk`, it is the call's own earlier copy, which landed) |
 //! | complete | `SET #st = COMPLETED, #ex = now + ttl [+ retain][, #rs = :rs][, #ru = now + ttl][, #ci = region] REMOVE #lu[, #rs], #sp, #rl` (`#ci` with [`with_region`](DynamoDbStore::with_region)) | `#st = PENDING AND #tk = :tk` |
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
@@ -59,7 +59,8 @@
 //! SDK's retries of a request, and this crate's retries of a completion (built once, sent unchanged),
 //! keep their token, while every claim attempt (each with its own time, lease and expiry) has its own.
 //! `UpdateItem` takes no such token: a claim, completion or failure whose response was lost is recognised
-//! by the fencing token in the record that its retry's failed condition returns.
+//! by the fencing token in the record that its retry's failed condition returns (a step's write, by the
+//! token and its own steps there).
 //!
 //! Error mapping: throttling after the SDK's retries is [`StoreError::Throttled`]; HTTP 5xx, timeouts,
 //! broken connections and transaction conflicts are [`StoreError::Unavailable`]; validation errors are
