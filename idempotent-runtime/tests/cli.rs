@@ -579,6 +579,8 @@ async fn audit_and_keys_end_to_end_with_json() {
     ]));
     assert!(text.contains("other deletions    1"), "{text}");
     assert!(text.contains("late retries       0"), "{text}");
+    // DynamoDB Local's stream times are whole minutes: the figures say so.
+    assert!(text.contains("rounds down to the minute"), "{text}");
 
     let stats = json(&idempotent(&["keys", "stats", "--table", &table, "--json"]));
     assert_eq!(stats["scanned"], 1, "{stats}");
@@ -832,7 +834,7 @@ async fn record_text_is_printed_with_control_characters_escaped() {
 
 /// `audit --endpoint` with no credentials configured reads the stream with the same dummy credentials
 /// every other command uses there (the streams client once got none, and failed with
-/// "DescribeStream failed: unhandled error"); with a credentials configuration that fails, its error
+/// "`DescribeStream` failed: unhandled error"); with a credentials configuration that fails, its error
 /// says that credentials are the cause.
 #[tokio::test]
 async fn audit_with_an_endpoint_and_no_credentials_reads_the_stream() {

@@ -734,6 +734,12 @@ async fn audit(cli: &Cli, args: &AuditArgs) -> Result<(), Failure> {
             "                   and {after} s after its completion: ttl + retain above {after} s answers every late retry seen"
         );
     }
+    if cli.endpoint.is_some() && (stats.records > 0) {
+        // Verified on DynamoDB Local 3.3: every record of a minute carries that minute's start.
+        println!(
+            "times              from the stream records' ApproximateCreationDateTime, which DynamoDB Local rounds down to the minute (AWS: to the second): lags and gaps above are exact to 60 s only, and a retry up to 59 s after expiry may show 0 s"
+        );
+    }
     if summary.not_records > 0 {
         println!(
             "not records        {} (other items in the table)",
