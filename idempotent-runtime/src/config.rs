@@ -92,6 +92,7 @@ impl Idempotency {
     /// Records in the DynamoDB table `table`, through a ready client (see
     /// [`DynamoDbStore`](crate::DynamoDbStore) for the table's shape).
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn dynamodb(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         Self::builder(crate::DynamoDbStore::new(client, table)).build()
     }

@@ -1181,11 +1181,12 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
-/// The answer to a request whose handler panicked: it was recorded as failed, so the key is free.
+/// The answer to a request whose handler panicked: it was recorded as failed, so the key is free, and
+/// a retry runs the handler again, effects and all: the body says so rather than promise nothing happened.
 fn panicked() -> Response<Body> {
     problem(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "the request failed unexpectedly and nothing was stored; it may be sent again with the same key",
+        "the request failed unexpectedly; no response was stored for its key, so the same request sent again runs the handler again, and what the handler did before it failed (a charge, an email) may happen a second time",
     )
 }
 

@@ -50,7 +50,9 @@
 //! Features: `macros` and `dynamodb` (on by default); `emulator` (on by default, implies `dynamodb`: the
 //! DynamoDB transaction emulator behind [`MemoryStore`]'s business tables, so that `transact` and
 //! `claim_with` can be tested in memory); `metrics` (counters through the `metrics` facade, see
-//! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module); `axum` (the
+//! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module; implies `audit`);
+//! `audit` (the `audit` module: TTL deletions and late retries read from the table's DynamoDB
+//! stream, by a polling reader or a Lambda stream consumer); `axum` (the
 //! `Idempotency-Key` HTTP layer); `batch` (queue batches); `conformance` (`store::conformance`: the
 //! store contract as a suite, for third-party stores). `IDEMPOTENT_DISABLED=1` switches idempotency
 //! off in a process ([`DISABLED_VAR`]).
@@ -84,11 +86,17 @@
 //! The `guide` module (in the documentation built with all features, as on docs.rs) has a guide per
 //! kind of service: HTTP, Lambda, queues, transactions, steps, interruptions, regions, operations.
 
+// docs.rs (nightly, `--cfg docsrs`) shows the feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
 pub mod admin;
 #[cfg(feature = "audit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "audit")))]
 pub mod audit;
 #[cfg(feature = "batch")]
+#[cfg_attr(docsrs, doc(cfg(feature = "batch")))]
 pub mod batch;
 mod cache;
 mod clock;
@@ -112,6 +120,7 @@ mod fuzz;
 pub mod guide;
 mod handler;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 mod key;
 #[cfg(test)]
@@ -155,6 +164,7 @@ pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};
 
 #[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use store::dynamodb::{
     DynamoDbStore, Layout, Replication, TableReport,
     transaction::{MAX_STAGED_WRITES, MAX_TRANSACTION_BYTES, Transaction},
@@ -162,9 +172,11 @@ pub use store::dynamodb::{
 
 /// The AWS SDK for DynamoDB, re-exported so that users get the version this crate was built with.
 #[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use aws_sdk_dynamodb;
 
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use idempotent_macros::idempotent;
 
 /// The README's code blocks, compiled and run as doctests so that the front page cannot rot.

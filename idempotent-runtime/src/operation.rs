@@ -367,6 +367,7 @@ impl<'a, H> Operation<'a, H> {
     /// re-claim of a key whose writes are in effect costs one more round trip (the transaction is
     /// refused, and a plain claim follows).
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn claim_with(
         mut self,
         writes: impl IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>,
@@ -381,6 +382,7 @@ impl<'a, H> Operation<'a, H> {
     /// them again. If they cannot commit (a condition fails), the failure is recorded without them and
     /// the claim-time writes stay in effect. Without `claim_with`, they are never sent.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn compensate_with(
         mut self,
         writes: impl IntoIterator<Item = aws_sdk_dynamodb::types::TransactWriteItem>,
@@ -455,6 +457,7 @@ impl<'a, H> Operation<'a, H> {
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
@@ -534,6 +537,7 @@ impl<'a, H> Operation<'a, H> {
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
@@ -741,6 +745,7 @@ impl<H> Detached<'_, H> {
     /// # Panics
     /// As [`run`](Self::run).
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -770,6 +775,7 @@ impl<H> Detached<'_, H> {
     /// # Panics
     /// As [`run`](Self::run).
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned + Send + 'static,

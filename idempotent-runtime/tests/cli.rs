@@ -579,6 +579,8 @@ async fn audit_and_keys_end_to_end_with_json() {
     ]));
     assert!(text.contains("other deletions    1"), "{text}");
     assert!(text.contains("late retries       0"), "{text}");
+    // DynamoDB Local's stream times are whole minutes: the figures say so.
+    assert!(text.contains("rounds down to the minute"), "{text}");
 
     let stats = json(&idempotent(&["keys", "stats", "--table", &table, "--json"]));
     assert_eq!(stats["scanned"], 1, "{stats}");
@@ -828,4 +830,66 @@ async fn record_text_is_printed_with_control_characters_escaped() {
         "\"order-10\"",
     ));
     assert_eq!(shown["response_preview"], response);
+}
+
+/// `audit --endpoint` with no credentials configured reads the stream with the same dummy credentials
+/// every other command uses there (the streams client once got none, and failed with
+/// "`DescribeStream` failed: unhandled error"); with a credentials configuration that fails, its error
+/// says that credentials are the cause.
+#[tokio::test]
+async fn audit_with_an_endpoint_and_no_credentials_reads_the_stream() {
+    const NOTICE: &str = "no AWS credentials configured; using dummy ones for --endpoint";
+    let table = table_name("cli-audit-bare");
+    run_text(&["table", "create", "--table", &table, "--stream"]);
+    let idem =
+        Idempotency::builder(idempotent_runtime::DynamoDbStore::new(client(), &table)).build();
+    let _: u32 = idem
+        .operation("billing::charge", &1)
+        .run(|| async { Ok::<_, idempotent_runtime::Error>(1) })
+        .await
+        .unwrap();
+    let home = empty_dir("cli-audit-home");
+    let audit = |home: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_idempotent"))
+            .args([
+                "--endpoint",
+                &endpoint(),
+                "audit",
+                "--table",
+                &table,
+                "--json",
+                "--idle-polls",
+                "2",
+                "--poll-interval",
+                "20ms",
+            ])
+            .env_clear()
+            .env("HOME", home)
+            .output()
+            .unwrap()
+    };
+    let output = audit(&home);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(NOTICE), "{stderr}");
+    // The notice once: one configuration for both clients.
+    assert_eq!(stderr.matches(NOTICE).count(), 1, "{stderr}");
+    let report = json(&output);
+    // One claim, one completion.
+    assert_eq!(report["stream"]["records"], 2, "{report}");
+    assert_eq!(report["summary"]["changes"], 2, "{report}");
+
+    // Credentials configured but failing: the error names them.
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\ncredential_process = /bin/false\n",
+    )
+    .unwrap();
+    let output = audit(&home);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains(NOTICE), "{stderr}");
+    assert!(stderr.contains("AWS credentials"), "{stderr}");
+    assert!(!stderr.contains("unhandled error"), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
 }

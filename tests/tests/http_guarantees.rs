@@ -70,6 +70,7 @@ on_both_stores!(
     trailers_pass_through_and_replay_over_http1,
     trailers_pass_through_and_replay_over_http2,
     a_client_that_resets_its_http2_stream_does_not_cancel_the_handler,
+    identical_requests_at_once_get_409_and_with_wait_the_first_ones_response,
 );
 
 /// A router on `harness`'s handle, served on a free loopback port.
@@ -666,6 +667,13 @@ async fn a_panicking_handler_answers_500_and_leaves_the_key_free(backend: Backen
         .await;
     let first = first.expect("an answer, not a dropped connection");
     assert_problem(&first, StatusCode::INTERNAL_SERVER_ERROR);
+    // The key is free, so a retry runs the handler again: the answer says so, and promises no less.
+    let detail = first.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(detail.contains("runs the handler again"), "{detail}");
+    assert!(!detail.contains("nothing was stored"), "{detail}");
     let record = server.record("boom").await.expect("a record");
     assert_eq!(record.status, Status::Failed, "{record:?}");
     assert!(
@@ -1737,4 +1745,54 @@ async fn a_client_that_resets_its_http2_stream_does_not_cancel_the_handler(backe
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(retry.bytes().as_ref(), b"charge 1");
+}
+
+/// 20 identical requests at once: one runs the handler; without `wait` the 19 others get 409 (the first
+/// is in flight), with `wait` they get its response, replayed.
+async fn identical_requests_at_once_get_409_and_with_wait_the_first_ones_response(
+    backend: Backend,
+) {
+    for wait in [None, Some(Duration::from_secs(5))] {
+        let harness = Harness::with(backend, |b| b).await;
+        let charges = Runs::default();
+        let handler = {
+            let charges = charges.clone();
+            post(move || {
+                let charges = charges.clone();
+                async move {
+                    let charge = charges.next();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    (StatusCode::CREATED, format!("charge {charge}"))
+                }
+            })
+        };
+        let mut layer = layer(&harness);
+        if let Some(wait) = wait {
+            layer = layer.wait(wait);
+        }
+        let router = Router::new().route("/payments", handler.layer(layer));
+        let server = Arc::new(Server::start(harness, router).await);
+        let replies = futures_util::future::join_all((0..20).map(|_| {
+            let server = server.clone();
+            async move { server.post("/payments", "order-1", "{}").await }
+        }))
+        .await;
+        let count = |status: StatusCode| replies.iter().filter(|r| r.status == status).count();
+        assert_eq!(charges.count(), 1, "wait {wait:?}: {replies:?}");
+        if wait.is_none() {
+            assert_eq!(
+                (count(StatusCode::CREATED), count(StatusCode::CONFLICT)),
+                (1, 19),
+                "{replies:?}"
+            );
+        } else {
+            assert_eq!(count(StatusCode::CREATED), 20, "{replies:?}");
+            assert!(replies.iter().all(|r| r.bytes().as_ref() == b"charge 1"));
+            let replayed = replies
+                .iter()
+                .filter(|r| r.header("idempotent-replayed") == Some("true"))
+                .count();
+            assert_eq!(replayed, 19, "{replies:?}");
+        }
+    }
 }

@@ -42,16 +42,57 @@ pub enum AuditError {
         #[source]
         source: BoxError,
     },
+    /// A request could not be signed: no AWS credentials, or a credentials configuration that fails.
+    #[error(
+        "{operation} failed: no usable AWS credentials ({source}): configure them (environment, profile, role); DynamoDB Local accepts any, e.g. AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local"
+    )]
+    Credentials {
+        /// The request: `DescribeTable`, `DescribeStream`, `GetShardIterator`, `GetRecords`.
+        operation: &'static str,
+        /// The credentials provider's error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 fn request(
     operation: &'static str,
     e: impl std::error::Error + Send + Sync + 'static,
 ) -> AuditError {
+    if let Some(why) = credentials_error(&e) {
+        return AuditError::Credentials {
+            operation,
+            source: why.into(),
+        };
+    }
     AuditError::Request {
         operation,
         source: Box::new(e),
     }
+}
+
+/// The credentials provider's error in `e`'s chain of sources, with its own sources, as text: the
+/// SDK reports it as an "unhandled error" that does not say so.
+fn credentials_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut source = Some(e);
+    while let Some(error) = source {
+        if error.downcast_ref::<CredentialsError>().is_some() {
+            let mut text = error.to_string();
+            let mut cause = error.source();
+            while let Some(c) = cause {
+                let line = c.to_string();
+                // Providers often repeat their source's text in their own.
+                if !text.contains(&line) {
+                    text = format!("{text}: {line}");
+                }
+                cause = c.source();
+            }
+            return Some(text);
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// The ARN of `table`'s stream, as `DescribeTable` reports it.
