@@ -54,8 +54,8 @@ mod heartbeat;
 mod run;
 mod settle;
 
-pub(crate) use claim::Stage;
 pub(crate) use claim::RELEASED;
+pub(crate) use claim::Stage;
 #[cfg(test)]
 pub(crate) use claim::release_change;
 pub use decide::MIN_LEASE;
