@@ -20,25 +20,33 @@ const TOKEN_BYTES: usize = 36;
 /// The most bytes of the body's error text stored on a FAILED record.
 pub(crate) const MAX_ERROR_BYTES: usize = 4096;
 
-/// The most bytes the encoded steps of an operation run with steps may have so that its PENDING or
-/// FAILED record for `key` fits in one item: the limit minus every other attribute such a record
-/// holds, names included (counted generously): a lease, a failure's error text (up to
-/// [`MAX_ERROR_BYTES`]), the released tokens (up to [`MAX_RELEASED`](crate::MAX_RELEASED) of this
-/// crate's tokens), and the steps attribute's own name.
-pub(crate) fn steps_budget(names: &AttributeNames, key: &str, fingerprint: Option<&str>) -> usize {
-    let overhead = names.key.len()
+/// The bytes every record for `key` may hold besides its response or steps, names included (counted
+/// generously): the key, the longest status, a token, the attempt and expiry numbers, the claim-time
+/// writes mark and the payload's fingerprint.
+fn record_overhead(names: &AttributeNames, key: &str, fingerprint: Option<&str>) -> usize {
+    names.key.len()
         + key.len()
         + names.status.len()
         + "COMPLETED".len()
         + names.token.len()
         + TOKEN_BYTES
         + names.attempt.len()
-        + names.lease_until.len()
         + names.expires_at.len()
-        + 3 * MAX_NUMBER_BYTES
+        + 2 * MAX_NUMBER_BYTES
         + names.claim_writes.len()
         + 1
         + fingerprint.map_or(0, |f| names.fingerprint.len() + f.len())
+}
+
+/// The most bytes the encoded steps of an operation run with steps may have so that its PENDING or
+/// FAILED record for `key` fits in one item: the limit minus every other attribute such a record
+/// holds, names included (counted generously): a lease, a failure's error text (up to
+/// [`MAX_ERROR_BYTES`]), the released tokens (up to [`MAX_RELEASED`](crate::MAX_RELEASED) of this
+/// crate's tokens), and the steps attribute's own name.
+pub(crate) fn steps_budget(names: &AttributeNames, key: &str, fingerprint: Option<&str>) -> usize {
+    let overhead = record_overhead(names, key, fingerprint)
+        + names.lease_until.len()
+        + MAX_NUMBER_BYTES
         + names.error.len()
         + MAX_ERROR_BYTES
         + names.released.len()
@@ -54,20 +62,9 @@ pub(crate) fn response_budget(
     key: &str,
     fingerprint: Option<&str>,
 ) -> usize {
-    let overhead = names.key.len()
-        + key.len()
-        + names.status.len()
-        + "COMPLETED".len()
-        + names.token.len()
-        + TOKEN_BYTES
-        + names.attempt.len()
-        + names.expires_at.len()
+    let overhead = record_overhead(names, key, fingerprint)
         + names.replay_until.len()
-        + names.claim_writes.len()
-        + 1
-        + 2 * MAX_NUMBER_BYTES
         + MAX_NUMBER_BYTES
-        + fingerprint.map_or(0, |f| names.fingerprint.len() + f.len())
         + names.response.len();
     MAX_ITEM_BYTES.saturating_sub(overhead)
 }
