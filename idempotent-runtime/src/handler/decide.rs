@@ -609,6 +609,48 @@ mod tests {
     }
 
     #[test]
+    fn a_rejected_failure_is_sent_again_only_on_our_pending_claim_with_compensation() {
+        let ours = record(Status::Pending, Some(5_000));
+        let other = Record {
+            token: "u".into(),
+            ..ours.clone()
+        };
+        let failed = record(Status::Failed, None);
+        let completed = record(Status::Completed, None);
+        // Our claim, its claim-time writes gone: once more, without the compensation.
+        assert_eq!(
+            after_rejected_fail(Some(&ours), "t", true),
+            AfterRejectedFail::WithoutCompensation
+        );
+        // Without compensation there is nothing to drop: a rejected plain failure lost its claim.
+        assert_eq!(
+            after_rejected_fail(Some(&ours), "t", false),
+            AfterRejectedFail::Lost
+        );
+        // Another caller's claim, or our token on a record that is not PENDING: never sent again.
+        for (record, compensating) in [(&other, true), (&other, false), (&completed, true)] {
+            assert_eq!(
+                after_rejected_fail(Some(record), "t", compensating),
+                AfterRejectedFail::Lost,
+                "{record:?}"
+            );
+        }
+        // Our own earlier failure landed; another's FAILED record is not ours.
+        assert_eq!(
+            after_rejected_fail(Some(&failed), "t", true),
+            AfterRejectedFail::Recorded
+        );
+        assert_eq!(
+            after_rejected_fail(Some(&failed), "u", true),
+            AfterRejectedFail::Lost
+        );
+        assert_eq!(
+            after_rejected_fail(None, "t", true),
+            AfterRejectedFail::Lost
+        );
+    }
+
+    #[test]
     fn heartbeats_are_counted_from_their_send() {
         let lease = Duration::from_secs(3);
         let every = heartbeat_interval(lease).unwrap();
