@@ -26,6 +26,13 @@ pub struct KeyReport {
     pub status: String,
     /// Claims made on the key so far.
     pub attempt: u64,
+    /// The fencing token of the record's last claim (or of the release that wrote it): the one call
+    /// that may complete or fail it while it is PENDING.
+    pub token: String,
+    /// Tokens of calls that gave their claim up while it may still have been on its way
+    /// ([`Record::released`]): a claim under any of them that lands later is refused. A completion
+    /// clears them.
+    pub released: Vec<String>,
     /// While PENDING: milliseconds until the lease runs out (negative: it ran out that long ago).
     pub lease_left_ms: Option<i64>,
     /// The expiry, epoch seconds.
@@ -77,6 +84,8 @@ impl KeyReport {
             key: record.key.clone(),
             status: record.status.as_str().to_owned(),
             attempt: record.attempt,
+            token: record.token.clone(),
+            released: record.released.clone(),
             lease_left_ms: record
                 .lease_until_ms
                 .filter(|_| record.status == Status::Pending)
@@ -924,6 +933,31 @@ mod tests {
     }
 
     #[test]
+    fn a_report_shows_the_claims_token_and_the_released_ones() {
+        let record = Record {
+            key: "billing#00".to_owned(),
+            status: Status::Failed,
+            token: "b".to_owned(),
+            attempt: 2,
+            lease_until_ms: None,
+            expires_at_s: 100,
+            fingerprint: None,
+            response: None,
+            error: Some("released".to_owned()),
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+            released: vec!["a".to_owned(), "b".to_owned()],
+            steps: None,
+        };
+        let report = KeyReport::new(&record, 0);
+        assert_eq!(report.token, "b");
+        assert_eq!(report.released, ["a", "b"]);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["released"], serde_json::json!(["a", "b"]));
+    }
+
+    #[test]
     fn a_record_expiring_past_the_year_9999_is_reported_without_a_panic() {
         // `expires_at` written in milliseconds by mistake (by another writer of the table): `keys list`
         // must still list it, and a stuck table is exactly where such a record is looked for.
@@ -945,6 +979,8 @@ mod tests {
         };
         let report = KeyReport::new(&record, 1_700_000_000_000);
         assert_eq!(report.expires_at, 1_700_000_000_000);
+        assert_eq!(report.token, "t");
+        assert!(report.released.is_empty());
         assert_eq!(report.expires_at_utc, "(beyond the year 9999)");
         let record = Record {
             expires_at_s: u64::MAX,

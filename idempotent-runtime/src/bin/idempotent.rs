@@ -618,6 +618,7 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     }
     println!("key        {}", escaped(&r.key));
     println!("status     {} (attempt {})", r.status, r.attempt);
+    println!("token      {}", escaped(&r.token));
     if let Some(ms) = r.lease_left_ms {
         let seconds = |ms: i64| format!("{}.{}", ms.abs() / 1000, ms.abs() % 1000 / 100);
         if ms >= 0 {
@@ -649,6 +650,15 @@ fn print_key(cli: &Cli, r: &KeyReport) -> Result<(), Failure> {
     }
     if r.claim_writes_in_effect {
         println!("claim-time writes are in effect");
+    }
+    if !r.released.is_empty() {
+        println!(
+            "released   {} token(s) of calls that gave their claim up; a late claim under one is refused:",
+            r.released.len()
+        );
+        for token in &r.released {
+            println!("           {}", escaped(token));
+        }
     }
     Ok(())
 }
