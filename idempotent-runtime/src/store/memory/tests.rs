@@ -408,3 +408,25 @@ async fn a_transition_with_another_token_is_rejected_with_the_record() {
         Status::Completed
     );
 }
+
+/// The whole store contract on the memory store, inside the crate: the rules the model's store applies
+/// (`claimed`, `transitioned`, `fenced`) are mutation-tested against the unit tests (`scripts/mutants`),
+/// and each conformance case pins one of them. The suite also runs from `tests/` on both stores.
+#[cfg(feature = "conformance")]
+#[tokio::test]
+async fn the_memory_store_keeps_the_whole_contract() {
+    use crate::store::conformance::{
+        self, BusinessTable, RECORD_CASES, Subject, TRANSACTION_CASES,
+    };
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(store).with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    report.assert_complete();
+    assert_eq!(
+        report.cases().len(),
+        RECORD_CASES.len() + TRANSACTION_CASES.len()
+    );
+}
