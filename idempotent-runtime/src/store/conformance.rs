@@ -35,7 +35,7 @@
 //! |---|---|
 //! | `claim_of_a_new_key_writes_a_pending_record` | a claim of an absent key writes PENDING with every field of the request |
 //! | `duplicate_claim_returns_the_old_record` | a claim of a held key is [`ClaimOutcome::Existing`] with the record, and changes nothing |
-//! | `a_retried_claim_finds_its_own_token` | a claim repeated with the same token finds the record with that token |
+//! | `a_retried_claim_finds_its_own_token` | a claim repeated with the same token finds the record with that token; once the lease ran out, it claims it again |
 //! | `complete_is_guarded_by_the_token` | fencing: another token's completion is rejected and returns the record as it was |
 //! | `fail_is_guarded_by_the_token` | fencing, for a failure |
 //! | `a_heartbeat_extends_only_its_own_lease` | fencing, for a heartbeat; the extended lease blocks claims |
@@ -619,6 +619,19 @@ async fn a_retried_claim_finds_its_own_token<S: Store>(c: Context<S>) -> Result<
     ensure!(
         matches!(&outcome, ClaimOutcome::Existing(r) if r.token == "t1" && r.status == Status::Pending),
         "a claim sent again by the same caller must find the record with its own token, got {outcome:?}"
+    );
+    // Once its lease ran out, the same token claims the record again (a call whose claim was answered
+    // too late claims again under its token), like any other claim of a lapsed lease.
+    ensure_eq!(
+        c.store.claim(&claim("k", "t1", NOW + LEASE + 1)).await?,
+        ClaimOutcome::Claimed,
+        "a claim under the record's own token after its lease ran out"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.token.as_str(), r.status, r.attempt),
+        ("t1", Status::Pending, 2),
+        "token, status and attempt after claiming again under the same token"
     );
     Ok(())
 }
