@@ -299,11 +299,26 @@ const COMPLETE: &str = expression::complete_update(true, false, false);
 /// A failure without compensating writes.
 const FAIL: &str = expression::fail_update(false);
 
+/// The condition of ours' plain claim without steps, as its store sends it: claimable, holding no
+/// steps of an expired operation, and not released by the claim's own call. A bare-SDK implementation
+/// of the same protocol sends the same condition, and the SDK signs (hashes) every byte of it, so the
+/// baseline sends it too: the comparison counts the client's work, not the length of the protocol's
+/// expressions.
+fn claim_condition() -> String {
+    format!(
+        "({CLAIMABLE}) AND ({}) AND {}",
+        expression::STEPS_UNTOUCHED,
+        expression::NOT_RELEASED
+    )
+}
+
 #[derive(Debug)]
 struct Baseline {
     client: Client,
     table: String,
     claim_names: HashMap<String, String>,
+    /// [`claim_condition`], built once.
+    claim_condition: String,
     transition_names: HashMap<String, String>,
     /// A response of the same size as ours, encoded once.
     response: aws_sdk_dynamodb::primitives::Blob,
@@ -361,8 +376,9 @@ impl Baseline {
             table,
             claim_names: expression::attribute_names(
                 &AttributeNames::default(),
-                &[CLAIM, CLAIMABLE],
+                &[CLAIM, &claim_condition()],
             ),
+            claim_condition: claim_condition(),
             transition_names: expression::attribute_names(
                 &AttributeNames::default(),
                 &[COMPLETE, FAIL, HELD_BY_TOKEN],
@@ -426,7 +442,7 @@ impl Baseline {
             .table_name(&self.table)
             .key("pk", s(key))
             .update_expression(CLAIM)
-            .condition_expression(CLAIMABLE)
+            .condition_expression(&self.claim_condition)
             .set_expression_attribute_names(Some(self.claim_names.clone()))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
