@@ -52,7 +52,7 @@
 //! | `a_step_write_is_made_only_on_the_steps_it_extends` | ordered steps: [`Change::SaveSteps`] is made only while the record holds exactly its `previous`; a late copy of an earlier step's write, the same write sent again after it landed, a write on steps never stored, or on a record without steps, is [`WriteOutcome::Rejected`] with the record as it is (holding the later steps), nothing written |
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) keeps the steps of a record it continues (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
-//! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one) and changes nothing else; every claim under a released token is refused, other claims keep the tokens, a completion removes them; a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) reject it |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
@@ -1241,8 +1241,15 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
     let past = (failed.expires_at_s + 1) * 1000;
     ensure_eq!(
         c.store.claim(&resume("k", "t2", past, b"one")).await?,
-        ClaimOutcome::Existing(failed),
+        ClaimOutcome::Existing(failed.clone()),
         "a resume of an expired record (a new operation)"
+    );
+    ensure_eq!(
+        c.store
+            .claim(&restarting(resume("k", "t2", NOW + 1, b"one")))
+            .await?,
+        ClaimOutcome::Existing(failed),
+        "a resume of a FAILED record by an operation that restarts after a failure"
     );
     ensure_eq!(
         c.store.claim(&resume("k", "t3", NOW + 1, b"one")).await?,
@@ -1255,7 +1262,38 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
         (Status::Pending, "t3", Some(&b"one"[..])),
         "status, token and steps after a resume"
     );
+    // A worker that stopped holding them: its lapsed claim is resumed, even by an operation that
+    // restarts after a failure (a lapsed claim is no failure).
+    ensure_eq!(
+        c.store
+            .claim(&restarting(resume("k", "t4", NOW + 1 + LEASE + 1, b"one")))
+            .await?,
+        ClaimOutcome::Claimed,
+        "a resume of a lapsed PENDING record by an operation that restarts after a failure"
+    );
+    ensure_eq!(
+        c.record("k").await?.steps.as_deref(),
+        Some(&b"one"[..]),
+        "the steps after resuming a lapsed claim"
+    );
     Ok(())
+}
+
+/// `request` for an operation that restarts from scratch after a failure
+/// (`restart_steps_after_failure`).
+fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
+    let steps = match request.steps {
+        StepsClaim::Fresh { initial, .. } => StepsClaim::Fresh {
+            initial,
+            restart_failed: true,
+        },
+        StepsClaim::Resume { steps, .. } => StepsClaim::Resume {
+            steps,
+            restart_failed: true,
+        },
+        StepsClaim::Untouched => StepsClaim::Untouched,
+    };
+    ClaimRequest { steps, ..request }
 }
 
 /// A release mark ([`Change::Release`](crate::store::Change::Release)) sent by a call whose claim is
