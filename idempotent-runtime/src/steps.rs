@@ -116,7 +116,8 @@ pub(crate) fn panicked(record: &Record) -> bool {
     record.error.as_deref().is_some_and(is_panic)
 }
 
-/// Whether a failure's error text is the handler's for a panic ([`handler::panicked`](crate::handler::panicked)).
+/// Whether a failure's error text is the one the handler records for a panic
+/// ([`handler::panicked`](crate::handler::panicked)).
 pub(crate) fn is_panic(error: &str) -> bool {
     error.starts_with("panicked: ")
 }
