@@ -181,30 +181,11 @@ pub async fn release(
     if record.status != Status::Pending {
         return Ok(Released::NotPending(record.status));
     }
-    // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
-    // from the claim): the FAILED record must remember the writes as long as the claim would have, or
-    // a retry after it expired would apply them again.
-    let released_for = now_ms.div_ceil(1000) + 3600;
-    let (change, released) = if record.steps.is_some() {
-        // The steps live as long as the operation would: a retry after they expired would be a new
-        // operation, and run them again.
-        let lapse = Change::ExtendLease {
-            lease_until_ms: 0,
-            expires_at_s: released_for.max(record.expires_at_s),
-        };
-        (lapse, Released::Lapsed)
+    let change = crate::handler::decide::operator_release(record, now_ms);
+    let released = if matches!(change, Change::ExtendLease { .. }) {
+        Released::Lapsed
     } else {
-        let expires_at_s = if record.claim_writes_in_effect {
-            released_for.max(record.expires_at_s)
-        } else {
-            released_for
-        };
-        let fail = Change::Fail {
-            error: "released by an operator (`idempotent key release`)",
-            expires_at_s,
-            release_claim_writes: false,
-        };
-        (fail, Released::Released)
+        Released::Released
     };
     let transition = Transition {
         key: &record.key,

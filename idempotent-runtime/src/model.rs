@@ -25,14 +25,16 @@
 //!   [`decide::heartbeat_interval`] and [`decide::next_heartbeat_ms`]; the lease it asks for,
 //!   [`decide::heartbeat_lease_ms`]; what its answer means, [`decide::after_heartbeat`]), the writes
 //!   of a release and their order ([`decide::after_release`], built by [`handler::release_change`]),
-//!   and, through [`Steps`], what a claim does with stored steps ([`decide::steps_found`]) and whether
-//!   a dropped claim with steps is released ([`decide::steps_releasable`]);
+//!   through [`Steps`], what a claim does with stored steps ([`decide::steps_found`]) and whether
+//!   a dropped claim with steps is released ([`decide::steps_releasable`]), and the write an
+//!   operator's release makes ([`decide::operator_release`]);
 //! - from the store: what it admits, the memory store's [`claimed`] and [`transitioned`] (which rest
 //!   on [`Record::is_claimable`] and [`Record::released_token`], write a release's mark where there is
 //!   no record and leave a released token on any other), whether a
 //!   claim needs a record ([`needs_record`]) and the error when it is gone ([`vanished`]); the
 //!   claim-with-writes fallback from [`Record::is_claimable_keeping_writes`];
-//! - for steps, what [`Steps`] decides (below).
+//! - for steps, what [`Steps`] and its stored form decide (below), and the keys [`Steps::key`] derives
+//!   ([`steps::step_key`]).
 //!
 //! Change one of them and the model checks the change. What the model still writes itself is the
 //! plumbing between a decision and the I/O it names, as the handler's `acquire` does: which stage each
@@ -47,36 +49,84 @@
 //!
 //! Time moves in whole seconds (lease 2 s, ttl 1 s, FAILED records kept 1 s, margin 1 s, clocks off by
 //! -1, 0 or +1 s). The bounded run that `cargo test` makes explores 2 s of true time: enough for leases to
-//! lapse, records to expire and be claimed again, and every fault above. `IDEMPOTENT_MODEL=deep` (or
-//! `scripts/model --deep`) explores 5 s; `IDEMPOTENT_MODEL_HORIZON=<seconds>` any other horizon.
+//! lapse, records to expire and be claimed again, and every fault above (the runs with waiting and with
+//! interruptions, 1 s, where they find every witness already). `IDEMPOTENT_MODEL=deep` (or
+//! `scripts/model --deep`) explores 5 s, and runs three callers with steps where `cargo test` runs two
+//! and a call without steps; `IDEMPOTENT_MODEL_HORIZON=<seconds>` any other horizon.
 //!
-//! Claim-time writes (issue 37): the decision to take a key with a claim that keeps its writes, and that
+//! Claim-time writes: the decision to take a key with a claim that keeps its writes, and that
 //! claim, are separate steps (another worker may fail and compensate between them), and the ledger of
 //! the writes outlives their record's expiry: writes still in effect may be applied again only once
 //! their record could have expired (`ttl` after their last use), never by a retry of a failure whose
 //! record expired early. `claim_time_writes_outlive_a_failure` checks that with a `failed_ttl` shorter
 //! than the `ttl`.
 //!
-//! Steps (issue 31): with `steps`, every call's body runs two named steps, then completes. A step's
-//! effect and its write are separate steps of the model (a crash between them runs that step again:
-//! the one the design allows); the write ([`Change::SaveSteps`], every finished step's value) is fenced
-//! like any transition, and may be applied with its response lost and then resent. What a claim does
-//! with the record's steps (start afresh or resume those it saw) is [`Steps::claim`], whether to resume
-//! a record found claimable [`Steps::resumes`], whether the store admits it
+//! Steps: with `steps`, every call's body runs two named steps, then completes. A step's effect and
+//! its write are separate moves of the model (a crash between them runs that step again: the one the
+//! design allows); the write ([`Change::SaveSteps`], every finished step's value) is fenced like any
+//! transition, and may be applied with its response lost and then resent. What a claim does with the
+//! record's steps (start afresh or resume those it saw) is [`Steps::claim`], whether to resume a
+//! record found claimable [`Steps::resumes`] (each call's [`Steps`] keeps what it remembers from one
+//! claim attempt to the next, [`Remembered`]), whether the store admits it
 //! [`Record::allows_steps_claim`] (in [`claimed`]), a resume that finds no record is refused
 //! ([`needs_record`]) and the call claims afresh, and how long a failure's record lives
-//! [`handler::failure_keeps_record`]. The ground truth counts each step's effects and which steps were
-//! stored in the current operation; `steps_are_resumed_never_run_again` checks that the key's holder
-//! never runs a stored step and that no zombie stores one. A zombie whose lease lapsed may still run
-//! its next step's effect: that is the lease's promise, as for a whole body (and what `Steps::key` is
-//! for), not the steps'.
+//! [`handler::failure_keeps_record`]. What a body does at each step (replay it, run it, or stop at a
+//! step that must not run again) is [`Stored::prior`], and each write's steps are built as [`Steps`]
+//! builds them ([`Stored::start`], [`Stored::finish`], [`Stored::finish_unstored`]). The runs also
+//! explore, each with two callers:
 //!
+//! - the restart policy (`Steps::new(ns, true)`, [`Protocol::restart`]) with interruptions: calls
+//!   dropped before their body (released, or left to lapse: [`decide::on_drop`] with
+//!   [`Steps::releasable`]) and mid-body, bodies that panic (recorded as the handler records a panic,
+//!   which resumes), a detached body (`steps_start_over_only_after_their_body_failed`);
+//! - the restart policy with an operator's release of a claim whose worker is gone
+//!   (`an_operator_release_never_starts_steps_over`);
+//! - a step's value refused as it is stored (recorded as finished without a value, the body fails)
+//!   and an at-most-once step ([`Steps::run_at_most_once`]: its start written before its effect)
+//!   (`steps_that_must_not_run_again_never_do`);
+//! - and, with a third caller, code without steps on the same key (`steps_are_resumed_never_run_again`).
+//!
+//! The ground truth counts each step's effects in the current *run* of the operation (a new
+//! operation, or a start afresh after the body's own failure under the restart policy, begins one),
+//! which steps finished (stored, or their value refused in the key's holder), which at-most-once steps
+//! started, and the keys [`Steps::key`] gave. It checks that the key's holder never runs a finished
+//! step, never replays one that did not finish in the same run, and runs an at-most-once step's effect
+//! at most once; that no zombie stores a step; that a step's key is the same in every call of one run
+//! and new in every operation another call started; and that a drop leaves no claim to lapse that
+//! started its operation afresh. A zombie whose lease lapsed may still run its next step's effect:
+//! that is the lease's promise, as for a whole body (and what `Steps::key` is for), not the steps'.
+//!
+//! Each fix that made a finished step final on every path, undone, is found (fail-fast, two threads:
+//! figures vary a little from run to run):
+//!
+//! | fix undone | run | property that fails | counterexample | states explored |
+//! |---|---|---|---|---|
+//! | a value that cannot be stored is not recorded ([`Stored::finish_unstored`] marks nothing) | refused values, at most once | a finished step never runs again while its record lives | 11 moves | 15,029 |
+//! | an operator's release fails a record with steps ([`decide::operator_release`] writes FAILED) | restart policy, operator | a finished step never runs again while its record lives | 10 moves | 14,262 |
+//! | a claim that starts afresh after a resume keeps the call "resuming" ([`Steps::claim`] never clears it) | restart policy, interruptions | a drop leaves no claim to lapse that started its operation afresh | 11 moves | 49,363 |
+//! | a claim without steps keeps an expired record's steps ([`claimed`]) | a call without steps | a replayed step finished in the same run of its operation (without that property: a step's key is new in every operation another call started, 16 moves, 423,238 states) | 16 moves | 424,957 |
+//!
+//! With the fixes, each run explores its whole space and finds nothing: 447,254 states (restart
+//! policy, interruptions), 132,159 (restart policy, operator), 108,295 (refused values, at most once),
+//! 1,871,557 (a call without steps).
+//!
+//! Two things the steps runs do not check, found while writing them. A run's keys derive from the
+//! token of the call whose claim started it, so a call that starts two runs gives the same keys in
+//! both: a call whose claim's answer was lost, taken over meanwhile (its lease lapsed, or released by
+//! an operator) and then failed by the body of the call that took it over, restarts the operation
+//! with the keys of the run that failed (13 moves, under the restart policy); and one whose claim's
+//! resend comes after the operation expired starts the next operation with the old keys (15 moves).
+//! Hence "new in every operation another call started". And the runs keep FAILED records as long as
+//! any other (`failed_ttl` is the `ttl`), so they would not see a failure that resumes (a panic under
+//! the restart policy, say) kept only for a short `failed_ttl`: the handler's own tests check that
+//! ([`handler::failure_keeps_record`]).
+
 //! Late step writes (`late_step_copies`): a step's write may also time out at its caller with its
 //! first copy still on its way; the call sends it again, and the first copy lands at any later time.
 //! A write is made only on the steps it extends ([`Change::SaveSteps`]'s `previous`, in
 //! [`transitioned`]), and a resend refused because its first copy landed counts as stored
 //! ([`decide::after_rejected_steps`]). `late_step_writes_never_move_steps_back` explores that with two
-//! callers (83,772 states) and finds nothing; with a step's write made whatever steps it extends (a
+//! callers (86,196 unique states) and finds nothing; with a step's write made whatever steps it extends (a
 //! plain overwrite under the token, as before), it finds in 14 moves (28,078 states) a late copy of the
 //! first step's write landing after the second's, the holder stuck, and the next caller resuming from
 //! the first step and running the second again.
@@ -136,8 +186,9 @@
 //!
 //! What is not modelled: the DynamoDB store's condition expressions (the store conformance suite holds
 //! them to the memory store's rules), payload fingerprints, the local cache, and retention; with steps,
-//! `restart_steps_after_failure`, claim-time writes, `transact`, waiting, interruptions, and steps run
-//! from several futures of one body.
+//! claim-time writes, `transact` (and the writes a step stages), waiting, a step's own `Err` (an
+//! at-most-once step's clears its start), a stored value that no longer reads as its type, and steps
+//! run from several futures of one body.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -151,7 +202,7 @@ use crate::handler::decide::{
 };
 use crate::handler::{self, CLAIMABLE_RETRIES, Call, Stage};
 use crate::record::{Record, Status};
-use crate::steps::{Steps, Stored};
+use crate::steps::{self, Prior, Remembered, Steps, Stored};
 use crate::store::memory::{claimed, needs_record, transitioned, vanished};
 use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
 
@@ -188,11 +239,26 @@ struct Protocol {
     /// any time once the body runs; the body goes on).
     interruptions: bool,
     /// Bodies run with steps ([`Steps`]): each call's body runs [`STEPS`] in a row, storing each
-    /// finished one's value, then completes; claims start afresh or resume (issue 31).
+    /// finished one's value, then completes; claims start afresh or resume.
     steps: bool,
     /// With steps: a step's write may time out at its caller while it is still on its way; the SDK
     /// sends it again, and the first copy lands at any later time (once per call).
     late_step_copies: bool,
+    /// With steps: the operation starts over after its body fails
+    /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
+    restart: bool,
+    /// With steps: a step's value may be refused when it is stored (it does not serialize, or does
+    /// not fit): the step is recorded as finished without a value, and the body fails.
+    refused_values: bool,
+    /// With steps: the step [`AT_MOST_ONCE`] is run with [`Steps::run_at_most_once`] (its start is
+    /// written before its effect).
+    at_most_once: bool,
+    /// With steps: the call of worker [`PLAIN`] runs code without steps on the same key (another
+    /// deploy of the function).
+    plain: bool,
+    /// An operator may release the key's PENDING claim once its worker is gone (crashed, or its call
+    /// returned), as the runbook says (`idempotent key release`, [`decide::operator_release`]).
+    operator: bool,
     /// Requests in flight: a claim's send, its application at the store and the reading of its answer
     /// are separate moves, with time passing between them (an answer may come after the lease it asked
     /// for, the SDK may resend a claim whose answer was lost or give up on it, and a claim may land after
@@ -230,6 +296,11 @@ impl Protocol {
             interruptions: false,
             steps: false,
             late_step_copies: false,
+            restart: false,
+            refused_values: false,
+            at_most_once: false,
+            plain: false,
+            operator: false,
             in_flight: false,
             latency: 0,
             claims_given_up: false,
@@ -269,14 +340,16 @@ enum Phase {
     Done(Outcome),
     /// The process died.
     Crashed,
-    // --- Claim-time writes (issue 37): a decision and the claim that acts on it are separate steps.
+    // --- Claim-time writes: a decision and the claim that acts on it are separate moves.
     /// The claim with writes was refused because they are in effect: about to take the key with a plain
     /// claim that keeps them (with the refused attempt's times), while other workers go on.
     KeepingClaim(Times),
-    // --- Steps (issue 31).
+    // --- Steps.
     /// A step's effect happened: its value, with every step finished before it, is being stored (a
     /// fenced write); `resent`: the write was applied but its response lost, and the SDK sends it again.
     SavingStep { beating: bool, resent: bool },
+    /// The body came to an at-most-once step: its start is being written, before its effect.
+    MarkingStart { beating: bool },
     // --- Requests in flight.
     /// A claim request is out, sent at true tick `sent`; `answer`: what the store answered once it
     /// applied the request, not yet read.
@@ -374,6 +447,9 @@ enum Outcome {
     Released,
     /// The caller's future was dropped while its (not detached) body ran: the body stopped.
     Abandoned,
+    /// The caller's future was dropped before the body started, and its claim is left to lapse with
+    /// its lease ([`OnDrop::KeepClaim`]).
+    ClaimKept,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -423,14 +499,14 @@ struct Ghost {
     zombie_landed: bool,
     /// A replay returned something other than the response of the body that completed the record.
     bad_replay: bool,
-    /// The worker whose body last returned `Ok` in the current operation (issue 35: success is final).
+    /// The worker whose body last returned `Ok` in the current operation (a success is final).
     returned_ok: Option<usize>,
     /// A claim of the same operation landed after a body had returned `Ok` and its caller was told the
     /// result was stored: the body would run again.
     rerun_after_success: bool,
     /// A COMPLETED record expired and the key was claimed again (a witness, not a fault).
     completed_expired: bool,
-    /// Claim-time writes across expiry and stale decisions (issue 37).
+    /// Claim-time writes across expiry and stale decisions.
     writes: WritesLedger,
     /// Whose completions landed (each worker makes one call).
     applied: [bool; WORKERS],
@@ -438,8 +514,12 @@ struct Ghost {
     answer: Option<Vec<u8>>,
     /// A success or replay returned another value than an earlier one of the same operation.
     disagreed: bool,
-    /// Steps: their effects and stored values (issue 31).
+    /// Steps: their effects, which finished, and their keys.
     steps: StepsLedger,
+    /// An operator released the key (once).
+    operator_released: bool,
+    /// With steps and interruptions: whose claim that landed last started its operation afresh.
+    claimed_afresh: [bool; WORKERS],
     /// Requests in flight: which workers had a claim answered later than `latency` after its send.
     late: [bool; WORKERS],
     /// A body started on a claim that no longer held the key (not PENDING under its token, or its lease
@@ -450,7 +530,7 @@ struct Ghost {
     took_beating: bool,
 }
 
-// --- Claim-time writes (issue 37): their lifetime across expiry, and stale decisions. ---
+// --- Claim-time writes: their lifetime across expiry, and stale decisions. ---
 
 /// What the model knows about claim-time writes beyond how many are in effect.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -505,6 +585,7 @@ impl Protocol {
                     state.workers[holder].phase,
                     Phase::Running { .. }
                         | Phase::SavingStep { .. }
+                        | Phase::MarkingStart { .. }
                         | Phase::Completing { .. }
                         | Phase::Failing { .. }
                         | Phase::Done(Outcome::Abandoned)
@@ -539,6 +620,10 @@ impl Protocol {
             state.ghost.writes.touched_ms = state.true_ms();
         }
         state.ghost.owner = Some(worker);
+        state.ghost.steps.undone = false;
+        if new_operation && self.steps {
+            state.ghost.steps.starter = Some(worker);
+        }
     }
 
     /// The key's record is gone: what follows is a new operation.
@@ -546,15 +631,17 @@ impl Protocol {
         ghost.completions = 0;
         ghost.answer = None;
         ghost.returned_ok = None;
-        ghost.steps.new_operation();
+        ghost.steps.new_run(true);
     }
 
-    /// How long a FAILED record lives (the handler's rule): `failed_ttl`, or the operation's `ttl` when
-    /// the failure leaves claim-time writes in effect.
-    fn failed_lifetime(&self) -> Duration {
+    /// How long a FAILED record of `worker`'s call lives (the handler's rule): `failed_ttl`, or the
+    /// operation's `ttl` when the failure leaves claim-time writes in effect, or steps a retry resumes
+    /// (`panicked`: the body panicked).
+    fn failed_lifetime(&self, state: &State, worker: usize, panicked: bool) -> Duration {
         let keeps = handler::failure_keeps_record(
             self.claim_writes && !self.compensate,
-            self.handle().as_ref(),
+            self.handle(state, worker).as_ref(),
+            panicked,
         );
         handler::failed_lifetime(self.failed_ttl, keeps.then_some(self.ttl))
     }
@@ -582,7 +669,7 @@ impl Protocol {
             return false;
         };
         let token = token(worker);
-        let handle = self.handle();
+        let handle = self.handle(state, worker);
         let seen = state.workers[worker].steps.resume.clone();
         let request = ClaimRequest {
             key: KEY,
@@ -595,6 +682,7 @@ impl Protocol {
             keep_claim_writes: true,
             steps: steps_claim(handle.as_ref(), &token, seen.as_deref()),
         };
+        Self::remember(state, worker, handle.as_ref());
         let old = state.record.clone();
         let Some(old) = old else {
             self.claim_afresh(state, worker);
@@ -656,10 +744,14 @@ impl Protocol {
 
 // --- End of the claim-time writes' part. ---
 
-// --- Steps (issue 31): a body that stores each finished step, and resumes where it stopped. ---
+// --- Steps: a body that stores each finished step, and resumes where it stopped. ---
 
 /// The steps of every call's body, in order; then it completes.
 const STEPS: [&str; 2] = ["reserve", "charge"];
+/// The step run at most once, where the model runs one so ([`Protocol::at_most_once`]).
+const AT_MOST_ONCE: usize = 1;
+/// The worker whose call runs code without steps, where the model runs one ([`Protocol::plain`]).
+const PLAIN: usize = WORKERS - 1;
 
 /// What a call knows of its operation's steps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -672,32 +764,96 @@ struct StepsCall {
     known: Vec<u8>,
     /// The index of the next step the body comes to.
     next: usize,
+    /// What the call's [`Steps`] remembers from one claim attempt to the next (whether the claim
+    /// last built resumes, whether the record last found is a failure it restarts after).
+    remembered: Remembered,
 }
 
-/// What the model knows about steps: how often each one's effect happened, and which were stored.
+/// What the model knows about steps: how often each one's effect happened, which finished, and the
+/// keys [`Steps::key`] gave, in the current *run* of the operation (a new operation, or a start
+/// afresh after the body failed under the restart policy, begins a new run).
 // Each flag is one property's independent witness.
 #[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 struct StepsLedger {
-    /// How many times each step's effect happened in the current operation.
+    /// How many times each step's effect happened in the current run.
     effects: [u8; STEPS.len()],
-    /// Which steps' values a step write stored in the current operation.
-    stored: [bool; STEPS.len()],
-    /// The key's holder ran the effect of a step whose value was stored: a finished step ran again.
+    /// Which steps finished in the current run: their value stored by a step write, or their closure
+    /// returned `Ok` in the key's holder and the value was refused.
+    finished: [bool; STEPS.len()],
+    /// Which steps finished without a value (refused) in the current run.
+    unstored: [bool; STEPS.len()],
+    /// Which at-most-once steps had their effect start in the current run and have not finished.
+    started: [bool; STEPS.len()],
+    /// The key the key's holder got for each step in the current run.
+    keys: [Option<String>; STEPS.len()],
+    /// The worker whose claim started the current operation, or last started its steps afresh.
+    starter: Option<usize>,
+    /// The keys of earlier operations, with the worker that had started each, sorted.
+    spent: Vec<(String, usize)>,
+    /// The FAILED record was last written by a body's own failure (its `Err`: not a panic, a release
+    /// or an operator): under the restart policy, a claim that starts afresh on it begins a new run.
+    undone: bool,
+    /// The key's holder ran the effect of a finished step: a finished step ran again.
     rerun: bool,
     /// A step write landed under a token that was not the holder's (a zombie after a takeover).
     zombie_saved: bool,
+    /// The effect of an at-most-once step happened twice in one run.
+    twice: bool,
+    /// The key's holder replayed a step that did not finish in the current run (an expired
+    /// operation's, or one a restart dropped).
+    stale_replay: bool,
+    /// The key's holder got another key for a step than earlier in the same run.
+    key_changed: bool,
+    /// The key's holder got a key an earlier operation got, which another call had started.
+    key_reused: bool,
     /// A body replayed a stored step instead of running it (a witness).
     replayed: bool,
     /// A step write was rejected and its body stopped with `LeaseLost` (a witness).
     fenced: bool,
+    /// A body stopped at a step that must not run again (a witness).
+    stopped: bool,
+    /// A run began afresh after a failure (a witness).
+    restarted: bool,
 }
 
 impl StepsLedger {
-    /// A claim found the record absent or expired: the key is a new operation.
-    fn new_operation(&mut self) {
+    /// A new run of the operation begins: no step ran or finished yet. `new_operation`: the key is a
+    /// new operation, and every key given so far is spent (a restart after a failure begins a run of
+    /// the same operation; see the header on its keys).
+    fn new_run(&mut self, new_operation: bool) {
         self.effects = Default::default();
-        self.stored = Default::default();
+        self.finished = Default::default();
+        self.unstored = Default::default();
+        self.started = Default::default();
+        if new_operation && let Some(starter) = self.starter {
+            self.spent
+                .extend(self.keys.iter().flatten().map(|key| (key.clone(), starter)));
+            self.spent.sort();
+            self.spent.dedup();
+        }
+        self.keys = Default::default();
+        self.undone = false;
+    }
+
+    /// The key's holder comes to `step` (to run it or replay it) in an operation started by the claim
+    /// `origin`: the key [`Steps::key`] gives it there.
+    fn keyed(&mut self, step: usize, origin: &str) {
+        let key = steps::step_key(KEY, origin, STEPS[step]);
+        let starter = self.starter;
+        self.key_reused |= self
+            .spent
+            .iter()
+            .any(|(spent, by)| *spent == key && starter != Some(*by));
+        match &self.keys[step] {
+            Some(earlier) => self.key_changed |= *earlier != key,
+            None => self.keys[step] = Some(key),
+        }
+    }
+
+    /// Whether the run holds a step that must never run again and has nothing to replay.
+    fn pinned(&self) -> bool {
+        self.unstored.iter().chain(&self.started).any(|p| *p)
     }
 
     /// A step write of `steps` landed, by the key's holder or not.
@@ -705,7 +861,9 @@ impl StepsLedger {
         self.zombie_saved |= !by_holder;
         let stored = Stored::decode(steps).expect("the model's steps decode");
         for (i, name) in STEPS.iter().enumerate() {
-            self.stored[i] |= stored.steps.contains_key(*name);
+            let done = stored.steps.contains_key(*name) || stored.unstored.contains_key(*name);
+            self.finished[i] |= done;
+            self.started[i] &= !done;
         }
     }
 }
@@ -726,17 +884,43 @@ fn step_value(worker: usize, step: usize) -> Box<serde_json::value::RawValue> {
 }
 
 impl Protocol {
-    /// A call's handle on its steps, when the model runs bodies with steps.
-    fn handle(&self) -> Option<Steps> {
-        self.steps.then(|| Steps::new(CALL.namespace, false))
+    /// Whether `worker`'s call runs its body with steps.
+    fn runs_steps(&self, worker: usize) -> bool {
+        self.steps && !(self.plain && worker == PLAIN)
     }
 
-    /// The steps a claim resumes after finding `record` claimable at `judged_ms` (the handler's rule,
-    /// [`Steps::resumes`]): the record's, as seen; `None` to start afresh.
-    fn resume(&self, record: &Record, judged_ms: u64) -> Option<Vec<u8>> {
-        self.handle()
-            .filter(|steps| steps.resumes(record, judged_ms))
-            .and(record.steps.clone())
+    /// `worker`'s call's handle on its steps (remembering what it did at its last claim attempt),
+    /// when it runs with steps.
+    fn handle(&self, state: &State, worker: usize) -> Option<Steps> {
+        self.runs_steps(worker).then(|| {
+            Steps::recalling(
+                CALL.namespace,
+                self.restart,
+                state.workers[worker].steps.remembered,
+            )
+        })
+    }
+
+    /// Keeps what `worker`'s handle remembers now, for its next claim attempt.
+    fn remember(state: &mut State, worker: usize, handle: Option<&Steps>) {
+        if let Some(handle) = handle {
+            state.workers[worker].steps.remembered = handle.remembered();
+        }
+    }
+
+    /// The steps `worker`'s claim resumes after finding `record` claimable at `judged_ms` (the
+    /// handler's rule, [`Steps::resumes`]): the record's, as seen; `None` to start afresh.
+    fn resume(
+        &self,
+        state: &mut State,
+        worker: usize,
+        record: &Record,
+        judged_ms: u64,
+    ) -> Option<Vec<u8>> {
+        let handle = self.handle(state, worker)?;
+        let resumes = handle.resumes(record, judged_ms);
+        Self::remember(state, worker, Some(&handle));
+        if resumes { record.steps.clone() } else { None }
     }
 
     /// `worker`'s claim landed (or was found ours) and [`decide::after_claim`] said run, on a lease
@@ -758,6 +942,7 @@ impl Protocol {
         });
         // Booked only where the property is checked: a flag nobody reads would split states.
         state.ghost.started_lapsed |= self.in_flight && !holds;
+        let handle = self.handle(state, worker);
         let w = &mut state.workers[worker];
         w.phase = Phase::Running { beating: true };
         if self.in_flight {
@@ -768,11 +953,12 @@ impl Protocol {
                 out: None,
             };
         }
-        if let Some(handle) = self.handle() {
+        if let Some(handle) = handle {
             w.steps = StepsCall {
                 resume: None,
                 known: stored.unwrap_or_else(|| handle.initial(&token(worker)).to_vec()),
                 next: 0,
+                remembered: w.steps.remembered,
             };
         }
     }
@@ -790,30 +976,99 @@ impl Protocol {
         }
     }
 
-    /// The body comes to its next step ([`Steps::run`]): replays every step it knows finished, then
-    /// runs the first unfinished one's effect, whose value is then to be stored.
-    fn step(state: &mut State, worker: usize) {
+    /// The body comes to its next step ([`Steps::run`]): what earlier calls left of each step
+    /// ([`Stored::prior`]) says whether it is replayed, runs, or stops the body (a step that must not
+    /// run again: the body returns the error). A step that runs at most once has its start written
+    /// first ([`Steps::run_at_most_once`]); any other runs its effect, whose value is then stored.
+    fn step(&self, state: &mut State, worker: usize) {
         let Phase::Running { beating } = state.workers[worker].phase else {
             return;
         };
         let w = &mut state.workers[worker];
         let known = Stored::decode(&w.steps.known).expect("the model's steps decode");
-        while w.steps.next < STEPS.len() && known.steps.contains_key(STEPS[w.steps.next]) {
-            state.ghost.steps.replayed = true;
-            w.steps.next += 1;
+        while let Some(name) = STEPS.get(w.steps.next) {
+            match known.prior(name) {
+                Prior::Run => break,
+                Prior::Replay(_) => {
+                    let step = w.steps.next;
+                    w.steps.next += 1;
+                    let holder = state.ghost.owner == Some(worker);
+                    let ledger = &mut state.ghost.steps;
+                    ledger.replayed = true;
+                    if holder {
+                        ledger.stale_replay |= !ledger.finished[step];
+                        ledger.keyed(step, &known.origin);
+                    }
+                }
+                Prior::NotStored(_) | Prior::Interrupted | Prior::StagedWrites => {
+                    state.ghost.steps.stopped = true;
+                    self.body_returns(state, worker, false);
+                    return;
+                }
+            }
         }
-        let Some(step) = (w.steps.next < STEPS.len()).then_some(w.steps.next) else {
-            return;
-        };
-        let ledger = &mut state.ghost.steps;
-        ledger.effects[step] += 1;
-        // A zombie (its lease lapsed, the key taken over) may still run its next step: the lease's
-        // promise, as for a whole body; what it may not do is store it.
-        ledger.rerun |= ledger.stored[step] && state.ghost.owner == Some(worker);
+        match w.steps.next {
+            step if step >= STEPS.len() => {}
+            AT_MOST_ONCE if self.at_most_once => w.phase = Phase::MarkingStart { beating },
+            _ => self.effect(state, worker, beating),
+        }
+    }
+
+    /// The effect of `worker`'s next step happens, with the key [`Steps::key`] gives it; its value is
+    /// then to be stored.
+    fn effect(&self, state: &mut State, worker: usize, beating: bool) {
+        let w = &mut state.workers[worker];
+        let step = w.steps.next;
         w.phase = Phase::SavingStep {
             beating,
             resent: false,
         };
+        let origin = Stored::decode(&w.steps.known)
+            .expect("the model's steps decode")
+            .origin;
+        let holder = state.ghost.owner == Some(worker);
+        let ledger = &mut state.ghost.steps;
+        if self.at_most_once && step == AT_MOST_ONCE {
+            ledger.twice |= ledger.effects[step] > 0;
+            ledger.started[step] |= holder;
+        }
+        ledger.effects[step] += 1;
+        // A zombie (its lease lapsed, the key taken over) may still run its next step: the lease's
+        // promise, as for a whole body; what it may not do is store it.
+        if !holder {
+            return;
+        }
+        ledger.rerun |= ledger.finished[step];
+        ledger.keyed(step, &origin);
+    }
+
+    /// The start of an at-most-once step is written ([`Stored::start`], fenced as any step write);
+    /// once stored, its effect happens. Rejected: `LeaseLost`, the step does not run.
+    fn mark_start(&self, state: &mut State, worker: usize) -> bool {
+        let Phase::MarkingStart { beating } = state.workers[worker].phase else {
+            return false;
+        };
+        let (previous, bytes) = Self::step_write(state, worker, Stored::start);
+        if self.write_steps(state, worker, &previous, &bytes) {
+            state.workers[worker].steps.known = bytes;
+            self.effect(state, worker, beating);
+        } else {
+            state.ghost.steps.fenced = true;
+            state.workers[worker].phase = Phase::Done(Outcome::LeaseLost);
+        }
+        true
+    }
+
+    /// A fenced step write of `bytes` over `previous` by `worker`: whether it is stored (applied, or
+    /// refused because an earlier copy landed: [`decide::after_rejected_steps`]).
+    fn write_steps(&self, state: &mut State, worker: usize, previous: &[u8], bytes: &[u8]) -> bool {
+        let change = Change::SaveSteps {
+            steps: bytes,
+            previous,
+        };
+        self.transition(state, worker, change)
+            || decide::after_rejected_steps(state.record.as_ref(), &token(worker), bytes)
+                == AfterRejectedSteps::Stored
     }
 
     /// The step's write ([`Change::SaveSteps`]: every step the body knows finished, and this one),
@@ -822,7 +1077,7 @@ impl Protocol {
         let Phase::SavingStep { beating, .. } = state.workers[worker].phase else {
             return false;
         };
-        let (previous, bytes) = Self::step_write(state, worker);
+        let (previous, bytes) = Self::value_write(state, worker);
         let change = Change::SaveSteps {
             steps: &bytes,
             previous: &previous,
@@ -855,20 +1110,50 @@ impl Protocol {
         true
     }
 
-    /// The step write `worker`'s body sends for its next step, as [`Steps`] builds it: the steps it
-    /// extends (those the body knows), and those it stores.
-    fn step_write(state: &State, worker: usize) -> (Vec<u8>, Vec<u8>) {
+    /// The step's value is refused as it is stored (it does not serialize, or does not fit): the
+    /// step finished, so it is recorded as finished without a value ([`Stored::finish_unstored`], a
+    /// fenced write whose failure is only logged), and the body gets the error and returns it.
+    fn refuse_value(&self, state: &mut State, worker: usize) -> bool {
+        let Phase::SavingStep { resent: false, .. } = state.workers[worker].phase else {
+            return false;
+        };
+        let step = state.workers[worker].steps.next;
+        if state.ghost.owner == Some(worker) {
+            let ledger = &mut state.ghost.steps;
+            ledger.finished[step] = true;
+            ledger.unstored[step] = true;
+            ledger.started[step] = false;
+        }
+        let (previous, bytes) = Self::step_write(state, worker, |stored, name| {
+            stored.finish_unstored(name, "the value does not serialize".to_owned());
+        });
+        self.write_steps(state, worker, &previous, &bytes);
+        self.body_returns(state, worker, false);
+        true
+    }
+
+    /// A step write `worker`'s body sends for its next step, as [`Steps`] builds it: the steps it
+    /// extends (those the body knows), and those it stores (those, with `change` made for the step).
+    fn step_write(
+        state: &State,
+        worker: usize,
+        change: impl FnOnce(&mut Stored, &str),
+    ) -> (Vec<u8>, Vec<u8>) {
         let w = &state.workers[worker];
-        let step = w.steps.next;
+        let name = STEPS[w.steps.next];
         let bytes = Stored::decode(&w.steps.known)
             .expect("the model's steps decode")
-            .rewritten(|stored| {
-                stored
-                    .steps
-                    .insert(STEPS[step].to_owned(), step_value(worker, step));
-            })
+            .rewritten(|stored| change(stored, name))
             .encode();
         (w.steps.known.clone(), bytes)
+    }
+
+    /// The write that stores the value of `worker`'s next step ([`Stored::finish`]).
+    fn value_write(state: &State, worker: usize) -> (Vec<u8>, Vec<u8>) {
+        let value = step_value(worker, state.workers[worker].steps.next);
+        Self::step_write(state, worker, |stored, name| {
+            stored.finish(name, value, false);
+        })
     }
 
     /// The step's write times out at the caller (an error the handler retries) with its first copy
@@ -877,7 +1162,7 @@ impl Protocol {
         let Phase::SavingStep { beating, .. } = state.workers[worker].phase else {
             return;
         };
-        let copy = Self::step_write(state, worker);
+        let copy = Self::value_write(state, worker);
         let w = &mut state.workers[worker];
         w.late_step = Some(copy);
         w.phase = Phase::SavingStep {
@@ -908,12 +1193,67 @@ impl Protocol {
             if self.late_step_copies && w.late_step.is_none() {
                 actions.push(Action::DelayStep(i));
             }
+            if self.refused_values {
+                actions.push(Action::RefuseValue(i));
+            }
+        }
+    }
+
+    /// Whether an operator may release the key's claim now: once, and, as the runbook has it, only
+    /// the PENDING claim of a worker that is gone (crashed, or its call returned).
+    fn operator_may_release(&self, state: &State) -> bool {
+        self.operator
+            && !state.ghost.operator_released
+            && state.record.as_ref().is_some_and(|r| {
+                r.status == Status::Pending
+                    && worker_of(&r.token).is_none_or(|holder| {
+                        matches!(state.workers[holder].phase, Phase::Crashed | Phase::Done(_))
+                    })
+            })
+    }
+
+    /// An operator releases the key's PENDING claim, as `idempotent key release` does
+    /// ([`decide::operator_release`], fenced by the claim's own token).
+    fn operator_release(&self, state: &mut State) -> bool {
+        if !self.operator_may_release(state) {
+            return false;
+        }
+        let Some(record) = state.record.clone() else {
+            return false;
+        };
+        let change = decide::operator_release(&record, state.true_ms());
+        let transition = Transition {
+            key: KEY,
+            token: &record.token,
+            change,
+        };
+        let Some(new) = transitioned(Some(&record), &transition) else {
+            return false;
+        };
+        state.record = Some(new);
+        state.ghost.operator_released = true;
+        state.ghost.steps.undone = false;
+        true
+    }
+
+    /// A claim of `worker` that starts its operation afresh (`fresh`) landed on `old`: where `old` is
+    /// a live FAILED record that its body's own failure wrote, under the restart policy, and nothing
+    /// in the run must never run again, a new run begins (its steps may run again, with new keys).
+    fn restarts(&self, state: &mut State, old: Option<&Record>, fresh: bool, undone: bool) {
+        if self.restart
+            && fresh
+            && undone
+            && !state.ghost.steps.pinned()
+            && old.is_some_and(|o| o.status == Status::Failed && !state.truly_expired(o))
+        {
+            state.ghost.steps.new_run(false);
+            state.ghost.steps.restarted = true;
         }
     }
 
     /// What steps must not break, and witnesses that they are resumed and fenced.
-    fn steps_properties() -> Vec<Property<Self>> {
-        vec![
+    fn steps_properties(&self) -> Vec<Property<Self>> {
+        let mut properties = vec![
             Property::always(
                 "a finished step never runs again while its record lives",
                 |_, s: &State| !s.ghost.steps.rerun,
@@ -922,13 +1262,62 @@ impl Protocol {
                 "a zombie never stores a step after a takeover",
                 |_, s: &State| !s.ghost.steps.zombie_saved,
             ),
+            Property::always(
+                "a replayed step finished in the same run of its operation",
+                |_, s: &State| !s.ghost.steps.stale_replay,
+            ),
+            Property::always(
+                "a step's key is the same in every call of one run of its operation",
+                |_, s: &State| !s.ghost.steps.key_changed,
+            ),
+            Property::always(
+                "a step's key is new in every operation another call started",
+                |_, s: &State| !s.ghost.steps.key_reused,
+            ),
             Property::sometimes("a stored step is replayed", |_, s: &State| {
                 s.ghost.steps.replayed
             }),
             Property::sometimes("a zombie's step write is fenced", |_, s: &State| {
                 s.ghost.steps.fenced
             }),
-        ]
+        ];
+        if self.at_most_once {
+            properties.push(Property::always(
+                "an at-most-once step's effect happens at most once in a run",
+                |_, s: &State| !s.ghost.steps.twice,
+            ));
+        }
+        if self.at_most_once || self.refused_values {
+            properties.push(Property::sometimes(
+                "a body stops at a step that must not run again",
+                |_, s: &State| s.ghost.steps.stopped,
+            ));
+        }
+        if self.restart {
+            properties.push(Property::sometimes(
+                "an operation starts over after its body failed",
+                |_, s: &State| s.ghost.steps.restarted,
+            ));
+        }
+        if self.interruptions {
+            properties.push(Property::always(
+                "a drop leaves no claim to lapse that started its operation afresh",
+                |_, s: &State| {
+                    (0..WORKERS).all(|i| {
+                        s.workers[i].phase != Phase::Done(Outcome::ClaimKept)
+                            || !holds(s, i)
+                            || !s.ghost.claimed_afresh[i]
+                    })
+                },
+            ));
+        }
+        if self.operator {
+            properties.push(Property::sometimes(
+                "an operator releases a claim",
+                |_, s: &State| s.ghost.operator_released,
+            ));
+        }
+        properties
     }
 }
 
@@ -964,7 +1353,7 @@ enum Action {
     /// Send the completion or failure; `lost`: applied, but its response is lost (the SDK resends).
     Store(usize, bool),
     Crash(usize),
-    // --- Claim-time writes (issue 37).
+    // --- Claim-time writes.
     /// Send the claim that keeps claim-time writes in effect, decided on an earlier step.
     KeepClaim(usize),
     /// The caller's future is dropped (a client hung up, a timeout): before the body, the claim is to
@@ -991,7 +1380,7 @@ enum Action {
     Stall(usize),
     /// The body panics.
     Panic(usize),
-    // --- Steps (issue 31).
+    // --- Steps.
     /// The body comes to its next step: replays the steps its claim found finished, then runs the
     /// first unfinished one's effect.
     Step(usize),
@@ -1001,6 +1390,12 @@ enum Action {
     DelayStep(usize),
     /// The first copy of a step's write the call gave up on lands, whatever happened since.
     LateStepLands(usize),
+    /// Send the start of an at-most-once step.
+    MarkStart(usize),
+    /// The step's value is refused as it is stored (it does not serialize, or does not fit).
+    RefuseValue(usize),
+    /// An operator releases the key's PENDING claim.
+    Operator,
 }
 
 /// The worker whose calls are detached when the model explores interruptions.
@@ -1053,7 +1448,7 @@ impl Protocol {
         times: Times,
     ) -> Result<(), Option<Box<Record>>> {
         let token = token(worker);
-        let handle = self.handle();
+        let handle = self.handle(state, worker);
         let seen = state.workers[worker].steps.resume.clone();
         let request = ClaimRequest {
             key: KEY,
@@ -1066,6 +1461,7 @@ impl Protocol {
             keep_claim_writes: false,
             steps: steps_claim(handle.as_ref(), &token, seen.as_deref()),
         };
+        Self::remember(state, worker, handle.as_ref());
         let old = state.record.clone();
         if old.is_none() && needs_record(&request) {
             return Err(None);
@@ -1077,7 +1473,16 @@ impl Protocol {
             Ok(new) => new,
             Err(blocking) => return Err(Some(Box::new(blocking.clone()))),
         };
+        let undone = state.ghost.steps.undone;
         self.land_claim(state, worker, old.as_ref(), with_writes);
+        let fresh = matches!(request.steps, StepsClaim::Fresh { .. });
+        self.restarts(state, old.as_ref(), fresh, undone);
+        if self.steps && self.interruptions {
+            state.ghost.claimed_afresh[worker] = fresh;
+        }
+        if self.steps && fresh {
+            state.ghost.steps.starter = Some(worker);
+        }
         state.record = Some(new);
         Ok(())
     }
@@ -1115,6 +1520,7 @@ impl Protocol {
         }
         if !matches!(change, Change::MarkReleased { .. }) {
             self.book_writes(state, &change);
+            state.ghost.steps.undone = false;
         }
         state.record = Some(new);
         true
@@ -1141,7 +1547,10 @@ impl Protocol {
             }
             AfterClaim::Renew => {
                 let w = &mut state.workers[worker];
-                w.steps.resume = self.handle().and(record.steps.clone());
+                w.steps.resume = self
+                    .runs_steps(worker)
+                    .then(|| record.steps.clone())
+                    .flatten();
                 w.renew = true;
                 w.phase = Phase::Claiming;
             }
@@ -1167,8 +1576,9 @@ impl Protocol {
                 state.workers[worker].phase = Phase::Done(Outcome::Replayed(bytes));
             }
             AfterClaim::Reclaim { .. } => {
+                let resume = self.resume(state, worker, record, judged);
                 let w = &mut state.workers[worker];
-                w.steps.resume = self.resume(record, judged);
+                w.steps.resume = resume;
                 w.phase = Phase::Claiming;
             }
             AfterClaim::InProgress(_) if self.wait => state.workers[worker].phase = Phase::Waiting,
@@ -1189,29 +1599,36 @@ impl Protocol {
             | Phase::Awaiting { .. } => Stage::Claiming,
             Phase::Waiting => Stage::Waiting,
             // A detached body runs on its own task: its caller's future holds nothing.
-            Phase::Running { .. } | Phase::SavingStep { .. }
+            Phase::Running { .. } | Phase::SavingStep { .. } | Phase::MarkingStart { .. }
                 if self.interruptions && worker == DETACHED =>
             {
                 Stage::Done
             }
-            Phase::Running { .. } | Phase::SavingStep { .. } => Stage::Running,
+            Phase::Running { .. } | Phase::SavingStep { .. } | Phase::MarkingStart { .. } => {
+                Stage::Running
+            }
             _ => Stage::Done,
         }
     }
 
-    /// Whether a claim of the call may be released ([`Steps::releasable`]; always without steps).
-    fn releasable(&self) -> bool {
-        self.handle().as_ref().is_none_or(Steps::releasable)
+    /// Whether a claim of `worker`'s call may be released ([`Steps::releasable`]; always without
+    /// steps).
+    fn releasable(&self, state: &State, worker: usize) -> bool {
+        self.handle(state, worker)
+            .as_ref()
+            .is_none_or(Steps::releasable)
     }
 
     /// `worker`'s call is left where it is (its future dropped): what [`decide::on_drop`] says.
     fn abandon(&self, state: &mut State, worker: usize) {
         let at = self.stage(state, worker);
+        let releasable = self.releasable(state, worker);
         let w = &mut state.workers[worker];
-        match decide::on_drop(at, self.releasable()) {
+        match decide::on_drop(at, releasable) {
             OnDrop::Release => w.phase = Phase::Releasing,
             // The claim (or the body that may have had effects) stays until its lease runs out.
-            OnDrop::KeepClaim | OnDrop::KeepBody => w.phase = Phase::Done(Outcome::Abandoned),
+            OnDrop::KeepClaim => w.phase = Phase::Done(Outcome::ClaimKept),
+            OnDrop::KeepBody => w.phase = Phase::Done(Outcome::Abandoned),
             // A detached body goes on without its caller.
             OnDrop::Nothing => w.caller_gone = true,
         }
@@ -1223,7 +1640,7 @@ impl Protocol {
         let at = self.stage(state, worker);
         let gives_up = at == Stage::Claiming
             && decide::after_claim_error(error) == AfterClaimError::Release
-            && decide::on_drop(at, self.releasable()) == OnDrop::Release;
+            && decide::on_drop(at, self.releasable(state, worker)) == OnDrop::Release;
         state.workers[worker].phase = if gives_up {
             Phase::Releasing
         } else {
@@ -1431,6 +1848,8 @@ impl Protocol {
 
     fn store_outcome(&self, state: &mut State, worker: usize, lost: bool) -> bool {
         let body = response(worker);
+        // As the handler records a panic (what the restart policy reads as one).
+        let panic = handler::panicked(&"the body panicked");
         let (change, status, done) = match state.workers[worker].phase {
             Phase::Completing { expires_at_s } => (
                 Change::Complete {
@@ -1447,7 +1866,7 @@ impl Protocol {
                 compensating,
             } => (
                 Change::Fail {
-                    error: "the body failed",
+                    error: if panicked { &panic } else { "the body failed" },
                     expires_at_s,
                     release_claim_writes: compensating,
                 },
@@ -1461,6 +1880,8 @@ impl Protocol {
             _ => return false,
         };
         let applied = self.transition(state, worker, change);
+        // The body's own failure: under the restart policy, its operation may start over.
+        state.ghost.steps.undone |= applied && done == Outcome::Failed;
         match (applied, lost) {
             // Applied, but the response was lost: the resend finds the record already moved.
             (true, true) => {}
@@ -1503,9 +1924,33 @@ impl Protocol {
         true
     }
 
+    /// `worker`'s body returns, `ok` or with an error: its outcome is to be stored.
+    fn body_returns(&self, state: &mut State, worker: usize, ok: bool) {
+        let now_ms = state.clock_ms(worker);
+        if ok {
+            state.ghost.returned_ok = Some(worker);
+        }
+        let lifetime = self.failed_lifetime(state, worker, false);
+        state.workers[worker].phase = if ok {
+            Phase::Completing {
+                expires_at_s: handler::expiry_s(now_ms, self.ttl),
+            }
+        } else {
+            Phase::Failing {
+                expires_at_s: handler::expiry_s(now_ms, lifetime),
+                panicked: false,
+                compensating: self.claim_writes && self.compensate,
+            }
+        };
+    }
+
     /// `worker` renews its own claim, answered too late to use ([`decide::AfterClaim::Renew`]): the
     /// handler's fenced lease extension, then what its answer means, as for a claim's.
     fn renew(&self, state: &mut State, worker: usize) {
+        // The handler builds each attempt's request, a renewal's too, with a claim that starts afresh.
+        let handle = self.handle(state, worker);
+        steps_claim(handle.as_ref(), &token(worker), None);
+        Self::remember(state, worker, handle.as_ref());
         let w = &mut state.workers[worker];
         w.renew = false;
         w.attempt += 1;
@@ -1533,7 +1978,7 @@ impl Protocol {
         // handler's rule for a dropped claim).
         let lifetime = handler::failed_lifetime(
             self.failed_ttl,
-            (self.claim_writes || self.steps).then_some(self.ttl),
+            (self.claim_writes || self.runs_steps(worker)).then_some(self.ttl),
         );
         let mark = decide::release_mark_lifetime(self.lease, self.ttl);
         let token = token(worker);
@@ -1645,6 +2090,7 @@ impl Model for Protocol {
         if state.now < self.horizon && !self.timer_due(state) {
             actions.push(Action::Tick);
         }
+        actions.extend(self.operator_may_release(state).then_some(Action::Operator));
         if state
             .record
             .as_ref()
@@ -1698,7 +2144,7 @@ impl Model for Protocol {
                 Phase::Releasing => actions.extend([Action::Release(i), Action::Crash(i)]),
                 Phase::Running { beating } => {
                     // With steps, the body completes once it came past its last step.
-                    if self.steps && w.steps.next < STEPS.len() {
+                    if self.runs_steps(i) && w.steps.next < STEPS.len() {
                         actions.push(Action::Step(i));
                     } else {
                         actions.push(Action::Body(i, true));
@@ -1736,6 +2182,9 @@ impl Model for Protocol {
                 Phase::SavingStep { resent, .. } => {
                     self.saving_step_actions(i, w, *resent, actions);
                 }
+                Phase::MarkingStart { .. } => {
+                    actions.extend([Action::MarkStart(i), Action::Crash(i)]);
+                }
             }
         }
     }
@@ -1772,27 +2221,11 @@ impl Model for Protocol {
                 None => state.workers[i].phase = Phase::Claiming,
             },
             Action::GiveUp(i) => self.give_up(&mut state, i),
-            Action::Body(i, ok) => {
-                let now_ms = state.clock_ms(i);
-                if ok {
-                    state.ghost.returned_ok = Some(i);
-                }
-                state.workers[i].phase = if ok {
-                    Phase::Completing {
-                        expires_at_s: handler::expiry_s(now_ms, self.ttl),
-                    }
-                } else {
-                    Phase::Failing {
-                        expires_at_s: handler::expiry_s(now_ms, self.failed_lifetime()),
-                        panicked: false,
-                        compensating: self.claim_writes && self.compensate,
-                    }
-                };
-            }
+            Action::Body(i, ok) => self.body_returns(&mut state, i, ok),
             Action::Panic(i) => {
                 let now_ms = state.clock_ms(i);
                 state.workers[i].phase = Phase::Failing {
-                    expires_at_s: handler::expiry_s(now_ms, self.failed_lifetime()),
+                    expires_at_s: handler::expiry_s(now_ms, self.failed_lifetime(&state, i, true)),
                     panicked: true,
                     compensating: self.claim_writes && self.compensate,
                 };
@@ -1811,7 +2244,22 @@ impl Model for Protocol {
                     return None;
                 }
             }
-            Action::Step(i) => Self::step(&mut state, i),
+            Action::Step(i) => self.step(&mut state, i),
+            Action::MarkStart(i) => {
+                if !self.mark_start(&mut state, i) {
+                    return None;
+                }
+            }
+            Action::RefuseValue(i) => {
+                if !self.refuse_value(&mut state, i) {
+                    return None;
+                }
+            }
+            Action::Operator => {
+                if !self.operator_release(&mut state) {
+                    return None;
+                }
+            }
             Action::SaveStep(i, lost) => {
                 if !self.save_step(&mut state, i, lost) {
                     return None;
@@ -1919,7 +2367,7 @@ impl Model for Protocol {
             properties.extend(Self::interruption_properties());
         }
         if self.steps {
-            properties.extend(Self::steps_properties());
+            properties.extend(self.steps_properties());
         }
         if self.in_flight {
             properties.extend(Self::in_flight_properties());
@@ -2102,9 +2550,44 @@ impl fmt::Display for State {
 /// Stored steps as a trace shows them: their origin and values.
 fn shown(steps: &[u8]) -> String {
     match Stored::decode(steps) {
-        Ok(s) => format!("{}:{:?}", s.origin, s.steps.values().collect::<Vec<_>>()),
+        Ok(s) => format!(
+            "{}:{:?} unstored {:?} started {:?}",
+            s.origin,
+            s.steps.values().collect::<Vec<_>>(),
+            s.unstored.keys().collect::<Vec<_>>(),
+            s.started
+        ),
         Err(e) => format!("undecodable ({e})"),
     }
+}
+
+/// Explores `protocol` until an "always" property fails (see [`check`]), and asserts that none does
+/// and that every "sometimes" one was found; a property that fails is named with its
+/// counterexample's length and the states explored, and its counterexample printed.
+fn check_all(name: &str, protocol: &Protocol) {
+    let (run, checker) = check(protocol.clone(), HasDiscoveries::AnyFailures);
+    println!("model [{name}]: {run}");
+    for property in protocol.properties() {
+        if property.expectation != Expectation::Always {
+            continue;
+        }
+        if let Some(path) = checker.discovery(property.name) {
+            let steps = path.into_vec();
+            println!("counterexample:");
+            for (state, action) in &steps {
+                println!("  {state}");
+                if let Some(action) = action {
+                    println!("    -> {action:?}");
+                }
+            }
+            panic!(
+                "[{name}] `{}` fails after {} moves; {run}",
+                property.name,
+                steps.len() - 1
+            );
+        }
+    }
+    checker.assert_properties();
 }
 
 /// What one run of the checker found.
@@ -2157,10 +2640,14 @@ fn horizon() -> u64 {
 
 #[test]
 fn the_protocol_keeps_its_promises() {
+    // Bounded for `cargo test`: the run with waiting explores 1 s of model time (at 2 s it is
+    // 11.3 M states, some 80 s of CPU; every witness below is found at 1 s, with clocks +-1 s and a
+    // 2 s lease); `scripts/model --deep` or `IDEMPOTENT_MODEL_HORIZON` explore more.
+    let long = deep() || std::env::var("IDEMPOTENT_MODEL_HORIZON").is_ok();
     for (name, protocol) in [
         (
             "claim_with + compensate_with + transact, wait",
-            Protocol::new(horizon()),
+            Protocol::new(if long { horizon() } else { 1 }),
         ),
         (
             "claim_with without compensation, fail fast",
@@ -2227,7 +2714,7 @@ fn without_the_skew_margin_a_live_claim_is_taken_over() {
     assert!(last.ghost.took_live_claim);
 }
 
-// --- Claim-time writes (issue 37). ---
+// --- Claim-time writes. ---
 
 /// A failure without compensation keeps its claim-time writes in effect: its record must outlive the
 /// short `failed_ttl` (here 1 s against a 3 s `ttl`), or a retry after it expired applies them again.
@@ -2254,29 +2741,22 @@ fn claim_time_writes_outlive_a_failure() {
     checker.assert_no_discovery("no second body while a claim is live");
 }
 
-// --- Steps (issue 31). ---
+// --- Steps. ---
 
 /// Bodies of two steps: a step stored is never run again by a call holding the key (across crashes,
 /// lost responses and their resends, takeovers, failures retried and records expiring), a zombie never
-/// stores one, and a body does resume. Clocks exact (skews are the other runs' concern; no margin is
-/// then needed) and a lease of 1 s, so that leases lapse within the bounded horizon; without `wait`,
-/// claim-time writes and `transact`, which steps do not concern.
+/// stores one, a body does resume, and a step's key is the same in every call of one operation and
+/// new in the next. The third caller runs code without steps on the same key (another deploy of the
+/// function): once the record expired its claim starts a new operation, and a later call with steps
+/// starts afresh rather than resuming the expired operation's steps. `scripts/model --deep` runs three
+/// callers with steps instead (takeovers of takeovers).
 #[test]
 fn steps_are_resumed_never_run_again() {
     let protocol = Protocol {
-        steps: true,
-        skew: 0,
-        margin: Duration::ZERO,
-        lease: Duration::from_secs(1),
-        wait: false,
-        claim_writes: false,
-        compensate: false,
-        transact: false,
-        ..Protocol::new(horizon())
+        plain: !deep(),
+        ..with_steps(horizon())
     };
-    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
-    println!("model [steps]: {run}");
-    checker.assert_properties();
+    check_all("steps, a third call without steps", &protocol);
 }
 
 /// Bodies of two steps whose writes may land late: a step's write times out at its caller while its
@@ -2289,9 +2769,19 @@ fn steps_are_resumed_never_run_again() {
 #[test]
 fn late_step_writes_never_move_steps_back() {
     let protocol = Protocol {
-        steps: true,
         late_step_copies: true,
         callers: 2,
+        ..with_steps(horizon())
+    };
+    check_all("late step writes", &protocol);
+}
+
+/// The steps runs' common ground: bodies of two steps, clocks exact (skews are the other runs'
+/// concern; no margin is then needed) and a lease of 1 s, so that leases lapse within the bounded
+/// horizon; without `wait`, claim-time writes and `transact`, which steps do not concern.
+fn with_steps(horizon: u64) -> Protocol {
+    Protocol {
+        steps: true,
         skew: 0,
         margin: Duration::ZERO,
         lease: Duration::from_secs(1),
@@ -2299,11 +2789,50 @@ fn late_step_writes_never_move_steps_back() {
         claim_writes: false,
         compensate: false,
         transact: false,
-        ..Protocol::new(horizon())
+        ..Protocol::new(horizon)
+    }
+}
+
+/// The restart policy with interruptions: calls dropped before their body (a claim that starts
+/// afresh is released, one that resumes is left to lapse) and mid-body, bodies that panic (which
+/// resume, not restart), a detached body. An operation starts over only after its body's own
+/// failure, so a finished step runs again only then. Two callers.
+#[test]
+fn steps_start_over_only_after_their_body_failed() {
+    let protocol = Protocol {
+        restart: true,
+        interruptions: true,
+        callers: 2,
+        ..with_steps(horizon())
     };
-    let (run, checker) = check(protocol, HasDiscoveries::AnyFailures);
-    println!("model [late step writes]: {run}");
-    checker.assert_properties();
+    check_all("steps: restart policy, interruptions", &protocol);
+}
+
+/// The restart policy with an operator's release of a claim (`idempotent key release`): the next
+/// call resumes after the finished steps, never starts over. Two callers.
+#[test]
+fn an_operator_release_never_starts_steps_over() {
+    let protocol = Protocol {
+        restart: true,
+        operator: true,
+        callers: 2,
+        ..with_steps(horizon())
+    };
+    check_all("steps: restart policy, operator", &protocol);
+}
+
+/// Steps that must never run again with nothing to replay: a value refused as it is stored (the
+/// step is recorded as finished without a value) and an at-most-once step that started and did not
+/// finish. A resume stops at them and never runs their effect again. Two callers.
+#[test]
+fn steps_that_must_not_run_again_never_do() {
+    let protocol = Protocol {
+        refused_values: true,
+        at_most_once: true,
+        callers: 2,
+        ..with_steps(horizon())
+    };
+    check_all("steps: refused values, at most once", &protocol);
 }
 
 // --- Requests in flight: time passes between a request's send, its application and its answer. ---

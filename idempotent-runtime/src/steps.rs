@@ -113,10 +113,13 @@ struct State {
 
 /// Whether `record` is FAILED by a panic (the error text the handler stores for one).
 pub(crate) fn panicked(record: &Record) -> bool {
-    record
-        .error
-        .as_deref()
-        .is_some_and(|error| error.starts_with("panicked: "))
+    record.error.as_deref().is_some_and(is_panic)
+}
+
+/// Whether a failure's error text is the one the handler records for a panic
+/// ([`handler::panicked`](crate::handler::panicked)).
+pub(crate) fn is_panic(error: &str) -> bool {
+    error.starts_with("panicked: ")
 }
 
 /// The most bytes of why a step's value could not be stored, as recorded.
@@ -205,6 +208,54 @@ impl Stored {
         next
     }
 
+    /// What a body asking for the step `name` gets of what earlier calls of the operation left
+    /// ([`Prior`]): the rule behind [`Steps::run`] and [`Steps::run_at_most_once`], which the protocol
+    /// model drives too.
+    pub(crate) fn prior(&self, name: &str) -> Prior<'_> {
+        if self.staged.contains(name) {
+            Prior::StagedWrites
+        } else if let Some(value) = self.steps.get(name) {
+            Prior::Replay(value)
+        } else if let Some(detail) = self.unstored.get(name) {
+            Prior::NotStored(detail)
+        } else if self.started.contains(name) {
+            Prior::Interrupted
+        } else {
+            Prior::Run
+        }
+    }
+
+    /// The at-most-once step `name` starts: marked so, until it finishes.
+    pub(crate) fn start(&mut self, name: &str) {
+        self.started.insert(name.to_owned());
+    }
+
+    /// The at-most-once step `name` returned `Err` (its effect did not happen): it may run again.
+    pub(crate) fn unstart(&mut self, name: &str) {
+        self.started.remove(name);
+    }
+
+    /// The step `name` finished with `value` (stored); `staged`: it staged business writes.
+    pub(crate) fn finish(
+        &mut self,
+        name: &str,
+        value: Box<serde_json::value::RawValue>,
+        staged: bool,
+    ) {
+        self.started.remove(name);
+        if staged {
+            self.staged.insert(name.to_owned());
+        }
+        self.steps.insert(name.to_owned(), value);
+    }
+
+    /// The step `name` finished, but its value cannot be stored (`detail` says why): recorded as
+    /// finished without a value, never run again.
+    pub(crate) fn finish_unstored(&mut self, name: &str, detail: String) {
+        self.started.remove(name);
+        self.unstored.insert(name.to_owned(), detail);
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         // A map of JSON values with string keys always serializes.
         codec::pack(serde_json::to_vec(self).expect("steps serialize"))
@@ -219,7 +270,79 @@ impl Stored {
     }
 }
 
+/// What a body asking for a step gets of what earlier calls of its operation left
+/// ([`Stored::prior`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Prior<'s> {
+    /// Nothing: the step runs.
+    Run,
+    /// The step finished before: its stored value is replayed, the step does not run.
+    Replay(&'s serde_json::value::RawValue),
+    /// The step staged business writes in a call that did not complete: it cannot be replayed
+    /// without them ([`Error::StepStagedWrites`]).
+    StagedWrites,
+    /// The step finished before, but its value could not be stored (why): it never runs again
+    /// ([`Error::StepNotStored`]).
+    NotStored(&'s str),
+    /// The at-most-once step started before and did not finish: it never runs again
+    /// ([`Error::StepInterrupted`]).
+    Interrupted,
+}
+
+/// What a call's [`Steps`] remembers from one claim attempt to the next: the facts behind
+/// [`Steps::claim`] and [`Steps::releasable`], for the protocol model, whose states must hold them.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Remembered {
+    resuming: bool,
+    restarting: bool,
+    resuming_failure: bool,
+}
+
+/// The key [`Steps::key`] gives for the step `name` of the operation stored under `record_key`
+/// and started by the claim `origin`.
+pub(crate) fn step_key(record_key: &str, origin: &str, name: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [record_key.as_bytes(), origin.as_bytes(), name.as_bytes()] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hex::encode(hash.finalize())
+}
+
 impl Steps {
+    /// A call's handle that remembers what `remembered` says (see [`Remembered`]).
+    #[cfg(test)]
+    pub(crate) fn recalling(
+        namespace: &'static str,
+        restart_failed: bool,
+        remembered: Remembered,
+    ) -> Self {
+        let steps = Self::new(namespace, restart_failed);
+        let shared = &steps.shared;
+        shared
+            .resuming
+            .store(remembered.resuming, Ordering::Relaxed);
+        shared
+            .restarting
+            .store(remembered.restarting, Ordering::Relaxed);
+        shared
+            .resuming_failure
+            .store(remembered.resuming_failure, Ordering::Relaxed);
+        steps
+    }
+
+    /// What the handle remembers now (see [`Remembered`]).
+    #[cfg(test)]
+    pub(crate) fn remembered(&self) -> Remembered {
+        let shared = &self.shared;
+        Remembered {
+            resuming: shared.resuming.load(Ordering::Relaxed),
+            restarting: shared.restarting.load(Ordering::Relaxed),
+            resuming_failure: shared.resuming_failure.load(Ordering::Relaxed),
+        }
+    }
+
     pub(crate) fn new(namespace: &'static str, restart_failed: bool) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -488,10 +611,7 @@ impl Steps {
         if let Some(prior) = self.prior::<T, E>(name)? {
             return prior;
         }
-        self.write(name, |stored| {
-            stored.started.insert(name.to_owned());
-        })
-        .await?;
+        self.write(name, |stored| stored.start(name)).await?;
         let before = self.staged_writes();
         match step().await {
             Ok(value) => {
@@ -502,12 +622,7 @@ impl Steps {
             Err(e) => {
                 // The step says its effect did not happen: it may run again. Should the mark stay
                 // (the write failed), the next call stops at the step instead: the safe side.
-                if let Err(error) = self
-                    .write(name, |stored| {
-                        stored.started.remove(name);
-                    })
-                    .await
-                {
+                if let Err(error) = self.write(name, |stored| stored.unstart(name)).await {
                     tracing::warn!(
                         namespace = self.shared.namespace,
                         step = name,
@@ -548,62 +663,62 @@ impl Steps {
                 .into());
             }
         };
-        if stored.staged.contains(name) {
-            tracing::warn!(
-                namespace,
-                step = name,
-                "step staged business writes in a call that did not complete; refusing to replay it without them"
-            );
-            return Ok(Some(Err(Error::StepStagedWrites {
-                namespace: namespace.to_owned(),
-                step: name.to_owned(),
+        let error = match stored.prior(name) {
+            Prior::Run => return Ok(None),
+            Prior::Replay(value) => {
+                tracing::debug!(
+                    namespace,
+                    step = name,
+                    "step finished before; replaying its value"
+                );
+                crate::telemetry::step(namespace, "replayed");
+                return Ok(Some(serde_json::from_str::<T>(value.get()).map_err(
+                    |source| {
+                        Error::StepValue {
+                            namespace: namespace.to_owned(),
+                            step: name.to_owned(),
+                            source,
+                        }
+                        .into()
+                    },
+                )));
             }
-            .into())));
-        }
-        if let Some(value) = stored.steps.get(name) {
-            tracing::debug!(
-                namespace,
-                step = name,
-                "step finished before; replaying its value"
-            );
-            crate::telemetry::step(namespace, "replayed");
-            return Ok(Some(serde_json::from_str::<T>(value.get()).map_err(
-                |source| {
-                    Error::StepValue {
-                        namespace: namespace.to_owned(),
-                        step: name.to_owned(),
-                        source,
-                    }
-                    .into()
-                },
-            )));
-        }
-        if let Some(detail) = stored.unstored.get(name) {
-            tracing::warn!(
-                namespace,
-                step = name,
-                "step finished before without a stored value; it is not run again"
-            );
-            return Ok(Some(Err(Error::StepNotStored {
-                namespace: namespace.to_owned(),
-                step: name.to_owned(),
-                detail: detail.clone(),
+            Prior::StagedWrites => {
+                tracing::warn!(
+                    namespace,
+                    step = name,
+                    "step staged business writes in a call that did not complete; refusing to replay it without them"
+                );
+                Error::StepStagedWrites {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                }
             }
-            .into())));
-        }
-        if stored.started.contains(name) {
-            tracing::warn!(
-                namespace,
-                step = name,
-                "at-most-once step was interrupted before; it is not run again"
-            );
-            return Ok(Some(Err(Error::StepInterrupted {
-                namespace: namespace.to_owned(),
-                step: name.to_owned(),
+            Prior::NotStored(detail) => {
+                tracing::warn!(
+                    namespace,
+                    step = name,
+                    "step finished before without a stored value; it is not run again"
+                );
+                Error::StepNotStored {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                    detail: detail.to_owned(),
+                }
             }
-            .into())));
-        }
-        Ok(None)
+            Prior::Interrupted => {
+                tracing::warn!(
+                    namespace,
+                    step = name,
+                    "at-most-once step was interrupted before; it is not run again"
+                );
+                Error::StepInterrupted {
+                    namespace: namespace.to_owned(),
+                    step: name.to_owned(),
+                }
+            }
+        };
+        Ok(Some(Err(error.into())))
     }
 
     /// Stores `value` as the step `name`'s, with every step finished before it. A value that cannot
@@ -635,13 +750,7 @@ impl Steps {
             }
         };
         let saved = self
-            .write(name, |stored| {
-                stored.started.remove(name);
-                if staged {
-                    stored.staged.insert(name.to_owned());
-                }
-                stored.steps.insert(name.to_owned(), encoded);
-            })
+            .write(name, |stored| stored.finish(name, encoded, staged))
             .await;
         match saved {
             Err(error @ Error::StepTooLarge { .. }) => {
@@ -693,10 +802,7 @@ impl Steps {
         let namespace = self.shared.namespace;
         let detail = truncate(detail, MAX_DETAIL_BYTES);
         let marked = self
-            .write(name, |stored| {
-                stored.started.remove(name);
-                stored.unstored.insert(name.to_owned(), detail);
-            })
+            .write(name, |stored| stored.finish_unstored(name, detail))
             .await;
         match marked {
             Ok(()) => {
@@ -793,12 +899,7 @@ impl Steps {
             ),
         };
         drop(state);
-        let mut hash = Sha256::new();
-        for part in [record_key.as_bytes(), origin.as_bytes(), name.as_bytes()] {
-            hash.update((part.len() as u64).to_be_bytes());
-            hash.update(part);
-        }
-        hex::encode(hash.finalize())
+        step_key(&record_key, &origin, name)
     }
 }
 

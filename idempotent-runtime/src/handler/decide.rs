@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::record::{Record, Status};
+use crate::store::Change;
 
 use super::{CLAIMABLE_RETRIES, Found, Stage, millis};
 
@@ -268,6 +269,37 @@ pub(crate) fn steps_found(record: &Record, now_ms: u64, restart_policy: bool) ->
 /// released.
 pub(crate) fn steps_releasable(restart_policy: bool, resuming: bool) -> bool {
     !(restart_policy && resuming)
+}
+
+/// The write an operator's release of the PENDING `record` makes at `now_ms`
+/// (`admin::release`, fenced by the record's token): a record with steps
+/// has its lease lapse (a FAILED one would be read as a failure of the body, after which an
+/// operation with the restart policy starts over and runs its finished steps again); any other is
+/// moved to FAILED.
+pub(crate) fn operator_release(record: &Record, now_ms: u64) -> Change<'static> {
+    // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
+    // from the claim): the FAILED record must remember the writes as long as the claim would have, or
+    // a retry after it expired would apply them again.
+    let released_for = now_ms.div_ceil(1000) + 3600;
+    if record.steps.is_some() {
+        // The steps live as long as the operation would: a retry after they expired would be a new
+        // operation, and run them again.
+        Change::ExtendLease {
+            lease_until_ms: 0,
+            expires_at_s: released_for.max(record.expires_at_s),
+        }
+    } else {
+        let expires_at_s = if record.claim_writes_in_effect {
+            released_for.max(record.expires_at_s)
+        } else {
+            released_for
+        };
+        Change::Fail {
+            error: "released by an operator (`idempotent key release`)",
+            expires_at_s,
+            release_claim_writes: false,
+        }
+    }
 }
 
 /// What a rejected completion means.

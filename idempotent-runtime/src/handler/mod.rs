@@ -264,9 +264,14 @@ pub(crate) fn failed_lifetime(failed_ttl: Duration, keeps_writes: Option<Duratio
 }
 
 /// Whether a failure keeps its record for the operation's lifetime rather than `failed_ttl`: it leaves
-/// claim-time writes in effect (`keeps_claim_writes`), or its body's steps are resumed by a retry.
-pub(crate) fn failure_keeps_record(keeps_claim_writes: bool, steps: Option<&Steps>) -> bool {
-    keeps_claim_writes || steps.is_some_and(|steps| !steps.restart_failed())
+/// claim-time writes in effect (`keeps_claim_writes`), or its body's steps are resumed by a retry (the
+/// operation does not restart after failures, or is pinned, or the failure is a panic: `panicked`).
+pub(crate) fn failure_keeps_record(
+    keeps_claim_writes: bool,
+    steps: Option<&Steps>,
+    panicked: bool,
+) -> bool {
+    keeps_claim_writes || steps.is_some_and(|steps| panicked || !steps.restart_failed())
 }
 
 /// Whether a fenced transition that was rejected with `record` had landed after all: our own earlier

@@ -345,6 +345,7 @@ impl Held<'_> {
             let keeps_writes = failure_keeps_record(
                 !self.plan.claim_writes.is_empty() && writes.is_empty(),
                 self.plan.steps,
+                crate::steps::is_panic(&error),
             );
             let lifetime = failed_lifetime(
                 self.idem.failed_ttl(),
@@ -526,6 +527,46 @@ mod serialize_panic {
         assert!(
             matches!(second, Err(Error::ResponseNotSerialized { .. })),
             "{second:?}"
+        );
+    }
+
+    /// Under the restart policy a panic resumes (a bug, not a failure after which the body undid its
+    /// steps): its FAILED record must live as long as that of an operation that resumes, not the short
+    /// `failed_ttl`, or a retry after `failed_ttl` finds a new operation and runs the finished steps
+    /// again.
+    #[tokio::test]
+    async fn a_panic_under_the_restart_policy_resumes_after_the_failed_ttl() {
+        let clock = ManualClock::new(1_000_000);
+        let idem = Idempotency::builder_arc(Arc::new(MemoryStore::new()))
+            .clock(clock.clone())
+            .failed_ttl(std::time::Duration::from_secs(10))
+            .build();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let call = |idem: Idempotency, runs: Arc<AtomicUsize>, panics: bool| async move {
+            idem.operation("tests::restart_panic", "k")
+                .lease(std::time::Duration::from_secs(10))
+                .restart_steps_after_failure()
+                .run_steps(|steps: crate::Steps| async move {
+                    steps
+                        .run("reserve", || async {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, Error>(17_u32)
+                        })
+                        .await?;
+                    assert!(!panics, "a bug after the reserve");
+                    Ok::<_, Error>(18_u32)
+                })
+                .await
+        };
+        let first = tokio::spawn(call(idem.clone(), runs.clone(), true)).await;
+        assert!(first.is_err(), "the first call panics");
+        // Past `failed_ttl`, well within the ttl.
+        clock.advance(std::time::Duration::from_mins(1));
+        assert_eq!(call(idem.clone(), runs.clone(), false).await.unwrap(), 18);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the panic's record expired with `failed_ttl`: the operation started over"
         );
     }
 
