@@ -1,0 +1,591 @@
+//! Steps (`Operation::run_steps`) under attack: sequences that try to make a finished step run its
+//! effect again, an at-most-once step run twice, or `Steps::key` change within one operation. The
+//! ignored tests reproduce sequences that break the promise today; the others are attacks that held,
+//! and assert how often each step's effect ran and what the record holds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{
+    Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
+};
+use idempotent_runtime::{
+    Clock as _, Error, MemoryStore, Operation, Status, Steps, Store, StoreError,
+};
+use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
+use tokio::sync::Notify;
+
+const NAMESPACE: &str = "steps-attack::checkout";
+const LEASE: Duration = Duration::from_secs(30);
+/// Longer than the lease and the clock-skew margin: a lease taken at the start has lapsed.
+const PAST_THE_LEASE: Duration = Duration::from_mins(2);
+const FAILED_TTL: Duration = Duration::from_mins(5);
+
+/// The operation of `order`, with the restart policy when `restart`.
+fn operation<'a>(harness: &'a Harness, order: &str, restart: bool) -> Operation<'a> {
+    let operation = harness.idem.operation(NAMESPACE, order).lease(LEASE);
+    if restart {
+        operation.restart_steps_after_failure()
+    } else {
+        operation
+    }
+}
+
+/// How the checkout's "charge" step behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charge {
+    /// Succeeds.
+    Succeeds,
+    /// Never finishes: the call is dropped there (a crash after the reserve).
+    Hangs,
+}
+
+/// A two-step checkout: "reserve" then "charge", each effect counted and each step's
+/// `Steps::key` recorded; `then_fail`: the body returns its own `Err` after both steps.
+async fn checkout(
+    harness: &Harness,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+    charge: Charge,
+    then_fail: bool,
+) -> Result<(u32, String), AppError> {
+    operation(harness, order, restart)
+        .run_steps(|steps: Steps| async move {
+            effects.keyed("reserve", steps.key("reserve"));
+            let hold = steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            let key = steps.key("charge");
+            effects.keyed("charge", key.clone());
+            let id = steps
+                .run("charge", || async {
+                    if charge == Charge::Hangs {
+                        std::future::pending::<()>().await;
+                    }
+                    effects.happened("charge");
+                    Ok::<_, AppError>(format!("ch_{}", &key[..8]))
+                })
+                .await?;
+            if then_fail {
+                return Err(AppError::Declined);
+            }
+            Ok((hold, id))
+        })
+        .await
+}
+
+/// The checkout crashes in its charge, after its reserve was stored, and its lease lapses.
+async fn crash_after_reserve(
+    harness: &Harness,
+    order: &str,
+    restart: bool,
+    effects: &Arc<Effects>,
+) {
+    let call = checkout(harness, order, restart, effects, Charge::Hangs, false);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err(),
+        "the charge hangs"
+    );
+    assert_eq!(effects.checkout().0, 1, "the reserve ran");
+    harness.clock.advance(PAST_THE_LEASE);
+}
+
+/// The stored step names of `order`'s record: finished, not stored, interrupted.
+async fn report(harness: &Harness, order: &str) -> (Status, Vec<String>, Vec<String>) {
+    let record = harness.record(NAMESPACE, order).await.expect("the record");
+    let report = record.steps_report().expect("steps").expect("steps decode");
+    let not_stored = report.not_stored.into_iter().map(|(n, _)| n).collect();
+    (record.status, report.finished, not_stored)
+}
+
+async fn memory_harness() -> Harness {
+    Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await
+}
+
+/// Code without steps (an older deploy, a batch job using `run`) takes over a key whose operation
+/// crashed after a finished step, and its body fails. The record becomes FAILED with the steps kept,
+/// and the next call with steps under `restart_steps_after_failure` reads that failure as its own
+/// body's `Err`: it starts over and runs the finished "reserve" again, with a new `Steps::key`.
+/// The steps body never returned `Err`.
+#[tokio::test]
+#[ignore = "reproduces: a no-steps failure makes the restart policy rerun finished steps"]
+async fn a_failure_by_code_without_steps_does_not_restart_finished_steps() {
+    let harness = memory_harness().await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", true, &effects).await;
+
+    let plain = operation(&harness, "order-1", false)
+        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .await;
+    assert!(matches!(plain, Err(AppError::Declined)));
+    let (status, finished, _) = report(&harness, "order-1").await;
+    assert_eq!(status, Status::Failed);
+    assert_eq!(finished, ["reserve"], "the steps survive the plain failure");
+
+    let receipt = checkout(&harness, "order-1", true, &effects, Charge::Succeeds, false)
+        .await
+        .unwrap();
+    assert_eq!(receipt.0, 17);
+    assert_eq!(
+        effects.checkout(),
+        (1, 1, 0),
+        "the finished reserve ran again although no steps body failed"
+    );
+    let keys = effects.keys("reserve");
+    assert_eq!(keys[0], keys[keys.len() - 1], "steps.key changed");
+}
+
+/// Holds back the answer to claims made without steps (`StepsClaim::Untouched`) that landed, while
+/// `hold` is on: the call is still waiting on its claim when it is dropped.
+#[derive(Debug, Default)]
+struct HoldPlainClaims {
+    hold: AtomicBool,
+    landed: Notify,
+}
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for HoldPlainClaims {
+    fn kind(&self) -> &'static str {
+        "hold-plain-claims"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let outcome = inner.claim(request).await?;
+        if self.hold.load(Ordering::SeqCst)
+            && request.steps == StepsClaim::Untouched
+            && outcome == ClaimOutcome::Claimed
+        {
+            self.landed.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(outcome)
+    }
+}
+
+/// A call of code without steps takes over a lapsed key whose operation holds a finished step, and
+/// is dropped while its claim's answer is on its way (a client that hung up). The drop releases the
+/// claim: a FAILED record (`released: ..`) with the steps kept. No body ran, let alone failed; yet
+/// the next call with steps under `restart_steps_after_failure` reads it as a failure and starts
+/// over, running the finished "reserve" again. (A call *with* steps and the restart policy does not
+/// release a resuming claim for exactly this reason; a call without steps does not know.)
+#[tokio::test]
+#[ignore = "reproduces: a dropped no-steps claim makes the restart policy rerun finished steps"]
+async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        HoldPlainClaims::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
+        b.failed_ttl(FAILED_TTL)
+    });
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", true, &effects).await;
+
+    store.with.hold.store(true, Ordering::SeqCst);
+    let plain = operation(&harness, "order-1", false).run(|| async { Ok::<_, AppError>(1_u32) });
+    tokio::select! {
+        _ = plain => panic!("the claim's answer is held"),
+        () = store.with.landed.notified() => {}
+    }
+    store.with.hold.store(false, Ordering::SeqCst);
+    assert_eq!(harness.idem.drain(Duration::from_secs(5)).await, 0);
+    let (status, finished, _) = report(&harness, "order-1").await;
+    assert_eq!(
+        (status, finished),
+        (Status::Failed, vec!["reserve".to_owned()]),
+        "the dropped claim was released, steps kept"
+    );
+
+    checkout(&harness, "order-1", true, &effects, Charge::Succeeds, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        effects.checkout(),
+        (1, 1, 0),
+        "the finished reserve ran again after a mere dropped call"
+    );
+}
+
+/// Without the restart policy: an operation crashes after its reserve; code without steps takes the
+/// key over and fails. Its failure is written with `failed_ttl` (it knows no steps), cutting the
+/// lifetime of the record, steps and all, from the operation's `ttl` to `failed_ttl`. A retry after
+/// `failed_ttl` (well within the operation's `ttl`, "the next morning") finds the record expired,
+/// starts a new operation with new `Steps::key`s, and runs the finished reserve again. The guide
+/// promises a FAILED record with steps that the next call resumes is kept for the `ttl`.
+#[tokio::test]
+#[ignore = "reproduces: a no-steps failure cuts a steps record's life to failed_ttl"]
+async fn a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl() {
+    let harness = memory_harness().await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", false, &effects).await;
+
+    let plain = operation(&harness, "order-1", false)
+        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .await;
+    assert!(matches!(plain, Err(AppError::Declined)));
+    harness.clock.advance(FAILED_TTL + Duration::from_mins(1));
+
+    checkout(
+        &harness,
+        "order-1",
+        false,
+        &effects,
+        Charge::Succeeds,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        effects.checkout(),
+        (1, 1, 0),
+        "the finished reserve ran again within the operation's ttl"
+    );
+    let keys = effects.keys("charge");
+    assert_eq!(keys[0], keys[1], "steps.key changed within the ttl");
+}
+
+/// A body that panics.
+fn explode() -> Result<u32, AppError> {
+    panic!("boom")
+}
+
+/// Code without steps takes over the lapsed key and panics: the record is FAILED `panicked: ..`, and
+/// the restart policy resumes (a panic is no failure the body undid its steps after).
+#[tokio::test]
+async fn a_panic_by_code_without_steps_resumes_the_steps() {
+    let harness = memory_harness().await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", true, &effects).await;
+
+    let plain = tokio::spawn({
+        let harness = harness.clone();
+        async move {
+            operation(&harness, "order-1", false)
+                .run(|| async { explode() })
+                .await
+        }
+    })
+    .await;
+    assert!(plain.unwrap_err().is_panic());
+
+    checkout(&harness, "order-1", true, &effects, Charge::Succeeds, false)
+        .await
+        .unwrap();
+    assert_eq!(effects.checkout(), (1, 1, 0));
+}
+
+/// An operator's `key release` of a lapsed key held by code without steps: the lease lapses, the
+/// record stays PENDING with its steps, and the operation resumes even under the restart policy.
+#[tokio::test]
+async fn an_operator_release_of_a_plain_claim_keeps_the_steps() {
+    let harness = memory_harness().await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", true, &effects).await;
+
+    // Code without steps takes over and crashes in turn (its call dropped mid-body).
+    let plain = operation(&harness, "order-1", false).run(|| async {
+        std::future::pending::<()>().await;
+        Ok::<u32, AppError>(1)
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), plain)
+            .await
+            .is_err()
+    );
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let released =
+        idempotent_runtime::admin::release(harness.store.as_ref(), &record, harness.clock.now_ms())
+            .await
+            .unwrap();
+    assert!(matches!(
+        released,
+        idempotent_runtime::admin::Released::Lapsed
+    ));
+
+    checkout(&harness, "order-1", true, &effects, Charge::Succeeds, false)
+        .await
+        .unwrap();
+    assert_eq!(effects.checkout(), (1, 1, 0));
+    let keys = effects.keys("reserve");
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one steps.key");
+}
+
+/// An at-most-once step dropped mid-step, then every kind of retry: a takeover, the body's `Err`
+/// under the restart policy, code without steps failing. The step's effect happened once, and every
+/// call with steps stops at it with `StepInterrupted`.
+#[tokio::test]
+async fn an_interrupted_at_most_once_step_never_runs_again() {
+    let harness = memory_harness().await;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let email = |hang: bool| {
+        let sent = sent.clone();
+        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
+            steps
+                .run_at_most_once("email", || async {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, AppError>(250_u32)
+                })
+                .await
+        })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), email(true))
+            .await
+            .is_err()
+    );
+    harness.clock.advance(PAST_THE_LEASE);
+    for _ in 0..2 {
+        let err = idempotent_tests::idem_error(email(false).await);
+        assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+    }
+    // Code without steps fails on the key: still pinned.
+    let plain = operation(&harness, "order-1", false)
+        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .await;
+    assert!(matches!(plain, Err(AppError::Declined)));
+    let err = idempotent_tests::idem_error(email(false).await);
+    assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "the email went out once");
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let report = record.steps_report().unwrap().unwrap();
+    assert_eq!(report.interrupted, ["email"]);
+}
+
+/// A step whose value is too large for the record, under the restart policy, with the body then
+/// failing: the operation is pinned, never restarted, and the step's effect happened once.
+#[tokio::test]
+async fn an_unstorable_step_is_never_run_again_even_under_restart() {
+    let harness = memory_harness().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = || {
+        let runs = runs.clone();
+        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
+            steps
+                .run("export", || async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // Random hex does not compress below the record's 400 KB.
+                    let big: String = (0..60_000)
+                        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+                        .collect();
+                    Ok::<_, AppError>(big)
+                })
+                .await
+                .map(|s| s.len())
+        })
+    };
+    let err = idempotent_tests::idem_error(call().await);
+    assert!(matches!(err, Error::StepTooLarge { .. }), "{err:?}");
+    for _ in 0..2 {
+        let err = idempotent_tests::idem_error(call().await);
+        assert!(matches!(err, Error::StepNotStored { .. }), "{err:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let (status, _, not_stored) = report(&harness, "order-1").await;
+    assert_eq!(
+        (status, not_stored),
+        (Status::Failed, vec!["export".to_owned()])
+    );
+}
+
+/// A step write held back: key, token, the steps it extends, the steps it stores.
+type HeldWrite = (String, String, Vec<u8>, Vec<u8>);
+
+/// Loses answers to step writes: the first `SaveSteps` of each step lands, but its answer is an
+/// `Unavailable` (the SDK would resend it); with `late`, the first copy of a step write does not land
+/// at first, the resent copy does, and the first copy is delivered after everything else.
+#[derive(Debug, Default)]
+struct LosesStepAnswers {
+    late: bool,
+    seen: AtomicUsize,
+    /// The late first copy: (key, token, previous, steps).
+    held: std::sync::Mutex<Option<HeldWrite>>,
+}
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for LosesStepAnswers {
+    fn kind(&self) -> &'static str {
+        "loses-step-answers"
+    }
+
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let Change::SaveSteps { steps, previous } = transition.change else {
+            return inner.transition(transition).await;
+        };
+        let seen = self.seen.fetch_add(1, Ordering::SeqCst);
+        if self.late {
+            // Only the very first step write is late: held back, its resent copy goes through.
+            if seen > 0 {
+                return inner.transition(transition).await;
+            }
+            *self.held.lock().unwrap() = Some((
+                transition.key.to_owned(),
+                transition.token.to_owned(),
+                previous.to_vec(),
+                steps.to_vec(),
+            ));
+        } else {
+            // Every other step write is a first copy: it lands, its answer is lost.
+            if seen % 2 == 1 {
+                return inner.transition(transition).await;
+            }
+            inner.transition(transition).await?;
+        }
+        Err(StoreError::Unavailable("answer lost".into()))
+    }
+}
+
+/// Every step write's first answer is lost (it landed): the call recognises its own write, goes on,
+/// and then crashes in a later step; the takeover replays both finished steps.
+#[tokio::test]
+async fn lost_answers_to_step_writes_do_not_run_steps_again() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        LosesStepAnswers::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    let three = |hang: bool| {
+        let effects = effects.clone();
+        operation(&harness, "order-1", false).run_steps(move |steps: Steps| async move {
+            steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(1_u32)
+                })
+                .await?;
+            steps
+                .run("charge", || async {
+                    effects.happened("charge");
+                    Ok::<_, AppError>(2_u32)
+                })
+                .await?;
+            steps
+                .run("email", || async {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    effects.happened("email");
+                    Ok::<_, AppError>(3_u32)
+                })
+                .await
+        })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), three(true))
+            .await
+            .is_err()
+    );
+    assert_eq!(effects.checkout(), (1, 1, 0));
+    harness.clock.advance(PAST_THE_LEASE);
+    assert_eq!(three(false).await.unwrap(), 3);
+    assert_eq!(effects.checkout(), (1, 1, 1));
+}
+
+/// The first copy of the reserve's write is late: the resent copy lands, the call crashes in the
+/// charge and its lease lapses, and then the first copy lands. It must be refused (the steps it
+/// extends are gone), and the takeover runs no finished step again.
+#[tokio::test]
+async fn a_late_first_copy_of_a_step_write_is_refused() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        LosesStepAnswers {
+            late: true,
+            ..LosesStepAnswers::default()
+        },
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", false, &effects).await;
+    let before = harness.record(NAMESPACE, "order-1").await.unwrap();
+
+    let (key, token, previous, steps) = store.with.held.lock().unwrap().take().unwrap();
+    let late = Transition {
+        key: &key,
+        token: &token,
+        change: Change::SaveSteps {
+            steps: &steps,
+            previous: &previous,
+        },
+    };
+    let outcome = store.inner.transition(&late).await.unwrap();
+    assert!(matches!(outcome, WriteOutcome::Rejected(_)));
+    let after = harness.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(before.steps, after.steps, "the late copy changed nothing");
+
+    checkout(
+        &harness,
+        "order-1",
+        false,
+        &effects,
+        Charge::Succeeds,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(effects.checkout(), (1, 1, 0));
+}
+
+/// `Steps::key` across one operation's runs: a crash, the body's `Err` and a resume all give the
+/// same keys; the restart policy after the body's `Err` gives new ones; after expiry, new ones.
+#[tokio::test]
+async fn steps_key_is_stable_within_an_operation_and_new_after_expiry() {
+    let harness = Harness::with(Backend::Memory, |b| {
+        b.failed_ttl(FAILED_TTL)
+            .default_ttl(Duration::from_hours(1))
+    })
+    .await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", false, &effects).await;
+    let failed = checkout(&harness, "order-1", false, &effects, Charge::Succeeds, true).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let receipt = checkout(
+        &harness,
+        "order-1",
+        false,
+        &effects,
+        Charge::Succeeds,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(effects.checkout(), (1, 1, 0));
+    let keys = effects.keys("charge");
+    assert_eq!(keys.len(), 3);
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
+    assert_eq!(receipt.1, format!("ch_{}", &keys[0][..8]));
+
+    // Expired: a new operation with new keys.
+    harness.clock.advance(Duration::from_hours(2));
+    checkout(
+        &harness,
+        "order-1",
+        false,
+        &effects,
+        Charge::Succeeds,
+        false,
+    )
+    .await
+    .unwrap();
+    let keys = effects.keys("charge");
+    assert_ne!(keys[2], keys[3]);
+    assert_eq!(effects.checkout(), (2, 2, 0));
+}
