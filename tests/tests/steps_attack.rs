@@ -589,3 +589,242 @@ async fn steps_key_is_stable_within_an_operation_and_new_after_expiry() {
     assert_ne!(keys[2], keys[3]);
     assert_eq!(effects.checkout(), (2, 2, 0));
 }
+
+/// A claim that starts over after a failure (`StepsClaim::Fresh` with `restart_failed`), as sent:
+/// what a late copy of it carries.
+#[derive(Debug, Clone)]
+struct SentClaim {
+    key: String,
+    token: String,
+    attempt: u32,
+    now_ms: u64,
+    lease_until_ms: u64,
+    expires_at_s: u64,
+    fingerprint: Option<String>,
+    initial: Vec<u8>,
+}
+
+/// Forwards every request, and keeps a copy of the first claim that restarts after a failure: the
+/// copy the SDK sent first, delayed in the network, while its resent copy landed.
+#[derive(Debug, Default)]
+struct DelaysRestartClaims {
+    first: std::sync::Mutex<Option<SentClaim>>,
+}
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for DelaysRestartClaims {
+    fn kind(&self) -> &'static str {
+        "delays-restart-claims"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if let StepsClaim::Fresh {
+            initial,
+            restart_failed: true,
+        } = request.steps
+        {
+            self.first.lock().unwrap().get_or_insert_with(|| SentClaim {
+                key: request.key.to_owned(),
+                token: request.token.to_owned(),
+                attempt: request.attempt,
+                now_ms: request.now_ms,
+                lease_until_ms: request.lease_until_ms,
+                expires_at_s: request.expires_at_s,
+                fingerprint: request.fingerprint.map(str::to_owned),
+                initial: initial.to_vec(),
+            });
+        }
+        inner.claim(request).await
+    }
+}
+
+/// A body of a reserve and an at-most-once email, each effect counted: `fail`, the body returns its
+/// own `Err` after the reserve; `panic`, the email panics after its effect.
+async fn reserve_and_email(
+    harness: Harness,
+    effects: Arc<Effects>,
+    fail: bool,
+    panic: bool,
+) -> Result<u32, AppError> {
+    operation(&harness, "order-1", true)
+        .run_steps(|steps: Steps| async move {
+            let hold = steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            if fail {
+                return Err(AppError::Declined);
+            }
+            steps
+                .run_at_most_once("email", || async {
+                    effects.happened("email");
+                    if panic {
+                        return explode();
+                    }
+                    Ok::<_, AppError>(250_u32)
+                })
+                .await?;
+            Ok(hold)
+        })
+        .await
+}
+
+/// Under the restart policy, the body fails after its reserve (FAILED: the next call starts over).
+/// The next call's claim that starts over is sent twice by the SDK: the first copy is delayed, the
+/// resent one lands. That call runs the reserve again (as the policy says) and then its at-most-once
+/// email, which panics after its effect: FAILED `panicked: ..`, the email marked interrupted, the
+/// operation pinned. Then the delayed first copy of the restart claim lands. It must be refused (the
+/// record is its own call's failure), leaving the steps as they were.
+#[tokio::test]
+async fn a_late_copy_of_a_restart_claim_does_not_wipe_the_steps() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        DelaysRestartClaims::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+
+    let failed = reserve_and_email(harness.clone(), effects.clone(), true, false).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let panicked = tokio::spawn(reserve_and_email(
+        harness.clone(),
+        effects.clone(),
+        false,
+        true,
+    ))
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_eq!(
+        effects.checkout(),
+        (2, 0, 1),
+        "restarted once, emailed once"
+    );
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(
+        record.steps_report().unwrap().unwrap().interrupted,
+        ["email"]
+    );
+
+    // The delayed first copy of the restart claim lands.
+    let landed = deliver_late_restart_claim(&store).await;
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let report = record.steps_report().unwrap().unwrap();
+    assert!(
+        matches!(landed, ClaimOutcome::Existing(_)),
+        "the late copy is refused: {landed:?}"
+    );
+    assert_eq!(
+        (record.status, report.interrupted),
+        (Status::Failed, vec!["email".to_owned()])
+    );
+}
+
+/// Delivers the delayed first copy of the restart claim `store` kept.
+async fn deliver_late_restart_claim(
+    store: &Delegating<MemoryStore, DelaysRestartClaims>,
+) -> ClaimOutcome {
+    let sent = store
+        .with
+        .first
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a restart claim");
+    let late = ClaimRequest {
+        key: &sent.key,
+        token: &sent.token,
+        attempt: sent.attempt,
+        now_ms: sent.now_ms,
+        lease_until_ms: sent.lease_until_ms,
+        expires_at_s: sent.expires_at_s,
+        fingerprint: sent.fingerprint.as_deref(),
+        keep_claim_writes: false,
+        steps: StepsClaim::Fresh {
+            initial: &sent.initial,
+            restart_failed: true,
+        },
+    };
+    store.inner.claim(&late).await.unwrap()
+}
+
+/// The same late copy, followed through: the next call after its lease still stops at the email.
+#[tokio::test]
+async fn a_late_copy_of_a_restart_claim_never_runs_an_interrupted_step_again() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        DelaysRestartClaims::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    let failed = reserve_and_email(harness.clone(), effects.clone(), true, false).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let panicked = tokio::spawn(reserve_and_email(
+        harness.clone(),
+        effects.clone(),
+        false,
+        true,
+    ))
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+
+    deliver_late_restart_claim(&store).await;
+    harness.clock.advance(PAST_THE_LEASE);
+
+    let third = reserve_and_email(harness.clone(), effects.clone(), false, false).await;
+    let err = idempotent_tests::idem_error(third);
+    assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+    assert_eq!(effects.checkout(), (2, 0, 1), "the email went out once");
+}
+
+/// As above, but another call fails on the key before the delayed copy lands. Under the restart
+/// policy the body fails after its reserve (call 1); call 2's claim that starts over is sent twice,
+/// its first copy delayed; call 2 runs the reserve again, then its at-most-once email panics after
+/// its effect (FAILED `panicked`, the email marked interrupted: the operation is pinned). Call 3
+/// resumes and stops at the email with `StepInterrupted` (FAILED again, now under call 3's token).
+/// Now call 2's delayed restart claim lands: the record is FAILED under another token, and a
+/// restart claim may take a FAILED record, so it claims the key and replaces the steps with an empty
+/// start, wiping the interrupted mark. Once its lease lapses, call 4 finds no finished step: the
+/// reserve runs a third time and the at-most-once email a second time.
+#[tokio::test]
+#[ignore = "reproduces: a late restart claim wipes a pinned operation; email runs twice"]
+async fn a_late_copy_of_a_restart_claim_after_another_failure_keeps_the_pin() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        DelaysRestartClaims::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    let failed = reserve_and_email(harness.clone(), effects.clone(), true, false).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let panicked = tokio::spawn(reserve_and_email(
+        harness.clone(),
+        effects.clone(),
+        false,
+        true,
+    ))
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    let third = reserve_and_email(harness.clone(), effects.clone(), false, false).await;
+    let err = idempotent_tests::idem_error(third);
+    assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+    assert_eq!(effects.checkout(), (2, 0, 1));
+
+    let landed = deliver_late_restart_claim(&store).await;
+    harness.clock.advance(PAST_THE_LEASE);
+    let fourth = reserve_and_email(harness.clone(), effects.clone(), false, false).await;
+    assert_eq!(
+        effects.checkout(),
+        (2, 0, 1),
+        "the email went out once (the late claim {landed:?}; call 4 got {fourth:?})"
+    );
+    assert!(matches!(landed, ClaimOutcome::Existing(_)), "{landed:?}");
+    let err = idempotent_tests::idem_error(fourth);
+    assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+}
