@@ -903,3 +903,91 @@ async fn a_too_large_step_in_a_nearly_full_record_never_runs_again() {
     let err = idempotent_tests::idem_error(second);
     assert!(matches!(err, Error::StepNotStored { .. }), "{err:?}");
 }
+
+/// Holds the next claim that restarts after a failure until released (a slow store answer: the
+/// request is evaluated when it is let through).
+#[derive(Debug, Default)]
+struct HoldsARestartClaim {
+    armed: AtomicBool,
+    held: Notify,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for HoldsARestartClaim {
+    fn kind(&self) -> &'static str {
+        "holds-a-restart-claim"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if matches!(
+            request.steps,
+            StepsClaim::Fresh {
+                restart_failed: true,
+                ..
+            }
+        ) && self.armed.swap(false, Ordering::SeqCst)
+        {
+            self.held.notify_one();
+            self.release.notified().await;
+        }
+        inner.claim(request).await
+    }
+}
+
+/// Two retries of a failed operation under the restart policy, no request sent twice. Call 1 fails
+/// after its reserve. Calls A and B both find the failure and restart; B's restart claim is slow to
+/// reach the store. A's lands: A runs the reserve again, then its at-most-once email panics after
+/// its effect (FAILED `panicked`, the email marked interrupted: the operation is pinned). B's claim
+/// then lands: it is conditioned only on the record being FAILED, not on the failure B judged
+/// restartable, so it takes the pinned record and starts over with no finished step: the email runs
+/// a second time.
+#[tokio::test]
+#[ignore = "reproduces: a slow restart claim wipes a pin set meanwhile; email runs twice"]
+async fn a_slow_restart_claim_does_not_restart_a_pinned_operation() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        HoldsARestartClaim::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    let failed = reserve_and_email(harness.clone(), effects.clone(), true, false).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+
+    store.with.armed.store(true, Ordering::SeqCst);
+    let b = tokio::spawn(reserve_and_email(
+        harness.clone(),
+        effects.clone(),
+        false,
+        false,
+    ));
+    store.with.held.notified().await;
+    let a = tokio::spawn(reserve_and_email(
+        harness.clone(),
+        effects.clone(),
+        false,
+        true,
+    ))
+    .await;
+    assert!(a.unwrap_err().is_panic());
+    assert_eq!(effects.checkout(), (2, 0, 1));
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(
+        record.steps_report().unwrap().unwrap().interrupted,
+        ["email"]
+    );
+
+    store.with.release.notify_one();
+    let b = b.await.unwrap();
+    assert_eq!(
+        effects.checkout(),
+        (2, 0, 1),
+        "the email went out once (call B got {b:?})"
+    );
+    let err = idempotent_tests::idem_error(b);
+    assert!(matches!(err, Error::StepInterrupted { .. }), "{err:?}");
+}
