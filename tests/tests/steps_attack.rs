@@ -107,7 +107,11 @@ async fn report(harness: &Harness, order: &str) -> (Status, Vec<String>, Vec<Str
 }
 
 async fn memory_harness() -> Harness {
-    Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await
+    harness_on(Backend::Memory).await
+}
+
+async fn harness_on(backend: Backend) -> Harness {
+    Harness::with(backend, |b| b.failed_ttl(FAILED_TTL)).await
 }
 
 /// Code without steps (an older deploy, a batch job using `run`) takes over a key whose operation
@@ -118,7 +122,18 @@ async fn memory_harness() -> Harness {
 #[tokio::test]
 #[ignore = "reproduces: a no-steps failure makes the restart policy rerun finished steps"]
 async fn a_failure_by_code_without_steps_does_not_restart_finished_steps() {
-    let harness = memory_harness().await;
+    a_failure_by_code_without_steps_does_not_restart_finished_steps_on(Backend::Memory).await;
+}
+
+/// [`a_failure_by_code_without_steps_does_not_restart_finished_steps`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a no-steps failure makes the restart policy rerun finished steps (DynamoDB)"]
+async fn a_failure_by_code_without_steps_does_not_restart_finished_steps_on_dynamodb() {
+    a_failure_by_code_without_steps_does_not_restart_finished_steps_on(Backend::DynamoDb).await;
+}
+
+async fn a_failure_by_code_without_steps_does_not_restart_finished_steps_on(backend: Backend) {
+    let harness = harness_on(backend).await;
     let effects = Arc::new(Effects::default());
     crash_after_reserve(&harness, "order-1", true, &effects).await;
 
@@ -152,14 +167,14 @@ struct HoldPlainClaims {
 }
 
 #[async_trait::async_trait]
-impl Override<MemoryStore> for HoldPlainClaims {
+impl<S: Store> Override<S> for HoldPlainClaims {
     fn kind(&self) -> &'static str {
         "hold-plain-claims"
     }
 
     async fn claim(
         &self,
-        inner: &MemoryStore,
+        inner: &S,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
         let outcome = inner.claim(request).await?;
@@ -183,10 +198,24 @@ impl Override<MemoryStore> for HoldPlainClaims {
 #[tokio::test]
 #[ignore = "reproduces: a dropped no-steps claim makes the restart policy rerun finished steps"]
 async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps() {
-    let store = Arc::new(Delegating::new(
-        MemoryStore::new(),
-        HoldPlainClaims::default(),
-    ));
+    a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_on(MemoryStore::new())
+        .await;
+}
+
+/// [`a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a dropped no-steps claim makes the restart policy rerun finished steps (DynamoDB)"]
+async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_on_dynamodb() {
+    a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_on(
+        idempotent_tests::dynamodb_store().await.0,
+    )
+    .await;
+}
+
+async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_on<S: Store>(
+    inner: S,
+) {
+    let store = Arc::new(Delegating::new(inner, HoldPlainClaims::default()));
     let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
         b.failed_ttl(FAILED_TTL)
     });
@@ -227,7 +256,18 @@ async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps()
 #[tokio::test]
 #[ignore = "reproduces: a no-steps failure cuts a steps record's life to failed_ttl"]
 async fn a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl() {
-    let harness = memory_harness().await;
+    a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl_on(Backend::Memory).await;
+}
+
+/// [`a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a no-steps failure cuts a steps record's life to failed_ttl (DynamoDB)"]
+async fn a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl_on_dynamodb() {
+    a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl_on(Backend::DynamoDb).await;
+}
+
+async fn a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl_on(backend: Backend) {
+    let harness = harness_on(backend).await;
     let effects = Arc::new(Effects::default());
     crash_after_reserve(&harness, "order-1", false, &effects).await;
 
@@ -914,14 +954,14 @@ struct HoldsARestartClaim {
 }
 
 #[async_trait::async_trait]
-impl Override<MemoryStore> for HoldsARestartClaim {
+impl<S: Store> Override<S> for HoldsARestartClaim {
     fn kind(&self) -> &'static str {
         "holds-a-restart-claim"
     }
 
     async fn claim(
         &self,
-        inner: &MemoryStore,
+        inner: &S,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
         if matches!(
@@ -949,10 +989,19 @@ impl Override<MemoryStore> for HoldsARestartClaim {
 #[tokio::test]
 #[ignore = "reproduces: a slow restart claim wipes a pin set meanwhile; email runs twice"]
 async fn a_slow_restart_claim_does_not_restart_a_pinned_operation() {
-    let store = Arc::new(Delegating::new(
-        MemoryStore::new(),
-        HoldsARestartClaim::default(),
-    ));
+    slow_restart_claim(MemoryStore::new()).await;
+}
+
+/// [`a_slow_restart_claim_does_not_restart_a_pinned_operation`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a slow restart claim wipes a pin set meanwhile (DynamoDB)"]
+async fn a_slow_restart_claim_does_not_restart_a_pinned_operation_on_dynamodb() {
+    slow_restart_claim(idempotent_tests::dynamodb_store().await.0).await;
+}
+
+/// The sequence of [`a_slow_restart_claim_does_not_restart_a_pinned_operation`] on `inner`.
+async fn slow_restart_claim<S: Store>(inner: S) {
+    let store = Arc::new(Delegating::new(inner, HoldsARestartClaim::default()));
     let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
     let effects = Arc::new(Effects::default());
     let failed = reserve_and_email(harness.clone(), effects.clone(), true, false).await;
