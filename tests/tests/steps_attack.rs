@@ -1125,3 +1125,159 @@ async fn a_store_outage_in_a_step_write_does_not_restart_finished_steps() {
     let keys = effects.keys("charge");
     assert_eq!(keys[0], keys[1], "the charge ran again under a new key");
 }
+
+/// A value whose `Serialize` panics.
+#[derive(Debug, serde::Deserialize)]
+struct Bomb;
+
+impl serde::Serialize for Bomb {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("bomb went off while serializing")
+    }
+}
+
+/// What the "export" step of [`unstorable`] returns.
+#[derive(Debug, Clone, Copy)]
+enum Unstorable {
+    /// A value whose `Serialize` panics.
+    PanickingSerialize,
+    /// A NaN (JSON has none: it would not read back).
+    NaN,
+}
+
+/// A reserve, then an "export" step returning a value that cannot be stored, each effect counted.
+async fn unstorable(
+    harness: Harness,
+    restart: bool,
+    effects: Arc<Effects>,
+    what: Unstorable,
+) -> Result<u32, AppError> {
+    operation(&harness, "order-1", restart)
+        .run_steps(|steps: Steps| async move {
+            steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            match what {
+                Unstorable::PanickingSerialize => {
+                    steps
+                        .run("export", || async {
+                            effects.happened("export");
+                            Ok::<_, AppError>(Bomb)
+                        })
+                        .await?;
+                }
+                Unstorable::NaN => {
+                    steps
+                        .run("export", || async {
+                            effects.happened("export");
+                            Ok::<_, AppError>(f64::NAN)
+                        })
+                        .await?;
+                }
+            }
+            Ok(1)
+        })
+        .await
+}
+
+/// A step whose value cannot be stored (a panicking `Serialize`, a NaN), with and without the restart
+/// policy: the first call gets the panic or the error, every later one `StepNotStored`; the reserve
+/// and the export each ran once, and the record says the export is not stored.
+#[tokio::test]
+async fn a_step_whose_value_cannot_be_stored_never_runs_again() {
+    for what in [Unstorable::PanickingSerialize, Unstorable::NaN] {
+        for restart in [false, true] {
+            let harness = memory_harness().await;
+            let effects = Arc::new(Effects::default());
+            let first =
+                tokio::spawn(unstorable(harness.clone(), restart, effects.clone(), what)).await;
+            match what {
+                Unstorable::PanickingSerialize => assert!(first.unwrap_err().is_panic()),
+                Unstorable::NaN => {
+                    let err = idempotent_tests::idem_error(first.unwrap());
+                    assert!(matches!(err, Error::Serialize { .. }), "{err:?}");
+                }
+            }
+            for _ in 0..2 {
+                let later = unstorable(harness.clone(), restart, effects.clone(), what).await;
+                let err = idempotent_tests::idem_error(later);
+                assert!(
+                    matches!(err, Error::StepNotStored { .. }),
+                    "{what:?} {restart}: {err:?}"
+                );
+            }
+            assert_eq!(
+                (effects.runs("reserve"), effects.runs("export")),
+                (1, 1),
+                "{what:?}, restart {restart}"
+            );
+            let (status, finished, not_stored) = report(&harness, "order-1").await;
+            assert_eq!(
+                (status, finished, not_stored),
+                (
+                    Status::Failed,
+                    vec!["reserve".to_owned()],
+                    vec!["export".to_owned()]
+                )
+            );
+        }
+    }
+}
+
+/// A crash after the reserve, and a panic in the charge, with and without the restart policy: the
+/// next call resumes, the reserve runs once, under one `Steps::key`.
+#[tokio::test]
+async fn a_crash_or_a_panic_resumes_under_either_policy() {
+    for restart in [false, true] {
+        let harness = memory_harness().await;
+        let effects = Arc::new(Effects::default());
+        crash_after_reserve(&harness, "order-1", restart, &effects).await;
+        checkout(
+            &harness,
+            "order-1",
+            restart,
+            &effects,
+            Charge::Succeeds,
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(effects.checkout(), (1, 1, 0), "crash, restart {restart}");
+        let keys = effects.keys("charge");
+        assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
+
+        let effects = Arc::new(Effects::default());
+        let panicking = {
+            let (harness, effects) = (harness.clone(), effects.clone());
+            tokio::spawn(async move {
+                operation(&harness, "order-2", restart)
+                    .run_steps(|steps: Steps| async move {
+                        steps
+                            .run("reserve", || async {
+                                effects.happened("reserve");
+                                Ok::<_, AppError>(17_u32)
+                            })
+                            .await?;
+                        steps.run("charge", || async { explode() }).await
+                    })
+                    .await
+            })
+            .await
+        };
+        assert!(panicking.unwrap_err().is_panic());
+        checkout(
+            &harness,
+            "order-2",
+            restart,
+            &effects,
+            Charge::Succeeds,
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(effects.checkout(), (1, 1, 0), "panic, restart {restart}");
+    }
+}
