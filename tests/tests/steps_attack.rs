@@ -1281,3 +1281,36 @@ async fn a_crash_or_a_panic_resumes_under_either_policy() {
         assert_eq!(effects.checkout(), (1, 1, 0), "panic, restart {restart}");
     }
 }
+
+/// Under the restart policy, a body whose steps all finished returns `Ok` with a response too large
+/// to store: the record is COMPLETED (not a failure to restart after), and the next call runs no
+/// step again.
+#[tokio::test]
+async fn a_response_too_large_does_not_restart_finished_steps() {
+    let harness = memory_harness().await;
+    let effects = Arc::new(Effects::default());
+    let call = || {
+        let effects = effects.clone();
+        operation(&harness, "order-1", true)
+            .max_response_bytes(64)
+            .run_steps(move |steps: Steps| async move {
+                steps
+                    .run("reserve", || async {
+                        effects.happened("reserve");
+                        Ok::<_, AppError>(17_u32)
+                    })
+                    .await?;
+                Ok::<_, AppError>("x".repeat(1_000))
+            })
+    };
+    let first = call().await;
+    let record = harness.record(NAMESPACE, "order-1").await;
+    let second = call().await;
+    assert!(first.is_ok());
+    let record = record.expect("the record");
+    assert_eq!(
+        (record.status, record.steps.is_some()),
+        (Status::Completed, false)
+    );
+    assert_eq!(effects.runs("reserve"), 1, "second {second:?}");
+}
