@@ -1314,3 +1314,200 @@ async fn a_response_too_large_does_not_restart_finished_steps() {
     );
     assert_eq!(effects.runs("reserve"), 1, "second {second:?}");
 }
+
+/// The first claim that resumes steps lands, but its answer is lost (`Unavailable`).
+#[derive(Debug, Default)]
+struct LosesAResumeAnswer {
+    armed: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Override<S> for LosesAResumeAnswer {
+    fn kind(&self) -> &'static str {
+        "loses-a-resume-answer"
+    }
+
+    async fn claim(
+        &self,
+        inner: &S,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let outcome = inner.claim(request).await?;
+        if matches!(request.steps, StepsClaim::Resume { .. })
+            && self.armed.swap(false, Ordering::SeqCst)
+        {
+            return Err(StoreError::Unavailable("answer lost".into()));
+        }
+        Ok(outcome)
+    }
+}
+
+/// A takeover after a crash whose resuming claim lands but whose answer is lost: whatever the call
+/// then does, no finished step runs again, and the operation completes with one charge.
+#[tokio::test]
+async fn a_lost_answer_to_a_resuming_claim_runs_no_step_again() {
+    for restart in [false, true] {
+        let store = Arc::new(Delegating::new(
+            MemoryStore::new(),
+            LosesAResumeAnswer::default(),
+        ));
+        let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+        let effects = Arc::new(Effects::default());
+        crash_after_reserve(&harness, "order-1", restart, &effects).await;
+        store.with.armed.store(true, Ordering::SeqCst);
+        let second = checkout(
+            &harness,
+            "order-1",
+            restart,
+            &effects,
+            Charge::Succeeds,
+            false,
+        )
+        .await;
+        let _ = harness.idem.drain(Duration::from_secs(5)).await;
+        if second.is_err() {
+            // Whatever became of the claim, the key is resumable once its lease lapsed.
+            harness.clock.advance(PAST_THE_LEASE);
+            checkout(
+                &harness,
+                "order-1",
+                restart,
+                &effects,
+                Charge::Succeeds,
+                false,
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(
+            effects.checkout(),
+            (1, 1, 0),
+            "restart {restart}, second call {second:?}"
+        );
+        let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+        assert_eq!(record.status, Status::Completed);
+    }
+}
+
+/// Holds the "charge" step's write until the next resuming claim is about to be sent, then lets it
+/// land first: the slow write of a call whose lease lapsed reaches the store just before a takeover.
+#[derive(Debug, Default)]
+struct SlowChargeWrite {
+    held: Notify,
+    go: Notify,
+    landed: Notify,
+    holding: AtomicBool,
+    handed: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Override<S> for SlowChargeWrite {
+    fn kind(&self) -> &'static str {
+        "slow-charge-write"
+    }
+
+    async fn transition(
+        &self,
+        inner: &S,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let is_charge = matches!(transition.change, Change::SaveSteps { steps, .. }
+            if idempotent_runtime::Record { steps: Some(steps.to_vec()), ..probe() }
+                .steps_report()
+                .and_then(Result::ok)
+                .is_some_and(|r| r.finished.iter().any(|n| n == "charge")));
+        if is_charge && !self.holding.swap(true, Ordering::SeqCst) {
+            self.held.notify_one();
+            self.go.notified().await;
+            let outcome = inner.transition(transition).await;
+            self.landed.notify_one();
+            return outcome;
+        }
+        inner.transition(transition).await
+    }
+
+    async fn claim(
+        &self,
+        inner: &S,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if matches!(request.steps, StepsClaim::Resume { .. })
+            && self.holding.load(Ordering::SeqCst)
+            && !self.handed.swap(true, Ordering::SeqCst)
+        {
+            self.go.notify_one();
+            self.landed.notified().await;
+        }
+        inner.claim(request).await
+    }
+}
+
+/// A record to read stored steps through ([`Record::steps_report`]).
+fn probe() -> idempotent_runtime::Record {
+    idempotent_runtime::Record {
+        key: String::new(),
+        status: Status::Pending,
+        token: String::new(),
+        attempt: 1,
+        lease_until_ms: None,
+        expires_at_s: 0,
+        fingerprint: None,
+        response: None,
+        error: None,
+        replay_until_s: None,
+        claim_writes_in_effect: false,
+        completed_in: None,
+        steps: None,
+        released: Vec::new(),
+    }
+}
+
+/// Reserve, charge and email, each effect counted; `hang`: the email hangs before its effect.
+async fn three_steps(harness: Harness, effects: Arc<Effects>, hang: bool) -> Result<u32, AppError> {
+    operation(&harness, "order-1", false)
+        .run_steps(|steps: Steps| async move {
+            for name in ["reserve", "charge"] {
+                steps
+                    .run(name, || async {
+                        effects.happened(name);
+                        Ok::<_, AppError>(1_u32)
+                    })
+                    .await?;
+            }
+            steps
+                .run("email", || async {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    effects.happened("email");
+                    Ok::<_, AppError>(3_u32)
+                })
+                .await
+        })
+        .await
+}
+
+/// Call A's write of its charge is slow; A's lease lapses meanwhile. Call B reads the record (the
+/// reserve stored, not the charge) and sends its resuming claim; A's write lands just before it. B's
+/// claim, conditioned on the steps it read, is refused; B reads again and resumes after the charge:
+/// the charge ran once.
+#[tokio::test]
+async fn a_slow_step_write_landing_before_a_takeover_is_not_run_again() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        SlowChargeWrite::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| b);
+    let effects = Arc::new(Effects::default());
+    let a = tokio::spawn(three_steps(harness.clone(), effects.clone(), true));
+    store.with.held.notified().await;
+    harness.clock.advance(PAST_THE_LEASE);
+    let b = three_steps(harness.clone(), effects.clone(), false).await;
+    a.abort();
+    assert!(
+        store.with.handed.load(Ordering::SeqCst),
+        "A's write landed before B's claim"
+    );
+    assert_eq!(b.unwrap(), 3);
+    assert_eq!(effects.checkout(), (1, 1, 1));
+}
