@@ -81,7 +81,12 @@ async fn checkout_process() {
 
 fn process(role: &str, dir: &Path, table: &str) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "checkout_process", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            &idempotent_tests::test_path(module_path!(), "checkout_process"),
+            "--nocapture",
+        ])
         .env(ROLE_VAR, role)
         .env(DIR_VAR, dir)
         .env(TABLE_VAR, table)
