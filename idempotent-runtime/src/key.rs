@@ -25,7 +25,7 @@ use serde::ser::{self, Error as _};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::operation::{Call, MissingKey};
+use crate::call::{Call, MissingKey};
 
 pub(crate) mod http;
 

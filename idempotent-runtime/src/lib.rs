@@ -99,6 +99,7 @@ pub mod audit;
 #[cfg_attr(docsrs, doc(cfg(feature = "batch")))]
 pub mod batch;
 mod cache;
+mod call;
 mod clock;
 mod codec;
 mod config;
@@ -125,10 +126,12 @@ pub mod http;
 mod key;
 #[cfg(test)]
 mod model;
+// The model names the steps by the path they had before they joined the state machine.
+#[cfg(test)]
+use handler::steps;
 mod operation;
 mod record;
 mod size;
-mod steps;
 pub mod store;
 pub mod telemetry;
 
@@ -143,6 +146,7 @@ pub use __private::{
     IdempotentErrorSend, IdempotentOutput, IdempotentValue,
 };
 
+pub use call::MissingKey;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{COMPRESS_ABOVE, DEFAULT_MAX_RESPONSE_BYTES};
 pub use config::{
@@ -152,13 +156,12 @@ pub use config::{
 pub use error::{BoxError, CancellationReason, Error};
 pub use execution::{Execution, observe};
 pub use handler::MIN_LEASE;
+pub use handler::steps::{Steps, StepsReport};
 pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
-pub use operation::MissingKey;
 pub use operation::{Detached, OnReplay, Operation, Unchanged};
 pub use record::{AttributeNames, MAX_RELEASED, Record, Status};
 pub use size::MAX_ITEM_BYTES;
-pub use steps::{Steps, StepsReport};
 pub use store::memory::MemoryStore;
 pub use store::routed::{RegionConfigError, RoutedStore};
 pub use store::{Store, StoreError};

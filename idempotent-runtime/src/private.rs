@@ -9,10 +9,10 @@ use std::sync::{OnceLock, PoisonError, RwLock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use crate::call::{Call, MissingKey};
+pub use crate::handler::steps::Steps;
 pub use crate::key::DerivedKey;
 pub use crate::operation::Early;
-pub use crate::operation::{Call, MissingKey};
-pub use crate::steps::Steps;
 use crate::{Error, Idempotency, Operation};
 
 // The checks below exist for the compile errors. Generated code calls each through its trait's path

@@ -7,6 +7,34 @@
 
 pub mod proxy;
 
+/// Each named `async fn(Backend)` of the calling module as two `#[tokio::test]`s, `memory` and
+/// `dynamodb`, in a module named after it (`$test::memory`, `$test::dynamodb`); attributes written
+/// before a name (`#[ignore = ".."]`) go on both.
+///
+/// ```text
+/// async fn a_duplicate_replays(backend: Backend) { /* .. */ }
+///
+/// idempotent_tests::on_both_stores!(a_duplicate_replays);
+/// ```
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($(#[$attr:meta])* $test:ident),* $(,)?) => {$(
+        mod $test {
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$test($crate::Backend::Memory).await;
+            }
+
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dynamodb() {
+                super::$test($crate::Backend::DynamoDb).await;
+            }
+        }
+    )*};
+}
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -636,5 +664,131 @@ impl Store for SlowResume {
 
     fn kind(&self) -> &'static str {
         "slow-resume"
+    }
+}
+
+/// The name the test harness gives test `name` of the module at `module_path` (`module_path!()`: the
+/// path without the binary's crate name), for running one test of this binary again in a child process
+/// with `--exact`.
+#[must_use]
+pub fn test_path(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// The store a test runs on: a fresh memory store, or a fresh table on DynamoDB Local.
+pub async fn backing(backend: Backend) -> Arc<dyn Store> {
+    match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    }
+}
+
+/// Another store, behind a type a test binary can wrap with an
+/// [`Override`](idempotent_runtime::store::conformance::Override) of its own. Every request goes to
+/// the store inside, transactions included.
+#[derive(Debug)]
+pub struct Forward(pub Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl Store for Forward {
+    async fn claim(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        self.0.claim(request).await
+    }
+
+    async fn transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
+        self.0.transition(transition).await
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+    ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
+        self.0.get(key).await
+    }
+
+    async fn claim_transaction(
+        &self,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+        writes: &idempotent_runtime::store::Writes,
+    ) -> Result<idempotent_runtime::store::TransactOutcome, idempotent_runtime::StoreError> {
+        self.0.claim_transaction(request, writes).await
+    }
+
+    async fn transact_transition(
+        &self,
+        transition: &idempotent_runtime::store::Transition<'_>,
+        writes: &idempotent_runtime::store::Writes,
+    ) -> Result<idempotent_runtime::store::TransactOutcome, idempotent_runtime::StoreError> {
+        self.0.transact_transition(transition, writes).await
+    }
+
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+}
+
+/// How many times a body ran.
+#[derive(Debug, Default, Clone)]
+pub struct Runs(pub Arc<AtomicUsize>);
+
+impl Runs {
+    /// The runs so far.
+    #[must_use]
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A claim the store applies `after` it was sent, whether or not its caller is still there (real
+/// DynamoDB goes on with a request whose client left): the request goes on a task of its own.
+#[derive(Debug)]
+pub struct ClaimAppliedLate(pub std::time::Duration);
+
+#[async_trait::async_trait]
+impl idempotent_runtime::store::conformance::Override<Forward> for ClaimAppliedLate {
+    fn kind(&self) -> &'static str {
+        "claim-applied-late"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        let store = inner.0.clone();
+        let (key, token) = (request.key.to_owned(), request.token.to_owned());
+        let fingerprint = request.fingerprint.map(str::to_owned);
+        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
+            request.attempt,
+            request.now_ms,
+            request.lease_until_ms,
+            request.expires_at_s,
+        );
+        let after = self.0;
+        let applied = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let request = idempotent_runtime::store::ClaimRequest {
+                key: &key,
+                token: &token,
+                attempt,
+                now_ms,
+                lease_until_ms,
+                expires_at_s,
+                fingerprint: fingerprint.as_deref(),
+                keep_claim_writes: false,
+                steps: idempotent_runtime::store::StepsClaim::Untouched,
+            };
+            store.claim(&request).await
+        });
+        applied.await.unwrap()
     }
 }

@@ -26,7 +26,7 @@
 //! client's dummy credentials keep working through the proxy.
 //!
 //! What the Rust SDK does with each fault (standard retry mode, 3 attempts: the default of a client
-//! built like [`crate::client_at`]; `tests/tests/proxy.rs` checks all of it):
+//! built like [`crate::client_at`]; `tests/tests/stores/fault_proxy.rs` checks all of it):
 //!
 //! | fault | the SDK retries it as | when retries run out |
 //! |---|---|---|

@@ -1746,7 +1746,7 @@ mod tests {
         assert!(invalid_message(update("ADD a :one, a :q")).contains("path one: [a]"));
     }
 
-    /// Divergences from DynamoDB Local found by the differential tests (`tests/tests/differential.rs`).
+    /// Divergences from DynamoDB Local found by the differential tests (`tests/tests/stores/differential.rs`).
     #[test]
     fn refuses_what_dynamodb_local_refuses() {
         assert!(

@@ -60,14 +60,14 @@
 //!
 //! # Checked against DynamoDB Local
 //!
-//! `tests/tests/differential.rs` sends thousands of generated transactions (every action, condition and
-//! update form listed in [`SUPPORTED`](expression::SUPPORTED), placeholders, reserved words, all attribute
-//! types, two-table batches, `ALL_OLD`) both to DynamoDB Local and, as a claim's business writes, to a
-//! memory store, and compares the outcome, the cancellation reasons and every item afterwards; numbers are
-//! compared by value. The deliberate differences above are the only ones it tolerates. Run it with
-//! `scripts/test --test differential` (or `cargo test -p idempotent-tests --test differential` with
-//! `IDEMPOTENT_DYNAMODB_ENDPOINT` set); it prints its seed, and `IDEMPOTENT_DIFF_SEED` /
-//! `IDEMPOTENT_DIFF_CASE` replay one case. The unit tests (`tests.rs`) pin each rule and message.
+//! `tests/tests/stores/differential.rs` sends thousands of generated transactions (every action,
+//! condition and update form listed in [`SUPPORTED`](expression::SUPPORTED), placeholders, reserved
+//! words, all attribute types, two-table batches, `ALL_OLD`) both to DynamoDB Local and, as a claim's
+//! business writes, to a memory store, and compares the outcome, the cancellation reasons and every item
+//! afterwards; numbers are compared by value. The deliberate differences above are the only ones it
+//! tolerates. Run it with `scripts/test --test stores differential::` (or `cargo test -p
+//! idempotent-tests --test stores differential::` with `IDEMPOTENT_DYNAMODB_ENDPOINT` set); it prints
+//! its seed, and `IDEMPOTENT_DIFF_SEED` / `IDEMPOTENT_DIFF_CASE` replay one case. The unit tests (`tests.rs`) pin each rule and message.
 
 mod expression;
 mod number;

@@ -1,4 +1,4 @@
-//! The emulator's rules and messages, one test each; `tests/tests/differential.rs` checks the same
+//! The emulator's rules and messages, one test each; `tests/tests/stores/differential.rs` checks the same
 //! behaviour against DynamoDB Local on generated requests.
 
 use aws_sdk_dynamodb::types::{

@@ -19,6 +19,10 @@ use crate::error::Error;
 use crate::record::{Record, Status};
 use crate::store::Change;
 
+// The decisions about an operation's stored steps live with the steps' format; named here with the
+// others (the model drives them all from here).
+#[cfg(test)]
+pub(crate) use super::steps::{StepsFound, steps_found, steps_releasable};
 use super::{CLAIMABLE_RETRIES, Found, Stage, millis};
 
 /// The shortest lease a call may ask for: a lease is renewed by heartbeats every third of it, and a
@@ -159,7 +163,7 @@ pub(crate) enum OnDrop {
 }
 
 /// See [`OnDrop`]. `releasable`: whether a claim of this call may be released (see
-/// [`Steps::releasable`](crate::steps::Steps::releasable); always for a call without steps).
+/// [`Steps::releasable`](super::steps::Steps::releasable); always for a call without steps).
 pub(crate) fn on_drop(stage: Stage, releasable: bool) -> OnDrop {
     match stage {
         Stage::Claiming if releasable => OnDrop::Release,
@@ -224,51 +228,6 @@ pub(crate) fn after_release(
 /// would have expired anyway.
 pub(crate) fn release_mark_lifetime(lease: Duration, lifetime: Duration) -> Duration {
     lease.saturating_add(lifetime)
-}
-
-/// What a claim that found a claimable record does with the operation's steps
-/// ([`steps_found`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StepsFound {
-    /// The record holds no steps, or it expired (a new operation): start afresh.
-    Fresh,
-    /// The record's steps live on: resume them.
-    Resume,
-    /// A FAILED record the restart policy would start over after, but whose steps pin the operation
-    /// (a step that must never run again) or whose failure is a panic (a bug, not a failure that undid
-    /// the steps): resume them all the same.
-    ResumeFailure,
-    /// A FAILED record under the restart policy: start the operation over.
-    Restart,
-}
-
-/// What a claim of an operation with steps does with the steps of a claimable `record` it found at
-/// `now_ms`; `restart_policy`: the operation starts over after a failure
-/// (`on_failure = "restart"`).
-pub(crate) fn steps_found(record: &Record, now_ms: u64, restart_policy: bool) -> StepsFound {
-    let Some(steps) = record.steps.as_deref() else {
-        return StepsFound::Fresh;
-    };
-    if record.is_expired(now_ms) {
-        return StepsFound::Fresh;
-    }
-    if !(restart_policy && record.status == Status::Failed) {
-        return StepsFound::Resume;
-    }
-    if crate::steps::Stored::pinned(steps) || crate::steps::panicked(record) {
-        StepsFound::ResumeFailure
-    } else {
-        StepsFound::Restart
-    }
-}
-
-/// Whether a dropped call of an operation with steps may release its claim (a fenced FAILED
-/// write): not when the operation restarts after a failure (`restart_policy`) and the claim on its
-/// way is `resuming` stored steps, whose effects a release is no failure of (the next call would
-/// start over and run them again); such a claim lapses with its lease. A claim that starts afresh is
-/// released.
-pub(crate) fn steps_releasable(restart_policy: bool, resuming: bool) -> bool {
-    !(restart_policy && resuming)
 }
 
 /// The write an operator's release of the PENDING `record` makes at `now_ms`
@@ -704,7 +663,7 @@ mod tests {
 
     #[test]
     fn steps_are_resumed_unless_new_or_restarted_after_a_failure() {
-        let steps = crate::steps::Stored::default().encode();
+        let steps = super::super::steps::Stored::default().encode();
         let live = |status| Record {
             steps: Some(steps.clone()),
             ..record(status, Some(10))

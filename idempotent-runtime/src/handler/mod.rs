@@ -9,6 +9,7 @@
 //! | `run.rs` | [`run()`] from claim to outcome, the body in place or detached ([`Runner`]), panics, [`finish`] |
 //! | `settle.rs` | the fenced writes that store an outcome or a step, retried while the lease allows |
 //! | `heartbeat.rs` | the lease heartbeat beside a running body |
+//! | `steps.rs` | [`Steps`]: a body's steps, their stored form, what a claim does with them (the decisions about stored steps, which `decide.rs` names with the others) |
 //!
 //! What dropping a call's future does, by the stage it is in ([`decide::on_drop`]):
 //!
@@ -40,19 +41,20 @@ use crate::config::Idempotency;
 use crate::error::CancellationReason;
 use crate::error::Error;
 use crate::record::{Record, Status};
-use crate::steps::Steps;
 use crate::store::writes::Staged;
 use crate::store::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, StoreError, TransactOutcome, Transition,
     WriteOutcome, Writes,
 };
 use crate::telemetry::{self, Dropped, Outcome};
+use steps::Steps;
 
 mod claim;
 pub(crate) mod decide;
 mod heartbeat;
 mod run;
 mod settle;
+pub(crate) mod steps;
 
 pub(crate) use claim::RELEASED;
 pub(crate) use claim::Stage;
@@ -69,7 +71,7 @@ use {claim::*, heartbeat::*, run::*, settle::*};
 
 // What the attribute says about a function is the operation's, not the state machine's; named here
 // too for the state machine's parts.
-pub(crate) use crate::operation::Call;
+pub(crate) use crate::call::Call;
 
 /// Maps a store failure to the crate's error, naming the namespace.
 #[cold]

@@ -345,7 +345,7 @@ impl Held<'_> {
             let keeps_writes = failure_keeps_record(
                 !self.plan.claim_writes.is_empty() && writes.is_empty(),
                 self.plan.steps,
-                crate::steps::is_panic(&error),
+                super::steps::is_panic(&error),
             );
             let lifetime = failed_lifetime(
                 self.idem.failed_ttl(),

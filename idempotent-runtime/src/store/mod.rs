@@ -8,6 +8,8 @@
 
 use crate::error::BoxError;
 use crate::record::Record;
+// Defined beside the rule that decides it ([`Record::allows_steps_claim`]); a claim's part, named here.
+pub use crate::record::StepsClaim;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -53,36 +55,6 @@ pub struct ClaimRequest<'a> {
     /// What the claim does with the steps a record stores ([`Record::steps`]): nothing, for an operation
     /// without steps; otherwise it starts afresh or resumes ([`StepsClaim`]).
     pub steps: StepsClaim<'a>,
-}
-
-/// What a claim of an operation run with steps ([`Operation::run_steps`](crate::Operation::run_steps))
-/// does with the steps the record stores. A claim is made only if the record allows it
-/// ([`Record::allows_steps_claim`]) *and* the claim's other rule does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StepsClaim<'a> {
-    /// An operation without steps: the record's steps, if any, are left as they are.
-    #[default]
-    Untouched,
-    /// Starts the operation afresh: the record's steps become `initial` (no step finished yet), in
-    /// place of any stored ones. Made only on an absent or expired record, one without steps, or
-    /// (`restart_failed`) a FAILED one; a record whose steps live on blocks it, and the caller resumes
-    /// instead.
-    Fresh {
-        /// The steps of an operation that has just started, encoded.
-        initial: &'a [u8],
-        /// The operation restarts from scratch after a failure
-        /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
-        restart_failed: bool,
-    },
-    /// Takes over a record whose steps live on, keeping them: made only while the record is not
-    /// expired and its steps are exactly `steps` (those the caller saw and will replay: a step stored
-    /// meanwhile blocks the claim, rather than being run again), and (`restart_failed`) it is not FAILED.
-    Resume {
-        /// The stored steps the caller saw, as stored.
-        steps: &'a [u8],
-        /// As for [`Fresh`](Self::Fresh).
-        restart_failed: bool,
-    },
 }
 
 /// What a claim found.

@@ -1,4 +1,4 @@
-//! Hole 4: every claim attempt gets its own `ClientRequestToken`. A claim that loops (waiting for a held
+//! Every claim attempt gets its own `ClientRequestToken`. A claim that loops (waiting for a held
 //! key, with `claim_with`) used to send the same token with a new time, lease and expiry, which
 //! DynamoDB refuses for ten minutes (`IdempotentParameterMismatch`).
 
@@ -12,7 +12,7 @@ use idempotent_tests::{Backend, Harness};
 
 use super::shop::Shop;
 use super::{AppError, Gate};
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 const NAMESPACE: &str = "correctness::tokens";
 

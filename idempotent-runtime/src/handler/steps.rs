@@ -28,7 +28,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::store::StepsClaim;
 use crate::store::writes::Staged;
-use crate::{Error, Idempotency, Record, codec};
+use crate::{Error, Idempotency, Record, Status, codec};
 
 /// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
 /// the body runs each effect through [`run`](Self::run), under a name.
@@ -120,6 +120,51 @@ pub(crate) fn panicked(record: &Record) -> bool {
 /// ([`handler::panicked`](crate::handler::panicked)).
 pub(crate) fn is_panic(error: &str) -> bool {
     error.starts_with("panicked: ")
+}
+
+/// What a claim that found a claimable record does with the operation's steps
+/// ([`steps_found`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepsFound {
+    /// The record holds no steps, or it expired (a new operation): start afresh.
+    Fresh,
+    /// The record's steps live on: resume them.
+    Resume,
+    /// A FAILED record the restart policy would start over after, but whose steps pin the operation
+    /// (a step that must never run again) or whose failure is a panic (a bug, not a failure that undid
+    /// the steps): resume them all the same.
+    ResumeFailure,
+    /// A FAILED record under the restart policy: start the operation over.
+    Restart,
+}
+
+/// What a claim of an operation with steps does with the steps of a claimable `record` it found at
+/// `now_ms`; `restart_policy`: the operation starts over after a failure
+/// (`on_failure = "restart"`).
+pub(crate) fn steps_found(record: &Record, now_ms: u64, restart_policy: bool) -> StepsFound {
+    let Some(steps) = record.steps.as_deref() else {
+        return StepsFound::Fresh;
+    };
+    if record.is_expired(now_ms) {
+        return StepsFound::Fresh;
+    }
+    if !(restart_policy && record.status == Status::Failed) {
+        return StepsFound::Resume;
+    }
+    if Stored::pinned(steps) || panicked(record) {
+        StepsFound::ResumeFailure
+    } else {
+        StepsFound::Restart
+    }
+}
+
+/// Whether a dropped call of an operation with steps may release its claim (a fenced FAILED
+/// write): not when the operation restarts after a failure (`restart_policy`) and the claim on its
+/// way is `resuming` stored steps, whose effects a release is no failure of (the next call would
+/// start over and run them again); such a claim lapses with its lease. A claim that starts afresh is
+/// released.
+pub(crate) fn steps_releasable(restart_policy: bool, resuming: bool) -> bool {
+    !(restart_policy && resuming)
 }
 
 /// The most bytes of why a step's value could not be stored, as recorded.
@@ -426,8 +471,7 @@ impl Steps {
     /// panic is a bug, not a failure the body undid what its steps did, so the operation resumes (and
     /// the bug, once fixed, goes on from the first unfinished step).
     pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
-        use crate::handler::decide::StepsFound;
-        let found = crate::handler::decide::steps_found(record, now_ms, self.shared.restart_failed);
+        let found = steps_found(record, now_ms, self.shared.restart_failed);
         self.shared
             .restarting
             .store(found == StepsFound::Restart, Ordering::Relaxed);
@@ -448,7 +492,7 @@ impl Steps {
     /// release is no failure of (the next call would start over and run them again). Such a claim
     /// lapses with its lease instead. A claim that starts afresh (the call's last) is released.
     pub(crate) fn releasable(&self) -> bool {
-        crate::handler::decide::steps_releasable(
+        steps_releasable(
             self.shared.restart_failed,
             self.shared.resuming.load(Ordering::Relaxed),
         )

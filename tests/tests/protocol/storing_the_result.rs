@@ -1,4 +1,4 @@
-//! Holes 2 and 6: once the body has run, its result is in memory and the claim is still ours, so a
+//! Once the body has run, its result is in memory and the claim is still ours, so a
 //! transient fault while storing it (a transaction conflict, throttling, a server error that outlasts
 //! the SDK's own retries) is retried with backoff for as long as the lease allows — never turned into
 //! FAILED, never a reason to run the body again.

@@ -1,4 +1,4 @@
-//! Hole 5: takeover and expiry decisions use the caller's clock, so each includes a clock-skew margin
+//! Takeover and expiry decisions use the caller's clock, so each includes a clock-skew margin
 //! (1 s by default). A caller whose clock runs ahead by less than the margin must not take over a live
 //! claim; once the lease has passed by more than the margin, it may.
 
@@ -9,7 +9,7 @@ use idempotent_runtime::{Clock, Error, Idempotency, ManualClock};
 use idempotent_tests::{Backend, Harness};
 
 use super::{AppError, Gate};
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 const NAMESPACE: &str = "correctness::skew";
 

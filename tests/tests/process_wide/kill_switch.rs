@@ -63,7 +63,12 @@ async fn with_the_switch_on() {
 #[test]
 fn the_kill_switch_turns_idempotency_off() {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "with_the_switch_on", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            &idempotent_tests::test_path(module_path!(), "with_the_switch_on"),
+            "--nocapture",
+        ])
         .env(DISABLED_VAR, "1")
         .output()
         .unwrap();

@@ -37,8 +37,14 @@ async fn methods_of_two_types_in_one_module_do_not_share_records() {
     assert_eq!(Card.charge(&h.idem, 1).await.unwrap(), "card:1");
     // The namespace is the method's path: the type's name, the trait's and the method's.
     for (namespace, value) in [
-        ("<attribute::Card as attribute::Gateway>::charge", "card:1"),
-        ("<attribute::Cash as attribute::Gateway>::charge", "cash:1"),
+        (
+            "<protocol::attribute::Card as protocol::attribute::Gateway>::charge",
+            "card:1",
+        ),
+        (
+            "<protocol::attribute::Cash as protocol::attribute::Gateway>::charge",
+            "cash:1",
+        ),
     ] {
         let record = h.record(namespace, &1_u64).await.expect(namespace);
         assert_eq!(record.status, Status::Completed);
@@ -47,7 +53,11 @@ async fn methods_of_two_types_in_one_module_do_not_share_records() {
             value
         );
     }
-    assert!(h.record("attribute::charge", &1_u64).await.is_none());
+    assert!(
+        h.record("protocol::attribute::charge", &1_u64)
+            .await
+            .is_none()
+    );
 }
 
 static NOTIFY_RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -92,8 +102,8 @@ async fn a_default_method_has_records_per_implementor() {
     }
     assert_eq!(NOTIFY_RUNS.load(Ordering::SeqCst), 2);
     for namespace in [
-        "<attribute::Email as attribute::Notifier>::notify",
-        "<attribute::Sms as attribute::Notifier>::notify",
+        "<protocol::attribute::Email as protocol::attribute::Notifier>::notify",
+        "<protocol::attribute::Sms as protocol::attribute::Notifier>::notify",
     ] {
         assert!(h.record(namespace, &7_u64).await.is_some(), "{namespace}");
     }
@@ -119,12 +129,12 @@ async fn instantiations_of_a_generic_impl_do_not_share_records() {
     assert_eq!(count.post(&h.idem, 1).await.unwrap(), "1 1");
     assert_eq!(eur.post(&h.idem, 1).await.unwrap(), "1 EUR");
     assert!(
-        h.record("attribute::Ledger<&str>::post", &1_u64)
+        h.record("protocol::attribute::Ledger<&str>::post", &1_u64)
             .await
             .is_some()
     );
     assert!(
-        h.record("attribute::Ledger<u8>::post", &1_u64)
+        h.record("protocol::attribute::Ledger<u8>::post", &1_u64)
             .await
             .is_some()
     );
@@ -136,14 +146,18 @@ async fn instantiations_of_a_generic_impl_do_not_share_records() {
 async fn a_given_name_is_the_namespace_of_a_method() {
     struct Shared;
     impl Shared {
-        #[idempotent(key = order, store = idem, name = "attribute::shared")]
+        #[idempotent(key = order, store = idem, name = "protocol::attribute::shared")]
         async fn charge(&self, idem: &Idempotency, order: u64) -> Result<u64, Error> {
             Ok(order * 10)
         }
     }
     let h = Harness::new(Backend::Memory).await;
     assert_eq!(Shared.charge(&h.idem, 2).await.unwrap(), 20);
-    assert!(h.record("attribute::shared", &2_u64).await.is_some());
+    assert!(
+        h.record("protocol::attribute::shared", &2_u64)
+            .await
+            .is_some()
+    );
 }
 
 static RESERVE_RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -167,7 +181,10 @@ async fn transact_passed_through_macro_rules_binds_its_name() {
     assert_eq!(reserve(&h.idem, 1).await.unwrap(), 0);
     assert_eq!(reserve(&h.idem, 1).await.unwrap(), 0);
     assert_eq!(RESERVE_RUNS.load(Ordering::SeqCst), 1);
-    let record = h.record("attribute::reserve", &1_u64).await.unwrap();
+    let record = h
+        .record("protocol::attribute::reserve", &1_u64)
+        .await
+        .unwrap();
     assert_eq!(record.status, Status::Completed);
 }
 
@@ -200,7 +217,7 @@ mod describe {
         }
     }
 
-    #[idempotent(key = order, store = idem, name = "attribute::refuse")]
+    #[idempotent(key = order, store = idem, name = "protocol::attribute::refuse")]
     pub(super) async fn refuse(idem: &Idempotency, order: u64) -> Result<u64, Opaque> {
         let _ = order;
         Err(Opaque::Declined)
@@ -212,11 +229,14 @@ async fn a_callers_describe_method_does_not_replace_the_failure_text() {
     let h = Harness::new(Backend::Memory).await;
     let err = describe::refuse(&h.idem, 1).await.unwrap_err();
     assert!(matches!(err, describe::Opaque::Declined), "{err:?}");
-    let record = h.record("attribute::refuse", &1_u64).await.unwrap();
+    let record = h
+        .record("protocol::attribute::refuse", &1_u64)
+        .await
+        .unwrap();
     assert_eq!(record.status, Status::Failed);
     assert_eq!(
         record.error.as_deref(),
-        Some("an error of type `attribute::describe::Opaque`")
+        Some("an error of type `protocol::attribute::describe::Opaque`")
     );
 }
 
@@ -289,11 +309,11 @@ async fn impls_of_a_generic_trait_for_one_type_do_not_share_records() {
     );
     for (namespace, value) in [
         (
-            "<attribute::Desk as attribute::Handle<attribute::Orders>>::handle",
+            "<protocol::attribute::Desk as protocol::attribute::Handle<protocol::attribute::Orders>>::handle",
             "order:1",
         ),
         (
-            "<attribute::Desk as attribute::Handle<attribute::Refunds>>::handle",
+            "<protocol::attribute::Desk as protocol::attribute::Handle<protocol::attribute::Refunds>>::handle",
             "refund:1",
         ),
     ] {
@@ -349,7 +369,11 @@ async fn methods_of_one_name_on_one_type_do_not_share_records() {
         Release::settle(&Hold, &h.idem, 1).await.unwrap(),
         "release:1"
     );
-    assert!(h.record("attribute::Hold::settle", &1_u64).await.is_some());
+    assert!(
+        h.record("protocol::attribute::Hold::settle", &1_u64)
+            .await
+            .is_some()
+    );
 }
 
 /// A method with a type parameter of its own is one function: its instantiations share records (as a
@@ -375,7 +399,11 @@ async fn a_generic_methods_instantiations_share_records() {
         Tagger.tag(&h.idem, String::from("a")).await.unwrap(),
         "&str"
     );
-    assert!(h.record("attribute::Tagger::tag", "a").await.is_some());
+    assert!(
+        h.record("protocol::attribute::Tagger::tag", "a")
+            .await
+            .is_some()
+    );
 }
 
 /// A trait implemented for every closure: two closures written in one function are two types, but
@@ -445,7 +473,7 @@ async fn a_raw_identifier_methods_namespace_is_its_path() {
     let h = Harness::new(Backend::Memory).await;
     assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
     assert_eq!(Raw.r#match(&h.idem, 1).await.unwrap(), "match:1");
-    let record = h.record("attribute::Raw::match", &1_u64).await;
+    let record = h.record("protocol::attribute::Raw::match", &1_u64).await;
     assert_eq!(record.map(|r| r.status), Some(Status::Completed));
 }
 
@@ -487,7 +515,7 @@ async fn a_tagged_key_gives_each_value_its_record(backend: Backend) {
     assert_eq!(visit(&h.idem, "bob".into()).await.unwrap(), bob);
     for (user, value) in [("ann", ann), ("bob", bob)] {
         let record = h
-            .record("attribute::visit", &("user", user))
+            .record("protocol::attribute::visit", &("user", user))
             .await
             .expect(user);
         assert_eq!(record.status, Status::Completed);

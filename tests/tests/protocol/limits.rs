@@ -1,4 +1,6 @@
-//! Hole 7: smaller defects, each of which cost a stuck key, a panic or a misleading error.
+//! Limits and odd inputs that must not cost a stuck key, a panic or a misleading error: a huge error
+//! text, absurd durations, a key that keeps changing hands, a transaction's size estimate, a missing
+//! business table.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -7,7 +9,7 @@ use idempotent_runtime::Status;
 use idempotent_tests::{Backend, Harness};
 
 use super::AppError;
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 const NAMESPACE: &str = "correctness::defects";
 

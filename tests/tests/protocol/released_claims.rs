@@ -3,7 +3,7 @@
 //! limits (how many released tokens it holds) and its neighbours, on both stores.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idempotent_runtime::aws_sdk_dynamodb::Client;
@@ -17,112 +17,10 @@ use idempotent_runtime::{
     Clock, Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store,
     StoreError,
 };
-use idempotent_tests::{Backend, dynamodb_store};
+use idempotent_tests::{Backend, ClaimAppliedLate, Forward, Runs, backing, dynamodb_store};
 
 const NAMESPACE: &str = "released_claims::charge";
 const KEY: &str = "order-1";
-
-/// The store a test runs on.
-async fn backing(backend: Backend) -> Arc<dyn Store> {
-    match backend {
-        Backend::Memory => Arc::new(MemoryStore::new()),
-        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
-    }
-}
-
-/// Another store, behind a type of this file's own (so that an override can wrap it).
-#[derive(Debug)]
-struct Forward(Arc<dyn Store>);
-
-#[async_trait::async_trait]
-impl Store for Forward {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    async fn claim_transaction(
-        &self,
-        request: &ClaimRequest<'_>,
-        writes: &Writes,
-    ) -> Result<TransactOutcome, StoreError> {
-        self.0.claim_transaction(request, writes).await
-    }
-
-    async fn transact_transition(
-        &self,
-        transition: &Transition<'_>,
-        writes: &Writes,
-    ) -> Result<TransactOutcome, StoreError> {
-        self.0.transact_transition(transition, writes).await
-    }
-
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-}
-
-/// A claim the store applies `after` it was sent, whether or not its caller is still there (real
-/// DynamoDB goes on with a request whose client left): the request goes on a task of its own.
-#[derive(Debug)]
-struct ClaimAppliedLate(Duration);
-
-#[async_trait::async_trait]
-impl Override<Forward> for ClaimAppliedLate {
-    fn kind(&self) -> &'static str {
-        "claim-applied-late"
-    }
-
-    async fn claim(
-        &self,
-        inner: &Forward,
-        request: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let store = inner.0.clone();
-        let (key, token) = (request.key.to_owned(), request.token.to_owned());
-        let fingerprint = request.fingerprint.map(str::to_owned);
-        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
-            request.attempt,
-            request.now_ms,
-            request.lease_until_ms,
-            request.expires_at_s,
-        );
-        let after = self.0;
-        let applied = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            let request = ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
-                now_ms,
-                lease_until_ms,
-                expires_at_s,
-                fingerprint: fingerprint.as_deref(),
-                keep_claim_writes: false,
-                steps: StepsClaim::Untouched,
-            };
-            store.claim(&request).await
-        });
-        applied.await.unwrap()
-    }
-}
-
-/// How many times a body ran.
-#[derive(Debug, Default, Clone)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// The operation under test on [`KEY`], with a one-minute lease: counts its runs, returns which run
 /// it was.
@@ -153,9 +51,7 @@ async fn give_up_while_claiming(slow: &Idempotency, runs: &Runs) {
 /// the key's record. The first sixteen are kept and their late claims refused; the seventeenth finds
 /// the record full, leaves no mark, and its late claim lands: the key is PENDING under a call that
 /// returned long ago, and the next caller is refused for the whole lease.
-async fn check_the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key(
-    backend: Backend,
-) {
+async fn the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key(backend: Backend) {
     let store = backing(backend).await;
     let late = Arc::new(Delegating::new(
         Forward(store.clone()),
@@ -214,7 +110,7 @@ impl Override<Forward> for AnswerLost {
 /// the key) but also leaves its token on the record, where it stays until a completion. Then one call
 /// gives up a claim still on the wire: the record is full, no mark is left, and the late claim holds
 /// the key for its lease. No call was dropped to fill the record: transient errors alone did.
-async fn check_a_burst_of_lost_answers_does_not_disarm_the_next_release(backend: Backend) {
+async fn a_burst_of_lost_answers_does_not_disarm_the_next_release(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let faulty = Idempotency::builder_arc(Arc::new(Delegating::new(
@@ -414,7 +310,7 @@ async fn reserve(idem: &Idempotency, stock: &Stock, runs: &Runs) -> Result<usize
 /// A call with claim-time writes (a reservation) gives up while its transaction is on the wire; the
 /// transaction lands after the release. It must be refused as a whole: no unit reserved for a call
 /// that returned, and the key free for the next caller, whose own claim reserves exactly one unit.
-async fn check_a_claim_with_writes_given_up_in_flight_reserves_nothing(backend: Backend) {
+async fn a_claim_with_writes_given_up_in_flight_reserves_nothing(backend: Backend) {
     let (store, stock) = Stock::new(backend, 5).await;
     let clock = ManualClock::starting_now();
     let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
@@ -472,7 +368,7 @@ impl std::fmt::Display for BodyError {
 /// still on the wire: the release finds the holder's live claim and leaves its token there. The
 /// holder's failure keeps the token, so the late claim, landing on a FAILED (claimable) record, is
 /// refused; the next caller runs the body at once, and its completion clears the tokens.
-async fn check_a_release_on_another_callers_claim_outlives_its_failure(backend: Backend) {
+async fn a_release_on_another_callers_claim_outlives_its_failure(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let direct = Idempotency::builder_arc(store.clone())
@@ -791,7 +687,7 @@ impl Override<Forward> for ClaimLandsBeforeTheMark {
 /// A release racing its own claim in the order fail (no record) → the claim lands → mark (finds the
 /// claim): the release fails the claim it found, then leaves its token on it; the key is FAILED at
 /// once, and the next caller runs the body.
-async fn check_a_claim_landing_between_the_releases_writes_is_failed(backend: Backend) {
+async fn a_claim_landing_between_the_releases_writes_is_failed(backend: Backend) {
     let store = backing(backend).await;
     let race = Arc::new(Delegating::new(
         Forward(store.clone()),
@@ -822,42 +718,12 @@ async fn check_a_claim_landing_between_the_releases_writes_is_failed(backend: Ba
     assert_eq!(runs.count(), 1);
 }
 
-macro_rules! on_both_stores {
-    ($($(#[$attr:meta])* $name:ident => $body:expr;)*) => {
-        mod memory {
-            use super::*;
-            $(
-                $(#[$attr])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    ($body)(Backend::Memory).await;
-                }
-            )*
-        }
-        mod dynamodb {
-            use super::*;
-            $(
-                $(#[$attr])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    ($body)(Backend::DynamoDb).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores! {
+idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a 17th release on a full record leaves no mark; its late claim holds the key"]
-    the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key =>
-        check_the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key;
+    the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key,
     #[ignore = "reproduces: 16 lost claim answers fill the released set; a later release leaves no mark"]
-    a_burst_of_lost_answers_does_not_disarm_the_next_release =>
-        check_a_burst_of_lost_answers_does_not_disarm_the_next_release;
-    a_claim_with_writes_given_up_in_flight_reserves_nothing =>
-        check_a_claim_with_writes_given_up_in_flight_reserves_nothing;
-    a_release_on_another_callers_claim_outlives_its_failure =>
-        check_a_release_on_another_callers_claim_outlives_its_failure;
-    a_claim_landing_between_the_releases_writes_is_failed =>
-        check_a_claim_landing_between_the_releases_writes_is_failed;
-}
+    a_burst_of_lost_answers_does_not_disarm_the_next_release,
+    a_claim_with_writes_given_up_in_flight_reserves_nothing,
+    a_release_on_another_callers_claim_outlives_its_failure,
+    a_claim_landing_between_the_releases_writes_is_failed,
+);

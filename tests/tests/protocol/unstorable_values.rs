@@ -1,4 +1,4 @@
-//! Issue 35 (item 2) and issue 37 (finding 3): a body that succeeded never runs again, whatever happens
+//! A body that succeeded never runs again, whatever happens
 //! to its value. A value that does not serialize (a map with non-string keys), or that JSON cannot hold
 //! (a NaN or an infinity, which `serde_json` writes as `null`), is recorded as COMPLETED without a
 //! response: the first caller gets `Error::Serialize`, a duplicate gets `Error::ResponseNotSerialized`,
@@ -12,7 +12,7 @@ use idempotent_tests::{Backend, Harness, idem_error};
 use serde::{Deserialize, Serialize};
 
 use super::AppError;
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 /// A map with tuple keys: `serde_json` refuses it ("key must be a string").
 type Unserializable = HashMap<(u8, u8), u8>;

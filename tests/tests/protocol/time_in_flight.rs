@@ -3,54 +3,15 @@
 //! not read back. In each, the body runs at most once per key, on both stores.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
-use idempotent_runtime::{Error, Idempotency, ManualClock, MemoryStore, Status, Store, StoreError};
-use idempotent_tests::{Backend, Harness, RequestCounter, dynamodb_store};
-
-/// The store a test runs on.
-async fn backing(backend: Backend) -> Arc<dyn Store> {
-    match backend {
-        Backend::Memory => Arc::new(MemoryStore::new()),
-        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
-    }
-}
-
-/// Another store, behind a type of this file's own (so that an override can wrap it).
-#[derive(Debug)]
-struct Forward(Arc<dyn Store>);
-
-#[async_trait::async_trait]
-impl Store for Forward {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
-        self.0.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-}
-
-/// How many times a body ran.
-#[derive(Debug, Default, Clone)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+use idempotent_runtime::{Error, Idempotency, ManualClock, Status, Store, StoreError};
+use idempotent_tests::{
+    Backend, ClaimAppliedLate, Forward, Harness, RequestCounter, Runs, backing,
+};
 
 /// `charge` under `key`, with `lease`: counts its runs, returns which run it was.
 async fn charge(
@@ -231,7 +192,7 @@ impl Override<Forward> for SlowHeartbeats {
     }
 }
 
-async fn check_slow_heartbeats_keep_a_live_lease(backend: Backend) {
+async fn slow_heartbeats_keep_a_live_lease(backend: Backend) {
     let store = Arc::new(Delegating::new(
         Forward(backing(backend).await),
         SlowHeartbeats(Duration::from_millis(1_600)),
@@ -284,7 +245,7 @@ impl Override<Forward> for LostClaimAnswers {
     }
 }
 
-async fn check_a_claim_whose_answer_never_came_is_released(backend: Backend) {
+async fn a_claim_whose_answer_never_came_is_released(backend: Backend) {
     let store = backing(backend).await;
     let lost = Arc::new(Delegating::new(Forward(store.clone()), LostClaimAnswers));
     let clock = ManualClock::starting_now();
@@ -308,55 +269,10 @@ async fn check_a_claim_whose_answer_never_came_is_released(backend: Backend) {
     assert_eq!(runs.count(), 1);
 }
 
-/// A claim the store applies `after` it was sent, whether or not its caller is still there (real
-/// DynamoDB goes on with a request whose client left): the request goes on a task of its own.
-#[derive(Debug)]
-struct ClaimAppliedLate(Duration);
-
-#[async_trait::async_trait]
-impl Override<Forward> for ClaimAppliedLate {
-    fn kind(&self) -> &'static str {
-        "claim-applied-late"
-    }
-
-    async fn claim(
-        &self,
-        inner: &Forward,
-        request: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let store = inner.0.clone();
-        let (key, token) = (request.key.to_owned(), request.token.to_owned());
-        let fingerprint = request.fingerprint.map(str::to_owned);
-        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
-            request.attempt,
-            request.now_ms,
-            request.lease_until_ms,
-            request.expires_at_s,
-        );
-        let after = self.0;
-        let applied = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            let request = ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
-                now_ms,
-                lease_until_ms,
-                expires_at_s,
-                fingerprint: fingerprint.as_deref(),
-                keep_claim_writes: false,
-                steps: idempotent_runtime::store::StepsClaim::Untouched,
-            };
-            store.claim(&request).await
-        });
-        applied.await.unwrap()
-    }
-}
-
 /// A caller that gives up at 50 ms on a claim the store applies at 150 ms: its release finds no record,
 /// and its claim lands after the release. The release leaves a mark under the call's token that the
 /// late claim respects, so the next caller runs the body at once rather than waiting out the lease.
-async fn check_a_dropped_calls_release_does_not_lose_to_its_late_claim(backend: Backend) {
+async fn a_dropped_calls_release_does_not_lose_to_its_late_claim(backend: Backend) {
     let store = backing(backend).await;
     let late = Arc::new(Delegating::new(
         Forward(store.clone()),
@@ -437,7 +353,7 @@ async fn check_a_value_that_does_not_read_back_is_final_and_never_replayed<T>(
 }
 
 /// The lease floor: a lease too short to be kept alive is refused before anything is sent.
-async fn check_a_lease_under_the_floor_is_refused(backend: Backend) {
+async fn a_lease_under_the_floor_is_refused(backend: Backend) {
     let harness = Harness::over(backing(backend).await, RequestCounter::default(), |b| b);
     let runs = Runs::default();
     let err = charge(
@@ -468,43 +384,33 @@ async fn check_a_lease_under_the_floor_is_refused(backend: Backend) {
     assert!(refused.to_string().contains("default_lease"), "{refused}");
 }
 
-macro_rules! on_both_stores {
-    ($($name:ident => $body:expr;)*) => {
-        mod memory {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let backend = Backend::Memory;
-                    ($body)(backend).await;
-                }
-            )*
-        }
-        mod dynamodb {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let backend = Backend::DynamoDb;
-                    ($body)(backend).await;
-                }
-            )*
-        }
-    };
+async fn a_claim_answered_after_its_lease_does_not_run_the_body(backend: Backend) {
+    check_a_claim_answered_after_its_lease_does_not_run_the_body(backend, false).await;
 }
 
-on_both_stores! {
-    a_claim_answered_after_its_lease_does_not_run_the_body =>
-        |b| check_a_claim_answered_after_its_lease_does_not_run_the_body(b, false);
-    a_resent_claim_recognised_as_ours_after_its_lease_does_not_run_the_body =>
-        |b| check_a_claim_answered_after_its_lease_does_not_run_the_body(b, true);
-    slow_heartbeats_keep_a_live_lease => check_slow_heartbeats_keep_a_live_lease;
-    a_claim_whose_answer_never_came_is_released => check_a_claim_whose_answer_never_came_is_released;
-    a_value_nested_too_deep_to_read_back_is_final =>
-        |b| check_a_value_that_does_not_read_back_is_final_and_never_replayed(b, "deep", too_deep);
-    a_u128_in_an_untagged_enum_is_final =>
-        |b| check_a_value_that_does_not_read_back_is_final_and_never_replayed(b, "u128", || Amount::Big(u128::MAX));
-    a_lease_under_the_floor_is_refused => check_a_lease_under_the_floor_is_refused;
-    a_dropped_calls_release_does_not_lose_to_its_late_claim =>
-        check_a_dropped_calls_release_does_not_lose_to_its_late_claim;
+async fn a_resent_claim_recognised_as_ours_after_its_lease_does_not_run_the_body(backend: Backend) {
+    check_a_claim_answered_after_its_lease_does_not_run_the_body(backend, true).await;
 }
+
+async fn a_value_nested_too_deep_to_read_back_is_final(backend: Backend) {
+    check_a_value_that_does_not_read_back_is_final_and_never_replayed(backend, "deep", too_deep)
+        .await;
+}
+
+async fn a_u128_in_an_untagged_enum_is_final(backend: Backend) {
+    check_a_value_that_does_not_read_back_is_final_and_never_replayed(backend, "u128", || {
+        Amount::Big(u128::MAX)
+    })
+    .await;
+}
+
+idempotent_tests::on_both_stores!(
+    a_claim_answered_after_its_lease_does_not_run_the_body,
+    a_resent_claim_recognised_as_ours_after_its_lease_does_not_run_the_body,
+    slow_heartbeats_keep_a_live_lease,
+    a_claim_whose_answer_never_came_is_released,
+    a_value_nested_too_deep_to_read_back_is_final,
+    a_u128_in_an_untagged_enum_is_final,
+    a_lease_under_the_floor_is_refused,
+    a_dropped_calls_release_does_not_lose_to_its_late_claim,
+);

@@ -13,7 +13,7 @@ use idempotent_runtime::{
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
 
-const NAMESPACE: &str = "steps-review::checkout";
+const NAMESPACE: &str = "steps-values::checkout";
 const LEASE: Duration = Duration::from_secs(30);
 
 /// A two-step body: "reserve" (its effect counted), then "charge", which hangs when `hang` (the call is

@@ -1,4 +1,4 @@
-//! Hole 1: a key that serializes to `null` (an `Option` that is `None`) shared one record with every
+//! A key that serializes to `null` (an `Option` that is `None`) shared one record with every
 //! other such key, so the second keyless caller got the first one's response. A missing key is now
 //! rejected before any I/O, unless the function allows `null` as a value or skips idempotency for it.
 
@@ -10,7 +10,7 @@ use idempotent_tests::{Backend, Harness, idem_error};
 use serde_json::{Value, json};
 
 use super::AppError;
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 /// The caller's own data, so that a response handed to the wrong caller shows.
 fn receipt(runs: &AtomicUsize, caller: &str) -> String {

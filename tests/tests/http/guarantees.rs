@@ -25,25 +25,7 @@ use serde_json::Value;
 const NAMESPACE: &str = "http-guarantees";
 const TENANT: &str = "acme";
 
-/// `#[tokio::test]`s `memory` and `dynamodb` in a module named after `$test`, each calling
-/// `$test(Backend::..)`.
-macro_rules! on_both_stores {
-    ($($test:ident),* $(,)?) => {$(
-        mod $test {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() {
-                super::$test(idempotent_tests::Backend::Memory).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn dynamodb() {
-                super::$test(idempotent_tests::Backend::DynamoDb).await;
-            }
-        }
-    )*};
-}
-
-on_both_stores!(
+idempotent_tests::on_both_stores!(
     a_nested_router_never_replays_another_prefixes_response,
     a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_caller,
     a_response_over_the_item_limit_replays_as_processed_never_retry,
@@ -229,7 +211,7 @@ fn charge(runs: &Runs) -> axum::routing::MethodRouter {
     })
 }
 
-// Issue 36, finding 1: the layer fingerprinted the path axum hands it, from which `nest` strips the
+// The layer once fingerprinted the path axum hands it, from which `nest` strips the
 // prefix, so account B's payment got account A's 201 replayed, and a live request the test mode's.
 async fn a_nested_router_never_replays_another_prefixes_response(backend: Backend) {
     let harness = Harness::new(backend).await;
@@ -288,7 +270,7 @@ fn chunked(len: usize) -> Body {
     Body::from_stream(futures_util::stream::iter(chunks))
 }
 
-// Issue 35, item 1 (and 36.4): a 2 MiB answer, over the layer's 1 MiB default, became a 500, the record
+// A 2 MiB answer, over the layer's 1 MiB default, once became a 500, the record
 // FAILED, and the retry charged again.
 async fn a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_caller(
     backend: Backend,
@@ -331,8 +313,8 @@ async fn a_response_over_the_stored_limit_is_final_and_streamed_to_the_first_cal
     assert_eq!(runs.count(), 1, "charged once");
 }
 
-// Issue 36, finding 4: a response under the layer's limit but over DynamoDB's 400 KB item is stored as
-// COMPLETED without a body; the retry got a 500 saying "retry with the same key" for 24 hours.
+// A response under the layer's limit but over DynamoDB's 400 KB item is stored as COMPLETED without
+// a body; the retry once got a 500 saying "retry with the same key" for 24 hours.
 async fn a_response_over_the_item_limit_replays_as_processed_never_retry(backend: Backend) {
     let harness = Harness::new(backend).await;
     let runs = Runs::default();
@@ -371,7 +353,7 @@ async fn a_response_over_the_item_limit_replays_as_processed_never_retry(backend
     assert_eq!(runs.count(), 1, "charged once");
 }
 
-// Issue 35, item 1: a body whose stream fails after the handler returned 201 became a 500, the record
+// A body whose stream fails after the handler returned 201 once became a 500, the record
 // FAILED, and the retry ran the handler again. Twice: a failure within what is read for the record (the
 // client gets the handler's broken response, which hyper may cut before its head), and one after 1.5 MiB
 // (the client gets the 201 and the first bytes, then the failure).
@@ -435,7 +417,7 @@ async fn a_response_body_that_fails_mid_stream_is_final(backend: Backend) {
     assert_eq!(runs.count(), 2, "each ran once");
 }
 
-// Issue 36, finding 5: axum's 415 for a request without `Content-Type` was stored, and the corrected
+// Axum's 415 for a request without `Content-Type` was once stored, and the corrected
 // retry with the same key got the 415 replayed; a 422 for a body that does not fit the type made the
 // corrected body a key reuse (422 from the layer). Business outcomes (402) stay stored.
 async fn rejections_of_the_requests_form_are_not_stored(backend: Backend) {
@@ -503,7 +485,7 @@ async fn rejections_of_the_requests_form_are_not_stored(backend: Backend) {
     assert_eq!(runs.count(), 3);
 }
 
-// Issue 36, finding 6: a gzip-encoded response was replayed without its `Content-Encoding`, so the
+// A gzip-encoded response was once replayed without its `Content-Encoding`, so the
 // client read compressed bytes as the body.
 async fn representation_headers_are_replayed(backend: Backend) {
     let harness = Harness::new(backend).await;
@@ -591,7 +573,7 @@ fn slow_charge(harness: &Harness, charges: &Runs) -> Router {
     Router::new().route("/payments", handler.layer(layer(harness)))
 }
 
-// Issue 30, item 1: a client that timed out and hung up made hyper drop the handler's future; nothing
+// A client that timed out and hung up once made hyper drop the handler's future; nothing
 // was stored, the heartbeat stopped, and the retry after the lease charged a second time.
 async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
     let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(1))).await;
@@ -619,7 +601,7 @@ async fn a_client_that_hangs_up_does_not_cancel_the_handler(backend: Backend) {
     assert_eq!(retry.bytes().as_ref(), b"charge 1");
 }
 
-// Issue 30, item 5: the layer's handler tasks are the handle's, so a graceful shutdown that drains the
+// The layer's handler tasks are the handle's, so a graceful shutdown that drains the
 // handle waits for a handler whose client left, and its response is stored when `drain` returns.
 async fn drain_waits_for_a_handler_whose_client_hung_up(backend: Backend) {
     let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;
@@ -635,7 +617,7 @@ async fn drain_waits_for_a_handler_whose_client_hung_up(backend: Backend) {
     assert_eq!(charges.count(), 1);
 }
 
-// Issue 30, item 4: a panicking handler dropped the connection without an answer and left its key
+// A panicking handler once dropped the connection without an answer and left its key
 // PENDING for the whole lease.
 async fn a_panicking_handler_answers_500_and_leaves_the_key_free(backend: Backend) {
     let harness = Harness::with(backend, |b| b.default_lease(Duration::from_secs(30))).await;

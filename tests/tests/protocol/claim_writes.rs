@@ -1,4 +1,4 @@
-//! Hole 3: claim-time writes (`claim_with`) are in effect at most once per key. A re-claim after the
+//! Claim-time writes (`claim_with`) are in effect at most once per key. A re-claim after the
 //! body failed, or after a lease takeover, must not apply them again; compensating writes that commit
 //! with FAILED release them, and only then does the next claim apply them again.
 
@@ -11,7 +11,7 @@ use idempotent_tests::{Backend, Harness};
 
 use super::shop::Shop;
 use super::{AppError, Gate};
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 const NAMESPACE: &str = "correctness::reserve";
 
@@ -223,7 +223,7 @@ async fn round_trips_of_a_claim_with_writes_and_of_its_retry() {
     assert_eq!(shop.available().await, 7);
 }
 
-/// Issue 37, finding 1: the mark that the claim-time writes are in effect must outlive the FAILED
+/// The mark that the claim-time writes are in effect must outlive the FAILED
 /// record's short expiry. Lambda retries an asynchronous invocation at 1 and 2 minutes: 120 s after a
 /// failure without compensation (the FAILED record's `failed_ttl` is the 60 s lease), the retry must
 /// still find the writes in effect.

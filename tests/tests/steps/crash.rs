@@ -51,8 +51,10 @@ async fn checkout(idem: &Idempotency, dir: &Path, crash: bool) -> Result<String,
                 })
                 .await?;
             if crash {
-                // The charge is stored: tell the parent, which kills this process.
-                std::fs::write(dir.join("charged"), &charge).unwrap();
+                // The charge is stored: tell the parent, which kills this process. Written aside and
+                // renamed into place, so that the parent never reads the file half written.
+                std::fs::write(dir.join("charged.partial"), &charge).unwrap();
+                std::fs::rename(dir.join("charged.partial"), dir.join("charged")).unwrap();
                 std::future::pending::<()>().await;
             }
             steps
@@ -81,7 +83,12 @@ async fn checkout_process() {
 
 fn process(role: &str, dir: &Path, table: &str) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "checkout_process", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            &idempotent_tests::test_path(module_path!(), "checkout_process"),
+            "--nocapture",
+        ])
         .env(ROLE_VAR, role)
         .env(DIR_VAR, dir)
         .env(TABLE_VAR, table)

@@ -1,4 +1,4 @@
-//! Issue 37, finding 2: a decision taken on a record that another caller changes before the claim acting
+//! A decision taken on a record that another caller changes before the claim acting
 //! on it lands. A claim with writes (`claim_with(take 3)`, `compensate_with(give_back 3)`) dies and its
 //! lease lapses; retry B's transaction is refused (the writes are in effect), so B takes the key with a
 //! plain claim that keeps them. Before that claim lands, retry C takes the key, fails, and its
@@ -19,7 +19,7 @@ use idempotent_tests::{Backend, Harness, RequestCounter};
 
 use super::shop::Shop;
 use super::{AppError, Gate};
-use crate::on_both_stores;
+use idempotent_tests::on_both_stores;
 
 const NAMESPACE: &str = "correctness::stale";
 

@@ -1,7 +1,7 @@
 //! The fault-injection proxy against DynamoDB Local, and what the AWS SDK does with each fault it
 //! injects: how many attempts it makes, and which error surfaces when its retries run out.
 //!
-//! Run with `scripts/test -p idempotent-tests --test proxy` (it starts DynamoDB Local).
+//! Run with `scripts/test -p idempotent-tests --test stores fault_proxy::` (it starts DynamoDB Local).
 
 // "DynamoDB" is a product name here, not code.
 #![allow(clippy::doc_markdown)]

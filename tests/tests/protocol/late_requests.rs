@@ -4,48 +4,15 @@
 //! `#[ignore = "reproduces: .."]` show defects still open (run them with `--ignored`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
-use idempotent_runtime::{Error, Idempotency, ManualClock, MemoryStore, Store, StoreError};
-use idempotent_tests::{AppError, Backend, Harness, RequestCounter, dynamodb_store};
-
-async fn backing(backend: Backend) -> Arc<dyn Store> {
-    match backend {
-        Backend::Memory => Arc::new(MemoryStore::new()),
-        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
-    }
-}
-
-#[derive(Debug)]
-struct Forward(Arc<dyn Store>);
-
-#[async_trait::async_trait]
-impl Store for Forward {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(request).await
-    }
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(transition).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
-        self.0.get(key).await
-    }
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-}
-
-#[derive(Debug, Default, Clone)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+use idempotent_runtime::{Error, Idempotency, ManualClock, Store, StoreError};
+use idempotent_tests::{
+    AppError, Backend, ClaimAppliedLate, Forward, Harness, RequestCounter, Runs, backing,
+};
 
 const NS: &str = "late_requests::charge";
 
@@ -79,58 +46,13 @@ async fn declined(
         .await
 }
 
-/// A claim the store applies `after` it was sent, on a task of its own (the request goes on whether or
-/// not its caller is still there).
-#[derive(Debug)]
-struct ClaimAppliedLate(Duration);
-
-#[async_trait::async_trait]
-impl Override<Forward> for ClaimAppliedLate {
-    fn kind(&self) -> &'static str {
-        "claim-applied-late"
-    }
-
-    async fn claim(
-        &self,
-        inner: &Forward,
-        request: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let store = inner.0.clone();
-        let (key, token) = (request.key.to_owned(), request.token.to_owned());
-        let fingerprint = request.fingerprint.map(str::to_owned);
-        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
-            request.attempt,
-            request.now_ms,
-            request.lease_until_ms,
-            request.expires_at_s,
-        );
-        let after = self.0;
-        let applied = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            let request = ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
-                now_ms,
-                lease_until_ms,
-                expires_at_s,
-                fingerprint: fingerprint.as_deref(),
-                keep_claim_writes: false,
-                steps: idempotent_runtime::store::StepsClaim::Untouched,
-            };
-            store.claim(&request).await
-        });
-        applied.await.unwrap()
-    }
-}
-
 /// The key holds an earlier attempt's FAILED record (its body returned an error; a retry is
 /// expected). A retry's claim is slow to reach the store; the retry gives up at 50 ms (a client timeout)
 /// and its release goes out. The release is refused (the record is neither absent nor PENDING under the
 /// retry's token), so no tombstone is written; then the claim lands on the FAILED record, and the key is
 /// held PENDING for a whole lease by a call that is gone. The promise: a drop before the body started
 /// frees the key for a retry. The same scenario on an absent key is handled (the tombstone).
-async fn check_a_dropped_retry_of_a_failed_key_frees_it(backend: Backend) {
+async fn a_dropped_retry_of_a_failed_key_frees_it(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let direct = Idempotency::builder_arc(store.clone())
@@ -174,7 +96,7 @@ async fn check_a_dropped_retry_of_a_failed_key_frees_it(backend: Backend) {
 /// The same, in another shape: the key holds a crashed call's lapsed claim. A caller finds it, sends its
 /// takeover claim, which is slow to land, and gives up; its release is refused (the record is another
 /// call's PENDING one), then its takeover lands and holds the key for another whole lease.
-async fn check_a_dropped_takeover_frees_the_key(backend: Backend) {
+async fn a_dropped_takeover_frees_the_key(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let direct = Idempotency::builder_arc(store.clone())
@@ -285,7 +207,7 @@ impl Override<Forward> for LateAnswer {
 /// judged at its clock less the margin, when the call's own live PENDING record is not claimable yet,
 /// and refused by it on every attempt; the renewal is a fenced lease extension under the call's token,
 /// which its own record accepts.
-async fn check_a_claim_answered_just_after_its_lease_renews(backend: Backend) {
+async fn a_claim_answered_just_after_its_lease_renews(backend: Backend) {
     let clock = ManualClock::starting_now();
     let late = Delegating::new(
         Forward(backing(backend).await),
@@ -314,7 +236,7 @@ async fn check_a_claim_answered_just_after_its_lease_renews(backend: Backend) {
 /// Every answer (the claim's and each renewal's) comes after the lease it asked for: the call never
 /// runs the body, and ends with `Contended`. Its last renewal may hold the key: it must be released,
 /// so that the caller's own retry runs the body at once.
-async fn check_a_call_that_gave_up_on_its_own_claim_releases_it(backend: Backend) {
+async fn a_call_that_gave_up_on_its_own_claim_releases_it(backend: Backend) {
     let clock = ManualClock::starting_now();
     let store = backing(backend).await;
     let late = Delegating::new(
@@ -435,7 +357,7 @@ async fn checkout(idem: &Idempotency, charges: &Runs, hang: bool) -> Result<Stri
 /// the claim's token), the record would say only "reserve" is done, and once the worker dies in
 /// "email", the next call would resume and run "charge" a second time. A step's write is made only on
 /// the steps it extends: the late copy is refused, and the record still holds "charge".
-async fn check_a_late_step_write_never_moves_steps_back(backend: Backend) {
+async fn a_late_step_write_never_moves_steps_back(backend: Backend) {
     let store = backing(backend).await;
     let clock = ManualClock::starting_now();
     let applied = Arc::new(tokio::sync::Notify::new());
@@ -512,7 +434,7 @@ impl Override<Forward> for StepWrites {
 /// (made on those steps) would land again, and the operation would be pinned on a step that said its
 /// effect did not happen (every later call stopping with `StepInterrupted`). Each write's steps are
 /// unlike every earlier one's, so the late copy is refused.
-async fn check_a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
+async fn a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
     let store = backing(backend).await;
     let writes = Arc::new(Delegating::new(
         Forward(store.clone()),
@@ -587,7 +509,7 @@ impl Override<Forward> for SlowClaims {
 /// lands, and a process that exits after `drain` returned would cut it off mid-way, leaving the key
 /// PENDING for a lease (and the body to run again for the next caller). So when `drain` returns 0, the
 /// body has run and its outcome is stored.
-async fn check_drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend: Backend) {
+async fn drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend: Backend) {
     let store = backing(backend).await;
     let slow = Arc::new(Delegating::new(
         Forward(store.clone()),
@@ -632,37 +554,12 @@ async fn check_drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend:
     assert_eq!(call.await.unwrap().unwrap(), 7);
 }
 
-macro_rules! on_both_stores {
-    ($($(#[$meta:meta])* $name:ident => $body:expr;)*) => {
-        mod memory {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                $(#[$meta])*
-                async fn $name() {
-                    ($body)(Backend::Memory).await;
-                }
-            )*
-        }
-        mod dynamodb {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                $(#[$meta])*
-                async fn $name() {
-                    ($body)(Backend::DynamoDb).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores! {
-    a_dropped_retry_of_a_failed_key_frees_it => check_a_dropped_retry_of_a_failed_key_frees_it;
-    a_dropped_takeover_frees_the_key => check_a_dropped_takeover_frees_the_key;
-    a_late_step_write_never_moves_steps_back => check_a_late_step_write_never_moves_steps_back;
-    a_claim_answered_just_after_its_lease_renews => check_a_claim_answered_just_after_its_lease_renews;
-    a_call_that_gave_up_on_its_own_claim_releases_it => check_a_call_that_gave_up_on_its_own_claim_releases_it;
-    drain_waits_for_a_detached_call_whose_claim_is_in_flight => check_drain_waits_for_a_detached_call_whose_claim_is_in_flight;
-    a_late_copy_of_an_undone_step_mark_is_refused => check_a_late_copy_of_an_undone_step_mark_is_refused;
-}
+idempotent_tests::on_both_stores!(
+    a_dropped_retry_of_a_failed_key_frees_it,
+    a_dropped_takeover_frees_the_key,
+    a_late_step_write_never_moves_steps_back,
+    a_claim_answered_just_after_its_lease_renews,
+    a_call_that_gave_up_on_its_own_claim_releases_it,
+    drain_waits_for_a_detached_call_whose_claim_is_in_flight,
+    a_late_copy_of_an_undone_step_mark_is_refused,
+);

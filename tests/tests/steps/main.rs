@@ -1,0 +1,9 @@
+//! Steps (`Operation::run_steps`, `#[idempotent(.., steps = s)]`): a body of several effects resumes
+//! where it stopped, and a finished step never runs again while its record lives.
+
+mod attribute;
+mod crash;
+mod promise;
+mod resume;
+mod sequences;
+mod values_and_races;
