@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::record::{Record, Status};
+#[cfg(any(test, feature = "cli"))]
 use crate::store::Change;
 
 // The decisions about an operation's stored steps live with the steps' format; named here with the
@@ -235,6 +236,7 @@ pub(crate) fn release_mark_lifetime(lease: Duration, lifetime: Duration) -> Dura
 /// has its lease lapse (a FAILED one would be read as a failure of the body, after which an
 /// operation with the restart policy starts over and runs its finished steps again); any other is
 /// moved to FAILED.
+#[cfg(any(test, feature = "cli"))]
 pub(crate) fn operator_release(record: &Record, now_ms: u64) -> Change<'static> {
     // A claim whose claim-time writes are in effect keeps its expiry (the operation's ttl, counted
     // from the claim): the FAILED record must remember the writes as long as the claim would have, or
