@@ -1,10 +1,9 @@
-//! A decision taken on a record that another caller changes before the claim acting
-//! on it lands. A claim with writes (`claim_with(take 3)`, `compensate_with(give_back 3)`) dies and its
-//! lease lapses; retry B's transaction is refused (the writes are in effect), so B takes the key with a
-//! plain claim that keeps them. Before that claim lands, retry C takes the key, fails, and its
-//! compensation releases the writes. B's claim must not then run without the reservation (completed with
-//! stock 10), nor compensate a second time when B fails (stock 13): it is refused, and B claims with its
-//! writes instead.
+//! A decision taken on a record that another caller changes before the claim acting on it lands. A claim
+//! with writes (`claim_with(take 3)`, `compensate_with(give_back 3)`) dies and its lease lapses; retry
+//! B's transaction is refused (the writes are in effect), so B takes the key with a plain claim that
+//! keeps them. Before that claim lands, retry C takes the key, fails, and its compensation releases the
+//! writes. B's claim must not then run without the reservation (completed with stock 10), nor compensate
+//! a second time when B fails (stock 13): it is refused, and B claims with its writes instead.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

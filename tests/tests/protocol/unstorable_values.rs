@@ -1,8 +1,7 @@
-//! A body that succeeded never runs again, whatever happens
-//! to its value. A value that does not serialize (a map with non-string keys), or that JSON cannot hold
-//! (a NaN or an infinity, which `serde_json` writes as `null`), is recorded as COMPLETED without a
-//! response: the first caller gets `Error::Serialize`, a duplicate gets `Error::ResponseNotSerialized`,
-//! and the body runs once.
+//! A body that succeeded never runs again, whatever happens to its value. A value that does not
+//! serialize (a map with non-string keys), or that JSON cannot hold (a NaN or an infinity, which
+//! `serde_json` writes as `null`), is recorded as COMPLETED without a response: the first caller gets
+//! `Error::Serialize`, a duplicate gets `Error::ResponseNotSerialized`, and the body runs once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,7 +88,7 @@ struct Stats {
     refund_rate: f64,
 }
 
-/// Finding 3: a NaN is stored as `null`, which never decodes back; the first caller is told when the
+/// A NaN is stored as `null`, which never decodes back; the first caller is told when the
 /// value is stored, never a duplicate a day later.
 async fn a_non_finite_float_is_refused_when_stored(backend: Backend) {
     let h = Harness::new(backend).await;
@@ -159,7 +158,7 @@ async fn keyed_on_a_float(
     Ok(format!("{tenant} at {rate:?}"))
 }
 
-/// Finding 4: NaN, +∞, −∞ and `None` inside a key all serialized to the same `null`, so calls keyed on
+/// NaN, +∞, −∞ and `None` inside a key all serialized to the same `null`, so calls keyed on
 /// them shared one record and got each other's responses. A non-finite float in a key is an error before
 /// any I/O; `None` stays the missing key it always was.
 async fn a_non_finite_float_in_a_key_is_an_error_before_any_io(backend: Backend) {
