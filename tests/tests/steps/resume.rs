@@ -236,12 +236,19 @@ macro_rules! steps {
                                     .await?;
                                 reserved.notify_one();
                                 resume.notified().await;
-                                steps
+                                let charged = steps
                                     .run("charge", || async {
                                         effects.happened("charge");
                                         Ok::<_, AppError>(String::from("zombie"))
                                     })
-                                    .await
+                                    .await?;
+                                steps
+                                    .run("email", || async {
+                                        effects.happened("email");
+                                        Ok::<_, AppError>(())
+                                    })
+                                    .await?;
+                                Ok(charged)
                             })
                             .await
                     })
@@ -269,6 +276,11 @@ macro_rules! steps {
                     "the zombie's step was stored"
                 );
                 assert_eq!(effects.runs("reserve"), 1);
+                assert_eq!(
+                    effects.runs("email"),
+                    0,
+                    "the zombie's body went on past its fenced step"
+                );
                 let replayed = h
                     .idem
                     .operation(NAMESPACE, "o-5")
