@@ -430,3 +430,31 @@ async fn the_memory_store_keeps_the_whole_contract() {
         RECORD_CASES.len() + TRANSACTION_CASES.len()
     );
 }
+
+/// The rule the model's store and the memory store's transactions apply: a release mark is written only
+/// where there is no record (FAILED under the releasing call's token, its only released one); any
+/// other transition on no record, or a mark on a record, writes nothing.
+#[test]
+fn a_release_mark_is_written_only_where_there_is_no_record() {
+    let release = Transition {
+        key: KEY,
+        token: "gone",
+        change: Change::Release {
+            error: "released",
+            expires_at_s: NOW_MS / 1000 + 60,
+        },
+    };
+    let mark = transitioned(None, &release).expect("a mark on no record");
+    assert_eq!(
+        (
+            mark.status,
+            mark.token.as_str(),
+            mark.attempt,
+            &mark.released[..]
+        ),
+        (Status::Failed, "gone", 0, &["gone".to_owned()][..])
+    );
+    assert_eq!(mark.expires_at_s, NOW_MS / 1000 + 60);
+    assert_eq!(transitioned(None, &complete("gone")), None);
+    assert_eq!(transitioned(Some(&mark), &release), None);
+}
