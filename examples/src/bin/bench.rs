@@ -371,14 +371,15 @@ impl Baseline {
     fn new(client: Client, table: String, floor: Floor) -> Self {
         let store = DynamoDbStore::new(client.clone(), table.clone());
         let receipt = Receipt::for_request(&ChargeRequest::new("0".repeat(24)));
+        let claim_condition = claim_condition();
         Self {
             client,
             table,
             claim_names: expression::attribute_names(
                 &AttributeNames::default(),
-                &[CLAIM, &claim_condition()],
+                &[CLAIM, &claim_condition],
             ),
-            claim_condition: claim_condition(),
+            claim_condition,
             transition_names: expression::attribute_names(
                 &AttributeNames::default(),
                 &[COMPLETE, FAIL, HELD_BY_TOKEN],
