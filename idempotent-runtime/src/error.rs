@@ -436,6 +436,20 @@ pub enum Error {
         step: String,
     },
 
+    /// A call *without* steps found the key's record holding the steps of an unfinished operation run
+    /// with steps ([`Operation::run_steps`](crate::Operation::run_steps)): it does not take the key
+    /// over, since its body would run the finished steps again. Typical in a rolling deploy that adds
+    /// steps to a function (the older code answers this until the newer one finishes the operation),
+    /// or a job that runs the same key with [`Operation::run`](crate::Operation::run). A call with
+    /// steps resumes the operation; the record's steps lapse with the record.
+    #[error(
+        "`{namespace}`: the key's operation runs with steps and has not finished; a call without steps does not take it over (it would run finished steps again): retry it where the function runs with steps"
+    )]
+    StepsHeld {
+        /// The key's namespace.
+        namespace: String,
+    },
+
     /// No `store = ..` was given and no default `Idempotency` was installed.
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
@@ -453,7 +467,9 @@ impl From<Error> for std::io::Error {
     fn from(e: Error) -> Self {
         use std::io::ErrorKind;
         let kind = match &e {
-            Error::InProgress { .. } | Error::Contended { .. } => ErrorKind::WouldBlock,
+            Error::InProgress { .. } | Error::Contended { .. } | Error::StepsHeld { .. } => {
+                ErrorKind::WouldBlock
+            }
             Error::Throttled { .. }
             | Error::Unavailable { .. }
             | Error::RegionUnavailable { .. }
@@ -568,11 +584,13 @@ impl Error {
             | Error::StepNotStored { namespace, .. }
             | Error::StepInterrupted { namespace, .. }
             | Error::StepStagedWrites { namespace, .. }
+            | Error::StepsHeld { namespace }
             | Error::NotInstalled { namespace } => namespace,
         }
     }
 
-    /// Whether retrying the same call later, unchanged, may succeed: another call is in progress, the
+    /// Whether retrying the same call later, unchanged, may succeed: another call (or an operation run
+    /// with steps, for a call without) is in progress, the
     /// key was contended, the store (or the key's home region) throttled or was unavailable, a result was not stored, the claim was
     /// lost, or a business condition failed (it may hold later). Not for errors that need a change first:
     /// permissions, validation, a missing table, refused writes, bad data, a missing key.
@@ -582,6 +600,7 @@ impl Error {
             self,
             Error::InProgress { .. }
                 | Error::Contended { .. }
+                | Error::StepsHeld { .. }
                 | Error::LeaseLost { .. }
                 | Error::TransactionCanceled { .. }
                 | Error::Throttled { .. }

@@ -39,7 +39,7 @@
 //! Change one of them and the model checks the change. What the model still writes itself is the
 //! plumbing between a decision and the I/O it names, as the handler's `acquire` does: which stage each
 //! of its phases is (a detached body's caller holds nothing), that a renewal resumes the steps of the
-//! record it renews and a reclaim those [`Steps::resumes`] keeps, that a claim vanished within the
+//! record it renews and a reclaim those [`Steps::builds_on`] keeps, that a claim vanished within the
 //! retries claims afresh, that the heartbeats start from the claim's send (its lease end less the
 //! lease), and that a claim with writes refused for writes in effect is followed by one that keeps
 //! them.
@@ -66,7 +66,7 @@
 //! design allows); the write ([`Change::SaveSteps`], every finished step's value) is fenced like any
 //! transition, and may be applied with its response lost and then resent. What a claim does with the
 //! record's steps (start afresh or resume those it saw) is [`Steps::claim`], whether to resume a
-//! record found claimable [`Steps::resumes`] (each call's [`Steps`] keeps what it remembers from one
+//! record found claimable [`Steps::builds_on`] (each call's [`Steps`] keeps what it remembers from one
 //! claim attempt to the next, [`Remembered`]), whether the store admits it
 //! [`Record::allows_steps_claim`] (in [`claimed`]), a resume that finds no record is refused
 //! ([`needs_record`]) and the call claims afresh, and how long a failure's record lives
@@ -908,8 +908,9 @@ impl Protocol {
         }
     }
 
-    /// The steps `worker`'s claim resumes after finding `record` claimable at `judged_ms` (the
-    /// handler's rule, [`Steps::resumes`]): the record's, as seen; `None` to start afresh.
+    /// The steps `worker`'s claim is made on after finding `record` claimable at `judged_ms` (the
+    /// handler's rule, [`Steps::builds_on`]): the record's, as seen (resumed, or restarted in place
+    /// of); `None` to start afresh.
     fn resume(
         &self,
         state: &mut State,
@@ -918,9 +919,13 @@ impl Protocol {
         judged_ms: u64,
     ) -> Option<Vec<u8>> {
         let handle = self.handle(state, worker)?;
-        let resumes = handle.resumes(record, judged_ms);
+        let builds_on = handle.builds_on(record, judged_ms);
         Self::remember(state, worker, Some(&handle));
-        if resumes { record.steps.clone() } else { None }
+        if builds_on {
+            record.steps.clone()
+        } else {
+            None
+        }
     }
 
     /// `worker`'s claim landed (or was found ours) and [`decide::after_claim`] said run, on a lease
@@ -1575,6 +1580,12 @@ impl Protocol {
                 State::answered(&mut state.ghost, &bytes);
                 state.workers[worker].phase = Phase::Done(Outcome::Replayed(bytes));
             }
+            // Code without steps leaves a record whose steps live on ([`Error::StepsHeld`]).
+            AfterClaim::Reclaim { .. }
+                if !self.runs_steps(worker) && decide::steps_held(record, judged) =>
+            {
+                state.workers[worker].phase = Phase::Done(Outcome::Error);
+            }
             AfterClaim::Reclaim { .. } => {
                 let resume = self.resume(state, worker, record, judged);
                 let w = &mut state.workers[worker];
@@ -1681,7 +1692,10 @@ impl Protocol {
                 match decide::after_claim(landed, attempt, clock_ms, judged) {
                     AfterClaim::Run { lease_until_ms } => {
                         let seen = state.workers[worker].steps.resume.clone();
-                        self.begin(state, worker, seen, lease_until_ms);
+                        let left = self
+                            .handle(state, worker)
+                            .and_then(|handle| handle.landed(seen));
+                        self.begin(state, worker, left, lease_until_ms);
                     }
                     AfterClaim::Renew => {
                         let w = &mut state.workers[worker];
@@ -2497,7 +2511,15 @@ impl Protocol {
                 expires_at_s: t.expires_at_s,
                 fingerprint: None,
                 keep_claim_writes: false,
-                steps: StepsClaim::Untouched,
+                // A record with steps is for a call with steps, which resumes them (code without
+                // steps never takes it over: `Error::StepsHeld`).
+                steps: record
+                    .steps
+                    .as_deref()
+                    .map_or(StepsClaim::Untouched, |steps| StepsClaim::Resume {
+                        steps,
+                        restart_failed: false,
+                    }),
             };
             claimed(Some(record), &request, false).is_ok()
         })

@@ -142,11 +142,13 @@ impl Record {
     #[must_use]
     pub fn allows_steps_claim(&self, now_ms: u64, claim: StepsClaim<'_>) -> bool {
         match claim {
-            StepsClaim::Untouched => true,
-            StepsClaim::Fresh { restart_failed, .. } => {
+            StepsClaim::Untouched => self.steps.is_none() || self.is_expired(now_ms),
+            StepsClaim::Fresh { restarts, .. } => {
                 self.steps.is_none()
                     || self.is_expired(now_ms)
-                    || (restart_failed && self.status == Status::Failed)
+                    || restarts.is_some_and(|seen| {
+                        self.status == Status::Failed && self.steps.as_deref() == Some(seen)
+                    })
             }
             StepsClaim::Resume {
                 steps,
@@ -165,19 +167,23 @@ impl Record {
 /// ([`Record::allows_steps_claim`]) *and* the claim's other rule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StepsClaim<'a> {
-    /// An operation without steps: the record's steps, if any, are left as they are.
+    /// An operation without steps: made only on a record without steps, or an expired one (whose
+    /// steps it removes: a new operation). A record whose steps live on refuses it: code without
+    /// steps never takes over an operation run with steps, whose body would run finished steps again.
     #[default]
     Untouched,
     /// Starts the operation afresh: the record's steps become `initial` (no step finished yet), in
     /// place of any stored ones. Made only on an absent or expired record, one without steps, or
-    /// (`restart_failed`) a FAILED one; a record whose steps live on blocks it, and the caller resumes
-    /// instead.
+    /// (`restarts`) the FAILED record holding exactly the steps the caller judged a failure to restart
+    /// after; a record whose steps live on blocks it, and the caller resumes instead.
     Fresh {
         /// The steps of an operation that has just started, encoded.
         initial: &'a [u8],
         /// The operation restarts from scratch after a failure
-        /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
-        restart_failed: bool,
+        /// ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)):
+        /// the steps of the FAILED record it restarts after, as stored. Any change to the record since
+        /// (another call restarted it, or pinned it) refuses the claim.
+        restarts: Option<&'a [u8]>,
     },
     /// Takes over a record whose steps live on, keeping them: made only while the record is not
     /// expired and its steps are exactly `steps` (those the caller saw and will replay: a step stored

@@ -369,9 +369,9 @@ pub(super) async fn acquire<T: DeserializeOwned>(
     let mut poll = FIRST_POLL;
     let mut number = 0;
     let mut took_over = false;
-    // With steps: the stored steps of a record to resume, as last seen (boxed: a pointer in every
-    // call's future, where most calls have no steps).
-    let mut resume: Option<Box<Vec<u8>>> = None;
+    // With steps: the stored steps of a record to resume or restart after, as last seen (boxed: a
+    // pointer in every call's future, where most calls have no steps).
+    let mut seen: Option<Box<Vec<u8>>> = None;
     // The call's claim is in the store but was answered too late to use: renew it rather than claim.
     let mut renew = false;
     'claim: loop {
@@ -382,9 +382,8 @@ pub(super) async fn acquire<T: DeserializeOwned>(
         attempt.stage.set(Stage::Claiming);
         let renewing = std::mem::take(&mut renew);
         if !renewing
-            && let (Some(steps), Some(seen)) = (plan.steps, resume.as_deref().map(Vec::as_slice))
+            && let (Some(steps), Some(seen)) = (plan.steps, seen.as_deref().map(Vec::as_slice))
         {
-            steps.resuming();
             request.steps = steps.claim(token, Some(seen));
         }
         // The request is moved into the attempt's own future: this one then holds it only while
@@ -401,8 +400,10 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 };
                 match attempt.next(landed, number).0 {
                     decide::AfterClaim::Run { lease_until_ms } => {
-                        let seen = resume.map(|seen| *seen);
-                        return Ok(attempt.held(seen, lease_until_ms, took_over));
+                        let left = plan
+                            .steps
+                            .and_then(|steps| steps.landed(seen.map(|seen| *seen)));
+                        return Ok(attempt.held(left, lease_until_ms, took_over));
                     }
                     // Answered after its lease: renew it, if it is still ours.
                     decide::AfterClaim::Renew => {
@@ -416,7 +417,7 @@ pub(super) async fn acquire<T: DeserializeOwned>(
             // The record is gone (deleted since the transaction, or the claim that saw it): a new
             // operation, whose claim applies the writes, and starts its steps afresh.
             Claim::Vanished(_) if number <= CLAIMABLE_RETRIES => {
-                resume = None;
+                seen = None;
                 continue 'claim;
             }
             Claim::Vanished(e) => return Err(store_error(plan.call.namespace, e)),
@@ -448,7 +449,7 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 }
                 decide::AfterClaim::Renew => {
                     attempt.stage.set(Stage::Claiming);
-                    resume = plan.steps.and(record.steps).map(Box::new);
+                    seen = plan.steps.and(record.steps).map(Box::new);
                     renew = true;
                     continue 'claim;
                 }
@@ -467,10 +468,14 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 }
                 decide::AfterClaim::Reclaim { took_over: lapsed } => {
                     took_over = lapsed;
-                    // Steps that live on are resumed (a claim that starts afresh is refused by them).
-                    resume = plan
+                    // Steps that live on are resumed, or restarted in place of (a claim that starts
+                    // afresh is refused by them); code without steps leaves them to calls with steps.
+                    if plan.steps.is_none() && decide::steps_held(&record, judged) {
+                        return Err(steps_held(plan.call.namespace));
+                    }
+                    seen = plan
                         .steps
-                        .filter(|steps| steps.resumes(&record, judged))
+                        .filter(|steps| steps.builds_on(&record, judged))
                         .and(record.steps)
                         .map(Box::new);
                     continue 'claim;
@@ -582,6 +587,14 @@ pub(super) fn claim_once<'a>(
 #[cold]
 pub(super) fn released(namespace: &str) -> Error {
     Error::LeaseLost {
+        namespace: namespace.to_owned(),
+    }
+}
+
+/// [`Error::StepsHeld`].
+#[cold]
+fn steps_held(namespace: &str) -> Error {
+    Error::StepsHeld {
         namespace: namespace.to_owned(),
     }
 }

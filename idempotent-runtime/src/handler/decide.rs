@@ -122,6 +122,15 @@ pub(crate) fn after_claim(
     }
 }
 
+/// Whether a claim *without* steps that found `record` claimable at `judged_ms` must leave it: the
+/// record holds the steps of an operation run with steps that lives on (not expired). The store
+/// refuses such a claim ([`StepsClaim::Untouched`](crate::store::StepsClaim::Untouched)): code without
+/// steps would run the finished steps again; the call reports [`Error::StepsHeld`] rather than
+/// claiming again.
+pub(crate) fn steps_held(record: &Record, judged_ms: u64) -> bool {
+    record.steps.is_some() && !record.is_expired(judged_ms)
+}
+
 /// What a claim attempt that failed with `error` leaves behind, for a call that now gives up while its
 /// claim's fate is unknown ([`Stage::Claiming`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -331,7 +331,18 @@ impl Held<'_> {
         let error = truncate(error, MAX_ERROR_BYTES);
         let now_ms = self.idem.clock().now_ms();
         let compensate = !self.plan.claim_writes.is_empty() && !self.plan.compensation.is_empty();
-        let mut writes = if compensate {
+        // Under the restart policy, a body whose step writes failed in the store may fail because of
+        // the store: its claim lapses instead (a fenced write of a lease already over, the record
+        // staying PENDING with its steps), and the next call resumes, as after a crash.
+        let lapse = self.plan.steps.is_some_and(Steps::lapses_after_failure);
+        if lapse {
+            tracing::warn!(
+                namespace,
+                %error,
+                "the body failed after a step write failed in the store; its claim lapses for the next call to resume"
+            );
+        }
+        let mut writes = if compensate && !lapse {
             self.plan.compensation.clone()
         } else {
             Writes::new()
@@ -351,14 +362,22 @@ impl Held<'_> {
                 self.idem.failed_ttl(),
                 keeps_writes.then(|| writes_lifetime(self.idem, self.plan, self.ttl)),
             );
-            let transition = Transition {
-                key: self.plan.key,
-                token: self.token,
-                change: Change::Fail {
+            let change = if lapse {
+                Change::ExtendLease {
+                    lease_until_ms: 0,
+                    expires_at_s: expiry_s(now_ms, writes_lifetime(self.idem, self.plan, self.ttl)),
+                }
+            } else {
+                Change::Fail {
                     error: &error,
                     expires_at_s: expiry_s(now_ms, lifetime),
                     release_claim_writes: !writes.is_empty(),
-                },
+                }
+            };
+            let transition = Transition {
+                key: self.plan.key,
+                token: self.token,
+                change,
             };
             let problem = match self.store(&transition, &writes, persist).await {
                 Stored::Applied => return,

@@ -88,13 +88,17 @@ struct Shared {
     writing: tokio::sync::Mutex<()>,
     /// The claim last built for this call resumes stored steps (it may be on its way).
     resuming: AtomicBool,
-    /// The record last found claimable is a failure this call restarts after: its next claim that
-    /// starts afresh may take a FAILED record (and only then, so that a blind first claim never
-    /// restarts a pinned operation).
+    /// The record last found claimable is a failure this call restarts after: its next claim starts
+    /// afresh in place of that record's steps (and only then takes a FAILED record with steps, so that
+    /// a blind first claim never restarts a pinned operation).
     restarting: AtomicBool,
     /// The record last found claimable is a failure this call resumes although the operation restarts
-    /// after failures: a pinned operation, or a panic ([`resumes`](Steps::resumes)).
+    /// after failures: a pinned operation, or a panic ([`builds_on`](Steps::builds_on)).
     resuming_failure: AtomicBool,
+    /// A step write of this call failed in the store (an outage, throttling that outlasted the lease,
+    /// a lost claim): the body's failure may be the store's, not its own
+    /// ([`lapses_after_failure`](Steps::lapses_after_failure)).
+    write_failed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -104,6 +108,9 @@ struct State {
     call: Option<Call>,
     /// The names this call's body asked for.
     used: HashSet<String>,
+    /// The room (bytes) kept in the record for the marks of the steps running now
+    /// ([`Steps::reserve`]).
+    reserved: usize,
     /// A stand-in origin for a body that runs without a record.
     alone_origin: Option<String>,
     /// The record's steps as the call's claim left them (`None`: it started afresh), until the body
@@ -169,6 +176,33 @@ pub(crate) fn steps_releasable(restart_policy: bool, resuming: bool) -> bool {
 
 /// The most bytes of why a step's value could not be stored, as recorded.
 const MAX_DETAIL_BYTES: usize = 512;
+
+/// The most bytes the mark of the step `name` adds to the stored steps: its name and why its value
+/// could not be stored ([`Stored::finish_unstored`], with a detail of [`MAX_DETAIL_BYTES`] that JSON
+/// does not escape, [`mark_detail`]), the JSON around them, a longer write count, and the slack of
+/// compression. Kept free while the step runs, so that the mark always fits.
+fn mark_room(name: &str) -> usize {
+    const AROUND: usize = 128;
+    serde_json::to_string(name).map_or(6 * name.len() + 2, |json| json.len())
+        + MAX_DETAIL_BYTES
+        + AROUND
+}
+
+/// Why a step's value could not be stored, as its mark records it: at most [`MAX_DETAIL_BYTES`]
+/// bytes, none of which JSON escapes (quotes, backslashes and control characters become others), so
+/// that the mark's size is bounded ([`mark_room`]).
+fn mark_detail(detail: &str) -> String {
+    let plain: String = detail
+        .chars()
+        .map(|c| match c {
+            '"' => '\'',
+            '\\' => '/',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    truncate(&plain, MAX_DETAIL_BYTES)
+}
 
 /// `text`, cut on a character boundary to at most `max` bytes.
 fn truncate(text: &str, max: usize) -> String {
@@ -399,6 +433,7 @@ impl Steps {
                 resuming: AtomicBool::new(false),
                 restarting: AtomicBool::new(false),
                 resuming_failure: AtomicBool::new(false),
+                write_failed: AtomicBool::new(false),
             }),
         }
     }
@@ -435,42 +470,57 @@ impl Steps {
         })
     }
 
-    /// What a claim attempt of the call holding `token` does with the record's steps: resumes `seen`
-    /// (the steps of a record that refused an earlier attempt and that it [`resumes`](Self::resumes)),
-    /// or starts the operation afresh. Remembers which, for [`releasable`](Self::releasable): the
-    /// claim last built is the one that may be on its way.
+    /// What a claim attempt of the call holding `token` does with the record's steps, given `seen`:
+    /// the steps of a record that refused an earlier attempt and that the call
+    /// [`builds on`](Self::builds_on). It resumes them, or (a failure the operation restarts after)
+    /// starts the operation afresh in place of exactly them; without `seen`, it starts afresh where no
+    /// steps live. Remembers which, for [`releasable`](Self::releasable): the claim last built is the
+    /// one that may be on its way.
     ///
     /// A fresh claim takes a FAILED record with steps only once this call found it to be a failure the
-    /// operation restarts after ([`resumes`](Self::resumes)); a blind first claim never does, so that
-    /// it never restarts a pinned operation. A resume of pinned steps is made whatever the record's
-    /// status: such an operation never starts over.
+    /// operation restarts after, and only while the record holds the steps it judged so: a blind first
+    /// claim never does, nor does a late one after another call restarted or pinned the operation. A
+    /// resume of pinned steps is made whatever the record's status: such an operation never starts
+    /// over.
     pub(crate) fn claim<'a>(&'a self, token: &str, seen: Option<&'a [u8]>) -> StepsClaim<'a> {
+        let restarting = self.restarting();
         self.shared
             .resuming
-            .store(seen.is_some(), Ordering::Relaxed);
+            .store(seen.is_some() && !restarting, Ordering::Relaxed);
         match seen {
-            Some(steps) => StepsClaim::Resume {
+            Some(steps) if !restarting => StepsClaim::Resume {
                 steps,
                 restart_failed: self.shared.restart_failed
                     && !Stored::pinned(steps)
                     && !self.shared.resuming_failure.load(Ordering::Relaxed),
             },
-            None => StepsClaim::Fresh {
+            _ => StepsClaim::Fresh {
                 initial: self.initial(token),
-                restart_failed: self.shared.restart_failed
-                    && self.shared.restarting.load(Ordering::Relaxed),
+                restarts: seen.filter(|_| restarting),
             },
         }
     }
 
-    /// Whether a claim that found `record` claimable should resume its steps rather than start afresh:
-    /// it holds steps that live on (it is not expired, and not a failure the operation restarts after).
+    /// Whether the record last found claimable is a failure this call restarts the operation after.
+    fn restarting(&self) -> bool {
+        self.shared.restart_failed && self.shared.restarting.load(Ordering::Relaxed)
+    }
+
+    /// The steps the record holds once this call's claim, made with `seen` ([`claim`](Self::claim)),
+    /// landed: `seen` for a resume; `None` (the call's initial steps) for a start afresh.
+    pub(crate) fn landed(&self, seen: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        seen.filter(|_| !self.restarting())
+    }
+
+    /// Whether a claim that found `record` claimable is made on its steps rather than starting afresh
+    /// where none live: it holds steps that live on (not expired), which the call resumes, or which
+    /// record a failure the operation restarts after (the claim then replaces exactly them).
     ///
     /// With the restart policy, a FAILED record is restarted after, unless its steps pin the operation
     /// ([`Stored::pins`]) or the failure is a panic (`panicked: ..`, as the handler records one): a
     /// panic is a bug, not a failure the body undid what its steps did, so the operation resumes (and
     /// the bug, once fixed, goes on from the first unfinished step).
-    pub(crate) fn resumes(&self, record: &Record, now_ms: u64) -> bool {
+    pub(crate) fn builds_on(&self, record: &Record, now_ms: u64) -> bool {
         let found = steps_found(record, now_ms, self.shared.restart_failed);
         self.shared
             .restarting
@@ -478,13 +528,7 @@ impl Steps {
         self.shared
             .resuming_failure
             .store(found == StepsFound::ResumeFailure, Ordering::Relaxed);
-        matches!(found, StepsFound::Resume | StepsFound::ResumeFailure)
-    }
-
-    /// A claim that resumes stored steps is being sent (as [`claim`](Self::claim) with steps seen
-    /// records too).
-    pub(crate) fn resuming(&self) {
-        self.shared.resuming.store(true, Ordering::Relaxed);
+        found != StepsFound::Fresh
     }
 
     /// Whether a dropped call may release its claim (a fenced FAILED write): not when the operation
@@ -588,11 +632,49 @@ impl Steps {
         if let Some(prior) = self.prior::<T, E>(name)? {
             return prior;
         }
+        let _room = self.reserve(name)?;
         let before = self.staged_writes();
         let value = step().await?;
         self.save(name, &value, self.staged_writes() > before)
             .await?;
         Ok(value)
+    }
+
+    /// Keeps room in the record for the mark of the step `name`, which is about to run, until the
+    /// returned guard is dropped: should its value not fit, the mark that it finished without one
+    /// ([`Stored::finish_unstored`]) must, or the next call would run the step again.
+    /// [`Error::StepTooLarge`], before the step runs, when the record has no such room left. Nothing
+    /// without a record.
+    fn reserve(&self, name: &str) -> Result<Room<'_>, Error> {
+        let mut state = self.state();
+        let reserved = state.reserved;
+        let Some(call) = state.call.as_ref() else {
+            return Ok(Room {
+                steps: self,
+                bytes: 0,
+            });
+        };
+        let bytes = mark_room(name);
+        let needed = call.written.len() + reserved + bytes;
+        let budget = call
+            .idem
+            .store()
+            .steps_budget(&call.key, call.fingerprint.as_deref());
+        if needed > budget {
+            tracing::warn!(
+                namespace = self.shared.namespace,
+                step = name,
+                "no room left in the record for the step; it does not run"
+            );
+            return Err(Error::StepTooLarge {
+                namespace: self.shared.namespace.to_owned(),
+                step: name.to_owned(),
+                bytes: needed,
+                budget,
+            });
+        }
+        state.reserved += bytes;
+        Ok(Room { steps: self, bytes })
     }
 
     /// How many business writes the body has staged so far (none without a transaction).
@@ -655,6 +737,7 @@ impl Steps {
         if let Some(prior) = self.prior::<T, E>(name)? {
             return prior;
         }
+        let _room = self.reserve(name)?;
         self.write(name, |stored| stored.start(name)).await?;
         let before = self.staged_writes();
         match step().await {
@@ -844,10 +927,18 @@ impl Steps {
     /// write that fails, is logged: the caller's error goes back all the same.
     async fn unstorable(&self, name: &str, detail: &str) {
         let namespace = self.shared.namespace;
-        let detail = truncate(detail, MAX_DETAIL_BYTES);
-        let marked = self
-            .write(name, |stored| stored.finish_unstored(name, detail))
+        let mut marked = self
+            .write(name, |stored| {
+                stored.finish_unstored(name, mark_detail(detail));
+            })
             .await;
+        if let Err(Error::StepTooLarge { .. }) = marked {
+            // The room kept for the mark bounds it; should compression still not fit it, the fact
+            // alone is what matters.
+            marked = self
+                .write(name, |stored| stored.finish_unstored(name, String::new()))
+                .await;
+        }
         match marked {
             Ok(()) => {
                 tracing::warn!(
@@ -876,6 +967,7 @@ impl Steps {
         let _writing = self.shared.writing.lock().await;
         let (idem, key, token, lease, previous, bytes) = {
             let mut state = self.state();
+            let others = state.reserved.saturating_sub(mark_room(name));
             let Some(call) = state.call.as_mut() else {
                 // No record: nothing to store.
                 return Ok(());
@@ -887,10 +979,12 @@ impl Steps {
             let bytes = next.encode();
             // The record must still take a failure's error text and released tokens beside the
             // steps (a FAILED record keeps them), or the failure could not be written.
+            // Less the room kept for the marks of the other steps running now ([`Steps::reserve`]).
             let budget = call
                 .idem
                 .store()
-                .steps_budget(&call.key, call.fingerprint.as_deref());
+                .steps_budget(&call.key, call.fingerprint.as_deref())
+                .saturating_sub(others);
             if bytes.len() > budget {
                 return Err(Error::StepTooLarge {
                     namespace: namespace.to_owned(),
@@ -912,7 +1006,22 @@ impl Steps {
                 bytes,
             )
         };
-        crate::handler::save_steps(&idem, namespace, &key, &token, &previous, &bytes, lease).await
+        let saved =
+            crate::handler::save_steps(&idem, namespace, &key, &token, &previous, &bytes, lease)
+                .await;
+        if saved.is_err() {
+            self.shared.write_failed.store(true, Ordering::Relaxed);
+        }
+        saved
+    }
+
+    /// Whether the body's failure is to leave the claim to lapse rather than record a FAILED record:
+    /// under the restart policy (and not pinned), once a step write of this call failed in the store.
+    /// The body's error may then be the store's (a step's value not stored, passed up with `?`), which
+    /// is no more a failure the body undid its steps after than a crash is: the next call resumes
+    /// (as after a crash) rather than starting over and running the finished steps again.
+    pub(crate) fn lapses_after_failure(&self) -> bool {
+        self.restart_failed() && self.shared.write_failed.load(Ordering::Relaxed)
     }
 
     /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for
@@ -944,6 +1053,22 @@ impl Steps {
         };
         drop(state);
         step_key(&record_key, &origin, name)
+    }
+}
+
+/// The room a running step keeps in the record for its mark ([`Steps::reserve`]), given back when
+/// the step ends.
+struct Room<'s> {
+    steps: &'s Steps,
+    bytes: usize,
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            let mut state = self.steps.state();
+            state.reserved = state.reserved.saturating_sub(self.bytes);
+        }
     }
 }
 

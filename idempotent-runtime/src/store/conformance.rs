@@ -50,8 +50,8 @@
 //! | `a_plain_claim_keeps_claim_writes_in_effect_as_they_were` | [`Store::claim`] never sets [`Record::claim_writes_in_effect`] |
 //! | `steps_are_stored_under_the_token_and_removed_by_completion` | a fresh claim with steps ([`StepsClaim::Fresh`]) stores its `initial` steps; [`Change::SaveSteps`] is fenced by the token like every transition and keeps the record PENDING; a completion removes the steps |
 //! | `a_step_write_is_made_only_on_the_steps_it_extends` | ordered steps: [`Change::SaveSteps`] is made only while the record holds exactly its `previous`; a late copy of an earlier step's write, the same write sent again after it landed, a write on steps never stored, or on a record without steps, is [`WriteOutcome::Rejected`] with the record as it is (holding the later steps), nothing written |
-//! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless it restarts after a failure, or the record expired), and replaces them when made; a claim without steps ignores them |
-//! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) keeps the steps of a record it continues (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
+//! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless the record expired, or it restarts after the failure of exactly the steps stored), and replaces them when made |
+//! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one) and changes nothing else; every claim under a released token is refused, other claims keep the tokens, a completion removes them; a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) reject it |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
@@ -979,7 +979,7 @@ fn fresh<'a>(key: &'a str, token: &'a str, now_ms: u64, initial: &'a [u8]) -> Cl
     ClaimRequest {
         steps: StepsClaim::Fresh {
             initial,
-            restart_failed: false,
+            restarts: None,
         },
         ..claim(key, token, now_ms)
     }
@@ -1130,27 +1130,27 @@ async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
     let failed = c.record("k").await?;
     ensure_eq!(
         c.store.claim(&fresh("k", "t2", NOW + 1, b"again")).await?,
-        ClaimOutcome::Existing(failed),
+        ClaimOutcome::Existing(failed.clone()),
         "a fresh claim with steps of a FAILED record whose steps live on"
     );
-    // A plain claim (an operation without steps) is not concerned with them.
-    ensure_eq!(
-        c.store.claim(&claim("k", "t3", NOW + 1)).await?,
-        ClaimOutcome::Claimed,
-        "a claim without steps of a FAILED record with steps"
-    );
-    c.store.transition(&fail("k", "t3")).await?;
-    let restart = ClaimRequest {
+    // A restart after a failure replaces exactly the steps it judged restartable: not others (a
+    // late copy of a claim, after another call restarted or pinned the operation).
+    let restart = |seen: &'static [u8]| ClaimRequest {
         steps: StepsClaim::Fresh {
             initial: b"anew",
-            restart_failed: true,
+            restarts: Some(seen),
         },
         ..claim("k", "t4", NOW + 2)
     };
     ensure_eq!(
-        c.store.claim(&restart).await?,
+        c.store.claim(&restart(b"origin")).await?,
+        ClaimOutcome::Existing(failed.clone()),
+        "a fresh claim that restarts after a failure whose steps are no longer those stored"
+    );
+    ensure_eq!(
+        c.store.claim(&restart(b"one")).await?,
         ClaimOutcome::Claimed,
-        "a fresh claim that restarts after a failure, of a FAILED record with steps"
+        "a fresh claim that restarts after a failure, of the FAILED record with the steps it saw"
     );
     ensure_eq!(
         c.record("k").await?.steps.as_deref(),
@@ -1184,21 +1184,22 @@ async fn a_claim_that_starts_a_new_operation_removes_its_steps<S: Store>(
         .transition(&save_steps("k", "t1", b"origin", b"one"))
         .await?;
     c.store.transition(&fail("k", "t1")).await?;
-    // Not expired: the claim continues the operation (another deploy, without steps), and its steps
-    // stay for a later call with steps to resume.
+    // Not expired: code without steps (another deploy, a job) never takes over an operation run
+    // with steps, whose finished steps its body would run again; the steps stay for a call with
+    // steps to resume.
+    let failed = c.record("k").await?;
     ensure_eq!(
         c.store.claim(&claim("k", "t2", NOW + 1)).await?,
-        ClaimOutcome::Claimed,
-        "a claim without steps of a FAILED record with steps"
+        ClaimOutcome::Existing(failed.clone()),
+        "a claim without steps of a FAILED record whose steps live on"
     );
     ensure_eq!(
-        c.record("k").await?.steps.as_deref(),
-        Some(&b"one"[..]),
-        "the steps after a claim without steps of a live record"
+        c.record("k").await?,
+        failed,
+        "the record after a refused claim without steps"
     );
-    c.store.transition(&fail("k", "t2")).await?;
     // Expired: the claim starts a new operation, which must not inherit the old one's steps.
-    let past = (c.record("k").await?.expires_at_s + 1) * 1000;
+    let past = (failed.expires_at_s + 1) * 1000;
     ensure_eq!(
         c.store.claim(&claim("k", "t3", past)).await?,
         ClaimOutcome::Claimed,
@@ -1285,7 +1286,7 @@ fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
     let steps = match request.steps {
         StepsClaim::Fresh { initial, .. } => StepsClaim::Fresh {
             initial,
-            restart_failed: true,
+            restarts: None,
         },
         StepsClaim::Resume { steps, .. } => StepsClaim::Resume {
             steps,

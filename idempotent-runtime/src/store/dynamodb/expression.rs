@@ -88,13 +88,13 @@ pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
 /// [`HELD_WITH_STEPS`].
 pub const SAVE_STEPS: &str = "SET #sp = :sp";
 
-/// What a claim of an operation *without* steps adds to its condition: the record holds no steps, or
-/// is not expired (the claim continues the operation, and leaves its steps as they are). An expired
-/// record with steps refuses it, and the store sends the claim again as
-/// [`STEPS_CLEARED`] (a new operation must not inherit the old one's steps): so the steps of an
-/// expired record are removed by any claim that takes it, with or without steps (the rule of the
-/// memory store, which decides both in one step).
-pub const STEPS_UNTOUCHED: &str = "attribute_not_exists(#sp) OR #ex >= :now_s";
+/// What a claim of an operation *without* steps adds to its condition: the record holds no steps.
+/// Code without steps never takes over an operation run with steps while its record lives (its body
+/// would run the finished steps again). An expired record with steps refuses it too, and the store
+/// sends the claim again as [`STEPS_CLEARED`] (a new operation must not inherit the old one's steps):
+/// so the steps of an expired record are removed by any claim that takes it, with or without steps
+/// (the rule of the memory store, which decides both in one step).
+pub const STEPS_UNTOUCHED: &str = "attribute_not_exists(#sp)";
 
 /// The condition a claim of an operation without steps adds when it is sent again for an expired
 /// record with steps ([`STEPS_UNTOUCHED`] refused it): the record is expired. Its update also removes
@@ -107,10 +107,11 @@ pub const STEPS_CLEARED: &str = "#ex < :now_s";
 /// [`StepsClaim::Fresh`]). Its update also sets the steps of a new operation (`SET .., #sp = :sp`).
 pub const STEPS_FRESH: &str = "attribute_not_exists(#sp) OR #ex < :now_s";
 
-/// [`STEPS_FRESH`] for an operation that restarts from scratch after a failure: a FAILED record's steps
-/// are removed too.
+/// [`STEPS_FRESH`] for an operation that restarts from scratch after a failure: the steps of the
+/// FAILED record it judged restartable (`:seen`) are replaced too, and only those (a record restarted
+/// or pinned since holds other steps).
 pub const STEPS_FRESH_AFTER_FAILURE: &str =
-    "attribute_not_exists(#sp) OR #ex < :now_s OR #st = :failed";
+    "attribute_not_exists(#sp) OR #ex < :now_s OR (#st = :failed AND #sp = :seen)";
 
 /// What a claim of an operation run with steps adds to its condition when it resumes: the record is not
 /// expired and holds exactly the steps the caller saw (`:sp`). Its update keeps them.
@@ -275,6 +276,13 @@ impl RecordUpdate {
             request.steps
         {
             values.insert(":sp".to_owned(), AttributeValue::B(steps.to_vec().into()));
+        }
+        if let StepsClaim::Fresh {
+            restarts: Some(seen),
+            ..
+        } = request.steps
+        {
+            values.insert(":seen".to_owned(), AttributeValue::B(seen.to_vec().into()));
         }
         let kind = if with_writes {
             ClaimKind::WithWrites
@@ -456,13 +464,9 @@ impl StepsMode {
     fn of(claim: StepsClaim<'_>) -> Self {
         match claim {
             StepsClaim::Untouched => StepsMode::Untouched,
+            StepsClaim::Fresh { restarts: None, .. } => StepsMode::Fresh,
             StepsClaim::Fresh {
-                restart_failed: false,
-                ..
-            } => StepsMode::Fresh,
-            StepsClaim::Fresh {
-                restart_failed: true,
-                ..
+                restarts: Some(_), ..
             } => StepsMode::FreshAfterFailure,
             StepsClaim::Resume {
                 restart_failed: false,
@@ -689,11 +693,11 @@ mod tests {
                             StepsClaim::Untouched,
                             StepsClaim::Fresh {
                                 initial: b"{}",
-                                restart_failed: false,
+                                restarts: None,
                             },
                             StepsClaim::Fresh {
                                 initial: b"{}",
-                                restart_failed: true,
+                                restarts: Some(b"[]"),
                             },
                             StepsClaim::Resume {
                                 steps: b"{}",
