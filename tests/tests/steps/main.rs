@@ -5,5 +5,6 @@ mod attribute;
 mod crash;
 mod promise;
 mod resume;
+mod review;
 mod sequences;
 mod values_and_races;
