@@ -13,9 +13,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
 };
-use idempotent_runtime::{
-    Error, ManualClock, MemoryStore, Operation, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Error, ManualClock, MemoryStore, Operation, Steps, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 
 const NAMESPACE: &str = "steps-review::checkout";
