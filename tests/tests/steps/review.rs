@@ -238,6 +238,34 @@ async fn a_resume_whose_answers_all_come_late_does_not_restart_the_steps_on_dyna
     answers_late(idempotent_tests::dynamodb_store().await.0).await;
 }
 
+/// Without the restart policy, the same sequence holds: the resume whose answers all came late is
+/// released (FAILED with the finished reserve), and the next call resumes it under the same
+/// `Steps::key`s, running only the charge.
+#[tokio::test]
+async fn a_resume_whose_answers_all_come_late_resumes_without_the_restart_policy() {
+    let store = Arc::new(Delegating::new(MemoryStore::new(), AnswersLate::default()));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
+        b.failed_ttl(FAILED_TTL)
+    });
+    store.with.clock.set(harness.clock.clone()).unwrap();
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&harness, "order-1", false, &effects).await;
+
+    store.with.late.store(true, Ordering::SeqCst);
+    let second = checkout(&harness, "order-1", false, &effects, false).await;
+    store.with.late.store(false, Ordering::SeqCst);
+    let _ = harness.idem.drain(Duration::from_secs(5)).await;
+    let err = idempotent_tests::idem_error(second);
+    assert!(matches!(err, Error::Contended { .. }), "{err:?}");
+
+    harness.clock.advance(PAST_THE_LEASE);
+    let third = checkout(&harness, "order-1", false, &effects, false).await;
+    assert!(third.is_ok(), "{third:?}");
+    assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 1));
+    let keys = effects.keys("reserve");
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+}
+
 /// The sequence of [`a_resume_whose_answers_all_come_late_does_not_restart_the_steps`] on `inner`.
 async fn answers_late<S: Store>(inner: S) {
     let store = Arc::new(Delegating::new(inner, AnswersLate::default()));
