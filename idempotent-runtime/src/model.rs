@@ -1961,10 +1961,8 @@ impl Protocol {
     /// `worker` renews its own claim, answered too late to use ([`decide::AfterClaim::Renew`]): the
     /// handler's fenced lease extension, then what its answer means, as for a claim's.
     fn renew(&self, state: &mut State, worker: usize) {
-        // The handler builds each attempt's request, a renewal's too, with a claim that starts afresh.
-        let handle = self.handle(state, worker);
-        steps_claim(handle.as_ref(), &token(worker), None);
-        Self::remember(state, worker, handle.as_ref());
+        // A renewal leaves the call's steps remembering the claim it renews (the handler builds the
+        // steps part of an attempt's request only for a claim).
         let w = &mut state.workers[worker];
         w.renew = false;
         w.attempt += 1;

@@ -130,7 +130,7 @@ impl<'a> Attempt<'a> {
     }
 
     /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
-    /// claim-time writes and keeps none; with steps, it starts the operation afresh).
+    /// claim-time writes and keeps none, and leaves steps alone until the caller sets them).
     fn request(&self, number: u32) -> ClaimRequest<'a> {
         let times = claim_times(
             self.idem.clock().now_ms(),
@@ -147,10 +147,9 @@ impl<'a> Attempt<'a> {
             expires_at_s: times.expires_at_s,
             fingerprint: self.plan.fingerprint,
             keep_claim_writes: false,
-            steps: self
-                .plan
-                .steps
-                .map_or(StepsClaim::Untouched, |steps| steps.claim(self.token, None)),
+            // Set by the caller, for an attempt that claims ([`Steps::claim`]): a renewal leaves the
+            // call's steps remembering the claim it renews, which is the one on its way.
+            steps: StepsClaim::Untouched,
         }
     }
 }
@@ -381,10 +380,8 @@ pub(super) async fn acquire<T: DeserializeOwned>(
         let claimed_until_ms = request.lease_until_ms;
         attempt.stage.set(Stage::Claiming);
         let renewing = std::mem::take(&mut renew);
-        if !renewing
-            && let (Some(steps), Some(seen)) = (plan.steps, seen.as_deref().map(Vec::as_slice))
-        {
-            request.steps = steps.claim(token, Some(seen));
+        if !renewing && let Some(steps) = plan.steps {
+            request.steps = steps.claim(token, seen.as_deref().map(Vec::as_slice));
         }
         // The request is moved into the attempt's own future: this one then holds it only while
         // that future is awaited, and the record it may return can share its place. A renewal

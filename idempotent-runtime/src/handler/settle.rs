@@ -271,7 +271,7 @@ impl Held<'_> {
     /// [`Held::fail`] on a completion's error paths, boxed: awaited in place, its future would be part of
     /// every completion's, which the response already makes large (see `future_size`).
     async fn fail_boxed(&self, error: &str, persist: &mut Persist) {
-        Box::pin(self.fail(error, persist)).await;
+        Box::pin(self.fail_as(error, persist, true)).await;
     }
 
     /// The response as stored (JSON, compressed when large), and whether it fits in the record; an
@@ -327,6 +327,13 @@ impl Held<'_> {
     /// retried while the lease allows. The caller gets the body's own error whatever happens here; a
     /// FAILED write that never lands only means the key stays PENDING until its lease runs out.
     pub(super) async fn fail(&self, error: &str, persist: &mut Persist) {
+        self.fail_as(error, persist, false).await;
+    }
+
+    /// [`fail`](Self::fail); `completing`: the body returned `Ok`, and its completion failed (a
+    /// canceled transaction, refused or unsupported writes), which under the restart policy is no
+    /// failure of the body's ([`Steps::lapses_after_failure`]).
+    async fn fail_as(&self, error: &str, persist: &mut Persist, completing: bool) {
         let namespace = self.namespace();
         let error = truncate(error, MAX_ERROR_BYTES);
         let now_ms = self.idem.clock().now_ms();
@@ -334,12 +341,14 @@ impl Held<'_> {
         // Under the restart policy, a body whose step writes failed in the store may fail because of
         // the store: its claim lapses instead (a fenced write of a lease already over, the record
         // staying PENDING with its steps), and the next call resumes, as after a crash.
-        let lapse = self.plan.steps.is_some_and(Steps::lapses_after_failure);
+        let lapse = self.plan.steps.is_some_and(|steps| {
+            steps.lapses_after_failure(completing) && !super::steps::is_panic(&error)
+        });
         if lapse {
             tracing::warn!(
                 namespace,
                 %error,
-                "the body failed after a step write failed in the store; its claim lapses for the next call to resume"
+                "the failure is not the body's own (a step's error, or its completion's); its claim lapses for the next call to resume"
             );
         }
         let mut writes = if compensate && !lapse {

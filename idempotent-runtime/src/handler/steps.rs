@@ -95,10 +95,11 @@ struct Shared {
     /// The record last found claimable is a failure this call resumes although the operation restarts
     /// after failures: a pinned operation, or a panic ([`builds_on`](Steps::builds_on)).
     resuming_failure: AtomicBool,
-    /// A step write of this call failed in the store (an outage, throttling that outlasted the lease,
-    /// a lost claim): the body's failure may be the store's, not its own
+    /// A step of this call came to an error of the library's rather than its own (a step write that
+    /// failed in the store, a value that does not read back or cannot be stored, no room left, a step
+    /// that must not run again): the body's failure may be that, not its own
     /// ([`lapses_after_failure`](Steps::lapses_after_failure)).
-    write_failed: AtomicBool,
+    faulted: AtomicBool,
 }
 
 #[derive(Default)]
@@ -433,7 +434,7 @@ impl Steps {
                 resuming: AtomicBool::new(false),
                 restarting: AtomicBool::new(false),
                 resuming_failure: AtomicBool::new(false),
-                write_failed: AtomicBool::new(false),
+                faulted: AtomicBool::new(false),
             }),
         }
     }
@@ -661,6 +662,8 @@ impl Steps {
             .store()
             .steps_budget(&call.key, call.fingerprint.as_deref());
         if needed > budget {
+            drop(state);
+            self.fault();
             tracing::warn!(
                 namespace = self.shared.namespace,
                 step = name,
@@ -770,6 +773,19 @@ impl Steps {
         T: DeserializeOwned,
         E: From<Error>,
     {
+        let prior = self.look_up::<T, E>(name);
+        if matches!(prior, Err(_) | Ok(Some(Err(_)))) {
+            self.fault();
+        }
+        prior
+    }
+
+    /// [`prior`](Self::prior), before it notes an error as the library's.
+    fn look_up<T, E>(&self, name: &str) -> Result<Option<Result<T, E>>, E>
+    where
+        T: DeserializeOwned,
+        E: From<Error>,
+    {
         let namespace = self.shared.namespace;
         let mut state = self.state();
         if !state.used.insert(name.to_owned()) {
@@ -867,10 +883,12 @@ impl Steps {
             Ok(Ok(value)) => value,
             Ok(Err(error)) => {
                 let detail = error.to_string();
+                self.fault();
                 self.unstorable(name, &detail).await;
                 return Err(error);
             }
             Err(panic) => {
+                self.fault();
                 self.unstorable(name, &crate::handler::panicked(&*panic))
                     .await;
                 std::panic::resume_unwind(panic);
@@ -1010,18 +1028,26 @@ impl Steps {
             crate::handler::save_steps(&idem, namespace, &key, &token, &previous, &bytes, lease)
                 .await;
         if saved.is_err() {
-            self.shared.write_failed.store(true, Ordering::Relaxed);
+            self.fault();
         }
         saved
     }
 
-    /// Whether the body's failure is to leave the claim to lapse rather than record a FAILED record:
-    /// under the restart policy (and not pinned), once a step write of this call failed in the store.
-    /// The body's error may then be the store's (a step's value not stored, passed up with `?`), which
-    /// is no more a failure the body undid its steps after than a crash is: the next call resumes
-    /// (as after a crash) rather than starting over and running the finished steps again.
-    pub(crate) fn lapses_after_failure(&self) -> bool {
-        self.restart_failed() && self.shared.write_failed.load(Ordering::Relaxed)
+    /// A step came to an error of the library's ([`Shared::faulted`]).
+    fn fault(&self) {
+        self.shared.faulted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a failure of the call is to leave its claim to lapse rather than record a FAILED record
+    /// that the restart policy starts over after: under the restart policy (and not pinned), when the
+    /// failure is not the body's own `Err` — the body returned `Ok` and its completion failed
+    /// (`completing`), or a step of this call came to an error of the library's (a step write that
+    /// failed in the store, a value that does not read back, no room left, a step that must not run
+    /// again), which the body may have passed up with `?`. Such a failure is no more one the body undid
+    /// its steps after than a crash is: the next call resumes (as after a crash) rather than starting
+    /// over and running the finished steps again.
+    pub(crate) fn lapses_after_failure(&self, completing: bool) -> bool {
+        self.restart_failed() && (completing || self.shared.faulted.load(Ordering::Relaxed))
     }
 
     /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for

@@ -4,7 +4,7 @@
 mod attribute;
 mod crash;
 mod promise;
+mod restart_policy;
 mod resume;
-mod review;
 mod sequences;
 mod values_and_races;

@@ -1,7 +1,8 @@
-//! Steps (`Operation::run_steps`) under more attacks: sequences that try to make a finished step run
-//! its effect again, through paths the other modules leave aside (a renewed claim given up, a
-//! library error passed up with `?` under the restart policy, a completion that cannot commit).
-//! Each asserts how often each step's effect ran and what the record holds.
+//! Steps under the restart policy (`restart_steps_after_failure`) against failures that are not the
+//! body's own `Err`: a resuming claim renewed and then given up, a library error passed up with `?`
+//! (a value that no longer reads back, no room for a step's mark, a step that staged writes), a
+//! completion that cannot commit. None of them may start the operation over: each asserts how often
+//! each step's effect ran and what the record holds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,7 +17,7 @@ use idempotent_runtime::store::{
 use idempotent_runtime::{Error, ManualClock, MemoryStore, Operation, Steps, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 
-const NAMESPACE: &str = "steps-review::checkout";
+const NAMESPACE: &str = "steps-restart::checkout";
 const LEASE: Duration = Duration::from_secs(30);
 /// Longer than the lease and the clock-skew margin: a lease taken at the start has lapsed.
 const PAST_THE_LEASE: Duration = Duration::from_mins(2);
@@ -135,7 +136,6 @@ impl<S: Store> Override<S> for LateResumeThenRenewFails {
 /// FAILED record, which the next call reads as a failure to start over after, running the finished
 /// reserve again under a new `Steps::key`.
 #[tokio::test]
-#[ignore = "reproduces: a resume renewed then given up is released as FAILED, and the restart policy runs the finished step again"]
 async fn a_late_resume_given_up_during_its_renewal_does_not_restart_the_steps() {
     let store = Arc::new(Delegating::new(
         MemoryStore::new(),
@@ -226,14 +226,12 @@ impl<S: Store> Override<S> for AnswersLate {
 /// releases its claim as FAILED. No request failed and nothing was refused; the finished reserve must
 /// not run again, yet the next call reads the release as a failure to start over after.
 #[tokio::test]
-#[ignore = "reproduces: a resume whose answers all come late is released as FAILED, and the restart policy runs the finished step again"]
 async fn a_resume_whose_answers_all_come_late_does_not_restart_the_steps() {
     answers_late(MemoryStore::new()).await;
 }
 
 /// [`a_resume_whose_answers_all_come_late_does_not_restart_the_steps`] on DynamoDB Local.
 #[tokio::test]
-#[ignore = "reproduces: a resume whose answers all come late is released as FAILED, and the restart policy runs the finished step again"]
 async fn a_resume_whose_answers_all_come_late_does_not_restart_the_steps_on_dynamodb() {
     answers_late(idempotent_tests::dynamodb_store().await.0).await;
 }
@@ -328,7 +326,6 @@ async fn checkout_with_string_reserve(
 /// up with `?` must not count as the body's own failure: a FAILED record would make the next call
 /// start over and run the finished reserve again.
 #[tokio::test]
-#[ignore = "reproduces: StepValue passed up with ? is recorded as the body's failure, and the restart policy runs the finished step again"]
 async fn a_changed_step_type_under_the_restart_policy_never_runs_the_step_again() {
     let harness = Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await;
     let effects = Arc::new(Effects::default());
@@ -398,7 +395,6 @@ async fn fill_then_export(
 /// passes up with `?` is no failure the body undid its steps after: a FAILED record would make the
 /// next call start over and run the finished fill again.
 #[tokio::test]
-#[ignore = "reproduces: StepTooLarge before a step runs is recorded as the body's failure, and the restart policy runs the finished step again"]
 async fn no_room_for_a_steps_mark_under_the_restart_policy_never_runs_a_step_again() {
     let harness = Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await;
     let probes = Arc::new(Effects::default());
@@ -468,7 +464,6 @@ fn in_stock() -> ConditionCheck {
 /// canceled and recorded as FAILED. The body returned no `Err` and undid nothing after its charge;
 /// the next call must not start over and charge again.
 #[tokio::test]
-#[ignore = "reproduces: a canceled completion transaction is recorded as FAILED, and the restart policy runs the finished step again"]
 async fn a_canceled_completion_under_the_restart_policy_never_runs_a_step_again() {
     let harness = Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await;
     inventory(&harness);
@@ -519,7 +514,6 @@ impl<S: Store> Override<S> for NoTransactions {
 /// (a set-up error, recorded as FAILED). The body undid nothing after its charge; no call may charge
 /// again, however often the caller retries.
 #[tokio::test]
-#[ignore = "reproduces: an Unsupported completion is recorded as FAILED, and each retry under the restart policy runs the step again"]
 async fn an_unsupported_completion_under_the_restart_policy_never_runs_a_step_again() {
     let store = Arc::new(Delegating::new(MemoryStore::new(), NoTransactions));
     let harness = Harness::over(store, RequestCounter::default(), |b| {
@@ -654,7 +648,6 @@ async fn stage_inside_a_step(
 /// `StepStagedWrites` the body passes up with `?` is recorded as its failure, and the third call
 /// starts over, running the finished reserve again.
 #[tokio::test]
-#[ignore = "reproduces: StepStagedWrites passed up with ? is recorded as the body's failure, and the restart policy runs the finished step again"]
 async fn a_step_that_staged_writes_under_the_restart_policy_never_restarts_after_a_crash() {
     let harness = Harness::with(Backend::Memory, |b| b.failed_ttl(FAILED_TTL)).await;
     inventory(&harness);
