@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest};
 use idempotent_runtime::{Error, Idempotency, Record, Status, Store, StoreError, idempotent};
 use idempotent_tests::proxy::{Fault, Rule};
-use idempotent_tests::{AppError, Backend, Harness, RequestCounter, idem_error};
+use idempotent_tests::{AppError, Backend, Forward, Harness, RequestCounter, idem_error};
 use tokio::sync::{Notify, Semaphore};
 
 const NAMESPACE: &str = "interruptions::charge";
@@ -20,41 +21,38 @@ const NAMESPACE: &str = "interruptions::charge";
 /// between has a claim it never heard of.
 #[derive(Debug)]
 struct SlowClaim {
-    inner: Arc<dyn Store>,
     delay: Duration,
     /// Notified when a claim has been answered by the store (and before its caller hears of it).
     landed: Arc<Notify>,
 }
 
 impl SlowClaim {
-    fn over(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            delay: Duration::from_secs(30),
-            landed: Arc::new(Notify::new()),
-        })
+    fn over(inner: Arc<dyn Store>) -> Arc<Delegating<Forward, Self>> {
+        Arc::new(Delegating::new(
+            Forward(inner),
+            Self {
+                delay: Duration::from_secs(30),
+                landed: Arc::new(Notify::new()),
+            },
+        ))
     }
 }
 
 #[async_trait::async_trait]
-impl Store for SlowClaim {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.claim(request).await;
+impl Override<Forward> for SlowClaim {
+    fn kind(&self) -> &'static str {
+        "slow-claim"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let outcome = inner.claim(request).await;
         self.landed.notify_one();
         tokio::time::sleep(self.delay).await;
         outcome
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "slow-claim"
     }
 }
 

@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
-use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
-};
-use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
+use idempotent_runtime::{Clock as _, Error, Idempotency, Status, Steps, Store, StoreError};
+use idempotent_tests::{AppError, Backend, Effects, Forward, Harness, RequestCounter};
 use serde::ser::SerializeStruct as _;
 use tokio::sync::Notify;
 
@@ -176,17 +175,24 @@ async fn crash_after_reserve(h: &Harness, order: &str, restart: bool, effects: &
 /// resume was on its way) and holds back the answer of a fresh claim that landed.
 #[derive(Debug)]
 struct FailsUnderResume {
-    inner: Arc<dyn Store>,
     armed: std::sync::atomic::AtomicBool,
     landed: Notify,
 }
 
 #[async_trait::async_trait]
-impl Store for FailsUnderResume {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl Override<Forward> for FailsUnderResume {
+    fn kind(&self) -> &'static str {
+        "fails-under-resume"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
         if armed && matches!(request.steps, StepsClaim::Resume { .. }) {
-            let record = self.inner.get(request.key).await?.expect("a record");
+            let record = inner.get(request.key).await?.expect("a record");
             let fail = Transition {
                 key: request.key,
                 token: &record.token,
@@ -196,10 +202,10 @@ impl Store for FailsUnderResume {
                     release_claim_writes: false,
                 },
             };
-            let failed = self.inner.transition(&fail).await?;
+            let failed = inner.transition(&fail).await?;
             assert_eq!(failed, WriteOutcome::Applied);
         }
-        let outcome = self.inner.claim(request).await?;
+        let outcome = inner.claim(request).await?;
         if armed
             && matches!(request.steps, StepsClaim::Fresh { .. })
             && outcome == ClaimOutcome::Claimed
@@ -208,22 +214,6 @@ impl Store for FailsUnderResume {
             std::future::pending::<()>().await;
         }
         Ok(outcome)
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
-        self.inner.response_budget(key, fingerprint)
-    }
-
-    fn kind(&self) -> &'static str {
-        "fails-under-resume"
     }
 }
 
@@ -403,11 +393,13 @@ async fn an_operators_release_never_restarts_the_operation(backend: Backend) {
 /// releases it, so that the key is free at once rather than PENDING for the lease.
 async fn a_dropped_fresh_claim_after_a_refused_resume_is_released(backend: Backend) {
     let (inner, counter) = bare_store(backend).await;
-    let store = Arc::new(FailsUnderResume {
-        inner,
-        armed: false.into(),
-        landed: Notify::new(),
-    });
+    let store = Arc::new(Delegating::new(
+        Forward(inner),
+        FailsUnderResume {
+            armed: false.into(),
+            landed: Notify::new(),
+        },
+    ));
     let h = Harness::over(store.clone(), counter, |b| b.default_lease(LEASE));
     let effects = Arc::new(Effects::default());
     crash_after_reserve(&h, "r-drop", true, &effects).await;

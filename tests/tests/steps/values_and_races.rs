@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{Transition, WriteOutcome};
 use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
+    Clock as _, Error, Idempotency, MemoryStore, Status, Steps, Store, StoreError,
 };
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
@@ -438,19 +439,19 @@ async fn two_callers_race_to_resume_and_run_the_finished_step_once() {
 async fn a_lost_step_response_is_harmless() {
     #[derive(Debug)]
     struct LoseOneStep {
-        inner: Arc<dyn Store>,
         lost: AtomicUsize,
     }
     #[async_trait::async_trait]
-    impl Store for LoseOneStep {
-        async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-            self.inner.claim(request).await
+    impl Override<MemoryStore> for LoseOneStep {
+        fn kind(&self) -> &'static str {
+            "lose-one-step"
         }
         async fn transition(
             &self,
+            inner: &MemoryStore,
             transition: &Transition<'_>,
         ) -> Result<WriteOutcome, StoreError> {
-            let outcome = self.inner.transition(transition).await?;
+            let outcome = inner.transition(transition).await?;
             if matches!(
                 transition.change,
                 idempotent_runtime::store::Change::SaveSteps { .. }
@@ -460,17 +461,13 @@ async fn a_lost_step_response_is_harmless() {
             }
             Ok(outcome)
         }
-        async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-            self.inner.get(key).await
-        }
-        fn kind(&self) -> &'static str {
-            "lose-one-step"
-        }
     }
-    let store = Arc::new(LoseOneStep {
-        inner: Arc::new(idempotent_runtime::MemoryStore::new()),
-        lost: AtomicUsize::new(0),
-    });
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        LoseOneStep {
+            lost: AtomicUsize::new(0),
+        },
+    ));
     let h = Harness::over(store, RequestCounter::default(), |b| b.default_lease(LEASE));
     let effects = Arc::new(Effects::default());
     assert_eq!(
