@@ -17,6 +17,9 @@ use tokio::sync::{Notify, Semaphore};
 
 const NAMESPACE: &str = "interruptions::charge";
 
+/// The namespace of `dropped_calls_are_counted_by_phase`'s calls, which no other test uses.
+const COUNTED: &str = "interruptions::counted";
+
 /// A store whose claims land at once but whose answers come `delay` late: a caller that gives up in
 /// between has a claim it never heard of.
 #[derive(Debug)]
@@ -410,7 +413,8 @@ async fn a_call_dropped_while_its_claim_is_delayed_leaves_the_key_free() {
 }
 
 /// `idempotency_calls_dropped_total{phase}` counts both kinds of drop (memory store; the only test of
-/// this binary with a metrics recorder).
+/// this binary with a metrics recorder). Its calls have a namespace of their own: the recorder is
+/// global, and the tests running beside it drop calls of `NAMESPACE`.
 #[tokio::test]
 async fn dropped_calls_are_counted_by_phase() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -420,10 +424,13 @@ async fn dropped_calls_are_counted_by_phase() {
     let base = Harness::new(Backend::Memory).await;
     let slow = SlowClaim::over(base.store.clone());
     let h = Harness::over(slow.clone(), RequestCounter::default(), |b| b);
-    let runs = AtomicUsize::new(0);
-    drop_when(charge(&h.idem, "c-1", &runs, 1), &slow.landed).await;
+    let claim = h
+        .idem
+        .operation(COUNTED, "c-1")
+        .run(|| async { Ok::<u32, AppError>(1) });
+    drop_when(claim, &slow.landed).await;
     let started = Notify::new();
-    let body = base.idem.operation(NAMESPACE, "c-2").run(|| async {
+    let body = base.idem.operation(COUNTED, "c-2").run(|| async {
         started.notify_one();
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok::<u32, AppError>(1)
@@ -432,7 +439,7 @@ async fn dropped_calls_are_counted_by_phase() {
     // A call dropped while it waits for another's claim has nothing to release, and is not counted.
     let waiting = base
         .idem
-        .operation(NAMESPACE, "c-2")
+        .operation(COUNTED, "c-2")
         .wait(Duration::from_secs(30))
         .run(|| async { Ok::<u32, AppError>(3) });
     assert!(
@@ -453,7 +460,7 @@ async fn dropped_calls_are_counted_by_phase() {
                     && key
                         .key()
                         .labels()
-                        .any(|l| l.key() == "namespace" && l.value() == NAMESPACE)
+                        .any(|l| l.key() == "namespace" && l.value() == COUNTED)
             })
             .map(|(_, _, _, value)| match value {
                 DebugValue::Counter(n) => *n,
