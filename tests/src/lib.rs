@@ -16,8 +16,41 @@ pub mod proxy;
 ///
 /// idempotent_tests::on_both_stores!(a_duplicate_replays);
 /// ```
+///
+/// Beginning with `mod <memory module>, mod <dynamodb module>;`, the tests are grouped by store
+/// instead (`memory::$test`, `dynamodb::$test`: the layout of the modules that were written this
+/// way, kept so their names stay), and each name carries its own test attribute, which goes on both:
+///
+/// ```text
+/// idempotent_tests::on_both_stores! {
+///     mod memory, mod dynamodb;
+///     #[tokio::test]
+///     a_duplicate_replays,
+///     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///     racing_callers_run_the_body_once,
+/// }
+/// ```
 #[macro_export]
 macro_rules! on_both_stores {
+    (mod $memory:ident, mod $dynamodb:ident; $($(#[$attr:meta])* $test:ident),* $(,)?) => {
+        mod $memory {
+            $(
+                $(#[$attr])*
+                async fn $test() {
+                    super::$test($crate::Backend::Memory).await;
+                }
+            )*
+        }
+
+        mod $dynamodb {
+            $(
+                $(#[$attr])*
+                async fn $test() {
+                    super::$test($crate::Backend::DynamoDb).await;
+                }
+            )*
+        }
+    };
     ($($(#[$attr:meta])* $test:ident),* $(,)?) => {$(
         mod $test {
             $(#[$attr])*

@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use idempotent_runtime::http::{Final, IdempotencyLayer};
+use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::{MemoryStore, Status, Store, StoreError};
 use idempotent_tests::{Backend, Harness};
 use serde_json::Value;
@@ -819,21 +820,18 @@ async fn the_request_and_stored_response_limits_are_separate_settings(backend: B
 /// cannot be stored; with `panics`, a completion panics instead.
 #[derive(Debug, Default)]
 struct CompletionsDown {
-    records: MemoryStore,
     panics: bool,
 }
 
 #[async_trait::async_trait]
-impl Store for CompletionsDown {
-    async fn claim(
-        &self,
-        request: &idempotent_runtime::store::ClaimRequest<'_>,
-    ) -> Result<idempotent_runtime::store::ClaimOutcome, StoreError> {
-        self.records.claim(request).await
+impl Override<MemoryStore> for CompletionsDown {
+    fn kind(&self) -> &'static str {
+        "completions-down"
     }
 
     async fn transition(
         &self,
+        records: &MemoryStore,
         transition: &idempotent_runtime::store::Transition<'_>,
     ) -> Result<idempotent_runtime::store::WriteOutcome, StoreError> {
         if matches!(
@@ -843,15 +841,7 @@ impl Store for CompletionsDown {
             assert!(!self.panics, "the store's client panicked");
             return Err(StoreError::Unavailable("the table is unreachable".into()));
         }
-        self.records.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
-        self.records.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "completions-down"
+        records.transition(transition).await
     }
 }
 
@@ -860,7 +850,10 @@ impl Store for CompletionsDown {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_that_could_not_be_stored_still_goes_to_its_caller() {
     let harness = Harness::over(
-        Arc::new(CompletionsDown::default()),
+        Arc::new(Delegating::new(
+            MemoryStore::new(),
+            CompletionsDown::default(),
+        )),
         idempotent_tests::RequestCounter::default(),
         |b| b.default_lease(Duration::from_secs(1)),
     );
@@ -921,10 +914,7 @@ async fn a_body_that_panics_after_a_stored_status_is_final(backend: Backend) {
 // task: the service still answers 500 problem+json instead of a dropped connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_outside_the_handler_still_answers_500() {
-    let store = CompletionsDown {
-        panics: true,
-        ..CompletionsDown::default()
-    };
+    let store = Delegating::new(MemoryStore::new(), CompletionsDown { panics: true });
     let harness = Harness::over(
         Arc::new(store),
         idempotent_tests::RequestCounter::default(),

@@ -538,23 +538,40 @@ async fn a_tagged_key_gives_each_value_its_record_on_dynamodb() {
 
 static COMPUTED: AtomicUsize = AtomicUsize::new(0);
 
-macro_rules! computed_keys {
-    ($($name:ident($order:ident): $key:expr;)*) => {$(
-        /// Keyed by an expression of the forms a key of literals alone is refused in, over a parameter.
-        #[idempotent(key = $key, store = idem)]
-        async fn $name(idem: &Idempotency, $order: u64) -> Result<(u64, usize), Error> {
-            Ok(($order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
-        }
-    )*};
+/// Keyed by a conversion over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = u128::from(order), store = idem)]
+async fn by_conversion(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
 }
 
-computed_keys! {
-    by_conversion(order): u128::from(order);
-    by_constructor(order): Some(order);
-    by_method(order): order.to_string();
-    by_block(order): { order };
-    by_if(order): if order > 1 { order } else { 0 };
-    by_format(order): format!("{order}");
+/// Keyed by a constructor over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = Some(order), store = idem)]
+async fn by_constructor(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+}
+
+/// Keyed by a method over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = order.to_string(), store = idem)]
+async fn by_method(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+}
+
+/// Keyed by a block over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = { order }, store = idem)]
+async fn by_block(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+}
+
+/// Keyed by an `if` over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = if order > 1 { order } else { 0 }, store = idem)]
+async fn by_if(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
+}
+
+/// Keyed by a macro over a parameter (a form a key of literals alone is refused in).
+#[idempotent(key = format!("{order}"), store = idem)]
+async fn by_format(idem: &Idempotency, order: u64) -> Result<(u64, usize), Error> {
+    Ok((order, COMPUTED.fetch_add(1, Ordering::SeqCst)))
 }
 
 /// The forms refused over literals alone (a call, a constructor, a method, a block, an `if`, a macro)

@@ -48,43 +48,58 @@ async fn text(idem: &Idempotency, runs: &AtomicUsize, id: &str) -> Result<String
     Ok("text".into())
 }
 
-macro_rules! bad_input {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn a_key_that_does_not_serialize_is_an_error_and_writes_nothing() {
-                let h = Harness::new($backend).await;
-                let runs = AtomicUsize::new(0);
-                let key: HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
-                let err = idem_error(by_map(&h.idem, &runs, &key).await);
-                assert!(matches!(&err, Error::Serialize { what: "key", .. }), "{err:?}");
-                assert_eq!(err.namespace(), "bad-input::by-map");
-                assert!(err.to_string().contains("could not serialize the key"), "{err}");
-                assert_eq!(runs.load(Ordering::SeqCst), 0);
-                assert_eq!(h.requests.total(), 0, "nothing is sent for a key that cannot be derived");
-            }
-
-            #[tokio::test]
-            async fn a_stored_response_of_another_type_is_a_deserialize_error() {
-                let h = Harness::new($backend).await;
-                let runs = AtomicUsize::new(0);
-                assert_eq!(number(&h.idem, &runs, "k").await.unwrap(), 41);
-                // Same namespace and key, new output type (a deploy changed it).
-                let err = idem_error(text(&h.idem, &runs, "k").await);
-                assert!(matches!(&err, Error::Deserialize { namespace, .. } if namespace == "bad-input::number"), "{err:?}");
-                assert!(err.to_string().contains("does not deserialize"), "{err}");
-                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body must not run again");
-                let record = h.record("bad-input::number", "k").await.unwrap();
-                assert_eq!((record.status, record.response.as_deref()), (Status::Completed, Some(&b"41"[..])));
-            }
-        }
-    };
+async fn a_key_that_does_not_serialize_is_an_error_and_writes_nothing(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    let key: HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+    let err = idem_error(by_map(&h.idem, &runs, &key).await);
+    assert!(
+        matches!(&err, Error::Serialize { what: "key", .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.namespace(), "bad-input::by-map");
+    assert!(
+        err.to_string().contains("could not serialize the key"),
+        "{err}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        h.requests.total(),
+        0,
+        "nothing is sent for a key that cannot be derived"
+    );
 }
 
-bad_input!(memory, Backend::Memory);
-bad_input!(dynamodb, Backend::DynamoDb);
+async fn a_stored_response_of_another_type_is_a_deserialize_error(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    assert_eq!(number(&h.idem, &runs, "k").await.unwrap(), 41);
+    // Same namespace and key, new output type (a deploy changed it).
+    let err = idem_error(text(&h.idem, &runs, "k").await);
+    assert!(
+        matches!(&err, Error::Deserialize { namespace, .. } if namespace == "bad-input::number"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("does not deserialize"), "{err}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body must not run again"
+    );
+    let record = h.record("bad-input::number", "k").await.unwrap();
+    assert_eq!(
+        (record.status, record.response.as_deref()),
+        (Status::Completed, Some(&b"41"[..]))
+    );
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_key_that_does_not_serialize_is_an_error_and_writes_nothing,
+    #[tokio::test]
+    a_stored_response_of_another_type_is_a_deserialize_error,
+}
 
 #[tokio::test]
 async fn a_missing_table_is_a_clear_error_and_the_body_does_not_run() {

@@ -59,105 +59,100 @@ async fn charge(
     Ok(charge.amount)
 }
 
-macro_rules! hostile_input {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn a_flattened_parameter_cannot_reach_another_tenants_record() {
-                let h = Harness::new($backend).await;
-                let runs = AtomicUsize::new(0);
-                let bob = lookup_key("bob", &[("order", "1")]);
-                let answer = lookup(&h.idem, &runs, &bob).await.unwrap();
-                assert_eq!(answer, "the stored answer for bob");
-                h.requests.reset();
-                // Alice's key, with a parameter that shadows the tenant field.
-                let forged = lookup_key("alice", &[("order", "1"), ("tenant", "bob")]);
-                let err = idem_error(lookup(&h.idem, &runs, &forged).await);
-                assert!(
-                    matches!(&err, Error::Serialize { what: "key", .. }),
-                    "{err:?}"
-                );
-                assert_eq!(err.namespace(), "hostile::lookup");
-                assert!(
-                    err.to_string()
-                        .contains("repeats the object key \"tenant\""),
-                    "{err}"
-                );
-                assert_eq!(runs.load(Ordering::SeqCst), 1, "only bob's own call ran");
-                assert_eq!(h.requests.total(), 0, "refused before any request");
-                // Bob's record is as his call left it, and alice's key has none.
-                let record = h.record("hostile::lookup", &bob).await.unwrap();
-                assert_eq!(record.status, Status::Completed);
-                assert_eq!(record.attempt, 1);
-                assert_eq!(
-                    record.response.as_deref(),
-                    Some(&br#""the stored answer for bob""#[..])
-                );
-                let alice = lookup_key("alice", &[("order", "1")]);
-                assert!(h.record("hostile::lookup", &alice).await.is_none());
-                // Alice's own key still works, and runs her own body.
-                let answer = lookup(&h.idem, &runs, &alice).await.unwrap();
-                assert_eq!(answer, "the stored answer for alice");
-                assert_eq!(runs.load(Ordering::SeqCst), 2);
-            }
-
-            #[tokio::test]
-            async fn a_payload_that_repeats_a_field_does_not_pass_for_another() {
-                let h = Harness::new($backend).await;
-                let runs = AtomicUsize::new(0);
-                let five = Charge {
-                    amount: 5,
-                    extra: BTreeMap::new(),
-                };
-                assert_eq!(charge(&h.idem, &runs, "order-1", &five).await.unwrap(), 5);
-                // 5000, with an extra entry that would have overwritten the amount in the fingerprint.
-                let forged = Charge {
-                    amount: 5000,
-                    extra: BTreeMap::from([("amount".to_owned(), 5)]),
-                };
-                let err = idem_error(charge(&h.idem, &runs, "order-1", &forged).await);
-                assert!(
-                    matches!(
-                        &err,
-                        Error::Serialize {
-                            what: "payload",
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                assert!(err.to_string().contains("\"amount\""), "{err}");
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                // On a new key too: nothing is claimed with it.
-                let err = idem_error(charge(&h.idem, &runs, "order-2", &forged).await);
-                assert!(
-                    matches!(
-                        &err,
-                        Error::Serialize {
-                            what: "payload",
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert!(h.record("hostile::charge", "order-2").await.is_none());
-                // A real change of amount is a payload mismatch, as ever.
-                let other = Charge {
-                    amount: 5000,
-                    extra: BTreeMap::new(),
-                };
-                let err = idem_error(charge(&h.idem, &runs, "order-1", &other).await);
-                assert!(matches!(&err, Error::PayloadMismatch { .. }), "{err:?}");
-            }
-        }
-    };
+async fn a_flattened_parameter_cannot_reach_another_tenants_record(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    let bob = lookup_key("bob", &[("order", "1")]);
+    let answer = lookup(&h.idem, &runs, &bob).await.unwrap();
+    assert_eq!(answer, "the stored answer for bob");
+    h.requests.reset();
+    // Alice's key, with a parameter that shadows the tenant field.
+    let forged = lookup_key("alice", &[("order", "1"), ("tenant", "bob")]);
+    let err = idem_error(lookup(&h.idem, &runs, &forged).await);
+    assert!(
+        matches!(&err, Error::Serialize { what: "key", .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.namespace(), "hostile::lookup");
+    assert!(
+        err.to_string()
+            .contains("repeats the object key \"tenant\""),
+        "{err}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only bob's own call ran");
+    assert_eq!(h.requests.total(), 0, "refused before any request");
+    // Bob's record is as his call left it, and alice's key has none.
+    let record = h.record("hostile::lookup", &bob).await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.attempt, 1);
+    assert_eq!(
+        record.response.as_deref(),
+        Some(&br#""the stored answer for bob""#[..])
+    );
+    let alice = lookup_key("alice", &[("order", "1")]);
+    assert!(h.record("hostile::lookup", &alice).await.is_none());
+    // Alice's own key still works, and runs her own body.
+    let answer = lookup(&h.idem, &runs, &alice).await.unwrap();
+    assert_eq!(answer, "the stored answer for alice");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-hostile_input!(memory, Backend::Memory);
-hostile_input!(dynamodb, Backend::DynamoDb);
+async fn a_payload_that_repeats_a_field_does_not_pass_for_another(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    let five = Charge {
+        amount: 5,
+        extra: BTreeMap::new(),
+    };
+    assert_eq!(charge(&h.idem, &runs, "order-1", &five).await.unwrap(), 5);
+    // 5000, with an extra entry that would have overwritten the amount in the fingerprint.
+    let forged = Charge {
+        amount: 5000,
+        extra: BTreeMap::from([("amount".to_owned(), 5)]),
+    };
+    let err = idem_error(charge(&h.idem, &runs, "order-1", &forged).await);
+    assert!(
+        matches!(
+            &err,
+            Error::Serialize {
+                what: "payload",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("\"amount\""), "{err}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // On a new key too: nothing is claimed with it.
+    let err = idem_error(charge(&h.idem, &runs, "order-2", &forged).await);
+    assert!(
+        matches!(
+            &err,
+            Error::Serialize {
+                what: "payload",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(h.record("hostile::charge", "order-2").await.is_none());
+    // A real change of amount is a payload mismatch, as ever.
+    let other = Charge {
+        amount: 5000,
+        extra: BTreeMap::new(),
+    };
+    let err = idem_error(charge(&h.idem, &runs, "order-1", &other).await);
+    assert!(matches!(&err, Error::PayloadMismatch { .. }), "{err:?}");
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_flattened_parameter_cannot_reach_another_tenants_record,
+    #[tokio::test]
+    a_payload_that_repeats_a_field_does_not_pass_for_another,
+}
 
 /// Keys over a few tenants and parameter names, `tenant` among them: pairs often share a tenant or a
 /// parameter, which is where a merge would make two of them one.
@@ -233,60 +228,61 @@ async fn report(idem: &Idempotency, runs: &AtomicUsize, id: &str) -> Result<Stri
 
 use idempotent_runtime::Clock as _;
 
-macro_rules! untrusted_records {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
-
-            /// 20 MiB of JSON in about 20 KB of gzip: past the default bound (16 MiB).
-            #[tokio::test]
-            async fn a_stored_response_that_inflates_past_the_bound_is_corrupt_and_not_inflated() {
-                let bomb = gzip_bomb("\"", 20 << 20, "\"");
-                assert!(bomb.len() < 100_000, "{}", bomb.len());
-                for cache in [false, true] {
-                    let h = Harness::with($backend, |b| if cache { b.local_cache(16) } else { b }).await;
-                    let key = derive_key("hostile::report", "r-1").unwrap();
-                    plant(&h, &key, &bomb).await;
-                    let runs = AtomicUsize::new(0);
-                    // Twice: the local cache, if any, keeps nothing that did not decode.
-                    for _ in 0..2 {
-                        let err = idem_error(report(&h.idem, &runs, "r-1").await);
-                        assert!(
-                            matches!(&err, Error::CorruptRecord { detail, .. } if detail.contains(&format!("inflates to more than {} bytes", idempotent_runtime::DEFAULT_MAX_RESPONSE_BYTES))),
-                            "{err:?}"
-                        );
-                    }
-                    assert_eq!(runs.load(Ordering::SeqCst), 0, "the body never runs on it");
-                    let record = h.store.get(&key).await.unwrap().unwrap();
-                    assert_eq!(record.status, Status::Completed);
-                    assert_eq!(record.response.as_deref(), Some(&bomb[..]), "left as it was");
-                }
-            }
-
-            /// A handle reads back whatever it stored: a value over its bound is recorded without it.
-            #[tokio::test]
-            async fn a_response_over_the_bound_is_not_stored_and_replays_as_too_large() {
-                let h = Harness::with($backend, |b| b.max_response_bytes(1_000)).await;
-                assert_eq!(h.idem.max_response_bytes(), 1_000);
-                let runs = AtomicUsize::new(0);
-                assert_eq!(report(&h.idem, &runs, "r-2").await.unwrap().len(), 2_000);
-                let record = h.record("hostile::report", "r-2").await.unwrap();
-                assert_eq!((record.status, record.response), (Status::Completed, None));
-                let err = idem_error(report(&h.idem, &runs, "r-2").await);
-                assert!(matches!(&err, Error::ResponseTooLarge { .. }), "{err:?}");
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                // Under the bound, stored and replayed as ever.
-                let h = Harness::with($backend, |b| b.max_response_bytes(2_002)).await;
-                assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
-                assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
-                assert_eq!(runs.load(Ordering::SeqCst), 2);
-            }
+/// 20 MiB of JSON in about 20 KB of gzip: past the default bound (16 MiB).
+async fn a_stored_response_that_inflates_past_the_bound_is_corrupt_and_not_inflated(
+    backend: Backend,
+) {
+    let bomb = gzip_bomb("\"", 20 << 20, "\"");
+    assert!(bomb.len() < 100_000, "{}", bomb.len());
+    for cache in [false, true] {
+        let h = Harness::with(backend, |b| if cache { b.local_cache(16) } else { b }).await;
+        let key = derive_key("hostile::report", "r-1").unwrap();
+        plant(&h, &key, &bomb).await;
+        let runs = AtomicUsize::new(0);
+        // Twice: the local cache, if any, keeps nothing that did not decode.
+        for _ in 0..2 {
+            let err = idem_error(report(&h.idem, &runs, "r-1").await);
+            assert!(
+                matches!(&err, Error::CorruptRecord { detail, .. } if detail.contains(&format!("inflates to more than {} bytes", idempotent_runtime::DEFAULT_MAX_RESPONSE_BYTES))),
+                "{err:?}"
+            );
         }
-    };
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "the body never runs on it");
+        let record = h.store.get(&key).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(
+            record.response.as_deref(),
+            Some(&bomb[..]),
+            "left as it was"
+        );
+    }
 }
 
-untrusted_records!(memory_records, Backend::Memory);
-untrusted_records!(dynamodb_records, Backend::DynamoDb);
+/// A handle reads back whatever it stored: a value over its bound is recorded without it.
+async fn a_response_over_the_bound_is_not_stored_and_replays_as_too_large(backend: Backend) {
+    let h = Harness::with(backend, |b| b.max_response_bytes(1_000)).await;
+    assert_eq!(h.idem.max_response_bytes(), 1_000);
+    let runs = AtomicUsize::new(0);
+    assert_eq!(report(&h.idem, &runs, "r-2").await.unwrap().len(), 2_000);
+    let record = h.record("hostile::report", "r-2").await.unwrap();
+    assert_eq!((record.status, record.response), (Status::Completed, None));
+    let err = idem_error(report(&h.idem, &runs, "r-2").await);
+    assert!(matches!(&err, Error::ResponseTooLarge { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Under the bound, stored and replayed as ever.
+    let h = Harness::with(backend, |b| b.max_response_bytes(2_002)).await;
+    assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
+    assert_eq!(report(&h.idem, &runs, "r-3").await.unwrap().len(), 2_000);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory_records, mod dynamodb_records;
+    #[tokio::test]
+    a_stored_response_that_inflates_past_the_bound_is_corrupt_and_not_inflated,
+    #[tokio::test]
+    a_response_over_the_bound_is_not_stored_and_replays_as_too_large,
+}
 
 #[test]
 fn a_bound_of_zero_is_refused() {
@@ -349,50 +345,44 @@ mod http {
 
     use std::sync::Arc;
 
-    macro_rules! http_replays {
-        ($name:ident, $backend:expr) => {
-            mod $name {
-                use super::*;
-
-                /// A record at the layer's key whose body inflates to 1 MiB, though the layer stores
-                /// at most 1 KiB: refused, not sent.
-                #[tokio::test]
-                async fn a_replay_inflates_no_more_than_the_layer_could_have_stored() {
-                    let h = Harness::new($backend).await;
-                    let runs = Arc::new(AtomicUsize::new(0));
-                    let addr = serve(&h, runs.clone(), "ok").await;
-                    let key =
-                        idempotent_runtime::derive_http_key("http", "tenant-a", "k-1").unwrap();
-                    let bomb = gzip_bomb(
-                        r#"{"status":200,"headers":[],"body":{"text":""#,
-                        1 << 20,
-                        "\"}}",
-                    );
-                    plant(&h, &key, &bomb).await;
-                    let (status, body) = send(addr, "k-1").await;
-                    assert!(status.is_server_error(), "{status}");
-                    assert!(body.len() < 4096, "{} bytes sent", body.len());
-                    assert_eq!(runs.load(Ordering::SeqCst), 0);
-                }
-
-                /// The bound leaves room for the worst a stored body can take in JSON: every byte
-                /// a control character (six bytes each).
-                #[tokio::test]
-                async fn a_stored_body_of_the_largest_size_still_replays() {
-                    let h = Harness::new($backend).await;
-                    let runs = Arc::new(AtomicUsize::new(0));
-                    let body: &'static str = "\u{1}".repeat(1024).leak();
-                    let addr = serve(&h, runs.clone(), body).await;
-                    let first = send(addr, "k-2").await;
-                    let again = send(addr, "k-2").await;
-                    assert_eq!(first, (StatusCode::OK, Bytes::from(body)));
-                    assert_eq!(again, first);
-                    assert_eq!(runs.load(Ordering::SeqCst), 1);
-                }
-            }
-        };
+    /// A record at the layer's key whose body inflates to 1 MiB, though the layer stores
+    /// at most 1 KiB: refused, not sent.
+    async fn a_replay_inflates_no_more_than_the_layer_could_have_stored(backend: Backend) {
+        let h = Harness::new(backend).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let addr = serve(&h, runs.clone(), "ok").await;
+        let key = idempotent_runtime::derive_http_key("http", "tenant-a", "k-1").unwrap();
+        let bomb = gzip_bomb(
+            r#"{"status":200,"headers":[],"body":{"text":""#,
+            1 << 20,
+            "\"}}",
+        );
+        plant(&h, &key, &bomb).await;
+        let (status, body) = send(addr, "k-1").await;
+        assert!(status.is_server_error(), "{status}");
+        assert!(body.len() < 4096, "{} bytes sent", body.len());
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 
-    http_replays!(memory, Backend::Memory);
-    http_replays!(dynamodb, Backend::DynamoDb);
+    /// The bound leaves room for the worst a stored body can take in JSON: every byte
+    /// a control character (six bytes each).
+    async fn a_stored_body_of_the_largest_size_still_replays(backend: Backend) {
+        let h = Harness::new(backend).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let body: &'static str = "\u{1}".repeat(1024).leak();
+        let addr = serve(&h, runs.clone(), body).await;
+        let first = send(addr, "k-2").await;
+        let again = send(addr, "k-2").await;
+        assert_eq!(first, (StatusCode::OK, Bytes::from(body)));
+        assert_eq!(again, first);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    idempotent_tests::on_both_stores! {
+        mod memory, mod dynamodb;
+        #[tokio::test]
+        a_replay_inflates_no_more_than_the_layer_could_have_stored,
+        #[tokio::test]
+        a_stored_body_of_the_largest_size_still_replays,
+    }
 }

@@ -8,53 +8,54 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest};
 use idempotent_runtime::{Error, Idempotency, Record, Status, Store, StoreError, idempotent};
 use idempotent_tests::proxy::{Fault, Rule};
-use idempotent_tests::{AppError, Backend, Harness, RequestCounter, idem_error};
+use idempotent_tests::{AppError, Backend, Forward, Harness, RequestCounter, idem_error};
 use tokio::sync::{Notify, Semaphore};
 
 const NAMESPACE: &str = "interruptions::charge";
+
+/// The namespace of `dropped_calls_are_counted_by_phase`'s calls, which no other test uses.
+const COUNTED: &str = "interruptions::counted";
 
 /// A store whose claims land at once but whose answers come `delay` late: a caller that gives up in
 /// between has a claim it never heard of.
 #[derive(Debug)]
 struct SlowClaim {
-    inner: Arc<dyn Store>,
     delay: Duration,
     /// Notified when a claim has been answered by the store (and before its caller hears of it).
     landed: Arc<Notify>,
 }
 
 impl SlowClaim {
-    fn over(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            delay: Duration::from_secs(30),
-            landed: Arc::new(Notify::new()),
-        })
+    fn over(inner: Arc<dyn Store>) -> Arc<Delegating<Forward, Self>> {
+        Arc::new(Delegating::new(
+            Forward(inner),
+            Self {
+                delay: Duration::from_secs(30),
+                landed: Arc::new(Notify::new()),
+            },
+        ))
     }
 }
 
 #[async_trait::async_trait]
-impl Store for SlowClaim {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.claim(request).await;
+impl Override<Forward> for SlowClaim {
+    fn kind(&self) -> &'static str {
+        "slow-claim"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let outcome = inner.claim(request).await;
         self.landed.notify_one();
         tokio::time::sleep(self.delay).await;
         outcome
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "slow-claim"
     }
 }
 
@@ -104,254 +105,251 @@ fn message(panic: &(dyn std::any::Any + Send)) -> String {
         .expect("a panic with a message")
 }
 
-macro_rules! interruptions {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
+/// A body that panics: its record is FAILED with `panicked: <message>` (so the key is free
+/// at once, not blocked for the lease), and the very panic reaches the caller.
+#[allow(
+    clippy::manual_assert,
+    reason = "a `panic!` behind a condition the compiler cannot see through keeps the `Ok` after it reachable"
+)]
+async fn a_panicking_body_fails_its_record_and_the_panic_goes_on(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (idem, counted) = (h.idem.clone(), runs.clone());
+    let caller = tokio::spawn(async move {
+        idem.operation(NAMESPACE, "p-1")
+            .run(|| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if counted.load(Ordering::SeqCst) > 0 {
+                    panic!("card reader on fire");
+                }
+                Ok::<u32, AppError>(1)
+            })
+            .await
+    });
+    let panic = caller.await.expect_err("the caller panics").into_panic();
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"card reader on fire"));
+    let record = h.record(NAMESPACE, "p-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(
+        record.error.as_deref(),
+        Some("panicked: card reader on fire")
+    );
+    // The key is free at once: the retry runs the body.
+    assert_eq!(charge(&h.idem, "p-1", &runs, 2).await.unwrap(), 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        h.record(NAMESPACE, "p-1").await.unwrap().status,
+        Status::Completed
+    );
+}
 
-            /// A body that panics: its record is FAILED with `panicked: <message>` (so the key is free
-            /// at once, not blocked for the lease), and the very panic reaches the caller.
-            #[tokio::test]
-            async fn a_panicking_body_fails_its_record_and_the_panic_goes_on() {
-                let h = Harness::new($backend).await;
-                let runs = Arc::new(AtomicUsize::new(0));
-                let (idem, counted) = (h.idem.clone(), runs.clone());
-                let caller = tokio::spawn(async move {
-                    idem.operation(NAMESPACE, "p-1")
-                        .run(|| async move {
-                            counted.fetch_add(1, Ordering::SeqCst);
-                            if counted.load(Ordering::SeqCst) > 0 {
-                                panic!("card reader on fire");
-                            }
-                            Ok::<u32, AppError>(1)
-                        })
-                        .await
-                });
-                let panic = caller.await.expect_err("the caller panics").into_panic();
-                assert_eq!(panic.downcast_ref::<&str>(), Some(&"card reader on fire"));
-                let record = h.record(NAMESPACE, "p-1").await.unwrap();
-                assert_eq!(record.status, Status::Failed);
-                assert_eq!(
-                    record.error.as_deref(),
-                    Some("panicked: card reader on fire")
-                );
-                // The key is free at once: the retry runs the body.
-                assert_eq!(charge(&h.idem, "p-1", &runs, 2).await.unwrap(), 2);
-                assert_eq!(runs.load(Ordering::SeqCst), 2);
-                assert_eq!(
-                    h.record(NAMESPACE, "p-1").await.unwrap().status,
-                    Status::Completed
-                );
-            }
+/// A panic's message is cut like any error's text (at most 4 KiB stored).
+#[allow(
+    clippy::manual_assert,
+    reason = "a `panic!` behind a condition the compiler cannot see through keeps the `Ok` after it reachable"
+)]
+async fn a_long_panic_message_is_cut_like_any_error(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let idem = h.idem.clone();
+    let caller = tokio::spawn(async move {
+        idem.operation(NAMESPACE, "p-2")
+            .run(|| async move {
+                if NAMESPACE.len() > 1 {
+                    panic!("{}", "x".repeat(4_200));
+                }
+                Ok::<u32, AppError>(1)
+            })
+            .await
+    });
+    let panic = caller.await.expect_err("the caller panics").into_panic();
+    assert_eq!(
+        message(&*panic).len(),
+        4_200,
+        "the panic itself is unchanged"
+    );
+    let error = h.record(NAMESPACE, "p-2").await.unwrap().error.unwrap();
+    assert!(error.starts_with("panicked: xxx"), "{error}");
+    assert!(error.len() <= 4096, "{} bytes", error.len());
+    assert!(error.ends_with("(4210 bytes in all)"), "{error}");
+}
 
-            /// A panic's message is cut like any error's text (at most 4 KiB stored).
-            #[tokio::test]
-            async fn a_long_panic_message_is_cut_like_any_error() {
-                let h = Harness::new($backend).await;
-                let idem = h.idem.clone();
-                let caller = tokio::spawn(async move {
-                    idem.operation(NAMESPACE, "p-2")
-                        .run(|| async move {
-                            if NAMESPACE.len() > 1 {
-                                panic!("{}", "x".repeat(4_200));
-                            }
-                            Ok::<u32, AppError>(1)
-                        })
-                        .await
-                });
-                let panic = caller.await.expect_err("the caller panics").into_panic();
-                assert_eq!(
-                    message(&*panic).len(),
-                    4_200,
-                    "the panic itself is unchanged"
-                );
-                let error = h.record(NAMESPACE, "p-2").await.unwrap().error.unwrap();
-                assert!(error.starts_with("panicked: xxx"), "{error}");
-                assert!(error.len() <= 4096, "{} bytes", error.len());
-                assert!(error.ends_with("(4210 bytes in all)"), "{error}");
-            }
+/// A caller that gives up while its claim is on its way (the claim lands, the answer comes
+/// late): the claim is released, and the next caller runs the body at once instead of
+/// finding the key PENDING for a whole lease.
+async fn a_call_dropped_during_its_claim_leaves_the_key_free(backend: Backend) {
+    let base = Harness::new(backend).await;
+    let slow = SlowClaim::over(base.store.clone());
+    let h = Harness::over(slow.clone(), RequestCounter::default(), |b| b);
+    let runs = AtomicUsize::new(0);
+    // The claim has landed; its answer is on its way when the caller gives up.
+    drop_when(charge(&h.idem, "d-1", &runs, 1), &slow.landed).await;
+    let record = settled(&h, "d-1").await.expect("the claim had landed");
+    assert_eq!(record.status, Status::Failed, "released");
+    assert_eq!(
+        record.error.as_deref(),
+        Some("released: the call was dropped before its body started")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The next caller claims the key at once and runs the body.
+    assert_eq!(charge(&base.idem, "d-1", &runs, 2).await.unwrap(), 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
 
-            /// A caller that gives up while its claim is on its way (the claim lands, the answer comes
-            /// late): the claim is released, and the next caller runs the body at once instead of
-            /// finding the key PENDING for a whole lease.
-            #[tokio::test]
-            async fn a_call_dropped_during_its_claim_leaves_the_key_free() {
-                let base = Harness::new($backend).await;
-                let slow = SlowClaim::over(base.store.clone());
-                let h = Harness::over(slow.clone(), RequestCounter::default(), |b| b);
-                let runs = AtomicUsize::new(0);
-                // The claim has landed; its answer is on its way when the caller gives up.
-                drop_when(charge(&h.idem, "d-1", &runs, 1), &slow.landed).await;
-                let record = settled(&h, "d-1").await.expect("the claim had landed");
-                assert_eq!(record.status, Status::Failed, "released");
-                assert_eq!(
-                    record.error.as_deref(),
-                    Some("released: the call was dropped before its body started")
-                );
-                assert_eq!(runs.load(Ordering::SeqCst), 0);
-                // The next caller claims the key at once and runs the body.
-                assert_eq!(charge(&base.idem, "d-1", &runs, 2).await.unwrap(), 2);
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
+/// A caller dropped while its (not detached) body runs: the body stops where it is, and the
+/// key stays PENDING until its lease (the body may have had effects): a duplicate gets
+/// `InProgress`, not a second run.
+async fn a_call_dropped_mid_body_keeps_the_key_pending(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = AtomicUsize::new(0);
+    let started = Notify::new();
+    let call = h.idem.operation(NAMESPACE, "m-1").run(|| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        started.notify_one();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok::<u32, AppError>(1)
+    });
+    drop_when(call, &started).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(h.idem.drain(Duration::from_secs(5)).await, 0);
+    assert_eq!(
+        h.record(NAMESPACE, "m-1").await.unwrap().status,
+        Status::Pending
+    );
+    let duplicate = charge(&h.idem, "m-1", &runs, 2).await;
+    assert!(matches!(idem_error(duplicate), Error::InProgress { .. }));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
 
-            /// A caller dropped while its (not detached) body runs: the body stops where it is, and the
-            /// key stays PENDING until its lease (the body may have had effects): a duplicate gets
-            /// `InProgress`, not a second run.
-            #[tokio::test]
-            async fn a_call_dropped_mid_body_keeps_the_key_pending() {
-                let h = Harness::new($backend).await;
-                let runs = AtomicUsize::new(0);
-                let started = Notify::new();
-                let call = h.idem.operation(NAMESPACE, "m-1").run(|| async {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    Ok::<u32, AppError>(1)
-                });
-                drop_when(call, &started).await;
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert_eq!(h.idem.drain(Duration::from_secs(5)).await, 0);
-                assert_eq!(
-                    h.record(NAMESPACE, "m-1").await.unwrap().status,
-                    Status::Pending
-                );
-                let duplicate = charge(&h.idem, "m-1", &runs, 2).await;
-                assert!(matches!(idem_error(duplicate), Error::InProgress { .. }));
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
+/// A detached call whose caller times out: the body runs to its end on its own task, its
+/// result is stored once, a duplicate meanwhile gets `InProgress`, and one after it gets
+/// the stored value without a second run.
+async fn a_detached_call_outlives_its_callers_timeout(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let started = Arc::new(Notify::new());
+    let (counted, held, starting) = (runs.clone(), gate.clone(), started.clone());
+    let call = h
+        .idem
+        .operation(NAMESPACE, "t-1")
+        .detach()
+        .run(move || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            starting.notify_one();
+            held.acquire().await.unwrap().forget();
+            Ok::<u32, AppError>(7)
+        });
+    // The caller's `timeout` runs out once the body has started.
+    let call = tokio::time::timeout(Duration::from_secs(30), call);
+    drop_when(call, &started).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body started");
+    // Still running on its own task: the key is held, not abandoned.
+    let duplicate = charge(&h.idem, "t-1", &runs, 8).await;
+    assert!(matches!(idem_error(duplicate), Error::InProgress { .. }));
+    assert_eq!(
+        h.idem.drain(Duration::from_millis(50)).await,
+        1,
+        "still running"
+    );
+    gate.add_permits(1);
+    assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
+    let record = h.record(NAMESPACE, "t-1").await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.response.as_deref(), Some(&b"7"[..]));
+    assert_eq!(
+        charge(&h.idem, "t-1", &runs, 8).await.unwrap(),
+        7,
+        "replayed"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
 
-            /// A detached call whose caller times out: the body runs to its end on its own task, its
-            /// result is stored once, a duplicate meanwhile gets `InProgress`, and one after it gets
-            /// the stored value without a second run.
-            #[tokio::test]
-            async fn a_detached_call_outlives_its_callers_timeout() {
-                let h = Harness::new($backend).await;
-                let runs = Arc::new(AtomicUsize::new(0));
-                let gate = Arc::new(Semaphore::new(0));
-                let started = Arc::new(Notify::new());
-                let (counted, held, starting) = (runs.clone(), gate.clone(), started.clone());
-                let call = h
-                    .idem
-                    .operation(NAMESPACE, "t-1")
-                    .detach()
-                    .run(move || async move {
-                        counted.fetch_add(1, Ordering::SeqCst);
-                        starting.notify_one();
-                        held.acquire().await.unwrap().forget();
-                        Ok::<u32, AppError>(7)
-                    });
-                // The caller's `timeout` runs out once the body has started.
-                let call = tokio::time::timeout(Duration::from_secs(30), call);
-                drop_when(call, &started).await;
-                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body started");
-                // Still running on its own task: the key is held, not abandoned.
-                let duplicate = charge(&h.idem, "t-1", &runs, 8).await;
-                assert!(matches!(idem_error(duplicate), Error::InProgress { .. }));
-                assert_eq!(
-                    h.idem.drain(Duration::from_millis(50)).await,
-                    1,
-                    "still running"
-                );
-                gate.add_permits(1);
-                assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
-                let record = h.record(NAMESPACE, "t-1").await.unwrap();
-                assert_eq!(record.status, Status::Completed);
-                assert_eq!(record.response.as_deref(), Some(&b"7"[..]));
-                assert_eq!(
-                    charge(&h.idem, "t-1", &runs, 8).await.unwrap(),
-                    7,
-                    "replayed"
-                );
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
-
-            /// A detached call awaited to its end behaves as any call: its value, then replays.
-            #[tokio::test]
-            async fn a_detached_call_returns_its_value_and_replays() {
-                let h = Harness::new($backend).await;
-                let runs = Arc::new(AtomicUsize::new(0));
-                let detached = |value: u32| {
-                    let counted = runs.clone();
-                    h.idem
-                        .operation(NAMESPACE, "t-2")
-                        .detach()
-                        .run(move || async move {
-                            counted.fetch_add(1, Ordering::SeqCst);
-                            Ok::<u32, AppError>(value)
-                        })
-                };
-                let (first, execution) = idempotent_runtime::observe(detached(1)).await;
-                assert_eq!(
-                    (first.unwrap(), execution),
-                    (1, Some(idempotent_runtime::Execution::Executed))
-                );
-                let (again, execution) = idempotent_runtime::observe(detached(2)).await;
-                assert_eq!(
-                    (again.unwrap(), execution),
-                    (1, Some(idempotent_runtime::Execution::Replayed))
-                );
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
-
-            /// A detached body that panics: FAILED with its message, and its panic reaches the caller
-            /// (from the body's task) as it was.
-            #[tokio::test]
-            async fn a_detached_panic_fails_the_record_and_reaches_the_caller() {
-                let h = Harness::new($backend).await;
-                let idem = h.idem.clone();
-                let caller = tokio::spawn(async move {
-                    idem.operation(NAMESPACE, "t-3")
-                        .detach()
-                        .run(|| async move {
-                            let status = NAMESPACE.len() * 0 + 502;
-                            if status > 0 {
-                                panic!("gateway said {status}");
-                            }
-                            Ok::<u32, AppError>(1)
-                        })
-                        .await
-                });
-                let panic = caller.await.expect_err("the caller panics").into_panic();
-                // The body's own payload: a `String`, since its message was formatted.
-                assert_eq!(
-                    panic.downcast_ref::<String>().map(String::as_str),
-                    Some("gateway said 502")
-                );
-                let record = h.record(NAMESPACE, "t-3").await.unwrap();
-                assert_eq!(record.status, Status::Failed);
-                assert_eq!(record.error.as_deref(), Some("panicked: gateway said 502"));
-            }
-
-            /// `#[idempotent(.., detach)]`: the caller's timeout does not stop the body.
-            #[tokio::test]
-            async fn the_attributes_detach_outlives_the_callers_timeout() {
-                let h = Harness::new($backend).await;
-                let runs = Arc::new(AtomicUsize::new(0));
-                let gate = Arc::new(Semaphore::new(0));
-                let started = Arc::new(Notify::new());
-                let call = ship(
-                    h.idem.clone(),
-                    "s-1".into(),
-                    runs.clone(),
-                    gate.clone(),
-                    started.clone(),
-                );
-                drop_when(call, &started).await;
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                gate.add_permits(1);
-                assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
-                let again = ship(
-                    h.idem.clone(),
-                    "s-1".into(),
-                    runs.clone(),
-                    gate.clone(),
-                    started,
-                );
-                assert_eq!(again.await.unwrap(), "shipped s-1");
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
-        }
+/// A detached call awaited to its end behaves as any call: its value, then replays.
+async fn a_detached_call_returns_its_value_and_replays(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let detached = |value: u32| {
+        let counted = runs.clone();
+        h.idem
+            .operation(NAMESPACE, "t-2")
+            .detach()
+            .run(move || async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, AppError>(value)
+            })
     };
+    let (first, execution) = idempotent_runtime::observe(detached(1)).await;
+    assert_eq!(
+        (first.unwrap(), execution),
+        (1, Some(idempotent_runtime::Execution::Executed))
+    );
+    let (again, execution) = idempotent_runtime::observe(detached(2)).await;
+    assert_eq!(
+        (again.unwrap(), execution),
+        (1, Some(idempotent_runtime::Execution::Replayed))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A detached body that panics: FAILED with its message, and its panic reaches the caller
+/// (from the body's task) as it was.
+#[allow(
+    clippy::manual_assert,
+    clippy::erasing_op,
+    reason = "a `panic!` behind a value the compiler cannot see is constant keeps the `Ok` after it reachable"
+)]
+async fn a_detached_panic_fails_the_record_and_reaches_the_caller(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let idem = h.idem.clone();
+    let caller = tokio::spawn(async move {
+        idem.operation(NAMESPACE, "t-3")
+            .detach()
+            .run(|| async move {
+                let status = NAMESPACE.len() * 0 + 502;
+                if status > 0 {
+                    panic!("gateway said {status}");
+                }
+                Ok::<u32, AppError>(1)
+            })
+            .await
+    });
+    let panic = caller.await.expect_err("the caller panics").into_panic();
+    // The body's own payload: a `String`, since its message was formatted.
+    assert_eq!(
+        panic.downcast_ref::<String>().map(String::as_str),
+        Some("gateway said 502")
+    );
+    let record = h.record(NAMESPACE, "t-3").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(record.error.as_deref(), Some("panicked: gateway said 502"));
+}
+
+/// `#[idempotent(.., detach)]`: the caller's timeout does not stop the body.
+async fn the_attributes_detach_outlives_the_callers_timeout(backend: Backend) {
+    let h = Harness::new(backend).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let started = Arc::new(Notify::new());
+    let call = ship(
+        h.idem.clone(),
+        "s-1".into(),
+        runs.clone(),
+        gate.clone(),
+        started.clone(),
+    );
+    drop_when(call, &started).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    gate.add_permits(1);
+    assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
+    let again = ship(
+        h.idem.clone(),
+        "s-1".into(),
+        runs.clone(),
+        gate.clone(),
+        started,
+    );
+    assert_eq!(again.await.unwrap(), "shipped s-1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[idempotent(key = order, store = idem, name = "interruptions::ship", detach)]
@@ -368,8 +366,25 @@ async fn ship(
     Ok(format!("shipped {order}"))
 }
 
-interruptions!(memory, Backend::Memory);
-interruptions!(dynamodb, Backend::DynamoDb);
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_panicking_body_fails_its_record_and_the_panic_goes_on,
+    #[tokio::test]
+    a_long_panic_message_is_cut_like_any_error,
+    #[tokio::test]
+    a_call_dropped_during_its_claim_leaves_the_key_free,
+    #[tokio::test]
+    a_call_dropped_mid_body_keeps_the_key_pending,
+    #[tokio::test]
+    a_detached_call_outlives_its_callers_timeout,
+    #[tokio::test]
+    a_detached_call_returns_its_value_and_replays,
+    #[tokio::test]
+    a_detached_panic_fails_the_record_and_reaches_the_caller,
+    #[tokio::test]
+    the_attributes_detach_outlives_the_callers_timeout,
+}
 
 /// On DynamoDB Local, behind the fault proxy: the claim's request is held back, the caller gives up
 /// (its connection closes before the request is forwarded), and the release that follows finds
@@ -398,7 +413,8 @@ async fn a_call_dropped_while_its_claim_is_delayed_leaves_the_key_free() {
 }
 
 /// `idempotency_calls_dropped_total{phase}` counts both kinds of drop (memory store; the only test of
-/// this binary with a metrics recorder).
+/// this binary with a metrics recorder). Its calls have a namespace of their own: the recorder is
+/// global, and the tests running beside it drop calls of `NAMESPACE`.
 #[tokio::test]
 async fn dropped_calls_are_counted_by_phase() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -408,10 +424,13 @@ async fn dropped_calls_are_counted_by_phase() {
     let base = Harness::new(Backend::Memory).await;
     let slow = SlowClaim::over(base.store.clone());
     let h = Harness::over(slow.clone(), RequestCounter::default(), |b| b);
-    let runs = AtomicUsize::new(0);
-    drop_when(charge(&h.idem, "c-1", &runs, 1), &slow.landed).await;
+    let claim = h
+        .idem
+        .operation(COUNTED, "c-1")
+        .run(|| async { Ok::<u32, AppError>(1) });
+    drop_when(claim, &slow.landed).await;
     let started = Notify::new();
-    let body = base.idem.operation(NAMESPACE, "c-2").run(|| async {
+    let body = base.idem.operation(COUNTED, "c-2").run(|| async {
         started.notify_one();
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok::<u32, AppError>(1)
@@ -420,7 +439,7 @@ async fn dropped_calls_are_counted_by_phase() {
     // A call dropped while it waits for another's claim has nothing to release, and is not counted.
     let waiting = base
         .idem
-        .operation(NAMESPACE, "c-2")
+        .operation(COUNTED, "c-2")
         .wait(Duration::from_secs(30))
         .run(|| async { Ok::<u32, AppError>(3) });
     assert!(
@@ -441,7 +460,7 @@ async fn dropped_calls_are_counted_by_phase() {
                     && key
                         .key()
                         .labels()
-                        .any(|l| l.key() == "namespace" && l.value() == NAMESPACE)
+                        .any(|l| l.key() == "namespace" && l.value() == COUNTED)
             })
             .map(|(_, _, _, value)| match value {
                 DebugValue::Counter(n) => *n,

@@ -18,26 +18,18 @@ fn receipt(runs: &AtomicUsize, caller: &str) -> String {
     format!("receipt of {caller} (run {run})")
 }
 
-/// `async fn $name(idem, runs, caller, order_id: Option<String>)`, keyed by `order_id` in the namespace
-/// `$namespace`, with the attribute's `missing_key = $policy` when one is given: it returns its caller's
-/// receipt.
-macro_rules! by_order_id {
-    ($name:ident, $namespace:tt $(, $policy:tt)?) => {
-        #[idempotent(key = order_id, store = idem, name = $namespace $(, missing_key = $policy)?)]
-        async fn $name(
-            idem: &Idempotency,
-            runs: &AtomicUsize,
-            caller: &str,
-            order_id: Option<String>,
-        ) -> Result<String, AppError> {
-            Ok(receipt(runs, caller))
-        }
-    };
-}
-
 const REJECT: &str = "missing-key::reject";
 
-by_order_id!(reject, "missing-key::reject");
+/// Keyed by `order_id` (the default policy): returns its caller's receipt.
+#[idempotent(key = order_id, store = idem, name = "missing-key::reject")]
+async fn reject(
+    idem: &Idempotency,
+    runs: &AtomicUsize,
+    caller: &str,
+    order_id: Option<String>,
+) -> Result<String, AppError> {
+    Ok(receipt(runs, caller))
+}
 
 async fn a_none_key_is_rejected_before_any_io(backend: Backend) {
     let h = Harness::new(backend).await;
@@ -145,7 +137,16 @@ async fn a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys(backe
 
 const ALLOW: &str = "missing-key::allow";
 
-by_order_id!(allow, "missing-key::allow", "allow");
+/// Keyed by `order_id`, with `missing_key = "allow"`: returns its caller's receipt.
+#[idempotent(key = order_id, store = idem, name = "missing-key::allow", missing_key = "allow")]
+async fn allow(
+    idem: &Idempotency,
+    runs: &AtomicUsize,
+    caller: &str,
+    order_id: Option<String>,
+) -> Result<String, AppError> {
+    Ok(receipt(runs, caller))
+}
 
 async fn allow_makes_null_a_key_like_any_other(backend: Backend) {
     let h = Harness::new(backend).await;
@@ -161,7 +162,16 @@ async fn allow_makes_null_a_key_like_any_other(backend: Backend) {
 
 const SKIP: &str = "missing-key::skip";
 
-by_order_id!(skip, "missing-key::skip", "skip");
+/// Keyed by `order_id`, with `missing_key = "skip"`: returns its caller's receipt.
+#[idempotent(key = order_id, store = idem, name = "missing-key::skip", missing_key = "skip")]
+async fn skip(
+    idem: &Idempotency,
+    runs: &AtomicUsize,
+    caller: &str,
+    order_id: Option<String>,
+) -> Result<String, AppError> {
+    Ok(receipt(runs, caller))
+}
 
 async fn skip_runs_the_body_without_the_store(backend: Backend) {
     let h = Harness::new(backend).await;

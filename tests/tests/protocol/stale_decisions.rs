@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{
-    ClaimOutcome, ClaimRequest, TransactOutcome, Transition, WriteOutcome, Writes,
-};
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, TransactOutcome, Transition, Writes};
 use idempotent_runtime::{Idempotency, Status, Store, StoreError};
 use idempotent_tests::proxy::{Fault, Rule};
-use idempotent_tests::{Backend, Harness, RequestCounter};
+use idempotent_tests::{Backend, Forward, Harness, RequestCounter};
 
 use super::shop::Shop;
 use super::{AppError, Gate};
@@ -25,48 +24,45 @@ const NAMESPACE: &str = "correctness::stale";
 /// A store whose next plain claim is held until released: B's claim, in flight while C runs.
 #[derive(Debug)]
 struct HoldNextClaim {
-    inner: Arc<dyn Store>,
     armed: AtomicBool,
     reached: tokio::sync::Notify,
     release: tokio::sync::Notify,
 }
 
 #[async_trait::async_trait]
-impl Store for HoldNextClaim {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl Override<Forward> for HoldNextClaim {
+    fn kind(&self) -> &'static str {
+        "hold-next-claim"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.reached.notify_one();
             self.release.notified().await;
         }
-        self.inner.claim(request).await
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn transact_transition(
-        &self,
-        transition: &Transition<'_>,
-        writes: &Writes,
-    ) -> Result<TransactOutcome, StoreError> {
-        self.inner.transact_transition(transition, writes).await
+        inner.claim(request).await
     }
 
     async fn claim_transaction(
         &self,
+        inner: &Forward,
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        self.inner.claim_transaction(request, writes).await
+        inner.claim_transaction(request, writes).await
     }
 
-    async fn get(&self, key: &str) -> Result<Option<idempotent_runtime::Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn kind(&self) -> &'static str {
-        "hold-next-claim"
+    async fn transact_transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        inner.transact_transition(transition, writes).await
     }
 }
 
@@ -113,12 +109,14 @@ async fn lapsed_reservation(
 async fn stale_decision(backend: Backend, b_fails: bool) {
     let h = Harness::with(backend, |b| b.heartbeat(false)).await;
     let shop = Arc::new(Shop::new(&h, 10).await);
-    let held = Arc::new(HoldNextClaim {
-        inner: h.store.clone(),
-        armed: AtomicBool::new(true),
-        reached: tokio::sync::Notify::new(),
-        release: tokio::sync::Notify::new(),
-    });
+    let held = Arc::new(Delegating::new(
+        Forward(h.store.clone()),
+        HoldNextClaim {
+            armed: AtomicBool::new(true),
+            reached: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        },
+    ));
     let clock = h.clock.clone();
     let through_hold = Harness::over(held.clone(), RequestCounter::default(), |b| {
         b.heartbeat(false).clock(clock)

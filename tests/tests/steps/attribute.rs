@@ -116,134 +116,130 @@ async fn cut_off_after_charge<F: Future>(call: F, charged: &Notify) {
     }
 }
 
-macro_rules! steps_attribute {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
-
-            async fn harness() -> Harness {
-                Harness::with($backend, |b| b.default_lease(LEASE)).await
-            }
-
-            /// A three-step function whose caller is dropped once step two is stored is taken over
-            /// after the lease: the next call replays steps one and two without running them and runs
-            /// only step three; a duplicate then gets the receipt without running anything.
-            #[tokio::test]
-            async fn a_call_cut_off_after_step_two_resumes_at_step_three() {
-                let h = harness().await;
-                let effects = Effects::default();
-                let charged = Notify::new();
-                let call = checkout(&h.idem, "o-1", &effects, Email::Hangs, Some(&charged));
-                cut_off_after_charge(call, &charged).await;
-                assert_eq!(effects.checkout(), (1, 1, 0));
-                let record = h.record("steps_attribute::checkout", "o-1").await.unwrap();
-                assert_eq!(record.status, Status::Pending);
-                assert!(record.steps.is_some(), "the finished steps are stored");
-
-                let early = checkout(&h.idem, "o-1", &effects, Email::Sends, None).await;
-                assert!(matches!(idem_error(early), Error::InProgress { .. }));
-                assert_eq!(effects.checkout(), (1, 1, 0));
-
-                h.clock.advance(LEASE * 2);
-                let receipt = checkout(&h.idem, "o-1", &effects, Email::Sends, None)
-                    .await
-                    .unwrap();
-                assert_eq!(effects.checkout(), (1, 1, 1), "only step three ran again");
-                let keys = effects.keys("charge");
-                assert_eq!(keys.len(), 2);
-                assert_eq!(keys[0], keys[1], "the charge's downstream key changed");
-                assert_eq!(receipt.charge, format!("ch_{}", &keys[0][..8]));
-                assert_eq!(receipt.hold, 17);
-
-                let record = h.record("steps_attribute::checkout", "o-1").await.unwrap();
-                assert_eq!(record.status, Status::Completed);
-                assert_eq!(record.steps, None, "a completed record keeps no steps");
-                let again = checkout(&h.idem, "o-1", &effects, Email::Sends, None)
-                    .await
-                    .unwrap();
-                assert_eq!(again, receipt);
-                assert_eq!(effects.checkout(), (1, 1, 1));
-            }
-
-            /// After the body returned `Err`, the retry resumes at the step that failed (the
-            /// default, `on_failure = "resume"`); with `on_failure = "restart"`, every step runs
-            /// again, with new downstream keys.
-            #[tokio::test]
-            async fn a_retry_after_a_failure_resumes_unless_on_failure_restarts() {
-                let h = harness().await;
-                let resumed = Effects::default();
-                let failed = checkout(&h.idem, "o-2", &resumed, Email::Fails, None).await;
-                assert!(matches!(failed, Err(AppError::Declined)));
-                let record = h.record("steps_attribute::checkout", "o-2").await.unwrap();
-                assert_eq!(record.status, Status::Failed);
-                checkout(&h.idem, "o-2", &resumed, Email::Sends, None)
-                    .await
-                    .unwrap();
-                assert_eq!(resumed.checkout(), (1, 1, 1));
-                let keys = resumed.keys("charge");
-                assert_eq!(keys[0], keys[1]);
-
-                let restarted = Effects::default();
-                let failed = restarting(&h.idem, "o-2", &restarted, Email::Fails).await;
-                assert!(matches!(failed, Err(AppError::Declined)));
-                let record = h
-                    .record("steps_attribute::restarting", "o-2")
-                    .await
-                    .unwrap();
-                assert_eq!(record.status, Status::Failed);
-                restarting(&h.idem, "o-2", &restarted, Email::Sends)
-                    .await
-                    .unwrap();
-                assert_eq!(restarted.checkout(), (2, 2, 1));
-                let keys = restarted.keys("charge");
-                assert_ne!(
-                    keys[0], keys[1],
-                    "a restarted operation kept its downstream key"
-                );
-            }
-
-            /// `steps` with `detach`: the caller gives up after step one, the body goes on to its end
-            /// on its own task, and the next call gets the stored receipt; each step ran once.
-            #[tokio::test]
-            async fn a_detached_body_with_steps_finishes_without_its_caller() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                let (reserved, gate) = (Arc::new(Notify::new()), Arc::new(Semaphore::new(0)));
-                let call = || {
-                    detached(
-                        h.idem.clone(),
-                        "o-3".to_owned(),
-                        effects.clone(),
-                        reserved.clone(),
-                        gate.clone(),
-                    )
-                };
-                tokio::select! {
-                    _ = call() => panic!("the charge is held"),
-                    () = reserved.notified() => {}
-                }
-                assert_eq!(effects.checkout(), (1, 0, 0));
-                gate.add_permits(1);
-                assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
-                assert_eq!(effects.checkout(), (1, 1, 0));
-                let record = h.record("steps_attribute::detached", "o-3").await.unwrap();
-                assert_eq!(record.status, Status::Completed);
-                let receipt = call().await.unwrap();
-                assert_eq!(
-                    receipt,
-                    Receipt {
-                        hold: 3,
-                        charge: "ch_o-3".to_owned()
-                    }
-                );
-                assert_eq!(effects.checkout(), (1, 1, 0), "the replay ran a step");
-            }
-        }
-    };
+async fn harness(backend: Backend) -> Harness {
+    Harness::with(backend, |b| b.default_lease(LEASE)).await
 }
 
-steps_attribute!(memory, Backend::Memory);
-steps_attribute!(dynamodb, Backend::DynamoDb);
+/// A three-step function whose caller is dropped once step two is stored is taken over
+/// after the lease: the next call replays steps one and two without running them and runs
+/// only step three; a duplicate then gets the receipt without running anything.
+async fn a_call_cut_off_after_step_two_resumes_at_step_three(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Effects::default();
+    let charged = Notify::new();
+    let call = checkout(&h.idem, "o-1", &effects, Email::Hangs, Some(&charged));
+    cut_off_after_charge(call, &charged).await;
+    assert_eq!(effects.checkout(), (1, 1, 0));
+    let record = h.record("steps_attribute::checkout", "o-1").await.unwrap();
+    assert_eq!(record.status, Status::Pending);
+    assert!(record.steps.is_some(), "the finished steps are stored");
+
+    let early = checkout(&h.idem, "o-1", &effects, Email::Sends, None).await;
+    assert!(matches!(idem_error(early), Error::InProgress { .. }));
+    assert_eq!(effects.checkout(), (1, 1, 0));
+
+    h.clock.advance(LEASE * 2);
+    let receipt = checkout(&h.idem, "o-1", &effects, Email::Sends, None)
+        .await
+        .unwrap();
+    assert_eq!(effects.checkout(), (1, 1, 1), "only step three ran again");
+    let keys = effects.keys("charge");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the charge's downstream key changed");
+    assert_eq!(receipt.charge, format!("ch_{}", &keys[0][..8]));
+    assert_eq!(receipt.hold, 17);
+
+    let record = h.record("steps_attribute::checkout", "o-1").await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(record.steps, None, "a completed record keeps no steps");
+    let again = checkout(&h.idem, "o-1", &effects, Email::Sends, None)
+        .await
+        .unwrap();
+    assert_eq!(again, receipt);
+    assert_eq!(effects.checkout(), (1, 1, 1));
+}
+
+/// After the body returned `Err`, the retry resumes at the step that failed (the
+/// default, `on_failure = "resume"`); with `on_failure = "restart"`, every step runs
+/// again, with new downstream keys.
+async fn a_retry_after_a_failure_resumes_unless_on_failure_restarts(backend: Backend) {
+    let h = harness(backend).await;
+    let resumed = Effects::default();
+    let failed = checkout(&h.idem, "o-2", &resumed, Email::Fails, None).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let record = h.record("steps_attribute::checkout", "o-2").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    checkout(&h.idem, "o-2", &resumed, Email::Sends, None)
+        .await
+        .unwrap();
+    assert_eq!(resumed.checkout(), (1, 1, 1));
+    let keys = resumed.keys("charge");
+    assert_eq!(keys[0], keys[1]);
+
+    let restarted = Effects::default();
+    let failed = restarting(&h.idem, "o-2", &restarted, Email::Fails).await;
+    assert!(matches!(failed, Err(AppError::Declined)));
+    let record = h
+        .record("steps_attribute::restarting", "o-2")
+        .await
+        .unwrap();
+    assert_eq!(record.status, Status::Failed);
+    restarting(&h.idem, "o-2", &restarted, Email::Sends)
+        .await
+        .unwrap();
+    assert_eq!(restarted.checkout(), (2, 2, 1));
+    let keys = restarted.keys("charge");
+    assert_ne!(
+        keys[0], keys[1],
+        "a restarted operation kept its downstream key"
+    );
+}
+
+/// `steps` with `detach`: the caller gives up after step one, the body goes on to its end
+/// on its own task, and the next call gets the stored receipt; each step ran once.
+async fn a_detached_body_with_steps_finishes_without_its_caller(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    let (reserved, gate) = (Arc::new(Notify::new()), Arc::new(Semaphore::new(0)));
+    let call = || {
+        detached(
+            h.idem.clone(),
+            "o-3".to_owned(),
+            effects.clone(),
+            reserved.clone(),
+            gate.clone(),
+        )
+    };
+    tokio::select! {
+        _ = call() => panic!("the charge is held"),
+        () = reserved.notified() => {}
+    }
+    assert_eq!(effects.checkout(), (1, 0, 0));
+    gate.add_permits(1);
+    assert_eq!(h.idem.drain(Duration::from_secs(10)).await, 0);
+    assert_eq!(effects.checkout(), (1, 1, 0));
+    let record = h.record("steps_attribute::detached", "o-3").await.unwrap();
+    assert_eq!(record.status, Status::Completed);
+    let receipt = call().await.unwrap();
+    assert_eq!(
+        receipt,
+        Receipt {
+            hold: 3,
+            charge: "ch_o-3".to_owned()
+        }
+    );
+    assert_eq!(effects.checkout(), (1, 1, 0), "the replay ran a step");
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_call_cut_off_after_step_two_resumes_at_step_three,
+    #[tokio::test]
+    a_retry_after_a_failure_resumes_unless_on_failure_restarts,
+    #[tokio::test]
+    a_detached_body_with_steps_finishes_without_its_caller,
+}
 
 /// A business table, for the writes staged on `transact`.
 struct Shop {

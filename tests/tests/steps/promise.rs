@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
-use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
-};
-use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
+use idempotent_runtime::{Clock as _, Error, Idempotency, Status, Steps, Store, StoreError};
+use idempotent_tests::{AppError, Backend, Effects, Forward, Harness, RequestCounter};
 use serde::ser::SerializeStruct as _;
 use tokio::sync::Notify;
 
@@ -176,17 +175,24 @@ async fn crash_after_reserve(h: &Harness, order: &str, restart: bool, effects: &
 /// resume was on its way) and holds back the answer of a fresh claim that landed.
 #[derive(Debug)]
 struct FailsUnderResume {
-    inner: Arc<dyn Store>,
     armed: std::sync::atomic::AtomicBool,
     landed: Notify,
 }
 
 #[async_trait::async_trait]
-impl Store for FailsUnderResume {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl Override<Forward> for FailsUnderResume {
+    fn kind(&self) -> &'static str {
+        "fails-under-resume"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
         if armed && matches!(request.steps, StepsClaim::Resume { .. }) {
-            let record = self.inner.get(request.key).await?.expect("a record");
+            let record = inner.get(request.key).await?.expect("a record");
             let fail = Transition {
                 key: request.key,
                 token: &record.token,
@@ -196,10 +202,10 @@ impl Store for FailsUnderResume {
                     release_claim_writes: false,
                 },
             };
-            let failed = self.inner.transition(&fail).await?;
+            let failed = inner.transition(&fail).await?;
             assert_eq!(failed, WriteOutcome::Applied);
         }
-        let outcome = self.inner.claim(request).await?;
+        let outcome = inner.claim(request).await?;
         if armed
             && matches!(request.steps, StepsClaim::Fresh { .. })
             && outcome == ClaimOutcome::Claimed
@@ -208,22 +214,6 @@ impl Store for FailsUnderResume {
             std::future::pending::<()>().await;
         }
         Ok(outcome)
-    }
-
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        self.inner.transition(transition).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    fn response_budget(&self, key: &str, fingerprint: Option<&str>) -> usize {
-        self.inner.response_budget(key, fingerprint)
-    }
-
-    fn kind(&self) -> &'static str {
-        "fails-under-resume"
     }
 }
 
@@ -304,295 +294,347 @@ async fn confirm(
         .await
 }
 
-macro_rules! store_cases {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
-
-            async fn harness() -> Harness {
-                Harness::with($backend, |b| b.default_lease(LEASE)).await
-            }
-
-            /// A step whose closure returned `Ok` has had its effect: when its value cannot be
-            /// stored (too large, not JSON, a panicking `Serialize`), the step is recorded as
-            /// finished without a value. The first call gets the reason; every retry (whether the
-            /// operation resumes or restarts after a failure) gets `StepNotStored` for it, and its
-            /// effect never happens again.
-            #[tokio::test]
-            async fn a_step_whose_value_cannot_be_stored_never_runs_again() {
-                let h = harness().await;
-                for why in [Unstorable::TooLarge, Unstorable::NotANumber, Unstorable::Panics] {
-                    for restart in [false, true] {
-                        let order = format!("{why:?}-{restart}");
-                        let effects = Arc::new(Effects::default());
-                        let first = unstorable_checkout(&h, &order, restart, &effects, why).await;
-                        match (why, &first) {
-                            (Unstorable::TooLarge, Ok(Err(AppError::Idempotency(Error::StepTooLarge { .. }))))
-                            | (Unstorable::NotANumber, Ok(Err(AppError::Idempotency(Error::Serialize { .. }))))
-                            => {}
-                            (Unstorable::Panics, Err(message)) => {
-                                assert_eq!(message, "the charge's Serialize panicked");
-                            }
-                            _ => panic!("{why:?}: {:?}", first.map(|r| r.map(|id| id.len()))),
-                        }
-                        assert_eq!(effects.checkout(), (1, 1, 0), "{why:?}");
-                        for _ in 0..2 {
-                            // A retry, even once `failed_ttl` is long past.
-                            h.clock.advance(Duration::from_hours(2));
-                            let retry = checkout(&h.idem, &order, restart, &effects, Unstorable::NotANumber.charge()).await;
-                            assert!(
-                                matches!(&retry, Err(AppError::Idempotency(Error::StepNotStored { step, .. })) if step == "charge"),
-                                "{why:?} (restart: {restart}): {retry:?}"
-                            );
-                            assert_eq!(
-                                effects.checkout(),
-                                (1, 1, 0),
-                                "{why:?} (restart: {restart}): a step ran again"
-                            );
-                        }
-                        let record = h.record(NAMESPACE, &order).await.unwrap();
-                        assert_eq!(record.status, Status::Failed);
-                        assert!(record.steps.is_some(), "the record lost the step");
-                    }
-                }
-            }
-
-            /// An operator releases the claim a crash left behind, for an operation that restarts
-            /// after a failure: a release is no failure of its body, so the next call resumes: the
-            /// finished reserve does not run again, and the charge gets the operation's downstream
-            /// key, not a new one.
-            #[tokio::test]
-            async fn an_operators_release_never_restarts_the_operation() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-release", true, &effects).await;
-                let record = h.record(NAMESPACE, "r-release").await.unwrap();
-                let released =
-                    idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
-                        .await
-                        .unwrap();
-                assert!(
-                    matches!(released, idempotent_runtime::admin::Released::Lapsed),
-                    "{released:?}"
-                );
-                // At once: the key is not blocked for the rest of the lease.
-                let charged = two_steps(&h.idem, "r-release", true, &effects, None)
-                    .await
-                    .unwrap();
-                assert_eq!(charged, 18);
-                assert_eq!(effects.runs("reserve"), 1, "the finished reserve ran again");
-                assert_eq!(effects.runs("charge"), 1);
-                let keys = effects.keys("charge");
-                assert_eq!(keys.len(), 2);
-                assert_eq!(keys[0], keys[1], "the resumed charge got a new downstream key");
-            }
-
-            /// Under the restart policy, a call whose resume was refused (the record failed as it
-            /// was on its way) claims the key afresh; dropped while that claim is on its way, it
-            /// releases it, so that the key is free at once rather than PENDING for the lease.
-            #[tokio::test]
-            async fn a_dropped_fresh_claim_after_a_refused_resume_is_released() {
-                let (inner, counter) = bare_store($backend).await;
-                let store = Arc::new(FailsUnderResume {
-                    inner,
-                    armed: false.into(),
-                    landed: Notify::new(),
-                });
-                let h = Harness::over(store.clone(), counter, |b| b.default_lease(LEASE));
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-drop", true, &effects).await;
-                h.clock.advance(LEASE * 2);
-                store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
-                tokio::select! {
-                    _ = two_steps(&h.idem, "r-drop", true, &effects, None) => {
-                        panic!("the fresh claim's answer was held back")
-                    }
-                    () = store.landed.notified() => {}
-                }
-                store.armed.store(false, std::sync::atomic::Ordering::SeqCst);
-                h.idem.drain(Duration::from_secs(5)).await;
-                let record = h.record(NAMESPACE, "r-drop").await.unwrap();
-                assert_eq!(
-                    record.status,
-                    Status::Failed,
-                    "the dropped call's claim was not released: {record:?}"
-                );
-                // The key is free at once (no lease to wait out); the operation failed, so it
-                // restarts.
-                assert_eq!(
-                    two_steps(&h.idem, "r-drop", true, &effects, None).await.unwrap(),
-                    18
-                );
-            }
-
-            /// A claim from code without steps (another deploy of the function) takes the key
-            /// once its record expired: a new operation. It must not leave the old operation's
-            /// steps behind: a later call with steps starts afresh (its reserve runs, with a new
-            /// downstream key) rather than replaying the expired operation's.
-            #[tokio::test]
-            async fn a_claim_without_steps_of_an_expired_record_removes_its_steps() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-plain", false, &effects).await;
-                let record = h.record(NAMESPACE, "r-plain").await.unwrap();
-                let expired_at_ms = (record.expires_at_s + 10) * 1000;
-                h.clock.advance(Duration::from_millis(expired_at_ms - h.clock.now_ms()));
-                let plain = h
-                    .idem
-                    .operation(NAMESPACE, "r-plain")
-                    .lease(LEASE)
-                    .run(|| async { Err::<u32, _>(AppError::Declined) })
-                    .await;
-                assert!(matches!(plain, Err(AppError::Declined)), "{plain:?}");
-                let record = h.record(NAMESPACE, "r-plain").await.unwrap();
-                assert_eq!(record.status, Status::Failed);
-                assert_eq!(record.steps, None, "the expired operation's steps are still there");
-
-                assert_eq!(
-                    two_steps(&h.idem, "r-plain", false, &effects, None).await.unwrap(),
-                    18
-                );
-                assert_eq!(effects.runs("reserve"), 2, "the expired operation's reserve was replayed");
-                let keys = effects.keys("charge");
-                assert_ne!(keys[0], keys[1], "a new operation repeated the old downstream key");
-            }
-
-            /// An at-most-once step interrupted mid-way (the call dropped inside it, as a crash
-            /// would) is never run again: the call that takes the key over stops at it with
-            /// `StepInterrupted`, and so does every later call, even of an operation that restarts
-            /// after a failure. The record says which step, for the operator.
-            #[tokio::test]
-            async fn an_interrupted_at_most_once_step_is_never_run_again() {
-                let h = harness().await;
-                for restart in [false, true] {
-                    let order = format!("once-{restart}");
-                    let effects = Arc::new(Effects::default());
-                    let sending = Notify::new();
-                    tokio::select! {
-                        _ = confirm(&h.idem, &order, restart, &effects, Some(&sending), false) => {
-                            panic!("the email hangs")
-                        }
-                        () = sending.notified() => {}
-                    }
-                    let record = h.record(NAMESPACE, &order).await.unwrap();
-                    let report = record.steps_report().unwrap().unwrap();
-                    assert_eq!(report.interrupted, ["email"]);
-                    assert_eq!(report.finished, ["reserve"]);
-                    for _ in 0..3 {
-                        h.clock.advance(LEASE * 2);
-                        let retry = confirm(&h.idem, &order, restart, &effects, None, false).await;
-                        assert!(
-                            matches!(&retry, Err(AppError::Idempotency(Error::StepInterrupted { step, .. })) if step == "email"),
-                            "restart: {restart}: {retry:?}"
-                        );
-                        assert_eq!(
-                            (effects.runs("reserve"), effects.runs("email")),
-                            (1, 1),
-                            "restart: {restart}: a step ran again"
-                        );
-                    }
-                    let record = h.record(NAMESPACE, &order).await.unwrap();
-                    assert_eq!(record.status, Status::Failed);
-                    assert!(
-                        record.error.as_deref().is_some_and(|e| e.contains("`email` runs at most once and was interrupted")),
-                        "{:?}",
-                        record.error
-                    );
-                    let report = record.steps_report().unwrap().unwrap();
-                    assert!(report.needs_operator());
-                    assert_eq!(report.interrupted, ["email"]);
-                }
-            }
-
-            /// An at-most-once step that returns `Err` has finished (its effect did not happen):
-            /// the next call runs it again, and stores its value.
-            #[tokio::test]
-            async fn an_at_most_once_step_that_failed_runs_again() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                let failed = confirm(&h.idem, "once-fails", false, &effects, None, true).await;
-                assert!(matches!(failed, Err(AppError::Declined)), "{failed:?}");
-                let record = h.record(NAMESPACE, "once-fails").await.unwrap();
-                assert!(record.steps_report().unwrap().unwrap().interrupted.is_empty());
-                let sent = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
-                assert_eq!(sent.unwrap(), "250 OK");
-                assert_eq!((effects.runs("reserve"), effects.runs("email")), (1, 2));
-                // A duplicate replays.
-                let again = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
-                assert_eq!(again.unwrap(), "250 OK");
-                assert_eq!(effects.runs("email"), 2);
-            }
-
-            /// A panic under the restart policy is a bug, not a failure the body undid its steps'
-            /// effects after: the next call resumes (the finished reserve is not run again, and the
-            /// charge keeps its downstream key), rather than starting over.
-            #[tokio::test]
-            async fn a_panic_under_the_restart_policy_resumes() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                let call = |panics: bool| {
-                    let (idem, effects) = (h.idem.clone(), effects.clone());
-                    tokio::spawn(async move {
-                        idem.operation(NAMESPACE, "r-panic")
-                            .lease(LEASE)
-                            .restart_steps_after_failure()
-                            .run_steps(|steps: Steps| async move {
-                                steps
-                                    .run("reserve", || async {
-                                        effects.happened("reserve");
-                                        Ok::<_, AppError>(17_u32)
-                                    })
-                                    .await?;
-                                effects.keyed("charge", steps.key("charge"));
-                                assert!(!panics, "a bug after the reserve");
-                                Ok::<_, AppError>(18_u32)
-                            })
-                            .await
-                    })
-                };
-                assert!(call(true).await.is_err(), "the first call panics");
-                let record = h.record(NAMESPACE, "r-panic").await.unwrap();
-                assert_eq!(record.status, Status::Failed);
-                assert_eq!(call(false).await.unwrap().unwrap(), 18);
-                assert_eq!(effects.runs("reserve"), 1, "the panic restarted the operation");
-                let keys = effects.keys("charge");
-                assert_eq!(keys[0], keys[1]);
-            }
-
-            /// A step whose stored value no longer reads as the step's type (changed in a deploy)
-            /// is not run again; the error says how to migrate without running it again.
-            #[tokio::test]
-            async fn a_changed_step_type_is_an_error_that_says_how_to_migrate() {
-                let h = harness().await;
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-type", false, &effects).await;
-                h.clock.advance(LEASE * 2);
-                let counted = effects.clone();
-                let changed = h
-                    .idem
-                    .operation(NAMESPACE, "r-type")
-                    .lease(LEASE)
-                    .run_steps(|steps: Steps| async move {
-                        steps
-                            .run("reserve", || async {
-                                counted.happened("reserve");
-                                Ok::<_, AppError>("hold-17".to_owned())
-                            })
-                            .await
-                    })
-                    .await;
-                let error = idempotent_tests::idem_error(changed);
-                assert!(matches!(error, Error::StepValue { .. }), "{error:?}");
-                assert!(error.to_string().contains("accepts both"), "{error}");
-                assert!(!error.to_string().contains("new name"), "{error}");
-                assert_eq!(effects.runs("reserve"), 1);
-            }
-        }
-    };
+async fn harness(backend: Backend) -> Harness {
+    Harness::with(backend, |b| b.default_lease(LEASE)).await
 }
 
-store_cases!(memory, Backend::Memory);
-store_cases!(dynamodb, Backend::DynamoDb);
+/// A step whose closure returned `Ok` has had its effect: when its value cannot be
+/// stored (too large, not JSON, a panicking `Serialize`), the step is recorded as
+/// finished without a value. The first call gets the reason; every retry (whether the
+/// operation resumes or restarts after a failure) gets `StepNotStored` for it, and its
+/// effect never happens again.
+async fn a_step_whose_value_cannot_be_stored_never_runs_again(backend: Backend) {
+    let h = harness(backend).await;
+    for why in [
+        Unstorable::TooLarge,
+        Unstorable::NotANumber,
+        Unstorable::Panics,
+    ] {
+        for restart in [false, true] {
+            let order = format!("{why:?}-{restart}");
+            let effects = Arc::new(Effects::default());
+            let first = unstorable_checkout(&h, &order, restart, &effects, why).await;
+            match (why, &first) {
+                (
+                    Unstorable::TooLarge,
+                    Ok(Err(AppError::Idempotency(Error::StepTooLarge { .. }))),
+                )
+                | (
+                    Unstorable::NotANumber,
+                    Ok(Err(AppError::Idempotency(Error::Serialize { .. }))),
+                ) => {}
+                (Unstorable::Panics, Err(message)) => {
+                    assert_eq!(message, "the charge's Serialize panicked");
+                }
+                _ => panic!("{why:?}: {:?}", first.map(|r| r.map(|id| id.len()))),
+            }
+            assert_eq!(effects.checkout(), (1, 1, 0), "{why:?}");
+            for _ in 0..2 {
+                // A retry, even once `failed_ttl` is long past.
+                h.clock.advance(Duration::from_hours(2));
+                let retry = checkout(
+                    &h.idem,
+                    &order,
+                    restart,
+                    &effects,
+                    Unstorable::NotANumber.charge(),
+                )
+                .await;
+                assert!(
+                    matches!(&retry, Err(AppError::Idempotency(Error::StepNotStored { step, .. })) if step == "charge"),
+                    "{why:?} (restart: {restart}): {retry:?}"
+                );
+                assert_eq!(
+                    effects.checkout(),
+                    (1, 1, 0),
+                    "{why:?} (restart: {restart}): a step ran again"
+                );
+            }
+            let record = h.record(NAMESPACE, &order).await.unwrap();
+            assert_eq!(record.status, Status::Failed);
+            assert!(record.steps.is_some(), "the record lost the step");
+        }
+    }
+}
+
+/// An operator releases the claim a crash left behind, for an operation that restarts
+/// after a failure: a release is no failure of its body, so the next call resumes: the
+/// finished reserve does not run again, and the charge gets the operation's downstream
+/// key, not a new one.
+async fn an_operators_release_never_restarts_the_operation(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-release", true, &effects).await;
+    let record = h.record(NAMESPACE, "r-release").await.unwrap();
+    let released = idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
+        .await
+        .unwrap();
+    assert!(
+        matches!(released, idempotent_runtime::admin::Released::Lapsed),
+        "{released:?}"
+    );
+    // At once: the key is not blocked for the rest of the lease.
+    let charged = two_steps(&h.idem, "r-release", true, &effects, None)
+        .await
+        .unwrap();
+    assert_eq!(charged, 18);
+    assert_eq!(effects.runs("reserve"), 1, "the finished reserve ran again");
+    assert_eq!(effects.runs("charge"), 1);
+    let keys = effects.keys("charge");
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0], keys[1],
+        "the resumed charge got a new downstream key"
+    );
+}
+
+/// Under the restart policy, a call whose resume was refused (the record failed as it
+/// was on its way) claims the key afresh; dropped while that claim is on its way, it
+/// releases it, so that the key is free at once rather than PENDING for the lease.
+async fn a_dropped_fresh_claim_after_a_refused_resume_is_released(backend: Backend) {
+    let (inner, counter) = bare_store(backend).await;
+    let store = Arc::new(Delegating::new(
+        Forward(inner),
+        FailsUnderResume {
+            armed: false.into(),
+            landed: Notify::new(),
+        },
+    ));
+    let h = Harness::over(store.clone(), counter, |b| b.default_lease(LEASE));
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-drop", true, &effects).await;
+    h.clock.advance(LEASE * 2);
+    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::select! {
+        _ = two_steps(&h.idem, "r-drop", true, &effects, None) => {
+            panic!("the fresh claim's answer was held back")
+        }
+        () = store.landed.notified() => {}
+    }
+    store
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    h.idem.drain(Duration::from_secs(5)).await;
+    let record = h.record(NAMESPACE, "r-drop").await.unwrap();
+    assert_eq!(
+        record.status,
+        Status::Failed,
+        "the dropped call's claim was not released: {record:?}"
+    );
+    // The key is free at once (no lease to wait out); the operation failed, so it
+    // restarts.
+    assert_eq!(
+        two_steps(&h.idem, "r-drop", true, &effects, None)
+            .await
+            .unwrap(),
+        18
+    );
+}
+
+/// A claim from code without steps (another deploy of the function) takes the key
+/// once its record expired: a new operation. It must not leave the old operation's
+/// steps behind: a later call with steps starts afresh (its reserve runs, with a new
+/// downstream key) rather than replaying the expired operation's.
+async fn a_claim_without_steps_of_an_expired_record_removes_its_steps(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-plain", false, &effects).await;
+    let record = h.record(NAMESPACE, "r-plain").await.unwrap();
+    let expired_at_ms = (record.expires_at_s + 10) * 1000;
+    h.clock
+        .advance(Duration::from_millis(expired_at_ms - h.clock.now_ms()));
+    let plain = h
+        .idem
+        .operation(NAMESPACE, "r-plain")
+        .lease(LEASE)
+        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .await;
+    assert!(matches!(plain, Err(AppError::Declined)), "{plain:?}");
+    let record = h.record(NAMESPACE, "r-plain").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(
+        record.steps, None,
+        "the expired operation's steps are still there"
+    );
+
+    assert_eq!(
+        two_steps(&h.idem, "r-plain", false, &effects, None)
+            .await
+            .unwrap(),
+        18
+    );
+    assert_eq!(
+        effects.runs("reserve"),
+        2,
+        "the expired operation's reserve was replayed"
+    );
+    let keys = effects.keys("charge");
+    assert_ne!(
+        keys[0], keys[1],
+        "a new operation repeated the old downstream key"
+    );
+}
+
+/// An at-most-once step interrupted mid-way (the call dropped inside it, as a crash
+/// would) is never run again: the call that takes the key over stops at it with
+/// `StepInterrupted`, and so does every later call, even of an operation that restarts
+/// after a failure. The record says which step, for the operator.
+async fn an_interrupted_at_most_once_step_is_never_run_again(backend: Backend) {
+    let h = harness(backend).await;
+    for restart in [false, true] {
+        let order = format!("once-{restart}");
+        let effects = Arc::new(Effects::default());
+        let sending = Notify::new();
+        tokio::select! {
+            _ = confirm(&h.idem, &order, restart, &effects, Some(&sending), false) => {
+                panic!("the email hangs")
+            }
+            () = sending.notified() => {}
+        }
+        let record = h.record(NAMESPACE, &order).await.unwrap();
+        let report = record.steps_report().unwrap().unwrap();
+        assert_eq!(report.interrupted, ["email"]);
+        assert_eq!(report.finished, ["reserve"]);
+        for _ in 0..3 {
+            h.clock.advance(LEASE * 2);
+            let retry = confirm(&h.idem, &order, restart, &effects, None, false).await;
+            assert!(
+                matches!(&retry, Err(AppError::Idempotency(Error::StepInterrupted { step, .. })) if step == "email"),
+                "restart: {restart}: {retry:?}"
+            );
+            assert_eq!(
+                (effects.runs("reserve"), effects.runs("email")),
+                (1, 1),
+                "restart: {restart}: a step ran again"
+            );
+        }
+        let record = h.record(NAMESPACE, &order).await.unwrap();
+        assert_eq!(record.status, Status::Failed);
+        assert!(
+            record
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("`email` runs at most once and was interrupted")),
+            "{:?}",
+            record.error
+        );
+        let report = record.steps_report().unwrap().unwrap();
+        assert!(report.needs_operator());
+        assert_eq!(report.interrupted, ["email"]);
+    }
+}
+
+/// An at-most-once step that returns `Err` has finished (its effect did not happen):
+/// the next call runs it again, and stores its value.
+async fn an_at_most_once_step_that_failed_runs_again(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    let failed = confirm(&h.idem, "once-fails", false, &effects, None, true).await;
+    assert!(matches!(failed, Err(AppError::Declined)), "{failed:?}");
+    let record = h.record(NAMESPACE, "once-fails").await.unwrap();
+    assert!(
+        record
+            .steps_report()
+            .unwrap()
+            .unwrap()
+            .interrupted
+            .is_empty()
+    );
+    let sent = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
+    assert_eq!(sent.unwrap(), "250 OK");
+    assert_eq!((effects.runs("reserve"), effects.runs("email")), (1, 2));
+    // A duplicate replays.
+    let again = confirm(&h.idem, "once-fails", false, &effects, None, false).await;
+    assert_eq!(again.unwrap(), "250 OK");
+    assert_eq!(effects.runs("email"), 2);
+}
+
+/// A panic under the restart policy is a bug, not a failure the body undid its steps'
+/// effects after: the next call resumes (the finished reserve is not run again, and the
+/// charge keeps its downstream key), rather than starting over.
+async fn a_panic_under_the_restart_policy_resumes(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    let call = |panics: bool| {
+        let (idem, effects) = (h.idem.clone(), effects.clone());
+        tokio::spawn(async move {
+            idem.operation(NAMESPACE, "r-panic")
+                .lease(LEASE)
+                .restart_steps_after_failure()
+                .run_steps(|steps: Steps| async move {
+                    steps
+                        .run("reserve", || async {
+                            effects.happened("reserve");
+                            Ok::<_, AppError>(17_u32)
+                        })
+                        .await?;
+                    effects.keyed("charge", steps.key("charge"));
+                    assert!(!panics, "a bug after the reserve");
+                    Ok::<_, AppError>(18_u32)
+                })
+                .await
+        })
+    };
+    assert!(call(true).await.is_err(), "the first call panics");
+    let record = h.record(NAMESPACE, "r-panic").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(call(false).await.unwrap().unwrap(), 18);
+    assert_eq!(
+        effects.runs("reserve"),
+        1,
+        "the panic restarted the operation"
+    );
+    let keys = effects.keys("charge");
+    assert_eq!(keys[0], keys[1]);
+}
+
+/// A step whose stored value no longer reads as the step's type (changed in a deploy)
+/// is not run again; the error says how to migrate without running it again.
+async fn a_changed_step_type_is_an_error_that_says_how_to_migrate(backend: Backend) {
+    let h = harness(backend).await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-type", false, &effects).await;
+    h.clock.advance(LEASE * 2);
+    let counted = effects.clone();
+    let changed = h
+        .idem
+        .operation(NAMESPACE, "r-type")
+        .lease(LEASE)
+        .run_steps(|steps: Steps| async move {
+            steps
+                .run("reserve", || async {
+                    counted.happened("reserve");
+                    Ok::<_, AppError>("hold-17".to_owned())
+                })
+                .await
+        })
+        .await;
+    let error = idempotent_tests::idem_error(changed);
+    assert!(matches!(error, Error::StepValue { .. }), "{error:?}");
+    assert!(error.to_string().contains("accepts both"), "{error}");
+    assert!(!error.to_string().contains("new name"), "{error}");
+    assert_eq!(effects.runs("reserve"), 1);
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_step_whose_value_cannot_be_stored_never_runs_again,
+    #[tokio::test]
+    an_operators_release_never_restarts_the_operation,
+    #[tokio::test]
+    a_dropped_fresh_claim_after_a_refused_resume_is_released,
+    #[tokio::test]
+    a_claim_without_steps_of_an_expired_record_removes_its_steps,
+    #[tokio::test]
+    an_interrupted_at_most_once_step_is_never_run_again,
+    #[tokio::test]
+    an_at_most_once_step_that_failed_runs_again,
+    #[tokio::test]
+    a_panic_under_the_restart_policy_resumes,
+    #[tokio::test]
+    a_changed_step_type_is_an_error_that_says_how_to_migrate,
+}
 
 /// Round trips on DynamoDB: an at-most-once step costs one more `UpdateItem` (its start) than a step
 /// run with `run`; the other steps cost what they did.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{Transition, WriteOutcome};
 use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
+    Clock as _, Error, Idempotency, MemoryStore, Status, Steps, Store, StoreError,
 };
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
@@ -118,92 +119,86 @@ impl std::fmt::Display for LongError {
     }
 }
 
-macro_rules! store_cases {
-    ($name:ident, $backend:expr) => {
-        mod $name {
-            use super::*;
+/// A crash after the first step, then a resume whose caller gave up while its claim was
+/// in flight (the claim landed; the dropped call released it, as `Drop for Attempt`
+/// does). Nothing failed: no body returned `Err`, so the next call must resume and not
+/// run the finished step again, even for an operation that restarts after a failure.
+async fn a_released_resume_is_not_a_failure_to_restart_after(backend: Backend) {
+    let (inner, counter) = bare_store(backend).await;
+    let slow = Arc::new(SlowResume::new(inner));
+    let h = Harness::over(slow.clone(), counter, |b| b.default_lease(LEASE));
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-1", true, &effects).await;
+    assert_eq!(effects.runs("reserve"), 1);
 
-            /// A crash after the first step, then a resume whose caller gave up while its claim was
-            /// in flight (the claim landed; the dropped call released it, as `Drop for Attempt`
-            /// does). Nothing failed: no body returned `Err`, so the next call must resume and not
-            /// run the finished step again, even for an operation that restarts after a failure.
-            #[tokio::test]
-            async fn a_released_resume_is_not_a_failure_to_restart_after() {
-                let (inner, counter) = bare_store($backend).await;
-                let slow = Arc::new(SlowResume::new(inner));
-                let h = Harness::over(slow.clone(), counter, |b| b.default_lease(LEASE));
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-1", true, &effects).await;
-                assert_eq!(effects.runs("reserve"), 1);
-
-                // The lease lapsed: a retry resumes; its claim lands, but its caller gives up before
-                // hearing so.
-                h.clock.advance(LEASE * 2);
-                slow.hold(true);
-                tokio::select! {
-                    _ = two_steps(&h.idem, "r-1", true, &effects, false, None) => {
-                        panic!("the resume's answer was held back")
-                    }
-                    () = slow.landed() => {}
-                }
-                slow.hold(false);
-                // Such a claim is not released (a release is a FAILED record, which the operation
-                // would restart after): it lapses with its lease.
-                h.idem.drain(Duration::from_secs(5)).await;
-                let kept = h.record(NAMESPACE, "r-1").await.unwrap();
-                assert_eq!(kept.status, Status::Pending, "{kept:?}");
-                h.clock.advance(LEASE * 2);
-
-                // The next retry: the operation never failed, it crashed; it resumes at the charge.
-                let charged = two_steps(&h.idem, "r-1", true, &effects, false, None)
-                    .await
-                    .unwrap();
-                assert_eq!(charged, 18);
-                assert_eq!(effects.runs("charge"), 1);
-                assert_eq!(
-                    effects.runs("reserve"),
-                    1,
-                    "the reserve, finished before the crash, ran again"
-                );
-            }
-
-            /// An operator releases the PENDING claim a crash left behind (`idempotent key
-            /// release`). A retry an hour and a half later, well within the operation's ttl, must
-            /// resume: the finished reserve is not run again. A failed body with steps keeps its
-            /// record for the ttl for exactly this reason, and so must the operator's release.
-            #[tokio::test]
-            async fn an_operators_release_keeps_the_finished_steps_for_the_ttl() {
-                let h = Harness::with($backend, |b| b.default_lease(LEASE)).await;
-                let effects = Arc::new(Effects::default());
-                crash_after_reserve(&h, "r-2", false, &effects).await;
-                let record = h.record(NAMESPACE, "r-2").await.unwrap();
-                let released =
-                    idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
-                        .await
-                        .unwrap();
-                // A record with steps is not failed: its lease lapses, and it keeps its steps.
-                assert!(matches!(
-                    released,
-                    idempotent_runtime::admin::Released::Lapsed
-                ));
-
-                h.clock.advance(Duration::from_mins(90));
-                let charged = two_steps(&h.idem, "r-2", false, &effects, false, None)
-                    .await
-                    .unwrap();
-                assert_eq!(charged, 18);
-                assert_eq!(
-                    effects.runs("reserve"),
-                    1,
-                    "the reserve, finished before the crash, ran again"
-                );
-            }
+    // The lease lapsed: a retry resumes; its claim lands, but its caller gives up before
+    // hearing so.
+    h.clock.advance(LEASE * 2);
+    slow.hold(true);
+    tokio::select! {
+        _ = two_steps(&h.idem, "r-1", true, &effects, false, None) => {
+            panic!("the resume's answer was held back")
         }
-    };
+        () = slow.landed() => {}
+    }
+    slow.hold(false);
+    // Such a claim is not released (a release is a FAILED record, which the operation
+    // would restart after): it lapses with its lease.
+    h.idem.drain(Duration::from_secs(5)).await;
+    let kept = h.record(NAMESPACE, "r-1").await.unwrap();
+    assert_eq!(kept.status, Status::Pending, "{kept:?}");
+    h.clock.advance(LEASE * 2);
+
+    // The next retry: the operation never failed, it crashed; it resumes at the charge.
+    let charged = two_steps(&h.idem, "r-1", true, &effects, false, None)
+        .await
+        .unwrap();
+    assert_eq!(charged, 18);
+    assert_eq!(effects.runs("charge"), 1);
+    assert_eq!(
+        effects.runs("reserve"),
+        1,
+        "the reserve, finished before the crash, ran again"
+    );
 }
 
-store_cases!(memory, Backend::Memory);
-store_cases!(dynamodb, Backend::DynamoDb);
+/// An operator releases the PENDING claim a crash left behind (`idempotent key
+/// release`). A retry an hour and a half later, well within the operation's ttl, must
+/// resume: the finished reserve is not run again. A failed body with steps keeps its
+/// record for the ttl for exactly this reason, and so must the operator's release.
+async fn an_operators_release_keeps_the_finished_steps_for_the_ttl(backend: Backend) {
+    let h = Harness::with(backend, |b| b.default_lease(LEASE)).await;
+    let effects = Arc::new(Effects::default());
+    crash_after_reserve(&h, "r-2", false, &effects).await;
+    let record = h.record(NAMESPACE, "r-2").await.unwrap();
+    let released = idempotent_runtime::admin::release(h.store.as_ref(), &record, h.clock.now_ms())
+        .await
+        .unwrap();
+    // A record with steps is not failed: its lease lapses, and it keeps its steps.
+    assert!(matches!(
+        released,
+        idempotent_runtime::admin::Released::Lapsed
+    ));
+
+    h.clock.advance(Duration::from_mins(90));
+    let charged = two_steps(&h.idem, "r-2", false, &effects, false, None)
+        .await
+        .unwrap();
+    assert_eq!(charged, 18);
+    assert_eq!(
+        effects.runs("reserve"),
+        1,
+        "the reserve, finished before the crash, ran again"
+    );
+}
+
+idempotent_tests::on_both_stores! {
+    mod memory, mod dynamodb;
+    #[tokio::test]
+    a_released_resume_is_not_a_failure_to_restart_after,
+    #[tokio::test]
+    an_operators_release_keeps_the_finished_steps_for_the_ttl,
+}
 
 /// The longest `noise` value that still fits as the one step of an operation in `NAMESPACE` (within
 /// 64 digits), found on a memory store: the same budget as a DynamoDB store with the default
@@ -444,19 +439,19 @@ async fn two_callers_race_to_resume_and_run_the_finished_step_once() {
 async fn a_lost_step_response_is_harmless() {
     #[derive(Debug)]
     struct LoseOneStep {
-        inner: Arc<dyn Store>,
         lost: AtomicUsize,
     }
     #[async_trait::async_trait]
-    impl Store for LoseOneStep {
-        async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-            self.inner.claim(request).await
+    impl Override<MemoryStore> for LoseOneStep {
+        fn kind(&self) -> &'static str {
+            "lose-one-step"
         }
         async fn transition(
             &self,
+            inner: &MemoryStore,
             transition: &Transition<'_>,
         ) -> Result<WriteOutcome, StoreError> {
-            let outcome = self.inner.transition(transition).await?;
+            let outcome = inner.transition(transition).await?;
             if matches!(
                 transition.change,
                 idempotent_runtime::store::Change::SaveSteps { .. }
@@ -466,17 +461,13 @@ async fn a_lost_step_response_is_harmless() {
             }
             Ok(outcome)
         }
-        async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-            self.inner.get(key).await
-        }
-        fn kind(&self) -> &'static str {
-            "lose-one-step"
-        }
     }
-    let store = Arc::new(LoseOneStep {
-        inner: Arc::new(idempotent_runtime::MemoryStore::new()),
-        lost: AtomicUsize::new(0),
-    });
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        LoseOneStep {
+            lost: AtomicUsize::new(0),
+        },
+    ));
     let h = Harness::over(store, RequestCounter::default(), |b| b.default_lease(LEASE));
     let effects = Arc::new(Effects::default());
     assert_eq!(

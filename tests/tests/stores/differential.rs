@@ -452,18 +452,6 @@ fn generate(g: &mut Gen, tables: &Tables, case: u64) -> Case {
     }
 }
 
-/// Builds an action whose other parts are set: with `expr`'s placeholders and `return_old`.
-macro_rules! with_placeholders {
-    ($builder:expr, $expr:expr, $return_old:expr) => {
-        $builder
-            .set_expression_attribute_names($expr.names())
-            .set_expression_attribute_values($expr.values())
-            .set_return_values_on_condition_check_failure($return_old)
-            .build()
-            .unwrap()
-    };
-}
-
 fn action(g: &mut Gen, target: &Target, allow_invalid: bool) -> TransactWriteItem {
     let mut expr = Expr {
         allow_invalid,
@@ -481,10 +469,13 @@ fn action(g: &mut Gen, target: &Target, allow_invalid: bool) -> TransactWriteIte
             let put = Put::builder()
                 .table_name(&target.table)
                 .set_item(Some(item))
-                .set_condition_expression(condition);
-            TransactWriteItem::builder()
-                .put(with_placeholders!(put, expr, return_old))
+                .set_condition_expression(condition)
+                .set_expression_attribute_names(expr.names())
+                .set_expression_attribute_values(expr.values())
+                .set_return_values_on_condition_check_failure(return_old)
                 .build()
+                .unwrap();
+            TransactWriteItem::builder().put(put).build()
         }
         1 => {
             let update_expression = expr.update(g);
@@ -493,30 +484,39 @@ fn action(g: &mut Gen, target: &Target, allow_invalid: bool) -> TransactWriteIte
                 .table_name(&target.table)
                 .set_key(Some(target.key()))
                 .update_expression(update_expression)
-                .set_condition_expression(condition);
-            TransactWriteItem::builder()
-                .update(with_placeholders!(update, expr, return_old))
+                .set_condition_expression(condition)
+                .set_expression_attribute_names(expr.names())
+                .set_expression_attribute_values(expr.values())
+                .set_return_values_on_condition_check_failure(return_old)
                 .build()
+                .unwrap();
+            TransactWriteItem::builder().update(update).build()
         }
         2 => {
             let condition = with_condition.then(|| expr.condition(g, 2));
             let delete = Delete::builder()
                 .table_name(&target.table)
                 .set_key(Some(target.key()))
-                .set_condition_expression(condition);
-            TransactWriteItem::builder()
-                .delete(with_placeholders!(delete, expr, return_old))
+                .set_condition_expression(condition)
+                .set_expression_attribute_names(expr.names())
+                .set_expression_attribute_values(expr.values())
+                .set_return_values_on_condition_check_failure(return_old)
                 .build()
+                .unwrap();
+            TransactWriteItem::builder().delete(delete).build()
         }
         _ => {
             let condition = expr.condition(g, 2);
             let check = ConditionCheck::builder()
                 .table_name(&target.table)
                 .set_key(Some(target.key()))
-                .condition_expression(condition);
-            TransactWriteItem::builder()
-                .condition_check(with_placeholders!(check, expr, return_old))
+                .condition_expression(condition)
+                .set_expression_attribute_names(expr.names())
+                .set_expression_attribute_values(expr.values())
+                .set_return_values_on_condition_check_failure(return_old)
                 .build()
+                .unwrap();
+            TransactWriteItem::builder().condition_check(check).build()
         }
     }
 }

@@ -292,13 +292,20 @@ async fn the_http_layer_answers_500_without_retry_for_a_store_that_is_not_set_up
 /// answer and the same event.
 #[tokio::test(flavor = "current_thread")]
 async fn the_http_layer_answers_500_without_retry_on_any_store_that_is_not_set_up() {
-    #[derive(Debug, Default)]
-    struct NoTable(idempotent_runtime::MemoryStore);
+    use idempotent_runtime::MemoryStore;
+    use idempotent_runtime::store::conformance::{Delegating, Override};
+
+    #[derive(Debug)]
+    struct NoTable;
 
     #[async_trait::async_trait]
-    impl idempotent_runtime::Store for NoTable {
+    impl Override<MemoryStore> for NoTable {
+        fn kind(&self) -> &'static str {
+            "no-table"
+        }
         async fn claim(
             &self,
+            _: &MemoryStore,
             _: &idempotent_runtime::store::ClaimRequest<'_>,
         ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError>
         {
@@ -306,27 +313,11 @@ async fn the_http_layer_answers_500_without_retry_on_any_store_that_is_not_set_u
                 "records".to_owned(),
             ))
         }
-        async fn transition(
-            &self,
-            transition: &idempotent_runtime::store::Transition<'_>,
-        ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError>
-        {
-            self.0.transition(transition).await
-        }
-        async fn get(
-            &self,
-            key: &str,
-        ) -> Result<Option<idempotent_runtime::Record>, idempotent_runtime::StoreError> {
-            self.0.get(key).await
-        }
-        fn kind(&self) -> &'static str {
-            "no-table"
-        }
     }
 
     let (errors, _guard) = Errors::capture();
     assert_http_setup_error(
-        Idempotency::builder(NoTable::default()).build(),
+        Idempotency::builder(Delegating::new(MemoryStore::new(), NoTable)).build(),
         "`records` does not exist",
         &errors,
     )
