@@ -3,6 +3,7 @@
 
 mod attribute;
 mod crash;
+mod more_sequences;
 mod promise;
 mod restart_policy;
 mod resume;
