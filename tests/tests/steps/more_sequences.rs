@@ -98,11 +98,23 @@ async fn confirm(
 #[tokio::test]
 #[ignore = "reproduces: a pinned FAILED record gets failed_ttl after a dropped step write"]
 async fn an_interrupted_email_is_not_sent_again_once_the_failed_ttl_ran_out() {
+    interrupted_email_after_the_failed_ttl(MemoryStore::new()).await;
+}
+
+/// [`an_interrupted_email_is_not_sent_again_once_the_failed_ttl_ran_out`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a pinned FAILED record gets failed_ttl after a dropped step write"]
+async fn an_interrupted_email_is_not_sent_again_once_the_failed_ttl_ran_out_on_dynamodb() {
+    interrupted_email_after_the_failed_ttl(idempotent_tests::dynamodb_store().await.0).await;
+}
+
+/// The sequence of [`an_interrupted_email_is_not_sent_again_once_the_failed_ttl_ran_out`] on `inner`.
+async fn interrupted_email_after_the_failed_ttl<S: Store>(inner: S) {
     let slow = SlowWrite {
         held: 1,
         ..SlowWrite::default()
     };
-    let store = Arc::new(Delegating::new(MemoryStore::new(), slow));
+    let store = Arc::new(Delegating::new(inner, slow));
     let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
         b.failed_ttl(FAILED_TTL)
     });
@@ -199,11 +211,23 @@ async fn checkout_with_email(
 #[tokio::test]
 #[ignore = "reproduces: a library error restarts the steps after a dropped at-most-once start"]
 async fn a_library_error_beside_a_dropped_start_does_not_restart_the_steps() {
+    library_error_beside_a_dropped_start(MemoryStore::new()).await;
+}
+
+/// [`a_library_error_beside_a_dropped_start_does_not_restart_the_steps`] on DynamoDB Local.
+#[tokio::test]
+#[ignore = "reproduces: a library error restarts the steps after a dropped at-most-once start"]
+async fn a_library_error_beside_a_dropped_start_does_not_restart_the_steps_on_dynamodb() {
+    library_error_beside_a_dropped_start(idempotent_tests::dynamodb_store().await.0).await;
+}
+
+/// The sequence of [`a_library_error_beside_a_dropped_start_does_not_restart_the_steps`] on `inner`.
+async fn library_error_beside_a_dropped_start<S: Store>(inner: S) {
     let slow = SlowWrite {
         held: 0,
         ..SlowWrite::default()
     };
-    let store = Arc::new(Delegating::new(MemoryStore::new(), slow));
+    let store = Arc::new(Delegating::new(inner, slow));
     let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
         b.failed_ttl(FAILED_TTL)
     });
