@@ -2,13 +2,15 @@
 //! never runs its effect again while the operation's record lives. Each asserts how often each
 //! step's effect ran and what the record holds.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{Change, Transition, WriteOutcome};
-use idempotent_runtime::{Clock, Error, MemoryStore, Operation, Status, Steps, Store, StoreError};
+use idempotent_runtime::{
+    Clock, Error, ManualClock, MemoryStore, Operation, Status, Steps, Store, StoreError,
+};
 use idempotent_tests::{AppError, Effects, Harness, RequestCounter};
 
 const NAMESPACE: &str = "steps-more::checkout";
@@ -255,4 +257,123 @@ async fn library_error_beside_a_dropped_start<S: Store>(inner: S) {
         1,
         "the finished reserve ran again (second call left {after_second:?}; third {third:?})"
     );
+}
+
+/// While armed, the second step write fails in the store (not a transient fault); every lapse (a
+/// fenced lease end of 0) is followed by a heartbeat of the same call sent before it and landing
+/// after it, which extends the lease again.
+#[derive(Debug, Default)]
+struct FailedWriteThenLateBeat {
+    clock: OnceLock<ManualClock>,
+    armed: AtomicBool,
+    writes: AtomicUsize,
+    beats: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Override<S> for FailedWriteThenLateBeat {
+    fn kind(&self) -> &'static str {
+        "failed-write-then-late-beat"
+    }
+
+    async fn transition(
+        &self,
+        inner: &S,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        if matches!(transition.change, Change::SaveSteps { .. })
+            && self.armed.load(Ordering::SeqCst)
+            && self.writes.fetch_add(1, Ordering::SeqCst) == 1
+        {
+            self.armed.store(false, Ordering::SeqCst);
+            return Err(StoreError::Corrupt("the step write failed".into()));
+        }
+        let outcome = inner.transition(transition).await?;
+        if matches!(
+            transition.change,
+            Change::ExtendLease {
+                lease_until_ms: 0,
+                ..
+            }
+        ) {
+            let now_ms = self.clock.get().expect("the clock").now_ms();
+            let beat = Transition {
+                key: transition.key,
+                token: transition.token,
+                change: Change::ExtendLease {
+                    lease_until_ms: now_ms + 30_000,
+                    expires_at_s: now_ms / 1000 + 86_400,
+                },
+            };
+            if matches!(inner.transition(&beat).await?, WriteOutcome::Applied) {
+                self.beats.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+/// The checkout of the restart policy's tests: "reserve" then "charge".
+async fn checkout(
+    harness: &Harness,
+    order: &str,
+    effects: &Arc<Effects>,
+) -> Result<(u32, String), AppError> {
+    operation(harness, order, true)
+        .run_steps(|steps: Steps| async move {
+            let hold = steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            let charge = steps
+                .run("charge", || async {
+                    effects.happened("charge");
+                    Ok::<_, AppError>("ch_1".to_owned())
+                })
+                .await?;
+            Ok((hold, charge))
+        })
+        .await
+}
+
+/// Under the restart policy: the charge's write fails in the store, and the body passes the error up
+/// with `?`, so the claim lapses (PENDING, lease over) rather than failing. A heartbeat of the same
+/// call, sent before the lapse, lands after it and extends the lease again. The key is then held
+/// (the next call is told it is in progress), never restarted; once the lease ran out, the next call
+/// resumes after the reserve.
+#[tokio::test]
+async fn a_lapse_overtaken_by_a_late_heartbeat_still_resumes() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        FailedWriteThenLateBeat::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
+        b.failed_ttl(FAILED_TTL)
+    });
+    store.with.clock.set(harness.clock.clone()).unwrap();
+    let effects = Arc::new(Effects::default());
+
+    store.with.armed.store(true, Ordering::SeqCst);
+    let first = checkout(&harness, "order-1", &effects).await;
+    let err = idempotent_tests::idem_error(first);
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    assert_eq!(
+        store.with.beats.load(Ordering::SeqCst),
+        1,
+        "the late beat landed"
+    );
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Pending);
+    assert!(record.lease_until_ms.unwrap() > harness.clock.now_ms());
+
+    let held = checkout(&harness, "order-1", &effects).await;
+    let err = idempotent_tests::idem_error(held);
+    assert!(matches!(err, Error::InProgress { .. }), "{err:?}");
+
+    harness.clock.advance(Duration::from_mins(2));
+    let third = checkout(&harness, "order-1", &effects).await;
+    assert_eq!(third.unwrap(), (17, "ch_1".to_owned()));
+    assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 2));
 }
