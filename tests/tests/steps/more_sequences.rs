@@ -377,3 +377,87 @@ async fn a_lapse_overtaken_by_a_late_heartbeat_still_resumes() {
     assert_eq!(third.unwrap(), (17, "ch_1".to_owned()));
     assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 2));
 }
+
+/// `bytes` characters that compress poorly (a 64-letter alphabet, pseudo-random from `seed`).
+fn noise(bytes: usize, seed: u64) -> String {
+    const LETTERS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state = seed | 1;
+    (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            LETTERS[usize::try_from(state % 64).unwrap()] as char
+        })
+        .collect()
+}
+
+/// Three scans run side by side from clones of the call's `Steps`, each with a value of `bytes`.
+async fn scans(
+    harness: &Harness,
+    order: &str,
+    effects: &Arc<Effects>,
+    bytes: usize,
+) -> Result<usize, AppError> {
+    operation(harness, order, true)
+        .run_steps(|steps: Steps| async move {
+            let scan = |name: &'static str, seed: u64| {
+                let steps = steps.clone();
+                async move {
+                    steps
+                        .run(name, || async {
+                            effects.happened(name);
+                            tokio::task::yield_now().await;
+                            Ok::<_, AppError>(noise(bytes, seed))
+                        })
+                        .await
+                }
+            };
+            let (a, b, c) = tokio::join!(scan("front", 1), scan("back", 2), scan("side", 3));
+            Ok(a?.len() + b?.len() + c?.len())
+        })
+        .await
+}
+
+/// Under the restart policy: three steps run side by side, each with a value of 45% of the record's
+/// room for steps (less, compressed). Those that finish first are stored; the last does not fit, and
+/// must still be recorded as finished without a value (the room for its mark was kept while the
+/// others were stored), so that no call runs any of the three again: the record is FAILED (the body
+/// passed `StepTooLarge` up), pinned, and the next calls stop at the unstored step.
+#[tokio::test]
+async fn side_by_side_steps_too_large_are_each_recorded_and_never_run_again() {
+    let harness = Harness::with(idempotent_tests::Backend::Memory, |b| {
+        b.failed_ttl(FAILED_TTL)
+    })
+    .await;
+    let key = idempotent_runtime::derive_key(NAMESPACE, "order-1").unwrap();
+    let budget = harness.store.steps_budget(&key, None);
+    let effects = Arc::new(Effects::default());
+
+    let first = scans(&harness, "order-1", &effects, budget * 45 / 100).await;
+    let err = idempotent_tests::idem_error(first);
+    assert!(matches!(err, Error::StepTooLarge { .. }), "{err:?}");
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let report = record.steps_report().unwrap().unwrap();
+    assert_eq!(
+        report.finished.len() + report.not_stored.len(),
+        3,
+        "{report:?}"
+    );
+    assert!(!report.not_stored.is_empty(), "{report:?}");
+
+    for _ in 0..2 {
+        harness.clock.advance(Duration::from_mins(2));
+        let again = scans(&harness, "order-1", &effects, 10).await;
+        let err = idempotent_tests::idem_error(again);
+        assert!(matches!(err, Error::StepNotStored { .. }), "{err:?}");
+    }
+    assert_eq!(
+        (
+            effects.runs("front"),
+            effects.runs("back"),
+            effects.runs("side")
+        ),
+        (1, 1, 1)
+    );
+}
