@@ -461,3 +461,45 @@ async fn side_by_side_steps_too_large_are_each_recorded_and_never_run_again() {
         (1, 1, 1)
     );
 }
+
+/// A checkout is cut off after its reserve; the clock is then set to the last instant at which its
+/// record, expired by the unmargined clock, still lives by the clock less the skew margin (1 s),
+/// which is what the stores' conditions read. Code without steps is refused there (`StepsHeld`) and
+/// its body never runs, the record left as it was; a call with steps resumes it at the same instant
+/// (the reserve does not run again).
+#[tokio::test]
+async fn code_without_steps_is_refused_at_the_expiry_boundary() {
+    steps_held_at_the_expiry_boundary(idempotent_tests::Backend::Memory).await;
+}
+
+/// [`code_without_steps_is_refused_at_the_expiry_boundary`] on DynamoDB Local.
+#[tokio::test]
+async fn code_without_steps_is_refused_at_the_expiry_boundary_on_dynamodb() {
+    steps_held_at_the_expiry_boundary(idempotent_tests::Backend::DynamoDb).await;
+}
+
+/// The sequence of [`code_without_steps_is_refused_at_the_expiry_boundary`] on `backend`.
+async fn steps_held_at_the_expiry_boundary(backend: idempotent_tests::Backend) {
+    let harness = Harness::with(backend, |b| b.failed_ttl(FAILED_TTL)).await;
+    let effects = Arc::new(Effects::default());
+    checkout_cut_off(&harness, "order-1", &effects).await;
+    let before = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let expires_ms = before.expires_at_s * 1000;
+    harness.clock.set(expires_ms + 1_999);
+
+    let ran = AtomicBool::new(false);
+    let plain = operation(&harness, "order-1", false)
+        .run(|| async {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, AppError>(1_u32)
+        })
+        .await;
+    let err = idempotent_tests::idem_error(plain);
+    assert!(matches!(err, Error::StepsHeld { .. }), "{err:?}");
+    assert!(!ran.load(Ordering::SeqCst), "the body without steps ran");
+    assert_eq!(harness.record(NAMESPACE, "order-1").await.unwrap(), before);
+
+    let resumed = checkout(&harness, "order-1", &effects).await;
+    assert_eq!(resumed.unwrap(), (17, "ch_1".to_owned()));
+    assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 1));
+}
