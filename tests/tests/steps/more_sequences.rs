@@ -503,3 +503,59 @@ async fn steps_held_at_the_expiry_boundary(backend: idempotent_tests::Backend) {
     assert_eq!(resumed.unwrap(), (17, "ch_1".to_owned()));
     assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 1));
 }
+
+/// Under the restart policy: the charge's write fails in the store; the body catches that error and
+/// then panics. The failure is a panic (recorded FAILED `panicked: ..`, not a lapse), after which the
+/// operation resumes rather than starting over: the next call replays the reserve and runs only the
+/// charge (whose write had failed) again.
+#[tokio::test]
+async fn a_panic_after_a_failed_step_write_resumes_under_the_restart_policy() {
+    let store = Arc::new(Delegating::new(
+        MemoryStore::new(),
+        FailedWriteThenLateBeat::default(),
+    ));
+    let harness = Harness::over(store.clone(), RequestCounter::default(), |b| {
+        b.failed_ttl(FAILED_TTL)
+    });
+    store.with.clock.set(harness.clock.clone()).unwrap();
+    let effects = Arc::new(Effects::default());
+
+    store.with.armed.store(true, Ordering::SeqCst);
+    let body_effects = effects.clone();
+    let first = tokio::spawn({
+        let harness = harness.clone();
+        async move {
+            operation(&harness, "order-1", true)
+                .run_steps(|steps: Steps| async move {
+                    steps
+                        .run("reserve", || async {
+                            body_effects.happened("reserve");
+                            Ok::<_, AppError>(17_u32)
+                        })
+                        .await?;
+                    let charged = steps
+                        .run("charge", || async {
+                            body_effects.happened("charge");
+                            Ok::<_, AppError>("ch_1".to_owned())
+                        })
+                        .await;
+                    assert!(charged.is_ok(), "the charge could not be stored");
+                    Ok::<_, AppError>(0_u32)
+                })
+                .await
+        }
+    })
+    .await;
+    assert!(first.unwrap_err().is_panic());
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    assert_eq!(record.status, Status::Failed);
+    assert!(
+        record.error.as_deref().unwrap().starts_with("panicked: "),
+        "{record:?}"
+    );
+    assert_eq!(store.with.beats.load(Ordering::SeqCst), 0, "no lapse");
+
+    let second = checkout(&harness, "order-1", &effects).await;
+    assert_eq!(second.unwrap(), (17, "ch_1".to_owned()));
+    assert_eq!((effects.runs("reserve"), effects.runs("charge")), (1, 2));
+}
