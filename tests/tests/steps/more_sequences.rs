@@ -636,3 +636,48 @@ async fn a_failed_completion_beside_a_dropped_start_does_not_restart_the_steps()
         "the finished reserve ran again (first call left {after_first:?}; second {second:?})"
     );
 }
+
+/// A deploy adds the restart policy to an operation: a call of the old deploy (no restart policy)
+/// resumes a checkout cut off after its reserve, and its caller gives up while its resuming claim is
+/// on its way, so the claim is released (FAILED `released: ..`), as the old policy allows. A call of
+/// the new deploy then finds a FAILED record and starts the operation over: a release is no failure
+/// of the body's, and the finished reserve runs again.
+#[tokio::test]
+#[ignore = "reproduces: the restart policy starts over after a release by a call without it"]
+async fn a_release_by_a_call_without_the_restart_policy_does_not_restart_the_steps() {
+    let slow = Arc::new(idempotent_tests::SlowResume::new(Arc::new(
+        MemoryStore::new(),
+    )));
+    let harness = Harness::over(slow.clone(), RequestCounter::default(), |b| {
+        b.failed_ttl(FAILED_TTL)
+    });
+    let effects = Arc::new(Effects::default());
+    checkout_cut_off(&harness, "order-1", &effects).await;
+    harness.clock.advance(Duration::from_mins(2));
+
+    slow.hold(true);
+    let old_effects = effects.clone();
+    let old_deploy = operation(&harness, "order-1", false).run_steps(|steps: Steps| async move {
+        steps
+            .run("reserve", || async {
+                old_effects.happened("reserve");
+                Ok::<_, AppError>(17_u32)
+            })
+            .await
+    });
+    tokio::select! {
+        _ = old_deploy => panic!("its claim is slow"),
+        () = slow.landed() => {}
+    }
+    slow.hold(false);
+    let _ = harness.idem.drain(Duration::from_secs(5)).await;
+    let record = harness.record(NAMESPACE, "order-1").await.unwrap();
+    let after_release = (record.status, record.error.clone());
+
+    let third = checkout(&harness, "order-1", &effects).await;
+    assert_eq!(
+        effects.runs("reserve"),
+        1,
+        "the finished reserve ran again (the release left {after_release:?}; third call {third:?})"
+    );
+}
