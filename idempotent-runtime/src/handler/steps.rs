@@ -100,6 +100,10 @@ struct Shared {
     /// that must not run again): the body's failure may be that, not its own
     /// ([`lapses_after_failure`](Steps::lapses_after_failure)).
     faulted: AtomicBool,
+    /// A step write of this call was sent and its fate is unknown (the step's future was dropped while
+    /// it was on its way, or the write failed): the record may hold the steps before it or after it,
+    /// so what the call knows of them does not say whether the operation is pinned.
+    in_doubt: AtomicBool,
 }
 
 #[derive(Default)]
@@ -124,6 +128,13 @@ pub(crate) fn panicked(record: &Record) -> bool {
     record.error.as_deref().is_some_and(is_panic)
 }
 
+/// Whether `record` is FAILED by the release of a call that gave its claim up before its body started
+/// ([`handler::RELEASED`](crate::handler::RELEASED)): no failure of a body, so never one the restart
+/// policy starts over after (a call without the policy releases a claim that resumes steps).
+pub(crate) fn released(record: &Record) -> bool {
+    record.error.as_deref() == Some(crate::handler::RELEASED)
+}
+
 /// Whether a failure's error text is the one the handler records for a panic
 /// ([`handler::panicked`](crate::handler::panicked)).
 pub(crate) fn is_panic(error: &str) -> bool {
@@ -139,7 +150,7 @@ pub(crate) enum StepsFound {
     /// The record's steps live on: resume them.
     Resume,
     /// A FAILED record the restart policy would start over after, but whose steps pin the operation
-    /// (a step that must never run again) or whose failure is a panic (a bug, not a failure that undid
+    /// (a step that must never run again) or whose failure is a panic or a release (no failure that undid
     /// the steps): resume them all the same.
     ResumeFailure,
     /// A FAILED record under the restart policy: start the operation over.
@@ -159,7 +170,7 @@ pub(crate) fn steps_found(record: &Record, now_ms: u64, restart_policy: bool) ->
     if !(restart_policy && record.status == Status::Failed) {
         return StepsFound::Resume;
     }
-    if Stored::pinned(steps) || panicked(record) {
+    if Stored::pinned(steps) || panicked(record) || released(record) {
         StepsFound::ResumeFailure
     } else {
         StepsFound::Restart
@@ -435,6 +446,7 @@ impl Steps {
                 restarting: AtomicBool::new(false),
                 resuming_failure: AtomicBool::new(false),
                 faulted: AtomicBool::new(false),
+                in_doubt: AtomicBool::new(false),
             }),
         }
     }
@@ -452,6 +464,7 @@ impl Steps {
     /// this call knows.
     pub(crate) fn restart_failed(&self) -> bool {
         self.shared.restart_failed
+            && !self.shared.in_doubt.load(Ordering::Relaxed)
             && !self
                 .state()
                 .call
@@ -1024,11 +1037,16 @@ impl Steps {
                 bytes,
             )
         };
+        // In doubt until the write's answer says it landed: a step's future dropped here (a
+        // `select!` or `try_join!` in the body) leaves the call not knowing which steps the record
+        // holds.
+        self.shared.in_doubt.store(true, Ordering::Relaxed);
         let saved =
             crate::handler::save_steps(&idem, namespace, &key, &token, &previous, &bytes, lease)
                 .await;
-        if saved.is_err() {
-            self.fault();
+        match saved {
+            Ok(()) => self.shared.in_doubt.store(false, Ordering::Relaxed),
+            Err(_) => self.fault(),
         }
         saved
     }
@@ -1046,8 +1064,16 @@ impl Steps {
     /// again), which the body may have passed up with `?`. Such a failure is no more one the body undid
     /// its steps after than a crash is: the next call resumes (as after a crash) rather than starting
     /// over and running the finished steps again.
+    ///
+    /// Not for an operation this call knows to be pinned (a FAILED record of it resumes whatever the
+    /// policy); but with a step write in doubt, the record may hold a pin the call does not know of,
+    /// or lack one it does, and the claim lapses.
     pub(crate) fn lapses_after_failure(&self, completing: bool) -> bool {
-        self.restart_failed() && (completing || self.shared.faulted.load(Ordering::Relaxed))
+        let in_doubt = self.shared.in_doubt.load(Ordering::Relaxed);
+        self.shared.restart_failed
+            && (in_doubt
+                || ((completing || self.shared.faulted.load(Ordering::Relaxed))
+                    && self.restart_failed()))
     }
 
     /// A key for a downstream API's own idempotency (a payment gateway's `Idempotency-Key` header) for

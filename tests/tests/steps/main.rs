@@ -3,7 +3,7 @@
 
 mod attribute;
 mod crash;
-mod more_sequences;
+mod in_doubt;
 mod promise;
 mod restart_policy;
 mod resume;
