@@ -79,6 +79,9 @@ pub(crate) struct Held<'a> {
     pub(super) plan: &'a Plan<'a>,
     pub(super) token: &'a str,
     pub(super) ttl: Duration,
+    /// The call's hold on its key's flight, when it leads one: the stored record is passed on to
+    /// the calls that follow it; dropped with the claim, it hands the flight over if nothing landed.
+    pub(super) lead: Option<flight::Lead<'a>>,
 }
 
 impl Held<'_> {
@@ -258,6 +261,14 @@ impl Held<'_> {
                 }
                 return Err(error);
             }
+        }
+        // Stored: what the record holds (the response, the reason it is not serialized, or nothing
+        // when too large) is what the calls following this one get.
+        if let Some(lead) = &self.lead {
+            lead.land(|| flight::Landed {
+                response: fits.then(|| std::sync::Arc::from(&bytes[..])),
+                fingerprint: fingerprint.map(std::sync::Arc::from),
+            });
         }
         if let Some(source) = unserializable {
             return Err(unserializable_response(namespace, source));
