@@ -140,6 +140,15 @@ impl<'a> Attempt<'a> {
         }
     }
 
+    /// How a flight's followers see this call's own claim, held until `lease_until_ms`: taken over from
+    /// its lease's end plus the margin (as [`examine`] counts it).
+    fn own_claim(&self, lease_until_ms: u64) -> flight::Busy {
+        flight::Busy {
+            until_ms: lease_until_ms.saturating_add(millis(self.idem.clock_skew_margin())),
+            own: true,
+        }
+    }
+
     /// The claim request of attempt `number`, with its own times (a plain claim: it applies no
     /// claim-time writes and keeps none; with steps, it starts the operation afresh).
     fn request(&self, number: u32) -> ClaimRequest<'a> {
@@ -427,7 +436,7 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
                 match attempt.next(landed, number).0 {
                     decide::AfterClaim::Run { lease_until_ms } => {
                         if let Some(lead) = &held_lead {
-                            lead.busy(None);
+                            lead.busy(attempt.own_claim(lease_until_ms));
                         }
                         let seen = resume.map(|seen| *seen);
                         return Ok(attempt.held(seen, lease_until_ms, took_over, held_lead));
@@ -485,7 +494,7 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
                 decide::AfterClaim::Run { lease_until_ms } => {
                     attempt.stage.set(Stage::Claiming);
                     if let Some(lead) = &held_lead {
-                        lead.busy(None);
+                        lead.busy(attempt.own_claim(lease_until_ms));
                     }
                     return Ok(attempt.held(record.steps, lease_until_ms, took_over, held_lead));
                 }
@@ -523,7 +532,10 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
                 }
                 decide::AfterClaim::InProgress(retry_after) => {
                     if let Some(lead) = &held_lead {
-                        lead.busy(Some(retry_after));
+                        lead.busy(flight::Busy {
+                            until_ms: idem.clock().now_ms().saturating_add(millis(retry_after)),
+                            own: false,
+                        });
                     }
                     retry_after
                 }
@@ -572,11 +584,8 @@ pub(super) fn follow<'a, 'b, T: DeserializeOwned + 'b>(
                 Followed::Landed(landed) => {
                     return take_landed(idem, plan, &landed).map(Following::Done);
                 }
-                Followed::InProgress(left) => {
-                    // The leader's own claim is live (this process heartbeats it): a whole lease, as
-                    // a duplicate finds a claim just made or renewed.
-                    let retry_after = left
-                        .unwrap_or_else(|| attempt.lease.saturating_add(idem.clock_skew_margin()));
+                Followed::InProgress(busy) => {
+                    let retry_after = follower_retry_after(idem, attempt.lease, busy);
                     return Err(in_progress(
                         idem,
                         plan.call.namespace,
@@ -594,6 +603,24 @@ pub(super) fn follow<'a, 'b, T: DeserializeOwned + 'b>(
     })
 }
 
+/// What a follower that gets `InProgress` says is left before the claim holding the key may be taken
+/// over: what a duplicate reading the record would find (its lease end less the caller's judged time).
+/// A leader's own claim that this process renews (heartbeats on) counts as just renewed, a whole lease,
+/// as it is live; so does a claim not answered yet.
+fn follower_retry_after(
+    idem: &Idempotency,
+    lease: Duration,
+    busy: Option<flight::Busy>,
+) -> Duration {
+    let renewed = lease.saturating_add(idem.clock_skew_margin());
+    match busy {
+        Some(busy) if !(busy.own && idem.heartbeat()) => {
+            Duration::from_millis(busy.until_ms.saturating_sub(idem.clock().now_ms()))
+        }
+        _ => renewed,
+    }
+}
+
 /// The answer of a follower from the COMPLETED record its leader passed on, as a duplicate reading
 /// that record gets it: `PayloadMismatch` for another payload, `ResponseTooLarge` without a response,
 /// else the response decoded within the handle's bound.
@@ -607,7 +634,10 @@ fn take_landed<T: DeserializeOwned>(
     let Some(response) = &landed.response else {
         return Err(response_too_large(namespace));
     };
-    tracing::debug!(namespace, "replaying the response of a call in flight in this process");
+    tracing::debug!(
+        namespace,
+        "replaying the response of a call in flight in this process"
+    );
     replay(namespace, response, idem.max_response_bytes())
 }
 

@@ -26,7 +26,6 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -45,7 +44,7 @@ pub(crate) struct Landed {
 }
 
 /// Where a flight is, as its followers see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Phase {
     /// The leader's claim is on its way, or its answer is being read.
     Claiming,
@@ -103,13 +102,22 @@ pub(crate) fn join(existing: Option<bool>) -> Join {
     }
 }
 
+/// When the claim holding a busy flight's key may be taken over, as its leader found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Busy {
+    /// The instant (epoch milliseconds, on the handle's clock, unjudged) from which the claim may be
+    /// taken over: what a duplicate reading the record would count its `retry_after` to.
+    pub(crate) until_ms: u64,
+    /// The claim is the leader's own, which this process renews while heartbeats are on.
+    pub(crate) own: bool,
+}
+
 /// What a flight's followers see of it.
 #[derive(Debug)]
 struct State {
     phase: Phase,
-    /// While `Busy` on another process's claim: how long it may last, as the leader found it, and when.
-    /// `None` while busy on the leader's own (live, heartbeating) claim.
-    busy: Option<(Duration, Instant)>,
+    /// While `Busy`: when the claim holding the key may be taken over.
+    busy: Option<Busy>,
     /// While `Landed`, for the followers there were when it landed.
     landed: Option<Arc<Landed>>,
 }
@@ -132,7 +140,7 @@ impl Flight {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn set(&self, phase: Phase, busy: Option<(Duration, Instant)>, landed: Option<Arc<Landed>>) {
+    fn set(&self, phase: Phase, busy: Option<Busy>, landed: Option<Arc<Landed>>) {
         {
             let mut state = self.state();
             state.phase = phase;
@@ -269,15 +277,11 @@ impl Lead<'_> {
         }
     }
 
-    /// The key is held: by the leader's own claim (`None`), or by another process's that may be taken
-    /// over in `retry_after`. Followers without `wait` answer `InProgress`.
-    pub(crate) fn busy(&self, retry_after: Option<Duration>) {
+    /// The key is held (by the leader's own claim, or by another process's it waits on) until `busy`
+    /// says. Followers without `wait` answer `InProgress`.
+    pub(crate) fn busy(&self, busy: Busy) {
         if let Some(flight) = &self.flight {
-            flight.set(
-                Phase::Busy,
-                retry_after.map(|after| (after, Instant::now())),
-                None,
-            );
+            flight.set(Phase::Busy, Some(busy), None);
         }
     }
 
@@ -349,9 +353,9 @@ impl Drop for OwnedLead {
 pub(crate) enum Followed {
     /// The leader passed on this stored record.
     Landed(Arc<Landed>),
-    /// The key is held (or the follower's wait ran out while it was): `InProgress`, with how long the
-    /// claim holding it may last (`None`: the leader's own live claim, a whole lease).
-    InProgress(Option<Duration>),
+    /// The key is held (or the follower's wait ran out while it was): `InProgress`, with when the claim
+    /// holding it may be taken over (`None`: the leader's claim has not been answered yet).
+    InProgress(Option<Busy>),
     /// The flight ended without a stored record: join again.
     Rejoin,
 }
@@ -368,17 +372,16 @@ pub(crate) async fn follow_flight(flight: Arc<Flight>, wait_until: Option<Instan
             let state = flight.state();
             (state.phase, state.busy, state.landed.clone())
         };
-        let left = busy.map(|(after, since)| after.saturating_sub(since.elapsed()));
         match follow(phase, wait_until.is_some()) {
             Follow::Take => return landed.map_or(Followed::Rejoin, Followed::Landed),
             Follow::Rejoin => return Followed::Rejoin,
-            Follow::InProgress => return Followed::InProgress(left),
+            Follow::InProgress => return Followed::InProgress(busy),
             Follow::Wait => {}
         }
         match wait_until {
             Some(deadline) => {
                 if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                    return Followed::InProgress(left);
+                    return Followed::InProgress(busy);
                 }
             }
             None => changed.await,
@@ -389,6 +392,7 @@ pub(crate) async fn follow_flight(flight: Arc<Flight>, wait_until: Option<Instan
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn landed() -> Landed {
         Landed {
@@ -421,11 +425,15 @@ mod tests {
             panic!("the same payload follows")
         };
         let follower = tokio::spawn(follow_flight(flight, None));
-        lead.busy(None);
+        let busy = Busy {
+            until_ms: 31_000,
+            own: true,
+        };
+        lead.busy(busy);
         // A follower without `wait` answers as soon as the key is held.
         assert!(matches!(
             follower.await.unwrap(),
-            Followed::InProgress(None)
+            Followed::InProgress(Some(b)) if b == busy
         ));
         let Joined::Follow(flight) = flights.join("k", Some("p")) else {
             panic!("still in flight")
