@@ -440,7 +440,7 @@ mod tests {
         };
         let waiting = tokio::spawn(follow_flight(
             flight,
-            Some(Instant::now() + Duration::from_secs(60)),
+            Some(Instant::now() + Duration::from_mins(1)),
         ));
         tokio::task::yield_now().await;
         lead.land(landed);

@@ -103,14 +103,16 @@ where
         };
         tracing::debug!(namespace = call.namespace, "claimed; running the body");
         attempt.stage.set(Stage::Running);
+        // The lead goes with the claim into the boxed work (or the detached body's task): a call's
+        // future does not carry it past its claim.
+        let mut claim = Held {
+            idem,
+            plan,
+            token,
+            ttl,
+            lead,
+        };
         let finished = if R::DETACHED {
-            let claim = Held {
-                idem,
-                plan,
-                token,
-                ttl,
-                lead: None,
-            };
             let work = Work {
                 body,
                 describe,
@@ -118,9 +120,7 @@ where
                 lease_until_ms,
                 took_over,
                 // The body's task leads the flight from its spawn on: its caller may be dropped.
-                lead: lead
-                    .zip(idem.flights())
-                    .map(|(lead, flights)| lead.into_owned(flights)),
+                lead: claim.hand_lead_over(),
             };
             let task = runner.spawn(&claim, work);
             drop(tracked);
@@ -129,14 +129,6 @@ where
             // Boxed: every call's future would carry the wait for the task otherwise.
             Box::pin(joined(call.namespace, task)).await
         } else {
-            // The lead goes into the boxed work: a call's future does not carry it past its claim.
-            let claim = Held {
-                idem,
-                plan,
-                token,
-                ttl,
-                lead,
-            };
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
             // carry the body, the completion and the timer.

@@ -89,6 +89,12 @@ impl Held<'_> {
         self.plan.call.namespace
     }
 
+    /// The lead on the key's flight, owned, for a detached body's task to take up.
+    pub(super) fn hand_lead_over(&mut self) -> Option<flight::OwnedLead> {
+        let flights = self.idem.flights()?;
+        self.lead.take().map(|lead| lead.into_owned(flights))
+    }
+
     /// Sends `transition` (with `writes`, in one transaction, when there are any) until it lands, is
     /// rejected or canceled for good, or transient faults outlast `persist`. Every attempt is the same
     /// request, so a store that recognises repeated requests (DynamoDB's `ClientRequestToken`) applies
