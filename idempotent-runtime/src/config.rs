@@ -51,6 +51,22 @@ pub struct ConfigError(String);
 /// Pass it to a function with `store = ..` (an `Idempotency`, a reference to one, or an `Arc` of one), or
 /// [`install`](Idempotency::install) it once as the process-wide default.
 ///
+/// A handle and its clones coalesce the calls made through them ([`Builder::coalesce`], on by default):
+/// while a call on a key is in flight, another call on that key with the same payload sends no request
+/// of its own. It follows the first call and gets what that call stored (with `wait`), or
+/// [`Error::InProgress`](crate::Error::InProgress) once the first call's claim holds the key (without
+/// it); if the first call ends without a stored result, one follower at a time claims for itself. A
+/// retry storm of identical requests into one process costs the requests of one call. Across
+/// processes (or handles) nothing changes: the store decides, and a follower only ever gets a record
+/// the store holds. Costs per call, by path:
+///
+/// | path | requests |
+/// |---|---|
+/// | first call | 2 (claim, complete or fail) |
+/// | duplicate of a COMPLETED key | 1 (the refused claim returns the record); 0 from the local cache |
+/// | duplicate while the key is in flight in another process | 1 (with `wait`, plus one read per poll) |
+/// | duplicate while the key is in flight in this process (same handle) | 0 |
+///
 /// ```
 /// use std::time::Duration;
 /// use idempotent_runtime::Idempotency;
