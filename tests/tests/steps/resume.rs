@@ -255,8 +255,9 @@ macro_rules! steps {
                 };
                 reserved.notified().await;
                 h.clock.advance(LEASE * 2);
+                // Another process takes over: in the zombie's, a duplicate would wait on it.
                 let taken = h
-                    .idem
+                    .another_process(|b| b.default_lease(LEASE).heartbeat(false))
                     .operation(NAMESPACE, "o-5")
                     .run_steps(|steps| async move {
                         steps
