@@ -230,7 +230,7 @@ async fn a_failed_leader_hands_over_to_exactly_one_follower(backend: Backend) {
     let runs = AtomicUsize::new(0);
     let call = |idem: Idempotency| {
         let runs = &runs;
-        let run = async move {
+        async move {
             idem.operation(NAMESPACE, "o-1")
                 .wait(Duration::from_secs(10))
                 .run(|| async {
@@ -242,8 +242,7 @@ async fn a_failed_leader_hands_over_to_exactly_one_follower(backend: Backend) {
                     Ok(run)
                 })
                 .await
-        };
-        run
+        }
     };
     let results = join_all((0..10).map(|_| call(s.idem.clone()))).await;
     assert_eq!(
