@@ -203,7 +203,9 @@ pub async fn release(
 pub struct Traffic {
     /// First calls (new keys) per second at peak.
     pub peak_rps: f64,
-    /// Duplicates per first call: duplicates arrive at `peak_rps × duplicate_ratio`.
+    /// Duplicates per first call: duplicates arrive at `peak_rps × duplicate_ratio`. Only duplicates that
+    /// reach the table count: one arriving in the process where a call on its key is in flight follows
+    /// that call and sends nothing (coalescing, [`Builder::coalesce`](crate::Builder::coalesce)).
     pub duplicate_ratio: f64,
     /// The stored response's size in bytes.
     pub response_bytes: u64,

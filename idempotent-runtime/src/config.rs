@@ -51,6 +51,22 @@ pub struct ConfigError(String);
 /// Pass it to a function with `store = ..` (an `Idempotency`, a reference to one, or an `Arc` of one), or
 /// [`install`](Idempotency::install) it once as the process-wide default.
 ///
+/// A handle and its clones coalesce the calls made through them ([`Builder::coalesce`], on by default):
+/// while a call on a key is in flight, another call on that key with the same payload sends no request
+/// of its own. It follows the first call and gets what that call stored (with `wait`), or
+/// [`Error::InProgress`](crate::Error::InProgress) once the first call's claim holds the key (without
+/// it); if the first call ends without a stored result, one follower at a time claims for itself. A
+/// retry storm of identical requests into one process costs the requests of one call. Across
+/// processes (or handles) nothing changes: the store decides, and a follower only ever gets a record
+/// the store holds. Costs per call, by path:
+///
+/// | path | requests |
+/// |---|---|
+/// | first call | 2 (claim, complete or fail) |
+/// | duplicate of a COMPLETED key | 1 (the refused claim returns the record); 0 from the local cache |
+/// | duplicate while the key is in flight in another process | 1 (with `wait`, plus one read per poll) |
+/// | duplicate while the key is in flight in this process (same handle) | 0 |
+///
 /// ```
 /// use std::time::Duration;
 /// use idempotent_runtime::Idempotency;
@@ -84,6 +100,8 @@ struct Inner {
     /// The detached calls still running, from their claim on (and the releases of dropped claims), for
     /// [`Idempotency::drain`].
     tasks: tokio_util::task::TaskTracker,
+    /// The keys in flight through this handle, for coalescing; shared like the cache.
+    flights: Option<Arc<crate::handler::flight::Flights>>,
 }
 
 static INSTALLED: RwLock<Option<Idempotency>> = RwLock::new(None);
@@ -122,6 +140,7 @@ impl Idempotency {
             retry_hint: DEFAULT_RETRY_HINT,
             cache: None,
             max_response_bytes: crate::codec::DEFAULT_MAX_RESPONSE_BYTES,
+            coalesce: true,
         }
     }
 
@@ -232,6 +251,12 @@ impl Idempotency {
         self.inner.cache.as_deref()
     }
 
+    /// The keys in flight through this handle (and the handles derived from it), unless coalescing
+    /// is off ([`Builder::coalesce`]).
+    pub(crate) fn flights(&self) -> Option<&Arc<crate::handler::flight::Flights>> {
+        self.inner.flights.as_ref()
+    }
+
     /// The work this handle started on tasks of its own (detached bodies, releases of dropped claims),
     /// and the detached calls whose claim has not landed yet.
     pub(crate) fn tasks(&self) -> &tokio_util::task::TaskTracker {
@@ -297,9 +322,31 @@ pub struct Builder {
     retry_hint: Duration,
     cache: Option<usize>,
     max_response_bytes: usize,
+    coalesce: bool,
 }
 
 impl Builder {
+    /// Coalesces concurrent calls on one key in this process (on by default): while a call on a key
+    /// is in flight through this handle (or a clone of it), another call on the same key with the same
+    /// payload makes no request of its own. With `wait` it gets the first call's outcome when that is
+    /// stored (the stored response, decoded, as a duplicate reading the record would get it); if the
+    /// first call ends without a stored result (its body failed or panicked, it was dropped), one
+    /// waiting call at a time goes on to claim the key itself. Without `wait` it gets
+    /// [`Error::InProgress`](crate::Error::InProgress) as soon as the first call's claim is answered
+    /// and holds the key (or it gets the stored response, if that is what the first call found). A
+    /// call with another payload is not coalesced: the store answers it (`PayloadMismatch`).
+    ///
+    /// So a retry storm of identical requests into one process costs the requests of one call: the
+    /// others cost nothing. Across processes the store decides, as without coalescing: a coalesced call
+    /// only ever gets a record that is stored, or makes its own claim.
+    ///
+    /// Off, every call makes its own requests (the behaviour before coalescing; benchmarks compare the
+    /// two).
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
     /// Keeps up to `capacity` COMPLETED responses in this process, so a duplicate handled by the same
     /// process is answered without a round trip (off by default). Only COMPLETED records are cached, and
     /// only while they are replayable, so answers never differ from the store's; a payload mismatch is
@@ -453,6 +500,7 @@ impl Builder {
                     .cache
                     .map(|capacity| Arc::new(crate::cache::ResponseCache::new(capacity))),
                 tasks: tokio_util::task::TaskTracker::new(),
+                flights: self.coalesce.then(Arc::default),
             }),
         })
     }

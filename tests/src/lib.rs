@@ -427,6 +427,17 @@ impl Harness {
         (harness, proxy)
     }
 
+    /// A handle over the same store and clock standing for another process: its calls are not
+    /// coalesced with `idem`'s (coalescing is per handle), so each makes its own requests, as a
+    /// duplicate arriving at another instance of the service does. `configure` may change its builder.
+    #[must_use]
+    pub fn another_process(
+        &self,
+        configure: impl FnOnce(idempotent_runtime::Builder) -> idempotent_runtime::Builder,
+    ) -> Idempotency {
+        configure(Idempotency::builder_arc(self.store.clone()).clock(self.clock.clone())).build()
+    }
+
     /// The stored record of `key` in `namespace`.
     pub async fn record<K: serde::Serialize + ?Sized>(
         &self,

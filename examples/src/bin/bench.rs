@@ -106,7 +106,8 @@ struct Args {
     #[arg(long)]
     server_pid: Option<u32>,
     /// With --null-dynamodb: only these variants, comma-separated (`baseline`, `ours`,
-    /// `baseline+config_override`, `ours-no-heartbeat`, `baseline+store`, `baseline+store+protocol`;
+    /// `baseline+config_override`, `ours-no-heartbeat`, `ours-uncoalesced`, `baseline+store`,
+    /// `baseline+store+protocol`;
     /// default: every variant of --implementation), so that one can be counted alone
     /// (`scripts/bench-count`).
     #[arg(long, value_delimiter = ',')]
@@ -889,6 +890,7 @@ type NullVariant<'h> = (Impl, Floor, &'static str, Option<&'h Idempotency>);
 fn null_variants<'h>(
     ours: &'h Idempotency,
     ours_no_heartbeat: &'h Idempotency,
+    ours_uncoalesced: &'h Idempotency,
     only: &[Impl],
     named: &[String],
 ) -> Result<Vec<NullVariant<'h>>, BoxError> {
@@ -906,6 +908,12 @@ fn null_variants<'h>(
             Floor::Bare,
             "ours-no-heartbeat",
             Some(ours_no_heartbeat),
+        ),
+        (
+            Impl::Ours,
+            Floor::Bare,
+            "ours-uncoalesced",
+            Some(ours_uncoalesced),
         ),
         (Impl::Baseline, Floor::Store, "baseline+store", None),
         (
@@ -926,8 +934,8 @@ fn null_variants<'h>(
     {
         Some(unknown) => Err(format!(
             "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
-             ours-no-heartbeat, baseline+store, baseline+store+protocol (of the implementations \
-             --implementation names)"
+             ours-no-heartbeat, ours-uncoalesced, baseline+store, baseline+store+protocol (of the \
+             implementations --implementation names)"
         )
         .into()),
         None => Ok(variants),
@@ -952,9 +960,11 @@ async fn null_cells(
     let store = DynamoDbStore::new(client.clone(), "bench-ours");
     let ours = Idempotency::builder(store.clone()).build();
     // The same handle without the lease heartbeat: what the heartbeat's timer costs a call.
-    let ours_no_heartbeat = Idempotency::builder(store).heartbeat(false).build();
+    let ours_no_heartbeat = Idempotency::builder(store.clone()).heartbeat(false).build();
+    // The same handle without coalescing: what the flight map costs a call that finds no flight.
+    let ours_uncoalesced = Idempotency::builder(store).coalesce(false).build();
     ours.install();
-    let variants = null_variants(&ours, &ours_no_heartbeat, only, named)?;
+    let variants = null_variants(&ours, &ours_no_heartbeat, &ours_uncoalesced, only, named)?;
     let dup = ChargeRequest::new("null-duplicate".to_owned());
     let item = completed_item(&dup)?;
     let per_round = calls.div_ceil(ROUNDS).max(1);
@@ -1701,7 +1711,8 @@ mod tests {
             "baseline+store".to_owned(),
             "baseline+store+protocol".to_owned(),
         ];
-        let variants = null_variants(&idem, &idem, &[Impl::Baseline, Impl::Ours], &named).unwrap();
+        let variants =
+            null_variants(&idem, &idem, &idem, &[Impl::Baseline, Impl::Ours], &named).unwrap();
         let floors: Vec<_> = variants
             .iter()
             .map(|&(imp, floor, label, _)| (imp, floor, label))
@@ -1717,8 +1728,14 @@ mod tests {
                 ),
             ]
         );
-        let unknown =
-            null_variants(&idem, &idem, &[Impl::Baseline], &["store".to_owned()]).unwrap_err();
+        let unknown = null_variants(
+            &idem,
+            &idem,
+            &idem,
+            &[Impl::Baseline],
+            &["store".to_owned()],
+        )
+        .unwrap_err();
         assert!(
             unknown.to_string().contains("baseline+store+protocol"),
             "{unknown}"

@@ -249,7 +249,10 @@ struct CapacityArgs {
     /// First calls (new keys) per second at peak.
     #[arg(long)]
     peak_rps: f64,
-    /// Duplicates per first call (0.15: 15% more calls, all duplicates).
+    /// Duplicates per first call that reach the table (0.15: 15% more calls, all duplicates). A
+    /// duplicate arriving in the process where a call on its key is in flight costs nothing: it follows
+    /// that call (coalescing), so count only duplicates that arrive at other processes, or after the
+    /// first call ended (and, with a local cache, not at the process that cached the response).
     #[arg(long, default_value_t = 0.0)]
     duplicate_ratio: f64,
     /// The stored response's size in bytes.
@@ -541,7 +544,7 @@ fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
         c.record_bytes
     );
     println!(
-        "  duplicates    {:>10} WCU/s  (a failed condition still consumes the existing item's size)",
+        "  duplicates    {:>10} WCU/s  (a failed condition still consumes the existing item's size; duplicates coalesced in one process cost nothing)",
         c.duplicates_wcu
     );
     println!("  heartbeats    {:>10} WCU/s", c.heartbeats_wcu);

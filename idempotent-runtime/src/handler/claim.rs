@@ -7,6 +7,8 @@
     reason = "the state machine's parts share its vocabulary"
 )]
 use super::*;
+use flight::{Followed, Joined, Landed, Lead};
+use std::sync::Arc;
 
 /// How a claim with claim-time writes ended ([`claim_with_writes`]).
 #[allow(
@@ -86,12 +88,14 @@ pub(super) fn claim_with_writes<'a>(
 }
 
 /// How the claim phase ended.
-pub(super) enum Acquired<T> {
+pub(super) enum Acquired<'a, T> {
     /// We hold the claim until this instant (epoch milliseconds): run the body. `took_over`: the key was
-    /// held by a lapsed claim when this call found it.
+    /// held by a lapsed claim when this call found it; `lead`: the call's hold on the key's flight in
+    /// this process, when it leads one.
     Held {
         lease_until_ms: u64,
         took_over: bool,
+        lead: Option<Lead<'a>>,
     },
     /// The answer is known without running the body: a replay from the store or from the local cache.
     Done(T, Outcome),
@@ -119,13 +123,29 @@ impl<'a> Attempt<'a> {
 
     /// The call holds its claim until `lease_until_ms`: its steps are the ones `seen` (a resume), and
     /// the body runs.
-    fn held<T>(&self, seen: Option<Vec<u8>>, lease_until_ms: u64, took_over: bool) -> Acquired<T> {
+    fn held<T>(
+        &self,
+        seen: Option<Vec<u8>>,
+        lease_until_ms: u64,
+        took_over: bool,
+        lead: Option<Lead<'a>>,
+    ) -> Acquired<'a, T> {
         if let Some(steps) = self.plan.steps {
             steps.claimed(seen);
         }
         Acquired::Held {
             lease_until_ms,
             took_over,
+            lead,
+        }
+    }
+
+    /// How a flight's followers see this call's own claim, held until `lease_until_ms`: taken over from
+    /// its lease's end plus the margin (as [`examine`] counts it).
+    fn own_claim(&self, lease_until_ms: u64) -> flight::Busy {
+        flight::Busy {
+            until_ms: lease_until_ms.saturating_add(millis(self.idem.clock_skew_margin())),
+            own: true,
         }
     }
 
@@ -344,9 +364,9 @@ pub(crate) fn release_change(
     clippy::too_many_lines,
     reason = "one loop of claim, inspect and wait: split, its state would live across awaits in more futures, each part of every call's"
 )]
-pub(super) async fn acquire<T: DeserializeOwned>(
-    attempt: &Attempt<'_>,
-) -> Result<Acquired<T>, Error> {
+pub(super) async fn acquire<'a, T: DeserializeOwned>(
+    attempt: &Attempt<'a>,
+) -> Result<Acquired<'a, T>, Error> {
     // Read from `attempt` where used rather than copied into locals: this future is part of every
     // call's, and each local that lives across an await makes it larger.
     let Attempt {
@@ -361,6 +381,20 @@ pub(super) async fn acquire<T: DeserializeOwned>(
     if let Some(value) = cached(idem, plan)? {
         return Ok(Acquired::Done(value, Outcome::Cached));
     }
+
+    // The key's flight in this process: a call that follows one makes no request. The lead, held
+    // until the call ends, passes on what the store answers.
+    let held_lead = match idem.flights() {
+        None => None,
+        Some(flights) => match flights.join(plan.key, plan.fingerprint) {
+            Joined::Lead(lead) => Some(lead),
+            Joined::Alone => None,
+            Joined::Follow(flight) => match follow(attempt, flights, flight, wait_until).await? {
+                Following::Done(value) => return Ok(Acquired::Done(value, Outcome::Replayed)),
+                Following::Store(lead) => lead,
+            },
+        },
+    };
 
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
     // two reads; each pass is a new claim attempt, with its own times. (No record, and nothing decided
@@ -397,10 +431,13 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 };
                 match attempt.next(landed, number).0 {
                     decide::AfterClaim::Run { lease_until_ms } => {
+                        if let Some(lead) = &held_lead {
+                            lead.busy(attempt.own_claim(lease_until_ms));
+                        }
                         let left = plan
                             .steps
                             .and_then(|steps| steps.landed(seen.map(|seen| *seen)));
-                        return Ok(attempt.held(left, lease_until_ms, took_over));
+                        return Ok(attempt.held(left, lease_until_ms, took_over, held_lead));
                     }
                     // Answered after its lease: renew it, if it is still ours.
                     decide::AfterClaim::Renew => {
@@ -431,7 +468,19 @@ pub(super) async fn acquire<T: DeserializeOwned>(
             let (action, judged, record) = {
                 let record = refused;
                 let judged = judged_ms(idem.clock().now_ms(), idem.clock_skew_margin());
-                let found = examine(plan.call, &record, token, plan.fingerprint, judged)?;
+                let found = match examine(plan.call, &record, token, plan.fingerprint, judged) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        // COMPLETED without its response (too large to store): what followers get too.
+                        if let (Some(lead), Error::ResponseTooLarge { .. }) = (&held_lead, &e) {
+                            lead.land(|| Landed {
+                                response: None,
+                                fingerprint: record.fingerprint.as_deref().map(Arc::from),
+                            });
+                        }
+                        return Err(e);
+                    }
+                };
                 let refused = decide::Answer::Refused {
                     record: &record,
                     found: &found,
@@ -442,7 +491,10 @@ pub(super) async fn acquire<T: DeserializeOwned>(
             let retry_after = match action {
                 decide::AfterClaim::Run { lease_until_ms } => {
                     attempt.stage.set(Stage::Claiming);
-                    return Ok(attempt.held(record.steps, lease_until_ms, took_over));
+                    if let Some(lead) = &held_lead {
+                        lead.busy(attempt.own_claim(lease_until_ms));
+                    }
+                    return Ok(attempt.held(record.steps, lease_until_ms, took_over, held_lead));
                 }
                 decide::AfterClaim::Renew => {
                     attempt.stage.set(Stage::Claiming);
@@ -457,13 +509,16 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                 }
                 decide::AfterClaim::Released => return Err(released(plan.call.namespace)),
                 decide::AfterClaim::Replay => {
-                    return replay_record(idem, plan, record)
+                    return replay_record(idem, plan, record, held_lead.as_ref())
                         .map(|value| Acquired::Done(value, Outcome::Replayed));
                 }
                 decide::AfterClaim::Contended => {
                     return Err(contended(plan.call.namespace, number));
                 }
                 decide::AfterClaim::Reclaim { took_over: lapsed } => {
+                    if let Some(lead) = &held_lead {
+                        lead.claiming();
+                    }
                     took_over = lapsed;
                     // Steps that live on are resumed, or restarted in place of (a claim that starts
                     // afresh is refused by them); code without steps leaves them to calls with steps.
@@ -477,7 +532,15 @@ pub(super) async fn acquire<T: DeserializeOwned>(
                         .map(Box::new);
                     continue 'claim;
                 }
-                decide::AfterClaim::InProgress(retry_after) => retry_after,
+                decide::AfterClaim::InProgress(retry_after) => {
+                    if let Some(lead) = &held_lead {
+                        lead.busy(flight::Busy {
+                            until_ms: idem.clock().now_ms().saturating_add(millis(retry_after)),
+                            own: false,
+                        });
+                    }
+                    retry_after
+                }
             };
             let Some(pause) = next_poll(wait_until, &mut poll) else {
                 let namespace = plan.call.namespace;
@@ -493,6 +556,91 @@ pub(super) async fn acquire<T: DeserializeOwned>(
             }
         }
     }
+}
+
+/// What following a flight came to ([`follow`]).
+pub(super) enum Following<'a, T> {
+    /// The value its leader's stored record holds.
+    Done(T),
+    /// No stored record: the call goes on to the store, leading a new flight (or alone, when the
+    /// flight there now has another payload).
+    Store(Option<Lead<'a>>),
+}
+
+/// Follows the key's `flight` in this process ([`flight`]), making no request: the record its leader
+/// passes on, `InProgress`, or (the flight ended without a record) the lead of a new one, one
+/// follower at a time. Out of line and boxed: only a follower waits on a flight.
+#[cold]
+pub(super) fn follow<'a, 'b, T: DeserializeOwned + 'b>(
+    attempt: &'b Attempt<'a>,
+    flights: &'a flight::Flights,
+    mut flight: Arc<flight::Flight>,
+    wait_until: Option<tokio::time::Instant>,
+) -> Pin<Box<dyn Future<Output = Result<Following<'a, T>, Error>> + Send + 'b>> {
+    Box::pin(async move {
+        let Attempt { idem, plan, .. } = *attempt;
+        // Nothing of this call's is in the store: a drop has nothing to release.
+        attempt.stage.set(Stage::Waiting);
+        loop {
+            match flight::follow_flight(flight, wait_until).await {
+                Followed::Landed(landed) => {
+                    return take_landed(idem, plan, &landed).map(Following::Done);
+                }
+                Followed::InProgress(busy) => {
+                    let retry_after = follower_retry_after(idem, attempt.lease, busy);
+                    return Err(in_progress(
+                        idem,
+                        plan.call.namespace,
+                        retry_after,
+                        attempt.lease,
+                    ));
+                }
+                Followed::Rejoin => match flights.join(plan.key, plan.fingerprint) {
+                    Joined::Lead(lead) => return Ok(Following::Store(Some(lead))),
+                    Joined::Alone => return Ok(Following::Store(None)),
+                    Joined::Follow(next) => flight = next,
+                },
+            }
+        }
+    })
+}
+
+/// What a follower that gets `InProgress` says is left before the claim holding the key may be taken
+/// over: what a duplicate reading the record would find (its lease end less the caller's judged time).
+/// A leader's own claim that this process renews (heartbeats on) counts as just renewed, a whole lease,
+/// as it is live; so does a claim not answered yet.
+fn follower_retry_after(
+    idem: &Idempotency,
+    lease: Duration,
+    busy: Option<flight::Busy>,
+) -> Duration {
+    let renewed = lease.saturating_add(idem.clock_skew_margin());
+    match busy {
+        Some(busy) if !(busy.own && idem.heartbeat()) => {
+            Duration::from_millis(busy.until_ms.saturating_sub(idem.clock().now_ms()))
+        }
+        _ => renewed,
+    }
+}
+
+/// The answer of a follower from the COMPLETED record its leader passed on, as a duplicate reading
+/// that record gets it: `PayloadMismatch` for another payload, `ResponseTooLarge` without a response,
+/// else the response decoded within the handle's bound.
+fn take_landed<T: DeserializeOwned>(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    landed: &Landed,
+) -> Result<T, Error> {
+    let namespace = plan.call.namespace;
+    same_payload(namespace, landed.fingerprint.as_deref(), plan.fingerprint)?;
+    let Some(response) = &landed.response else {
+        return Err(response_too_large(namespace));
+    };
+    tracing::debug!(
+        namespace,
+        "replaying the response of a call in flight in this process"
+    );
+    replay(namespace, response, idem.max_response_bytes())
 }
 
 /// When a call that may wait until `wait_until` reads the record it waits on again, or `None` once
@@ -685,15 +833,23 @@ pub(super) fn cached<T: DeserializeOwned>(
     replay(namespace, &hit.response, idem.max_response_bytes()).map(Some)
 }
 
-/// The stored response of a COMPLETED record, which the local cache then keeps too.
+/// The stored response of a COMPLETED record, which the local cache then keeps too, and the call's
+/// followers get (when it leads a flight).
 pub(super) fn replay_record<T: DeserializeOwned>(
     idem: &Idempotency,
     plan: &Plan<'_>,
     record: Record,
+    lead: Option<&Lead<'_>>,
 ) -> Result<T, Error> {
     tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
     let response = record.response.unwrap_or_default();
     let value = replay(plan.call.namespace, &response, idem.max_response_bytes())?;
+    if let Some(lead) = lead {
+        lead.land(|| Landed {
+            response: Some(Arc::from(&response[..])),
+            fingerprint: record.fingerprint.as_deref().map(Arc::from),
+        });
+    }
     remember(
         idem,
         plan.key,

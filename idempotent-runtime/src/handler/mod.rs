@@ -9,6 +9,7 @@
 //! | `run.rs` | [`run()`] from claim to outcome, the body in place or detached ([`Runner`]), panics, [`finish`] |
 //! | `settle.rs` | the fenced writes that store an outcome or a step, retried while the lease allows |
 //! | `heartbeat.rs` | the lease heartbeat beside a running body |
+//! | `flight.rs` | coalescing: one flight per key and handle, its leader's hold ([`flight::Lead`]) and what a follower does (pure decisions the model drives) |
 //! | `steps.rs` | [`Steps`]: a body's steps, their stored form, what a claim does with them (the decisions about stored steps, which `decide.rs` names with the others) |
 //!
 //! What dropping a call's future does, by the stage it is in ([`decide::on_drop`]):
@@ -51,6 +52,7 @@ use steps::Steps;
 
 mod claim;
 pub(crate) mod decide;
+pub(crate) mod flight;
 mod heartbeat;
 mod run;
 mod settle;

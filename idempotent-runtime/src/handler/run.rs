@@ -78,7 +78,7 @@ where
             attempt.abandon();
         }
         attempt.stage.set(Stage::Done);
-        let (lease_until_ms, took_over) = match acquired {
+        let (lease_until_ms, took_over, lead) = match acquired {
             Ok(Acquired::Done(value, outcome)) => {
                 crate::execution::record(crate::Execution::Replayed);
                 return (Ok(value), outcome);
@@ -86,11 +86,12 @@ where
             Ok(Acquired::Held {
                 lease_until_ms,
                 took_over,
+                lead,
             }) => {
                 if let Some(steps) = plan.steps {
                     steps.begin(idem, plan.key, token, plan.fingerprint, lease, plan.staging);
                 }
-                (lease_until_ms, took_over)
+                (lease_until_ms, took_over, lead)
             }
             Err(e) => {
                 if e.is_setup() {
@@ -102,11 +103,14 @@ where
         };
         tracing::debug!(namespace = call.namespace, "claimed; running the body");
         attempt.stage.set(Stage::Running);
-        let claim = Held {
+        // The lead goes with the claim into the boxed work (or the detached body's task): a call's
+        // future does not carry it past its claim.
+        let mut claim = Held {
             idem,
             plan,
             token,
             ttl,
+            lead,
         };
         let finished = if R::DETACHED {
             let work = Work {
@@ -115,6 +119,8 @@ where
                 lease,
                 lease_until_ms,
                 took_over,
+                // The body's task leads the flight from its spawn on: its caller may be dropped.
+                lead: claim.hand_lead_over(),
             };
             let task = runner.spawn(&claim, work);
             drop(tracked);
@@ -165,6 +171,8 @@ pub(crate) struct Work<F, D> {
     /// The claim's lease end (epoch milliseconds), and whether it took over a lapsed claim.
     pub(super) lease_until_ms: u64,
     pub(super) took_over: bool,
+    /// The hold on the key's flight, for a detached body's task that leads it.
+    pub(super) lead: Option<flight::OwnedLead>,
 }
 
 /// Where a call that holds its claim runs its body and the writes that store its outcome, with the
@@ -249,6 +257,7 @@ where
     fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
         use tracing::Instrument as _;
         let owned = OwnedClaim::of(claim);
+        let mut held_lead = work.lead;
         let task = async move {
             let plan = owned.plan();
             let claim = Held {
@@ -256,6 +265,7 @@ where
                 plan: &plan,
                 token: &owned.token,
                 ttl: owned.ttl,
+                lead: held_lead.as_mut().map(flight::OwnedLead::lead),
             };
             let lease = work.lease;
             let finished = finish(
@@ -564,6 +574,7 @@ mod future_size {
             plan: &plan,
             token: "t",
             ttl: Duration::ZERO,
+            lead: None,
         };
         // A value of the bench's receipt's size (three strings and a number): the completion holds it.
         let receipt = || (String::new(), 0, String::new(), String::new());

@@ -79,11 +79,20 @@ pub(crate) struct Held<'a> {
     pub(super) plan: &'a Plan<'a>,
     pub(super) token: &'a str,
     pub(super) ttl: Duration,
+    /// The call's hold on its key's flight, when it leads one: the stored record is passed on to
+    /// the calls that follow it; dropped with the claim, it hands the flight over if nothing landed.
+    pub(super) lead: Option<flight::Lead<'a>>,
 }
 
 impl Held<'_> {
     pub(super) fn namespace(&self) -> &'static str {
         self.plan.call.namespace
+    }
+
+    /// The lead on the key's flight, owned, for a detached body's task to take up.
+    pub(super) fn hand_lead_over(&mut self) -> Option<flight::OwnedLead> {
+        let flights = self.idem.flights()?;
+        self.lead.take().map(|lead| lead.into_owned(flights))
     }
 
     /// Sends `transition` (with `writes`, in one transaction, when there are any) until it lands, is
@@ -258,6 +267,14 @@ impl Held<'_> {
                 }
                 return Err(error);
             }
+        }
+        // Stored: what the record holds (the response, the reason it is not serialized, or nothing
+        // when too large) is what the calls following this one get.
+        if let Some(lead) = &self.lead {
+            lead.land(|| flight::Landed {
+                response: fits.then(|| std::sync::Arc::from(&bytes[..])),
+                fingerprint: fingerprint.map(std::sync::Arc::from),
+            });
         }
         if let Some(source) = unserializable {
             return Err(unserializable_response(namespace, source));
@@ -696,13 +713,23 @@ mod failure {
                 .clock(clock.clone())
                 .heartbeat(false)
                 .build();
+            // The taker is another process: through the zombie's handle, its call would follow the
+            // zombie's (coalescing) and never reach the store.
+            let other = Idempotency::builder_arc(store.clone())
+                .clock(clock.clone())
+                .heartbeat(false)
+                .build();
             let op = || {
                 idem.operation("tests::zombie", "k")
                     .lease(Duration::from_secs(10))
             };
             let zombie = runtime.block_on(op().run(|| async {
                 clock.advance(Duration::from_mins(1));
-                let taken_over = op().run(|| async { Ok::<u32, Failure>(2) }).await;
+                let taken_over = other
+                    .operation("tests::zombie", "k")
+                    .lease(Duration::from_secs(10))
+                    .run(|| async { Ok::<u32, Failure>(2) })
+                    .await;
                 assert!(matches!(taken_over, Ok(2)), "{taken_over:?}");
                 Err::<u32, _>(Failure::Declined)
             }));

@@ -209,7 +209,9 @@ async fn a_taken_over_claim_cannot_store_its_late_result(backend: Backend) {
     // Past the 30 s lease by more than the 1 s clock-skew margin.
     h.clock.advance(Duration::from_secs(32));
     let fast = Control::default();
-    let second = charge(&h.idem, &fast, "o-1", 500).await.unwrap();
+    // Another process takes over: in the first one's, a duplicate would wait on it.
+    let other = h.another_process(|b| b.heartbeat(false));
+    let second = charge(&other, &fast, "o-1", 500).await.unwrap();
     assert_eq!(second.run, 1);
     slow.release();
     let late = first.await.unwrap().unwrap_err();

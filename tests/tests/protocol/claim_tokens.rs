@@ -91,8 +91,10 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
         .operation("TransactWriteItems")
         .nth(1)]);
     let reads_before = proxy.stats().operation("GetItem").requests;
+    // From another process, so that its claims go to the store (one in the holder's process would
+    // follow the holder's call and send nothing until it failed).
     let waiter = tokio::spawn({
-        let (idem, shop) = (h.idem.clone(), shop.clone());
+        let (idem, shop) = (h.another_process(|b| b), shop.clone());
         async move {
             idem.operation(NAMESPACE, "order-2")
                 .wait(Duration::from_secs(20))

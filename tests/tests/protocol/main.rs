@@ -11,6 +11,7 @@ mod behaviour;
 mod claim_tokens;
 mod claim_writes;
 mod clock_skew;
+mod coalescing;
 mod faults;
 mod flaky;
 mod hostile_input;

@@ -233,7 +233,9 @@ async fn a_claim_taken_over_before_commit_applies_nothing() {
     // Past the 30 s lease by more than the 1 s clock-skew margin.
     h.clock.advance(Duration::from_secs(32));
     let fast = Control::default();
-    assert_eq!(reserve(&h.idem, &shop, &fast, "o-1", 4).await.unwrap(), 1);
+    // Another process takes over: in the first one's, a duplicate would wait on it.
+    let other = h.another_process(|b| b.heartbeat(false));
+    assert_eq!(reserve(&other, &shop, &fast, "o-1", 4).await.unwrap(), 1);
     slow.hold.as_ref().unwrap().1.add_permits(1);
     let late = first.await.unwrap().unwrap_err();
     assert!(

@@ -256,8 +256,9 @@ async fn a_zombies_step_is_fenced_and_its_body_stops(backend: Backend) {
     };
     reserved.notified().await;
     h.clock.advance(LEASE * 2);
+    // Another process takes over: in the zombie's, a duplicate would wait on it.
     let taken = h
-        .idem
+        .another_process(|b| b.default_lease(LEASE).heartbeat(false))
         .operation(NAMESPACE, "o-5")
         .run_steps(|steps| async move {
             steps

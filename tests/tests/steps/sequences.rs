@@ -1509,7 +1509,12 @@ async fn a_slow_step_write_landing_before_a_takeover_is_not_run_again() {
     let a = tokio::spawn(three_steps(harness.clone(), effects.clone(), true));
     store.with.held.notified().await;
     harness.clock.advance(PAST_THE_LEASE);
-    let b = three_steps(harness.clone(), effects.clone(), false).await;
+    // B is another process: in A's, it would wait on A's call.
+    let other = Harness {
+        idem: harness.another_process(|b| b),
+        ..harness.clone()
+    };
+    let b = three_steps(other, effects.clone(), false).await;
     a.abort();
     assert!(
         store.with.handed.load(Ordering::SeqCst),

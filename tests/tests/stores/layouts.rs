@@ -160,9 +160,10 @@ async fn a_takeover_in_every_layout() {
         };
         stuck.abort();
         assert_eq!(pending.status, Status::Pending, "{layout}");
-        // While the lease runs, a duplicate is refused; after it, the key is taken over.
-        let busy = h
-            .idem
+        // While the lease runs, a duplicate is refused; after it, the key is taken over. From another
+        // process: in the dead worker's, they would follow its call until the abort reaches it.
+        let other = h.another_process(|b| b);
+        let busy = other
             .operation(NS, "order-3")
             .run(|| async { Ok::<_, AppError>("early".to_owned()) })
             .await;
@@ -171,8 +172,7 @@ async fn a_takeover_in_every_layout() {
             "{layout}"
         );
         h.clock.advance(Duration::from_secs(7));
-        let value: String = h
-            .idem
+        let value: String = other
             .operation(NS, "order-3")
             .run(|| async { Ok::<_, AppError>("taken over".to_owned()) })
             .await
