@@ -118,8 +118,12 @@ impl Setup {
             requests: AtomicUsize::new(0),
             latency: Duration::from_millis(5),
         });
-        let idem =
-            configure(Idempotency::builder_arc(store.clone()).clock(h.clock.clone())).build();
+        let idem = configure(
+            Idempotency::builder_arc(store.clone())
+                .clock(h.clock.clone())
+                .coalesce(true),
+        )
+        .build();
         Self { h, idem, store }
     }
 
