@@ -80,7 +80,7 @@ async fn charge(
     value: u32,
 ) -> Result<u32, AppError> {
     idem.operation(NAMESPACE, key)
-        .run(|| async move {
+        .run(|_| async move {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, AppError>(value)
         })
@@ -118,7 +118,7 @@ macro_rules! interruptions {
                 let (idem, counted) = (h.idem.clone(), runs.clone());
                 let caller = tokio::spawn(async move {
                     idem.operation(NAMESPACE, "p-1")
-                        .run(|| async move {
+                        .run(|_| async move {
                             counted.fetch_add(1, Ordering::SeqCst);
                             if counted.load(Ordering::SeqCst) > 0 {
                                 panic!("card reader on fire");
@@ -151,7 +151,7 @@ macro_rules! interruptions {
                 let idem = h.idem.clone();
                 let caller = tokio::spawn(async move {
                     idem.operation(NAMESPACE, "p-2")
-                        .run(|| async move {
+                        .run(|_| async move {
                             if NAMESPACE.len() > 1 {
                                 panic!("{}", "x".repeat(4_200));
                             }
@@ -202,7 +202,7 @@ macro_rules! interruptions {
                 let h = Harness::new($backend).await;
                 let runs = AtomicUsize::new(0);
                 let started = Notify::new();
-                let call = h.idem.operation(NAMESPACE, "m-1").run(|| async {
+                let call = h.idem.operation(NAMESPACE, "m-1").run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     started.notify_one();
                     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -234,7 +234,7 @@ macro_rules! interruptions {
                     .idem
                     .operation(NAMESPACE, "t-1")
                     .detach()
-                    .run(move || async move {
+                    .run(move |_| async move {
                         counted.fetch_add(1, Ordering::SeqCst);
                         starting.notify_one();
                         held.acquire().await.unwrap().forget();
@@ -275,7 +275,7 @@ macro_rules! interruptions {
                     h.idem
                         .operation(NAMESPACE, "t-2")
                         .detach()
-                        .run(move || async move {
+                        .run(move |_| async move {
                             counted.fetch_add(1, Ordering::SeqCst);
                             Ok::<u32, AppError>(value)
                         })
@@ -302,7 +302,7 @@ macro_rules! interruptions {
                 let caller = tokio::spawn(async move {
                     idem.operation(NAMESPACE, "t-3")
                         .detach()
-                        .run(|| async move {
+                        .run(|_| async move {
                             let status = NAMESPACE.len() * 0 + 502;
                             if status > 0 {
                                 panic!("gateway said {status}");
@@ -411,7 +411,7 @@ async fn dropped_calls_are_counted_by_phase() {
     let runs = AtomicUsize::new(0);
     drop_when(charge(&h.idem, "c-1", &runs, 1), &slow.landed).await;
     let started = Notify::new();
-    let body = base.idem.operation(NAMESPACE, "c-2").run(|| async {
+    let body = base.idem.operation(NAMESPACE, "c-2").run(|_| async {
         started.notify_one();
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok::<u32, AppError>(1)
@@ -422,7 +422,7 @@ async fn dropped_calls_are_counted_by_phase() {
         .idem
         .operation(NAMESPACE, "c-2")
         .wait(Duration::from_secs(30))
-        .run(|| async { Ok::<u32, AppError>(3) });
+        .run(|_| async { Ok::<u32, AppError>(3) });
     assert!(
         tokio::time::timeout(Duration::from_millis(100), waiting)
             .await

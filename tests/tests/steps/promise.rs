@@ -1,4 +1,4 @@
-//! The promise of steps (`Operation::run_steps`), path by path: a finished step never runs again
+//! The promise of steps (`Operation::steps`), path by path: a finished step never runs again
 //! while its record lives — not when its value could not be stored, not after an operator released
 //! the key, not under `restart_steps_after_failure`, and not after code without steps claimed the key.
 //! Each test runs on both stores.
@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
-use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Clock as _, Error, Idempotency, Record, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 use serde::ser::SerializeStruct as _;
 use tokio::sync::Notify;
@@ -97,7 +95,9 @@ async fn checkout(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -137,7 +137,9 @@ async fn two_steps(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -280,7 +282,9 @@ async fn confirm(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -441,7 +445,7 @@ macro_rules! store_cases {
                     .idem
                     .operation(NAMESPACE, "r-plain")
                     .lease(LEASE)
-                    .run(|| async { Err::<u32, _>(AppError::Declined) })
+                    .run(|_| async { Err::<u32, _>(AppError::Declined) })
                     .await;
                 assert!(matches!(plain, Err(AppError::Declined)), "{plain:?}");
                 let record = h.record(NAMESPACE, "r-plain").await.unwrap();
@@ -536,7 +540,8 @@ macro_rules! store_cases {
                         idem.operation(NAMESPACE, "r-panic")
                             .lease(LEASE)
                             .restart_steps_after_failure()
-                            .run_steps(|steps: Steps| async move {
+                            .steps().run(|cx| async move {
+                                let (steps, _) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -572,7 +577,8 @@ macro_rules! store_cases {
                     .idem
                     .operation(NAMESPACE, "r-type")
                     .lease(LEASE)
-                    .run_steps(|steps: Steps| async move {
+                    .steps().run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         steps
                             .run("reserve", || async {
                                 counted.happened("reserve");

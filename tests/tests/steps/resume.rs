@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::{Error, Idempotency, Status, Steps};
+use idempotent_runtime::{Error, Idempotency, Status};
 use idempotent_tests::{
     AppError, Backend, Effects, Email, Harness, Receipt, SlowResume, idem_error,
 };
@@ -24,7 +24,9 @@ async fn checkout(
     charged: Option<&Notify>,
 ) -> Result<Receipt, AppError> {
     idem.operation(NAMESPACE, order)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -156,7 +158,8 @@ macro_rules! steps {
                     async move {
                         idem.operation(NAMESPACE, "o-3")
                             .restart_steps_after_failure()
-                            .run_steps(|steps| async move {
+                            .steps().run(|cx| async move {
+                                let (steps, _) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -191,7 +194,8 @@ macro_rules! steps {
                 let result = h
                     .idem
                     .operation(NAMESPACE, "o-4")
-                    .run_steps(|steps| async move {
+                    .steps().run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         for _ in 0..2 {
                             steps
                                 .run("charge", || async {
@@ -227,7 +231,8 @@ macro_rules! steps {
                     let (reserved, resume) = (reserved.clone(), resume.clone());
                     tokio::spawn(async move {
                         idem.operation(NAMESPACE, "o-5")
-                            .run_steps(|steps| async move {
+                            .steps().run(|cx| async move {
+                                let (steps, _) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -258,7 +263,8 @@ macro_rules! steps {
                 let taken = h
                     .idem
                     .operation(NAMESPACE, "o-5")
-                    .run_steps(|steps| async move {
+                    .steps().run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         steps
                             .run("reserve", || async { Ok::<_, AppError>(2_u32) })
                             .await?;
@@ -284,7 +290,7 @@ macro_rules! steps {
                 let replayed = h
                     .idem
                     .operation(NAMESPACE, "o-5")
-                    .run_steps(|_| async { Ok::<_, AppError>(String::from("ran again")) })
+                    .steps().run(|_| async { Ok::<_, AppError>(String::from("ran again")) })
                     .await
                     .unwrap();
                 assert_eq!(replayed, "taker");
@@ -308,7 +314,8 @@ macro_rules! steps {
                 let result = h
                     .idem
                     .operation(NAMESPACE, "o-6")
-                    .run_steps(|steps| async move {
+                    .steps().run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         steps.run("small", || async { Ok::<_, AppError>(1_u8) }).await?;
                         steps.run("big", || async { Ok::<_, AppError>(big) }).await
                     })
@@ -354,7 +361,8 @@ macro_rules! steps {
                     let idem = h.idem.clone();
                     async move {
                         idem.operation(NAMESPACE, order)
-                            .run_steps(|steps| async move {
+                            .steps().run(|cx| async move {
+                                let (steps, _) = cx.into_parts();
                                 Ok::<_, AppError>((steps.key("a"), steps.key("b"), steps.key("a")))
                             })
                             .await
@@ -380,7 +388,8 @@ macro_rules! steps {
                     h.idem
                         .operation(NAMESPACE, "o-8")
                         .detach()
-                        .run_steps(move |steps| async move {
+                        .steps().run(move |cx| async move {
+                            let (steps, _) = cx.into_parts();
                             steps
                                 .run("slow", || async {
                                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -489,7 +498,9 @@ async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_f
         async move {
             idem.operation(NAMESPACE, "r-1")
                 .restart_steps_after_failure()
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, _) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");

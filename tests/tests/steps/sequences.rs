@@ -1,4 +1,4 @@
-//! Steps (`Operation::run_steps`) under attack: sequences that try to make a finished step run its
+//! Steps (`Operation::steps`) under attack: sequences that try to make a finished step run its
 //! effect again, an at-most-once step run twice, or `Steps::key` change within one operation. The
 //! ignored tests reproduce sequences that break the promise today; the others are attacks that held,
 //! and assert how often each step's effect ran and what the record holds.
@@ -11,9 +11,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
 };
-use idempotent_runtime::{
-    Clock as _, Error, MemoryStore, Operation, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Clock as _, Error, MemoryStore, Operation, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 use tokio::sync::Notify;
 
@@ -53,7 +51,9 @@ async fn checkout(
     then_fail: bool,
 ) -> Result<(u32, String), AppError> {
     operation(harness, order, restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             effects.keyed("reserve", steps.key("reserve"));
             let hold = steps
                 .run("reserve", || async {
@@ -138,7 +138,7 @@ async fn a_failure_by_code_without_steps_does_not_restart_finished_steps_on(back
     crash_after_reserve(&harness, "order-1", true, &effects).await;
 
     let plain = operation(&harness, "order-1", false)
-        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .run(|_| async { Err::<u32, _>(AppError::Declined) })
         .await;
     assert!(matches!(plain, Err(AppError::Declined)));
     let (status, finished, _) = report(&harness, "order-1").await;
@@ -223,7 +223,7 @@ async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_o
     crash_after_reserve(&harness, "order-1", true, &effects).await;
 
     store.with.hold.store(true, Ordering::SeqCst);
-    let plain = operation(&harness, "order-1", false).run(|| async { Ok::<_, AppError>(1_u32) });
+    let plain = operation(&harness, "order-1", false).run(|_| async { Ok::<_, AppError>(1_u32) });
     tokio::select! {
         _ = plain => panic!("the claim's answer is held"),
         () = store.with.landed.notified() => {}
@@ -272,7 +272,7 @@ async fn a_failure_by_code_without_steps_keeps_the_steps_for_the_ttl_on(backend:
     crash_after_reserve(&harness, "order-1", false, &effects).await;
 
     let plain = operation(&harness, "order-1", false)
-        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .run(|_| async { Err::<u32, _>(AppError::Declined) })
         .await;
     assert!(matches!(plain, Err(AppError::Declined)));
     harness.clock.advance(FAILED_TTL + Duration::from_mins(1));
@@ -313,7 +313,7 @@ async fn a_panic_by_code_without_steps_resumes_the_steps() {
         let harness = harness.clone();
         async move {
             operation(&harness, "order-1", false)
-                .run(|| async { explode() })
+                .run(|_| async { explode() })
                 .await
         }
     })
@@ -335,7 +335,7 @@ async fn an_operator_release_of_a_plain_claim_keeps_the_steps() {
     crash_after_reserve(&harness, "order-1", true, &effects).await;
 
     // Code without steps takes over and crashes in turn (its call dropped mid-body).
-    let plain = operation(&harness, "order-1", false).run(|| async {
+    let plain = operation(&harness, "order-1", false).run(|_| async {
         std::future::pending::<()>().await;
         Ok::<u32, AppError>(1)
     });
@@ -371,17 +371,20 @@ async fn an_interrupted_at_most_once_step_never_runs_again() {
     let sent = Arc::new(AtomicUsize::new(0));
     let email = |hang: bool| {
         let sent = sent.clone();
-        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
-            steps
-                .run_at_most_once("email", || async {
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<_, AppError>(250_u32)
-                })
-                .await
-        })
+        operation(&harness, "order-1", true)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, _) = cx.into_parts();
+                steps
+                    .run_at_most_once("email", || async {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, AppError>(250_u32)
+                    })
+                    .await
+            })
     };
     assert!(
         tokio::time::timeout(Duration::from_millis(100), email(true))
@@ -395,7 +398,7 @@ async fn an_interrupted_at_most_once_step_never_runs_again() {
     }
     // Code without steps fails on the key: still pinned.
     let plain = operation(&harness, "order-1", false)
-        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .run(|_| async { Err::<u32, _>(AppError::Declined) })
         .await;
     assert!(matches!(plain, Err(AppError::Declined)));
     let err = idempotent_tests::idem_error(email(false).await);
@@ -414,19 +417,22 @@ async fn an_unstorable_step_is_never_run_again_even_under_restart() {
     let runs = Arc::new(AtomicUsize::new(0));
     let call = || {
         let runs = runs.clone();
-        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
-            steps
-                .run("export", || async {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    // Random hex does not compress below the record's 400 KB.
-                    let big: String = (0..60_000)
-                        .map(|_| uuid::Uuid::new_v4().simple().to_string())
-                        .collect();
-                    Ok::<_, AppError>(big)
-                })
-                .await
-                .map(|s| s.len())
-        })
+        operation(&harness, "order-1", true)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, _) = cx.into_parts();
+                steps
+                    .run("export", || async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Random hex does not compress below the record's 400 KB.
+                        let big: String = (0..60_000)
+                            .map(|_| uuid::Uuid::new_v4().simple().to_string())
+                            .collect();
+                        Ok::<_, AppError>(big)
+                    })
+                    .await
+                    .map(|s| s.len())
+            })
     };
     let err = idempotent_tests::idem_error(call().await);
     assert!(matches!(err, Error::StepTooLarge { .. }), "{err:?}");
@@ -505,29 +511,32 @@ async fn lost_answers_to_step_writes_do_not_run_steps_again() {
     let effects = Arc::new(Effects::default());
     let three = |hang: bool| {
         let effects = effects.clone();
-        operation(&harness, "order-1", false).run_steps(move |steps: Steps| async move {
-            steps
-                .run("reserve", || async {
-                    effects.happened("reserve");
-                    Ok::<_, AppError>(1_u32)
-                })
-                .await?;
-            steps
-                .run("charge", || async {
-                    effects.happened("charge");
-                    Ok::<_, AppError>(2_u32)
-                })
-                .await?;
-            steps
-                .run("email", || async {
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    effects.happened("email");
-                    Ok::<_, AppError>(3_u32)
-                })
-                .await
-        })
+        operation(&harness, "order-1", false)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, _) = cx.into_parts();
+                steps
+                    .run("reserve", || async {
+                        effects.happened("reserve");
+                        Ok::<_, AppError>(1_u32)
+                    })
+                    .await?;
+                steps
+                    .run("charge", || async {
+                        effects.happened("charge");
+                        Ok::<_, AppError>(2_u32)
+                    })
+                    .await?;
+                steps
+                    .run("email", || async {
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        effects.happened("email");
+                        Ok::<_, AppError>(3_u32)
+                    })
+                    .await
+            })
     };
     assert!(
         tokio::time::timeout(Duration::from_secs(2), three(true))
@@ -691,7 +700,9 @@ async fn reserve_and_email(
     panic: bool,
 ) -> Result<u32, AppError> {
     operation(&harness, "order-1", true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -893,7 +904,9 @@ async fn fill_and_export(
     exports: &AtomicUsize,
 ) -> Result<usize, AppError> {
     operation(harness, order, false)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             let a = steps
                 .run("fill", || async { Ok::<_, AppError>(incompressible(fill)) })
                 .await?;
@@ -1089,7 +1102,9 @@ async fn a_store_outage_in_a_step_write_does_not_restart_finished_steps() {
             .operation(NAMESPACE, "order-1")
             .lease(idempotent_runtime::MIN_LEASE)
             .restart_steps_after_failure()
-            .run_steps(move |steps: Steps| async move {
+            .steps()
+            .run(move |cx| async move {
+                let (steps, _) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1153,7 +1168,9 @@ async fn unstorable(
     what: Unstorable,
 ) -> Result<u32, AppError> {
     operation(&harness, "order-1", restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -1254,7 +1271,9 @@ async fn a_crash_or_a_panic_resumes_under_either_policy() {
             let (harness, effects) = (harness.clone(), effects.clone());
             tokio::spawn(async move {
                 operation(&harness, "order-2", restart)
-                    .run_steps(|steps: Steps| async move {
+                    .steps()
+                    .run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         steps
                             .run("reserve", || async {
                                 effects.happened("reserve");
@@ -1293,7 +1312,9 @@ async fn a_response_too_large_does_not_restart_finished_steps() {
         let effects = effects.clone();
         operation(&harness, "order-1", true)
             .max_response_bytes(64)
-            .run_steps(move |steps: Steps| async move {
+            .steps()
+            .run(move |cx| async move {
+                let (steps, _) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1465,7 +1486,9 @@ fn probe() -> idempotent_runtime::Record {
 /// Reserve, charge and email, each effect counted; `hang`: the email hangs before its effect.
 async fn three_steps(harness: Harness, effects: Arc<Effects>, hang: bool) -> Result<u32, AppError> {
     operation(&harness, "order-1", false)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             for name in ["reserve", "charge"] {
                 steps
                     .run(name, || async {

@@ -1,4 +1,4 @@
-//! Steps (`Operation::run_steps`) under attack: regression tests for the behaviours that broke the
+//! Steps (`Operation::steps`) under attack: regression tests for the behaviours that broke the
 //! feature's promise, each of which failed before its fix.
 
 use std::collections::HashMap;
@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
-use idempotent_runtime::{
-    Clock as _, Error, Idempotency, Record, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Clock as _, Error, Idempotency, Record, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
 
@@ -33,7 +31,9 @@ async fn two_steps(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -215,7 +215,9 @@ async fn longest_step_value() -> usize {
         async move {
             let result = idem
                 .operation(NAMESPACE, &format!("probe-{len}"))
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, _) = cx.into_parts();
                     steps
                         .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                         .await
@@ -252,7 +254,9 @@ async fn failure_after_large_steps(backend: Backend) {
     let failed = h
         .idem
         .operation(NAMESPACE, "r-3")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, LongError>(noise(len, 1)) })
                 .await?;
@@ -293,7 +297,7 @@ async fn a_u128_step_value_replays() {
     // As a plain response the value round-trips.
     let plain = |idem: Idempotency| async move {
         idem.operation(NAMESPACE, "plain")
-            .run(|| async move { Ok::<_, AppError>(big) })
+            .run(|_| async move { Ok::<_, AppError>(big) })
             .await
     };
     assert_eq!(plain(h.idem.clone()).await.unwrap(), big);
@@ -307,7 +311,9 @@ async fn a_u128_step_value_replays() {
         let idem = h.idem.clone();
         async move {
             idem.operation(NAMESPACE, "u128")
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, _) = cx.into_parts();
                     let amount: u128 = steps
                         .run("amount", || async move { Ok::<_, AppError>(big) })
                         .await?;
@@ -328,7 +334,7 @@ async fn a_u128_step_value_replays() {
     );
 }
 
-/// With `run_steps_transact`, a business write staged inside a step cannot be staged again when that
+/// With `.steps().transact()`, a business write staged inside a step cannot be staged again when that
 /// step is replayed: the resumed call must not complete the operation (COMPLETED, the response replayed
 /// from now on) without ever committing it. Either the write commits, or the library refuses to
 /// complete: it refuses, with `StepStagedWrites`, and the order step does not run again.
@@ -345,7 +351,10 @@ async fn a_write_staged_in_a_replayed_step_is_not_lost() {
         let (idem, effects) = (h.idem.clone(), effects.clone());
         async move {
             idem.operation(NAMESPACE, "staged")
-                .run_steps_transact(|steps, tx| async move {
+                .steps()
+                .transact()
+                .run(|cx| async move {
+                    let (steps, tx) = cx.into_parts();
                     let order = steps
                         .run("order", || async {
                             effects.happened("order");
@@ -398,7 +407,10 @@ async fn a_write_staged_in_a_replayed_step_is_not_lost() {
     let whole = idempotent_runtime::Idempotency::builder_arc(memory.clone()).build();
     let committed = whole
         .operation(NAMESPACE, "staged-whole")
-        .run_steps_transact(|steps, tx| async move {
+        .steps()
+        .transact()
+        .run(|cx| async move {
+            let (steps, tx) = cx.into_parts();
             steps
                 .run("order", || async {
                     tx.put(
@@ -499,7 +511,7 @@ async fn a_step_without_a_record_returns_any_value() {
         .idem
         .operation(NAMESPACE, &None::<String>)
         .missing_key(idempotent_runtime::MissingKey::Skip)
-        .run(|| async { Ok::<_, AppError>(f64::NAN) })
+        .run(|_| async { Ok::<_, AppError>(f64::NAN) })
         .await;
     assert!(plain.unwrap().is_nan(), "a plain body without a record");
     let effects = &Arc::new(Effects::default());
@@ -507,7 +519,9 @@ async fn a_step_without_a_record_returns_any_value() {
         .idem
         .operation(NAMESPACE, &None::<String>)
         .missing_key(idempotent_runtime::MissingKey::Skip)
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("measure", || async {
                     effects.happened("measure");
@@ -535,7 +549,9 @@ async fn a_resume_of_steps_at_the_budget_is_accepted() {
             let (idem, effects) = (h.idem.clone(), effects.clone());
             async move {
                 idem.operation(NAMESPACE, "at-budget")
-                    .run_steps(|steps| async move {
+                    .steps()
+                    .run(|cx| async move {
+                        let (steps, _) = cx.into_parts();
                         let big = steps
                             .run("big", || async {
                                 effects.happened("big");
@@ -590,7 +606,9 @@ async fn a_long_steps_attribute_name_is_in_the_budget() {
     let result = h
         .idem
         .operation(NAMESPACE, "long-name")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, _) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                 .await
