@@ -103,7 +103,7 @@ async fn checkout(
     idem.operation("shop::checkout", order)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps.run("reserve", || shop.stock.reserve(order)).await?;
             let key = steps.key("charge");
             let charge = steps

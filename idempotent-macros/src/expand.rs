@@ -284,7 +284,7 @@ impl Emit<'_> {
             ) #options
         };
         let describe = self.describe();
-        let body = self.closure(self.body(block));
+        let body = self.closure(&self.body(block));
         let last = last_span(output).unwrap_or(output_span);
         let arguments = group_at(
             Delimiter::Parenthesis,
@@ -332,7 +332,7 @@ impl Emit<'_> {
 
     /// The body as the closure the runtime calls with the body's context: it binds `steps = s` and
     /// `transact = tx` to what the context holds, then returns the body's future.
-    fn closure(&self, body: TokenStream) -> TokenStream {
+    fn closure(&self, body: &TokenStream) -> TokenStream {
         let context = format_ident!("__idempotent_context");
         if self.args.steps.is_none() && self.args.transact.is_none() {
             return quote!(move |_| #body);

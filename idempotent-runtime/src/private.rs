@@ -392,7 +392,6 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Early<Str
 /// none), the call's settings, the key and the payload's fingerprint. The generated code adds the
 /// attribute's options (`.steps()`, `.restart_steps_after_failure()`, `.transact()`, `.detach()`) as
 /// a user would, then hands it to [`execute`].
-#[must_use]
 pub fn operation(
     handle: Early<Idempotency>,
     call: &Call,

@@ -45,7 +45,7 @@ async fn with_the_switch_on() {
     idem.operation("kill-switch::tx", "o-3")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             tx.put(put);
             Ok::<_, Error>(())
         })

@@ -330,7 +330,7 @@ async fn checkout(idem: &Idempotency, charges: &Runs, hang: bool) -> Result<Stri
         .lease(Duration::from_secs(30))
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async { Ok::<_, AppError>(17_u32) })
                 .await?;
@@ -448,7 +448,7 @@ async fn a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
         idem.operation(STEPS_NS, "order-2")
             .steps()
             .run(|cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 let sent = steps
                     .run_at_most_once("email", || async { Err::<(), _>(AppError::Declined) })
                     .await;

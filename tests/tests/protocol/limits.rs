@@ -162,7 +162,7 @@ async fn the_transaction_estimate_counts_the_response(backend: Backend) {
         .operation(NAMESPACE, "big")
         .transact()
         .run(|cx| {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             let shop = shop.clone();
             async move {
                 for i in 0..10 {
@@ -211,7 +211,7 @@ async fn a_write_to_a_missing_business_table_is_the_writes_own_error(backend: Ba
         .operation(NAMESPACE, "nowhere")
         .transact()
         .run(|cx| {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             let shop = shop.clone();
             async move {
                 let mut write = shop.take(1);

@@ -272,7 +272,7 @@ async fn skip_never_drops_business_writes(backend: Backend) {
         .missing_key(MissingKey::Skip)
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             tx.push(business_write());
             Ok::<_, Error>(receipt(runs, "bob"))
         })

@@ -26,7 +26,7 @@ async fn reserve(
     idem.operation(NAMESPACE, "order-1")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             runs.fetch_add(1, Ordering::SeqCst);
             tx.push(shop.take(3));
             Ok(3)
@@ -140,7 +140,7 @@ async fn transient_cancellations_outlasting_the_lease_leave_the_key_pending_and_
         .lease(std::time::Duration::from_secs(2))
         .transact()
         .run(|cx| {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             let (shop, runs) = (shop.clone(), runs.clone());
             async move {
                 runs.fetch_add(1, Ordering::SeqCst);

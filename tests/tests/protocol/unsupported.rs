@@ -60,7 +60,7 @@ async fn staged_writes_fail_the_completion_and_release_the_key() {
         .operation(NAMESPACE, "order-2")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             counter.fetch_add(1, Ordering::SeqCst);
             tx.put(put("apple"));
             Ok(1)
@@ -86,7 +86,7 @@ async fn staged_writes_fail_the_completion_and_release_the_key() {
         .operation(NAMESPACE, "order-2")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             counter.fetch_add(1, Ordering::SeqCst);
             tx.put(put("apple"));
             Ok(1)

@@ -38,7 +38,7 @@ async fn checkout(idem: &Idempotency, dir: &Path, crash: bool) -> Result<String,
     idem.operation("steps-crash::checkout", "order-1")
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effect(dir, "reserve");

@@ -97,7 +97,7 @@ async fn checkout(
     operation
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -139,7 +139,7 @@ async fn two_steps(
     operation
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -284,7 +284,7 @@ async fn confirm(
     operation
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -541,7 +541,7 @@ macro_rules! store_cases {
                             .lease(LEASE)
                             .restart_steps_after_failure()
                             .steps().run(|cx| async move {
-                                let (steps, _) = cx.into_parts();
+                                let (steps, ()) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -578,7 +578,7 @@ macro_rules! store_cases {
                     .operation(NAMESPACE, "r-type")
                     .lease(LEASE)
                     .steps().run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         steps
                             .run("reserve", || async {
                                 counted.happened("reserve");

@@ -26,7 +26,7 @@ async fn checkout(
     idem.operation(NAMESPACE, order)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -159,7 +159,7 @@ macro_rules! steps {
                         idem.operation(NAMESPACE, "o-3")
                             .restart_steps_after_failure()
                             .steps().run(|cx| async move {
-                                let (steps, _) = cx.into_parts();
+                                let (steps, ()) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -195,7 +195,7 @@ macro_rules! steps {
                     .idem
                     .operation(NAMESPACE, "o-4")
                     .steps().run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         for _ in 0..2 {
                             steps
                                 .run("charge", || async {
@@ -232,7 +232,7 @@ macro_rules! steps {
                     tokio::spawn(async move {
                         idem.operation(NAMESPACE, "o-5")
                             .steps().run(|cx| async move {
-                                let (steps, _) = cx.into_parts();
+                                let (steps, ()) = cx.into_parts();
                                 steps
                                     .run("reserve", || async {
                                         effects.happened("reserve");
@@ -264,7 +264,7 @@ macro_rules! steps {
                     .idem
                     .operation(NAMESPACE, "o-5")
                     .steps().run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         steps
                             .run("reserve", || async { Ok::<_, AppError>(2_u32) })
                             .await?;
@@ -315,7 +315,7 @@ macro_rules! steps {
                     .idem
                     .operation(NAMESPACE, "o-6")
                     .steps().run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         steps.run("small", || async { Ok::<_, AppError>(1_u8) }).await?;
                         steps.run("big", || async { Ok::<_, AppError>(big) }).await
                     })
@@ -362,7 +362,7 @@ macro_rules! steps {
                     async move {
                         idem.operation(NAMESPACE, order)
                             .steps().run(|cx| async move {
-                                let (steps, _) = cx.into_parts();
+                                let (steps, ()) = cx.into_parts();
                                 Ok::<_, AppError>((steps.key("a"), steps.key("b"), steps.key("a")))
                             })
                             .await
@@ -389,7 +389,7 @@ macro_rules! steps {
                         .operation(NAMESPACE, "o-8")
                         .detach()
                         .steps().run(move |cx| async move {
-                            let (steps, _) = cx.into_parts();
+                            let (steps, ()) = cx.into_parts();
                             steps
                                 .run("slow", || async {
                                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -500,7 +500,7 @@ async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_f
                 .restart_steps_after_failure()
                 .steps()
                 .run(|cx| async move {
-                    let (steps, _) = cx.into_parts();
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");

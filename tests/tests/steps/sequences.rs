@@ -53,7 +53,7 @@ async fn checkout(
     operation(harness, order, restart)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             effects.keyed("reserve", steps.key("reserve"));
             let hold = steps
                 .run("reserve", || async {
@@ -374,7 +374,7 @@ async fn an_interrupted_at_most_once_step_never_runs_again() {
         operation(&harness, "order-1", true)
             .steps()
             .run(move |cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run_at_most_once("email", || async {
                         sent.fetch_add(1, Ordering::SeqCst);
@@ -420,7 +420,7 @@ async fn an_unstorable_step_is_never_run_again_even_under_restart() {
         operation(&harness, "order-1", true)
             .steps()
             .run(move |cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("export", || async {
                         runs.fetch_add(1, Ordering::SeqCst);
@@ -514,7 +514,7 @@ async fn lost_answers_to_step_writes_do_not_run_steps_again() {
         operation(&harness, "order-1", false)
             .steps()
             .run(move |cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -702,7 +702,7 @@ async fn reserve_and_email(
     operation(&harness, "order-1", true)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -906,7 +906,7 @@ async fn fill_and_export(
     operation(harness, order, false)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let a = steps
                 .run("fill", || async { Ok::<_, AppError>(incompressible(fill)) })
                 .await?;
@@ -1104,7 +1104,7 @@ async fn a_store_outage_in_a_step_write_does_not_restart_finished_steps() {
             .restart_steps_after_failure()
             .steps()
             .run(move |cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1170,7 +1170,7 @@ async fn unstorable(
     operation(&harness, "order-1", restart)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -1273,7 +1273,7 @@ async fn a_crash_or_a_panic_resumes_under_either_policy() {
                 operation(&harness, "order-2", restart)
                     .steps()
                     .run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         steps
                             .run("reserve", || async {
                                 effects.happened("reserve");
@@ -1314,7 +1314,7 @@ async fn a_response_too_large_does_not_restart_finished_steps() {
             .max_response_bytes(64)
             .steps()
             .run(move |cx| async move {
-                let (steps, _) = cx.into_parts();
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1488,7 +1488,7 @@ async fn three_steps(harness: Harness, effects: Arc<Effects>, hang: bool) -> Res
     operation(&harness, "order-1", false)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             for name in ["reserve", "charge"] {
                 steps
                     .run(name, || async {

@@ -33,7 +33,7 @@ async fn two_steps(
     operation
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -217,7 +217,7 @@ async fn longest_step_value() -> usize {
                 .operation(NAMESPACE, &format!("probe-{len}"))
                 .steps()
                 .run(|cx| async move {
-                    let (steps, _) = cx.into_parts();
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                         .await
@@ -256,7 +256,7 @@ async fn failure_after_large_steps(backend: Backend) {
         .operation(NAMESPACE, "r-3")
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, LongError>(noise(len, 1)) })
                 .await?;
@@ -313,7 +313,7 @@ async fn a_u128_step_value_replays() {
             idem.operation(NAMESPACE, "u128")
                 .steps()
                 .run(|cx| async move {
-                    let (steps, _) = cx.into_parts();
+                    let (steps, ()) = cx.into_parts();
                     let amount: u128 = steps
                         .run("amount", || async move { Ok::<_, AppError>(big) })
                         .await?;
@@ -521,7 +521,7 @@ async fn a_step_without_a_record_returns_any_value() {
         .missing_key(idempotent_runtime::MissingKey::Skip)
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("measure", || async {
                     effects.happened("measure");
@@ -551,7 +551,7 @@ async fn a_resume_of_steps_at_the_budget_is_accepted() {
                 idem.operation(NAMESPACE, "at-budget")
                     .steps()
                     .run(|cx| async move {
-                        let (steps, _) = cx.into_parts();
+                        let (steps, ()) = cx.into_parts();
                         let big = steps
                             .run("big", || async {
                                 effects.happened("big");
@@ -608,7 +608,7 @@ async fn a_long_steps_attribute_name_is_in_the_budget() {
         .operation(NAMESPACE, "long-name")
         .steps()
         .run(|cx| async move {
-            let (steps, _) = cx.into_parts();
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                 .await

@@ -230,7 +230,7 @@ async fn a_transaction_with_a_business_write_in_every_layout() {
                 .operation(NS, "order-4")
                 .transact()
                 .run(|cx| async move {
-                    let (_, tx) = cx.into_parts();
+                    let ((), tx) = cx.into_parts();
                     tx.put(put);
                     Ok::<_, Error>("shipped".to_owned())
                 })

@@ -304,7 +304,7 @@ async fn metrics_count_a_canceled_transaction() {
         .operation("telemetry::reserve", "m-3")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             tx.put(put);
             Ok::<_, AppError>(())
         })

@@ -48,7 +48,7 @@ async fn transact_on_the_memory_store_is_unsupported_and_stores_no_result() {
         .operation("shop::reserve", "order-2")
         .transact()
         .run(|cx| async move {
-            let (_, tx) = cx.into_parts();
+            let ((), tx) = cx.into_parts();
             tx.put(put());
             Ok(1)
         })
