@@ -1,6 +1,6 @@
 //! A checkout of three effects in a row — reserve the stock, charge the card, send the confirmation —
 //! that survives a crash half-way: each step's result is stored in the idempotency record as it
-//! finishes (`run_steps`), so the call that takes over after the crash runs only what had not finished.
+//! finishes (`.steps()`), so the call that takes over after the crash runs only what had not finished.
 //! The charge also passes `steps.key("charge")` to the payment gateway as its `Idempotency-Key`, so even
 //! a crash *inside* the charge would not charge twice.
 //!
@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::{Error, Idempotency, Steps};
+use idempotent_runtime::{Error, Idempotency};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -101,7 +101,9 @@ async fn checkout(
     crash_after_charge: Option<&Notify>,
 ) -> Result<Receipt, Error> {
     idem.operation("shop::checkout", order)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps.run("reserve", || shop.stock.reserve(order)).await?;
             let key = steps.key("charge");
             let charge = steps

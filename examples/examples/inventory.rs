@@ -263,7 +263,7 @@ async fn hold(
         .map_err(|e| ShopError::InvalidWrite(e.to_string()))?;
     idem.operation("inventory::hold", order)
         .claim_with([TransactWriteItem::builder().update(take).build()])
-        .run(|| async {
+        .run(|_| async {
             if declined.load(Ordering::SeqCst) {
                 return Err(ShopError::PaymentDeclined);
             }

@@ -79,6 +79,6 @@ pub async fn handle(
     idem.operation("lambda::charge", &request.order_id)
         .payload(&request.amount_cents)
         .deadline(context.deadline())
-        .run(|| async { Ok(gateway.charge(&request).await) })
+        .run(|_| async { Ok(gateway.charge(&request).await) })
         .await
 }

@@ -259,7 +259,9 @@ impl Emit<'_> {
         quote!(::core::option::Option::Some(#fingerprint))
     }
 
-    /// The call into the runtime, awaited, with the body as `async move { .. }`.
+    /// The call into the runtime, awaited: the attribute's operation with its options as builder calls
+    /// (`.steps()`, `.restart_steps_after_failure()`, `.transact()`, `.detach()`), and the body as a
+    /// closure that takes what the options give it and returns `async move { .. }`.
     ///
     /// rustc reports an unmet bound once per span. The checks of [`Self::check_output`] report a wrong
     /// return type on the whole return type; this call requires `Ret: Output` again and is reported on the
@@ -270,82 +272,87 @@ impl Emit<'_> {
         let output = self.output;
         let output_span = output.span();
         let at_output = self.private(output_span);
+        let private = self.private(Span::call_site());
         let call = self.call();
-        let common = quote! {
-            __idempotent_handle,
-            #call,
-            __idempotent_key,
-            __idempotent_fingerprint,
+        let options = self.options();
+        let operation = quote! {
+            #private::operation(
+                __idempotent_handle,
+                #call,
+                __idempotent_key,
+                __idempotent_fingerprint,
+            ) #options
         };
         let describe = self.describe();
-        let (body, restart, types) = self.steps(self.body(block));
+        let body = self.closure(&self.body(block));
         let last = last_span(output).unwrap_or(output_span);
-        // `execute`, `execute_steps`, `execute_transact`, ..., each with `_detached` for `detach`.
-        let function = |transact: bool| {
-            format_ident!(
-                "execute{}{}{}",
-                if self.args.steps.is_some() {
-                    "_steps"
-                } else {
-                    ""
-                },
-                if transact { "_transact" } else { "" },
-                if self.args.detach.is_some() {
-                    "_detached"
-                } else {
-                    ""
-                },
-            )
+        let arguments = group_at(
+            Delimiter::Parenthesis,
+            quote!(#operation, #describe, #body),
+            last,
+        );
+        let execute = quote_spanned! {output_span=>
+            #at_output::execute::<#output, _, _, _, _, _> #arguments .await
         };
-        let (execute, execute_transact) = (function(false), function(true));
         let Some(tx) = &self.args.transact else {
-            let arguments = group_at(
-                Delimiter::Parenthesis,
-                quote!(#common #restart #describe, #body),
-                last,
-            );
-            return quote_spanned! {output_span=>
-                #at_output::#execute::<#output, #types> #arguments .await
-            };
+            return execute;
         };
         // `transact!` passes its input through when the runtime has the `dynamodb` feature and is a
         // compile error naming that feature otherwise: the macro cannot see the runtime's features.
         let guard = self.private(tx.span());
-        let call_site = self.private(Span::call_site());
-        let arguments = group_at(
-            Delimiter::Parenthesis,
-            quote!(#common ::core::clone::Clone::clone(&#tx), #restart #describe, #body,),
-            last,
-        );
-        let staged = quote_spanned! {output_span=>
-            let #tx = #call_site::transaction();
-            #at_output::#execute_transact::<#output, #types> #arguments .await
-        };
         // Called by a local name: the note rustc adds under the error of a `macro_rules!` macro names it as
         // it was called, and the runtime's path would show its hidden module.
         quote_spanned! {tx.span()=> {
             use #guard::transact as __idempotent_transact;
-            __idempotent_transact! {{ #staged }}
+            __idempotent_transact! { #execute }
         }}
     }
 
-    /// With `steps = s`: the body as a closure that binds `s` to its `Steps`, whether a retry after a
-    /// failure restarts them (`on_failure`, as an argument before `describe`), and the runtime call's
-    /// type arguments after the return type; otherwise the body as it is.
-    fn steps(&self, body: TokenStream) -> (TokenStream, Option<TokenStream>, TokenStream) {
-        let Some(steps) = &self.args.steps else {
-            return (body, None, quote!(_, _));
-        };
-        let private = self.private(steps.span());
-        let restart = self.args.on_failure.as_ref().map_or_else(
-            || quote!(false,),
-            |on_failure| {
-                let restart = on_failure.restart;
-                quote_spanned!(on_failure.literal.span()=> #restart,)
-            },
-        );
-        let closure = quote_spanned!(steps.span()=> move |#steps: #private::Steps| #body);
-        (closure, Some(restart), quote!(_, _, _))
+    /// The attribute's options, as the builder calls a user would write on an `Operation`.
+    fn options(&self) -> TokenStream {
+        let mut options = TokenStream::new();
+        if let Some(steps) = &self.args.steps {
+            options.extend(quote_spanned!(steps.span()=> .steps()));
+            if let Some(on_failure) = &self.args.on_failure
+                && on_failure.restart
+            {
+                options.extend(
+                    quote_spanned!(on_failure.literal.span()=> .restart_steps_after_failure()),
+                );
+            }
+        }
+        if let Some(tx) = &self.args.transact {
+            options.extend(quote_spanned!(tx.span()=> .transact()));
+        }
+        if self.args.detach.is_some() {
+            options.extend(quote!(.detach()));
+        }
+        options
+    }
+
+    /// The body as the closure the runtime calls with the body's context: it binds `steps = s` and
+    /// `transact = tx` to what the context holds, then returns the body's future.
+    fn closure(&self, body: &TokenStream) -> TokenStream {
+        let context = format_ident!("__idempotent_context");
+        if self.args.steps.is_none() && self.args.transact.is_none() {
+            return quote!(move |_| #body);
+        }
+        let steps = self
+            .args
+            .steps
+            .as_ref()
+            .map_or_else(|| quote!(_), ToTokens::to_token_stream);
+        let tx = self
+            .args
+            .transact
+            .as_ref()
+            .map_or_else(|| quote!(_), ToTokens::to_token_stream);
+        quote! {
+            move |#context| {
+                let (#steps, #tx) = #context.into_parts();
+                #body
+            }
+        }
     }
 
     /// The `&'static Call` of this function.
@@ -618,10 +625,8 @@ mod tests {
             crate = "idem"
         });
         assert!(!out.contains("idempotent_runtime"), "{out}");
-        assert!(
-            out.contains("idem :: __private :: execute_transact"),
-            "{out}"
-        );
+        assert!(out.contains("idem :: __private :: execute"), "{out}");
+        assert!(out.contains("idem :: __private :: operation"), "{out}");
     }
 
     #[test]
@@ -631,50 +636,60 @@ mod tests {
             out.contains(":: idempotent_runtime :: __private :: execute"),
             "{out}"
         );
-        assert!(!out.contains("execute_transact"), "{out}");
     }
 
-    /// `steps` picks the runtime's function for every combination with `transact` and `detach`, binds
-    /// the name given, and passes `on_failure` as a flag.
+    /// Each option is one builder call on the operation, in one order whatever the attribute's; one
+    /// runtime function runs them all, and the body binds the names given to what its context holds.
     #[test]
-    fn steps_call_the_steps_functions() {
-        let function = |out: &str| {
-            let at = out.find(":: __private :: execute").expect("a runtime call") + 15;
-            out[at..].split_whitespace().next().unwrap().to_owned()
+    fn options_are_builder_calls() {
+        let chain = |out: &str| {
+            let from = out
+                .find("__idempotent_fingerprint ,")
+                .expect("the operation")
+                + 26;
+            let to = from + out[from..].find(", |").expect("the describe closure");
+            out[from..to].split_whitespace().collect::<String>()
         };
         for (args, expected) in [
-            (quote!(key = order_id), "execute"),
-            (quote!(key = order_id, steps = s), "execute_steps"),
+            (quote!(key = order_id), ")"),
+            (quote!(key = order_id, steps = s), ").steps()"),
             (
-                quote!(key = order_id, steps = s, detach),
-                "execute_steps_detached",
+                quote!(key = order_id, detach, steps = s),
+                ").steps().detach()",
             ),
             (
-                quote!(key = order_id, steps = s, transact = tx),
-                "execute_steps_transact",
+                quote!(key = order_id, steps = s, on_failure = "restart"),
+                ").steps().restart_steps_after_failure()",
+            ),
+            (
+                quote!(key = order_id, steps = s, on_failure = "resume"),
+                ").steps()",
+            ),
+            (
+                quote!(key = order_id, transact = tx, steps = s),
+                ").steps().transact()",
             ),
             (
                 quote!(key = order_id, steps = s, transact = tx, detach),
-                "execute_steps_transact_detached",
-            ),
-            (
-                quote!(key = order_id, transact = tx, detach),
-                "execute_transact_detached",
+                ").steps().transact().detach()",
             ),
         ] {
             let out = expanded(args.clone());
-            assert_eq!(function(&out), expected, "{args}");
+            assert_eq!(chain(&out), expected, "{args}");
+            assert_eq!(out.matches(":: __private :: execute").count(), 1, "{out}");
         }
         let out = expanded(quote!(key = order_id, steps = checkpoint));
         assert!(
-            out.contains("move | checkpoint : :: idempotent_runtime :: __private :: Steps |"),
+            out.contains("let (checkpoint , _) = __idempotent_context . into_parts () ;"),
             "{out}"
         );
-        assert!(out.contains("__idempotent_fingerprint , false ,"), "{out}");
-        let out = expanded(quote!(key = order_id, steps = s, on_failure = "restart"));
-        assert!(out.contains("__idempotent_fingerprint , true ,"), "{out}");
-        let out = expanded(quote!(key = order_id, steps = s, on_failure = "resume"));
-        assert!(out.contains("__idempotent_fingerprint , false ,"), "{out}");
+        let out = expanded(quote!(key = order_id, steps = s, transact = tx));
+        assert!(
+            out.contains("let (s , tx) = __idempotent_context . into_parts () ;"),
+            "{out}"
+        );
+        let out = expanded(quote!(key = order_id));
+        assert!(out.contains("move | _ | async move"), "{out}");
     }
 
     /// The items a body starts with come before the generated fake return, the rest after it.

@@ -246,7 +246,7 @@ use proc_macro::TokenStream;
 /// ## `steps = <ident>`
 ///
 /// Binds the given name in the body to the call's `idempotent_runtime::Steps` (owned), as
-/// `Operation::run_steps` does: a body of several effects runs each through `s.run("<name>", || ..)`, and
+/// `Operation::steps` does: a body of several effects runs each through `s.run("<name>", || ..)`, and
 /// each step's `Ok` value is stored in the record (one fenced `UpdateItem`) before the body goes on. A
 /// call that takes the key over after a crash or a lapsed lease, or retries it after the body returned
 /// `Err`, gets the finished steps' values back without running them and goes on from the first
@@ -358,7 +358,7 @@ use proc_macro::TokenStream;
 ///     idem.operation(NAMESPACE, &req.order_id) // `key`, borrowed and hashed now
 ///         .ttl(Duration::from_secs(3600)) // durations were parsed at compile time
 ///         .payload(&req) // `payload`, borrowed and fingerprinted now
-///         .run(|| async move {
+///         .run(|_| async move {
 ///             // The body, unchanged: claim first; run only if the claim is ours; then store the
 ///             // `Ok` value (complete) or mark the key FAILED and hand the `Err` back.
 ///             Ok(req.cents)

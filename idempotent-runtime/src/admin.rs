@@ -164,7 +164,7 @@ pub enum Released {
 /// its claim-time writes are in effect ([`Record::claim_writes_in_effect`]), at the claim's own expiry
 /// if that is later: the writes stay in effect, and a retry must still find the record that says so.
 ///
-/// A record with steps ([`Operation::run_steps`](crate::Operation::run_steps)) is not failed: a release
+/// A record with steps ([`Operation::steps`](crate::Operation::steps)) is not failed: a release
 /// is no failure of the body, and an operation with the restart policy would start over after one and
 /// run its finished steps again. Its lease is made to lapse instead ([`Released::Lapsed`]): it stays
 /// PENDING with its steps and its expiry, and the next call takes it over and resumes after the
@@ -219,7 +219,7 @@ pub struct Traffic {
     pub body: Option<Duration>,
     /// The lease.
     pub lease: Duration,
-    /// Steps per first call, for a body run with steps (`run_steps`): one write each.
+    /// Steps per first call, for a body run with steps (`.steps()`): one write each.
     pub steps: u64,
     /// Each step's stored value in bytes (JSON; a step's write carries every step before it).
     pub step_bytes: u64,

@@ -580,7 +580,7 @@ impl<P, O> Batch<'_, P, O> {
         let operation = self.payload.apply(&message, operation);
         // The handler's errors are kept apart from the library's, so that work an earlier delivery
         // did is told from a failure.
-        let body = || async move { handler(message).await.map_err(Failure::Handler) };
+        let body = |_| async move { handler(message).await.map_err(Failure::Handler) };
         match crate::observe(operation.run(body)).await {
             (Ok(_), Some(Execution::Replayed)) => Outcome::Replayed,
             (Ok(_), _) => Outcome::Executed,

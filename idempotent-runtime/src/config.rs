@@ -287,7 +287,7 @@ impl Idempotency {
     /// let call = idem
     ///     .operation("billing::charge", "order-1")
     ///     .detach()
-    ///     .run(|| async {
+    ///     .run(|_| async {
     ///         tokio::time::sleep(Duration::from_millis(50)).await;
     ///         Ok::<_, Error>(42)
     ///     });

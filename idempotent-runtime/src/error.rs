@@ -335,7 +335,7 @@ pub enum Error {
         namespace: String,
     },
 
-    /// A body run with steps ([`Operation::run_steps`](crate::Operation::run_steps)) asked for the same
+    /// A body run with steps ([`Operation::steps`](crate::Operation::steps)) asked for the same
     /// step name twice in one run: each step is stored under its name, so a second one would replay the
     /// first one's value. The body stops there; give each step its own name.
     #[error(
@@ -421,7 +421,7 @@ pub enum Error {
         step: String,
     },
 
-    /// With [`run_steps_transact`](crate::Operation::run_steps_transact), a step that staged business
+    /// With [`steps`](crate::Operation::steps) and [`transact`](crate::Operation::transact), a step that staged business
     /// writes finished in an earlier call that did not complete: the step is replayed, not run, so
     /// its writes cannot be staged again, and the operation is refused rather than completed without
     /// them. Stage business writes in the body, outside steps; settle this key by hand (the runbook's

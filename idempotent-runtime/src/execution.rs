@@ -13,7 +13,7 @@
 //! use idempotent_runtime::{Error, Execution, Idempotency, observe};
 //!
 //! let idem = Idempotency::in_memory();
-//! let charge = || idem.operation("billing::charge", "order-1").run(|| async { Ok::<_, Error>(42) });
+//! let charge = || idem.operation("billing::charge", "order-1").run(|_| async { Ok::<_, Error>(42) });
 //!
 //! let (first, execution) = observe(charge()).await;
 //! assert_eq!((first?, execution), (42, Some(Execution::Executed)));

@@ -811,7 +811,7 @@ impl Settings {
         // The first caller gets the handler's response as it was, not the stored copy: all its headers,
         // and a body that may not have been stored at all.
         let original: Mutex<Option<Original>> = Mutex::new(None);
-        let run = operation.run(|| async {
+        let run = operation.run(|_| async {
             let response = match AssertUnwindSafe(pass(&mut inner, request))
                 .catch_unwind()
                 .await

@@ -159,7 +159,7 @@ pub use handler::MIN_LEASE;
 pub use handler::steps::{Steps, StepsReport};
 pub use key::http::{DEFAULT_HTTP_NAMESPACE, derive_http_key};
 pub use key::{derive_key, fingerprint};
-pub use operation::{Detached, OnReplay, Operation, Unchanged};
+pub use operation::{Context, Detached, Given, InPlace, OnReplay, Operation, Placement, Unchanged};
 pub use record::{AttributeNames, MAX_RELEASED, Record, Status};
 pub use size::MAX_ITEM_BYTES;
 pub use store::memory::MemoryStore;

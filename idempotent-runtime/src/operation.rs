@@ -6,6 +6,8 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -31,17 +33,26 @@ use crate::{Error, Idempotency, Steps};
 /// let total: u64 = idem
 ///     .operation("shop::checkout", &order)
 ///     .ttl(Duration::from_secs(3600))
-///     .run(|| async { Ok::<_, idempotent_runtime::Error>(1_250) })
+///     .run(|_| async { Ok::<_, idempotent_runtime::Error>(1_250) })
 ///     .await?;
 /// assert_eq!(total, 1_250);
 /// # Ok(()) }
 /// ```
 ///
-/// `H` is what a replayed value goes through before `run` returns it: [`Unchanged`] unless
-/// [`on_replay`](Self::on_replay) gave a hook.
+/// Each option is one call on the chain, and every chain ends in the one [`run`](Self::run). The
+/// options that give the body something ([`steps`](Self::steps), [`transact`](Self::transact)) and the
+/// one that moves it ([`detach`](Self::detach)) change the operation's type, so that the body gets
+/// exactly what was asked for, through its [`Context`]:
+///
+/// | parameter | what it is | default | set by |
+/// |---|---|---|---|
+/// | `H` | what a replayed value goes through before `run` returns it | [`Unchanged`] | [`on_replay`](Self::on_replay) |
+/// | `S` | what the body's context has for steps | `()` | [`steps`](Self::steps): [`Steps`] |
+/// | `W` | what the body's context has for business writes | `()` | [`transact`](Self::transact): [`Transaction`](crate::Transaction) |
+/// | `P` | where the body runs | [`InPlace`] | [`detach`](Self::detach): [`Detached`] |
 #[derive(Debug)]
 #[must_use = "an operation does nothing until `run` is awaited"]
-pub struct Operation<'a, H = Unchanged> {
+pub struct Operation<'a, H = Unchanged, S = (), W = (), P = InPlace> {
     /// The handle, or why there is none (the attribute's `store = ..` or installed default): reported
     /// by `run` with the key's and payload's errors, after the kill switch.
     idem: Early<Cow<'a, Idempotency>>,
@@ -54,11 +65,17 @@ pub struct Operation<'a, H = Unchanged> {
     restart_steps: bool,
     /// The body's steps, when it runs with them.
     steps: Option<Steps>,
+    /// The writes the body stages, when it runs with them.
+    staging: Option<Staged>,
     /// The lease was set by [`deadline`](Self::deadline), which may leave less than
     /// [`MIN_LEASE`](crate::MIN_LEASE).
     deadline_bound: bool,
     on_replay: H,
+    options: Marker<S, W, P>,
 }
+
+/// The options' types, held by an operation without holding values of them.
+type Marker<S, W, P> = PhantomData<fn() -> (S, W, P)>;
 
 /// [`Error::LeaseTooShort`] for a call that asks for a lease under [`MIN_LEASE`](crate::MIN_LEASE)
 /// (one bound by a [`deadline`](Operation::deadline) may have less: it is not renewed).
@@ -143,12 +160,14 @@ impl<'a> Operation<'a> {
             restart_steps: false,
             deadline_bound: false,
             steps: None,
+            staging: None,
             on_replay: Unchanged,
+            options: PhantomData,
         }
     }
 }
 
-impl<'a, H> Operation<'a, H> {
+impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     /// How long the response is replayed (default: the handle's).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.call.ttl = Some(ttl);
@@ -196,7 +215,7 @@ impl<'a, H> Operation<'a, H> {
     /// let receipt = idem
     ///     .operation("billing::charge", "order-1")
     ///     .deadline(deadline)
-    ///     .run(|| async { Ok::<_, Error>(String::from("ch_1")) })
+    ///     .run(|_| async { Ok::<_, Error>(String::from("ch_1")) })
     ///     .await?;
     /// # assert_eq!(receipt, "ch_1");
     /// # Ok(()) }
@@ -221,7 +240,7 @@ impl<'a, H> Operation<'a, H> {
     /// element (default: [`MissingKey::Reject`], `run` returns [`Error::MissingKey`]).
     ///
     /// With [`MissingKey::Skip`], `run` calls the body alone, without the store. Business writes only
-    /// commit together with a record, so an operation that has them ([`run_transact`](Self::run_transact),
+    /// commit together with a record, so an operation that has them ([`transact`](Self::transact),
     /// [`claim_with`](Self::claim_with)) rejects a missing key under `Skip` rather than drop them.
     ///
     /// ```
@@ -232,13 +251,13 @@ impl<'a, H> Operation<'a, H> {
     /// let order_id: Option<&str> = None;
     /// let rejected = idem
     ///     .operation("shop::checkout", &order_id)
-    ///     .run(|| async { Ok::<_, Error>(1) })
+    ///     .run(|_| async { Ok::<_, Error>(1) })
     ///     .await;
     /// assert!(matches!(rejected, Err(Error::MissingKey { .. })));
     /// let unprotected = idem
     ///     .operation("shop::checkout", &order_id)
     ///     .missing_key(MissingKey::Skip)
-    ///     .run(|| async { Ok::<_, Error>(2) })
+    ///     .run(|_| async { Ok::<_, Error>(2) })
     ///     .await?;
     /// assert_eq!(unprotected, 2);
     /// # Ok(()) }
@@ -263,13 +282,18 @@ impl<'a, H> Operation<'a, H> {
     /// let charge = || {
     ///     idem.operation("billing::charge", "order-1")
     ///         .on_replay(|r: Receipt| Receipt { replayed: true, ..r })
-    ///         .run(|| async { Ok::<_, Error>(Receipt { id: 7, replayed: false }) })
+    ///         .run(|_| async { Ok::<_, Error>(Receipt { id: 7, replayed: false }) })
     /// };
     /// assert!(!charge().await?.replayed);
     /// assert!(charge().await?.replayed);
     /// # Ok(()) }
     /// ```
-    pub fn on_replay<G>(self, hook: G) -> Operation<'a, G> {
+    pub fn on_replay<G>(self, hook: G) -> Operation<'a, G, S, W, P> {
+        self.with(|_| hook)
+    }
+
+    /// The same operation with other options (`S2`, `W2`, `P2`), its `on_replay` hook made by `hook`.
+    fn with<G, S2, W2, P2>(self, hook: impl FnOnce(H) -> G) -> Operation<'a, G, S2, W2, P2> {
         Operation {
             idem: self.idem,
             call: self.call,
@@ -280,12 +304,14 @@ impl<'a, H> Operation<'a, H> {
             restart_steps: self.restart_steps,
             deadline_bound: self.deadline_bound,
             steps: self.steps,
-            on_replay: hook,
+            staging: self.staging,
+            on_replay: hook(self.on_replay),
+            options: PhantomData,
         }
     }
 
     /// Rejects the key with another payload ([`Error::PayloadMismatch`]).
-    pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
+    pub fn payload<Q: Serialize + ?Sized>(mut self, payload: &Q) -> Self {
         self.fingerprint = Some(crate::key::fingerprint_for(&self.call, payload).map_err(Box::new));
         self
     }
@@ -365,7 +391,7 @@ impl<'a, H> Operation<'a, H> {
     /// use idempotent_runtime::{Error, Idempotency};
     /// let idem = Idempotency::in_memory();
     /// let charge = || {
-    ///     idem.operation("billing::charge", "order-1").detach().run(|| async {
+    ///     idem.operation("billing::charge", "order-1").detach().run(|_| async {
     ///         tokio::time::sleep(Duration::from_millis(50)).await; // the payment gateway
     ///         Ok::<_, Error>(String::from("ch_1"))
     ///     })
@@ -376,70 +402,23 @@ impl<'a, H> Operation<'a, H> {
     /// assert_eq!(charge().await?, "ch_1"); // replayed: the body ran once
     /// # Ok(()) }
     /// ```
-    pub fn detach(self) -> Detached<'a, H> {
-        Detached(self)
+    pub fn detach(self) -> Operation<'a, H, S, W, Detached> {
+        self.with(|hook| hook)
     }
 
-    /// Runs `body` at most once per key while its record lives, and returns its (possibly replayed)
-    /// result. The error's `Display` text is stored on FAILED records.
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    pub async fn run<T, E, F, Fut>(self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Display,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        H: OnReplay<T>,
-    {
-        self.drive(
-            None,
-            ToString::to_string,
-            async move { body().await },
-            Inline,
-        )
-        .await
-    }
-
-    /// [`run`](Self::run), with a [`Transaction`](crate::Transaction) whose staged writes commit with
-    /// the COMPLETED record.
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    #[cfg(feature = "dynamodb")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-    pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Display,
-        F: FnOnce(crate::Transaction) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        H: OnReplay<T>,
-    {
-        let transaction = crate::Transaction::new();
-        let staged = transaction.staged().clone();
-        self.drive(
-            Some(&staged),
-            ToString::to_string,
-            async move { body(transaction).await },
-            Inline,
-        )
-        .await
-    }
-
-    /// A body of several effects that resumes where it stopped: `body` gets the call's [`Steps`] and
-    /// runs each effect through [`Steps::run`], under a name. Each step's `Ok` value is stored in the
-    /// record before the body goes on (one fenced `UpdateItem` per step), so a call that takes the key
-    /// over after a crash or a lapsed lease, or claims it again after a failure, replays the finished
-    /// steps' values without running them and goes on from the first unfinished one.
+    /// Gives the body the call's [`Steps`] ([`Context::steps`]): a body of several effects that
+    /// resumes where it stopped, running each effect through [`Steps::run`], under a name. Each step's
+    /// `Ok` value is stored in the record before the body goes on (one fenced `UpdateItem` per step),
+    /// so a call that takes the key over after a crash or a lapsed lease, or claims it again after a
+    /// failure, replays the finished steps' values without running them and goes on from the first
+    /// unfinished one.
     ///
     /// What runs again after a crash is at most the step that was running, and not even that when the
     /// step passes [`Steps::key`] to a downstream API that honours idempotency keys. Once the body
-    /// returns `Ok`, its value is stored and replayed like [`run`](Self::run)'s, and the steps are
-    /// removed; once the record expires, the key is a new operation, whose steps start afresh. After
-    /// the body returns `Err`, a retry resumes too (its finished steps are not run again), unless the
-    /// operation [restarts from scratch after a failure](Self::restart_steps_after_failure).
+    /// returns `Ok`, its value is stored and replayed as without steps, and the steps are removed; once
+    /// the record expires, the key is a new operation, whose steps start afresh. After the body returns
+    /// `Err`, a retry resumes too (its finished steps are not run again), unless the operation
+    /// [restarts from scratch after a failure](Self::restart_steps_after_failure).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -448,7 +427,9 @@ impl<'a, H> Operation<'a, H> {
     /// let idem = Idempotency::in_memory();
     /// let receipt = idem
     ///     .operation("shop::checkout", "order-7")
-    ///     .run_steps(|steps| async move {
+    ///     .steps()
+    ///     .run(|cx| async move {
+    ///         let steps = cx.steps();
     ///         let hold: u32 = steps.run("reserve", || async { Ok::<_, Error>(17) }).await?;
     ///         let gateway_key = steps.key("charge"); // the gateway's `Idempotency-Key`
     ///         let charge = steps
@@ -461,75 +442,140 @@ impl<'a, H> Operation<'a, H> {
     /// assert_eq!(receipt.0, 17);
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E` (those of [`Steps::run`] included).
-    pub async fn run_steps<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Display,
-        F: FnOnce(Steps) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        H: OnReplay<T>,
-    {
-        let steps = self.with_steps();
-        self.drive(
-            None,
-            ToString::to_string,
-            async move { body(steps).await },
-            Inline,
-        )
-        .await
+    pub fn steps(self) -> Operation<'a, H, Steps, W, P> {
+        self.with(|hook| hook)
     }
 
-    /// [`run_steps`](Self::run_steps), with a [`Transaction`](crate::Transaction) whose staged writes
-    /// commit with the COMPLETED record (the steps' values are stored as they finish, as without it).
+    /// Gives the body a [`Transaction`](crate::Transaction) ([`Context::transaction`]): the business
+    /// writes it stages commit in one `TransactWriteItems` with the COMPLETED record, so that they and
+    /// the stored result land together or not at all. With [`steps`](Self::steps), the steps' values
+    /// are stored as they finish, as without it.
     ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idempotent_runtime::Error> {
+    /// use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Put};
+    /// use idempotent_runtime::{Error, Idempotency, MemoryStore};
+    /// let store = MemoryStore::new();
+    /// store.create_table("orders", "pk");
+    /// let idem = Idempotency::builder(store).build();
+    /// let id = idem
+    ///     .operation("shop::place", "order-9")
+    ///     .transact()
+    ///     .run(|cx| async move {
+    ///         let order = Put::builder()
+    ///             .table_name("orders")
+    ///             .item("pk", AttributeValue::S("order-9".into()))
+    ///             .build()
+    ///             .expect("a table and an item");
+    ///         cx.transaction().put(order);
+    ///         Ok::<_, Error>(9)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(id, 9);
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "dynamodb")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-    pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Display,
-        F: FnOnce(Steps, crate::Transaction) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        H: OnReplay<T>,
-    {
-        let steps = self.with_steps();
-        let transaction = crate::Transaction::new();
-        let staged = transaction.staged().clone();
-        self.drive(
-            Some(&staged),
-            ToString::to_string,
-            async move { body(steps, transaction).await },
-            Inline,
-        )
-        .await
+    pub fn transact(self) -> Operation<'a, H, S, crate::Transaction, P> {
+        self.with(|hook| hook)
     }
 
-    /// For an operation run with steps: after the body returns `Err`, the next call starts over from
-    /// the first step (its stored steps are dropped, and [`Steps::key`] gives new keys) instead of
-    /// resuming. For bodies whose failure undoes what the finished steps did (a refund after a
-    /// declined shipment), so that their steps must run again. A crash or a lapsed lease still
+    /// For an operation run with [`steps`](Self::steps): after the body returns `Err`, the next call
+    /// starts over from the first step (its stored steps are dropped, and [`Steps::key`] gives new
+    /// keys) instead of resuming. For bodies whose failure undoes what the finished steps did (a refund
+    /// after a declined shipment), so that their steps must run again. A crash or a lapsed lease still
     /// resumes.
     pub fn restart_steps_after_failure(mut self) -> Self {
         self.restart_steps = true;
         self
     }
 
-    /// The steps of this call, which [`drive`](Self::drive) hands to the state machine.
-    pub(crate) fn with_steps(&mut self) -> Steps {
-        let steps = Steps::new(self.call.namespace, self.restart_steps);
-        self.steps = Some(steps.clone());
-        steps
+    /// Runs `body` at most once per key while its record lives, and returns its (possibly replayed)
+    /// result. The body gets a [`Context`] with what the options give it (the [`steps`](Self::steps),
+    /// the [`transact`](Self::transact)ion; nothing without them: `|_| async { .. }`). The error's
+    /// `Display` text is stored on FAILED records.
+    ///
+    /// The call is prepared when `run` is called (its checks made, the body's future made), and starts
+    /// when the future returned is first polled.
+    ///
+    /// A [`detach`](Self::detach)ed body runs on a task of its own, so it must be `Send + 'static`, and
+    /// so must its value and error.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E` (those of [`Steps::run`] included).
+    ///
+    /// # Panics
+    /// When the body panics (after its record is FAILED), with the body's panic; a detached body,
+    /// when called outside a Tokio runtime.
+    pub fn run<T, E, F, Fut>(self, body: F) -> impl Future<Output = Result<T, E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Display,
+        F: FnOnce(Context<S, W>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
+        S: Given,
+        W: Given,
+        P: Placement<T, E, Fut, H>,
+    {
+        self.launch(<E as ToString>::to_string, body)
     }
 
-    /// The one path into the state machine, for [`run`](Self::run), [`run_transact`](Self::run_transact)
-    /// and the attribute's generated code: the kill switch, then the handle, key and payload (the first
+    /// The one path from the options to the state machine, for [`run`](Self::run) and the attribute's
+    /// generated code: the body gets its context, then runs in place or, detached, on a task of its
+    /// own. `describe` gives the text stored for the body's error.
+    pub(crate) fn launch<T, E, F, Fut>(
+        mut self,
+        describe: fn(&E) -> String,
+        body: F,
+    ) -> Launched<'a, impl Future<Output = Result<T, E>>, T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(Context<S, W>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        H: OnReplay<T>,
+        S: Given,
+        W: Given,
+        P: Placement<T, E, Fut, H>,
+    {
+        let mut given = Options::default();
+        if S::STEPS {
+            let steps = Steps::new(self.call.namespace, self.restart_steps);
+            self.steps = Some(steps.clone());
+            given.steps = Some(steps);
+        }
+        #[cfg(feature = "dynamodb")]
+        if W::WRITES {
+            let transaction = crate::Transaction::new();
+            self.staging = Some(transaction.staged().clone());
+            given.transaction = Some(transaction);
+        }
+        let context = Context {
+            steps: S::given(&mut given),
+            transaction: W::given(&mut given),
+        };
+        let body = body(context);
+        match P::detached(self, describe, body) {
+            Ok(detached) => Launched::Detached { run: detached },
+            Err((operation, body)) => Launched::InPlace {
+                run: operation.plain().drive(describe, body, Inline),
+            },
+        }
+    }
+
+    /// The operation without its options' types, once [`launch`](Self::launch) has used them.
+    fn plain(self) -> Operation<'a, H> {
+        self.with(|hook| hook)
+    }
+}
+
+impl<H> Operation<'_, H> {
+    /// The one path into the state machine, in place or detached (`runner`), for
+    /// [`launch`](Self::launch): the kill switch, then the handle, key and payload (the first
     /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
-    /// `staging` holds the writes a body stages; `describe` gives the text stored for its error.
+    /// `describe` gives the text stored for the body's error.
     ///
     /// The checks are made here, and the state machine built, when the call's future is built: the
     /// future is a [`Drive`], which holds the state machine in place, with the body's future once (an
@@ -537,7 +583,6 @@ impl<'a, H> Operation<'a, H> {
     /// its own on a call's path (every caller's future holds this one).
     pub(crate) fn drive<T, E, Fut, D, R>(
         self,
-        staging: Option<&Staged>,
         describe: D,
         body: Fut,
         runner: R,
@@ -551,7 +596,7 @@ impl<'a, H> Operation<'a, H> {
         H: OnReplay<T>,
     {
         // Writes that can only commit together with a record: never run without one.
-        let stages_writes = staging.is_some() || !self.claim_writes.is_empty();
+        let stages_writes = self.staging.is_some() || !self.claim_writes.is_empty();
         let Operation {
             idem,
             call,
@@ -561,8 +606,10 @@ impl<'a, H> Operation<'a, H> {
             compensation,
             restart_steps: _,
             steps,
+            staging,
             deadline_bound,
             on_replay,
+            options: _,
         } = self;
         // The handle's tasks, for a detached body that runs alone (drained like any detached body).
         let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
@@ -627,124 +674,188 @@ impl<'a, H> Operation<'a, H> {
     }
 }
 
-/// An [`Operation`] whose body runs on a task of its own ([`Operation::detach`]): `run`,
-/// `run_transact`, `run_steps` and `run_steps_transact` as on [`Operation`], for a body that is
-/// `Send + 'static`.
+/// What a body gets from its operation's options: the [`Steps`] after
+/// [`steps`](Operation::steps), the [`Transaction`](crate::Transaction) after
+/// [`transact`](Operation::transact). An option that is off is `()`, which has nothing to offer, so a
+/// body cannot reach steps or staged writes its operation did not ask for (the compiler says
+/// "no method named `steps` found for struct `Context<(), ()>`").
 #[derive(Debug)]
-#[must_use = "an operation does nothing until `run` is awaited"]
-pub struct Detached<'a, H = Unchanged>(Operation<'a, H>);
+pub struct Context<S = (), W = ()> {
+    steps: S,
+    transaction: W,
+}
 
-impl<H> Detached<'_, H> {
-    /// [`Operation::run`], with the body on a task of its own: once the claim has landed, the body
-    /// runs to its end and its outcome is stored whether or not this future is still awaited.
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    ///
-    /// # Panics
-    /// When the body panics (after its record is FAILED), with the body's panic; when called outside a
-    /// Tokio runtime.
-    pub async fn run<T, E, F, Fut>(self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: From<Error> + Display + Send + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        H: OnReplay<T>,
-    {
-        self.0
-            .drive(
-                None,
-                ToString::to_string,
-                async move { body().await },
-                Detach,
-            )
-            .await
+impl<S, W> Context<S, W> {
+    /// The context's parts: the steps (or `()`) and the transaction (or `()`), to move into the body's
+    /// future.
+    pub fn into_parts(self) -> (S, W) {
+        (self.steps, self.transaction)
     }
+}
 
-    /// [`Operation::run_steps`], with the body on a task of its own (see [`run`](Self::run)).
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    ///
-    /// # Panics
-    /// As [`run`](Self::run).
-    pub async fn run_steps<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: From<Error> + Display + Send + 'static,
-        F: FnOnce(Steps) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        H: OnReplay<T>,
-    {
-        let steps = self.0.with_steps();
-        self.0
-            .drive(
-                None,
-                ToString::to_string,
-                async move { body(steps).await },
-                Detach,
-            )
-            .await
+impl<W> Context<Steps, W> {
+    /// The call's steps ([`Operation::steps`]).
+    pub fn steps(&self) -> &Steps {
+        &self.steps
     }
+}
 
-    /// [`Operation::run_steps_transact`], with the body on a task of its own (see [`run`](Self::run)).
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    ///
-    /// # Panics
-    /// As [`run`](Self::run).
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+impl<S> Context<S, crate::Transaction> {
+    /// Where the body stages the business writes that commit with the COMPLETED record
+    /// ([`Operation::transact`]).
+    pub fn transaction(&self) -> &crate::Transaction {
+        &self.transaction
+    }
+}
+
+/// The body runs in the caller's future (the default): dropping the future stops it where it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InPlace;
+
+/// The body runs on a task of its own once the claim has landed ([`Operation::detach`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Detached;
+
+mod sealed {
+    /// Only this crate's option types.
+    pub trait Sealed {}
+    impl Sealed for () {}
+    impl Sealed for crate::Steps {}
     #[cfg(feature = "dynamodb")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-    pub async fn run_steps_transact<T, E, F, Fut>(mut self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: From<Error> + Display + Send + 'static,
-        F: FnOnce(Steps, crate::Transaction) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        H: OnReplay<T>,
-    {
-        let steps = self.0.with_steps();
-        let transaction = crate::Transaction::new();
-        let staged = transaction.staged().clone();
-        self.0
-            .drive(
-                Some(&staged),
-                ToString::to_string,
-                async move { body(steps, transaction).await },
-                Detach,
-            )
-            .await
-    }
+    impl Sealed for crate::Transaction {}
+    impl Sealed for super::InPlace {}
+    impl Sealed for super::Detached {}
+}
 
-    /// [`Operation::run_transact`], with the body on a task of its own (see [`run`](Self::run)).
-    ///
-    /// # Errors
-    /// The body's own error, or an [`Error`] converted into `E`.
-    ///
-    /// # Panics
-    /// As [`run`](Self::run).
+/// What an option puts in a body's [`Context`]: `()` (the option is off), [`Steps`], or a
+/// [`Transaction`](crate::Transaction). Sealed.
+pub trait Given: sealed::Sealed + Sized {
+    /// Whether the operation runs with steps.
+    #[doc(hidden)]
+    const STEPS: bool = false;
+    /// Whether the operation stages writes.
+    #[doc(hidden)]
+    const WRITES: bool = false;
+    /// The value, from what the operation made for its options.
+    #[doc(hidden)]
+    fn given(options: &mut Options) -> Self;
+}
+
+/// What an operation made for the options its body gets.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct Options {
+    steps: Option<Steps>,
     #[cfg(feature = "dynamodb")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-    pub async fn run_transact<T, E, F, Fut>(self, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: From<Error> + Display + Send + 'static,
-        F: FnOnce(crate::Transaction) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        H: OnReplay<T>,
-    {
-        let transaction = crate::Transaction::new();
-        let staged = transaction.staged().clone();
-        self.0
-            .drive(
-                Some(&staged),
-                ToString::to_string,
-                async move { body(transaction).await },
-                Detach,
-            )
-            .await
+    transaction: Option<crate::Transaction>,
+}
+
+impl Given for () {
+    fn given(_: &mut Options) {}
+}
+
+impl Given for Steps {
+    const STEPS: bool = true;
+    fn given(options: &mut Options) -> Self {
+        options
+            .steps
+            .take()
+            .expect("made for an operation with steps")
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+impl Given for crate::Transaction {
+    const WRITES: bool = true;
+    fn given(options: &mut Options) -> Self {
+        options
+            .transaction
+            .take()
+            .expect("made for an operation with writes")
+    }
+}
+
+/// A body that runs on a task of its own, boxed with its call's state machine.
+#[doc(hidden)]
+pub type DetachedCall<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
+
+/// Where an operation's body runs: [`InPlace`] or [`Detached`]; for `Detached`, what it needs of the
+/// body (`Send + 'static`, its value and error too). Sealed.
+#[diagnostic::on_unimplemented(
+    message = "a detached body runs on a task of its own: its future, value and error must be `Send + 'static`",
+    label = "the body of this detached operation is not `Send + 'static`",
+    note = "move what the body uses into it (`async move`), and keep no `Rc`, `RefCell` borrow or other non-`Send` value across an `.await`; or do not `detach`"
+)]
+pub trait Placement<T, E, Fut, H>: sealed::Sealed + Sized {
+    /// The call, boxed to run detached; or the operation and the body back, to run in place.
+    #[doc(hidden)]
+    #[allow(
+        clippy::type_complexity,
+        clippy::result_large_err,
+        reason = "hidden: the two ways out, the second given back as it came"
+    )]
+    fn detached<S, W>(
+        operation: Operation<'_, H, S, W, Self>,
+        describe: fn(&E) -> String,
+        body: Fut,
+    ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)>;
+}
+
+impl<T, E, Fut, H> Placement<T, E, Fut, H> for InPlace {
+    fn detached<S, W>(
+        operation: Operation<'_, H, S, W, Self>,
+        _: fn(&E) -> String,
+        body: Fut,
+    ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)> {
+        Err((operation, body))
+    }
+}
+
+impl<T, E, Fut, H> Placement<T, E, Fut, H> for Detached
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: From<Error> + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    H: OnReplay<T> + Send + 'static,
+{
+    fn detached<S, W>(
+        operation: Operation<'_, H, S, W, Self>,
+        describe: fn(&E) -> String,
+        body: Fut,
+    ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)> {
+        Ok(Box::pin(operation.plain().drive(describe, body, Detach)))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Operation::launch`]: the call in place, or detached.
+    #[project = LaunchedProj]
+    pub(crate) enum Launched<'a, I, T, E> {
+        /// The state machine, held in place.
+        InPlace {
+            #[pin]
+            run: I,
+        },
+        /// The state machine and the body's task, boxed.
+        Detached {
+            run: DetachedCall<'a, T, E>,
+        },
+    }
+}
+
+impl<I: Future<Output = Result<T, E>>, T, E> Future for Launched<'_, I, T, E> {
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T, E>> {
+        match self.project() {
+            LaunchedProj::InPlace { run } => run.poll(cx),
+            LaunchedProj::Detached { run } => run.as_mut().poll(cx),
+        }
     }
 }
 
@@ -851,7 +962,7 @@ mod detached_without_record {
             .operation("tests::skip", &None::<String>)
             .missing_key(MissingKey::Skip)
             .detach()
-            .run(move || async move {
+            .run(move |_| async move {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 finished.store(true, Ordering::SeqCst);
                 Ok::<_, Error>(1_u32)

@@ -12,7 +12,8 @@ use serde::de::DeserializeOwned;
 pub use crate::call::{Call, MissingKey};
 pub use crate::handler::steps::Steps;
 pub use crate::key::DerivedKey;
-pub use crate::operation::Early;
+use crate::operation::{Context, Given, Placement, Unchanged};
+pub use crate::operation::{DetachedCall, Early, Options};
 use crate::{Error, Idempotency, Operation};
 
 // The checks below exist for the compile errors. Generated code calls each through its trait's path
@@ -387,139 +388,71 @@ pub fn fingerprint<P: Serialize + ?Sized>(call: &Call, payload: &P) -> Early<Str
     crate::key::fingerprint_for(call, payload).map_err(Box::new)
 }
 
-/// Runs the state machine around `body`, through [`Operation`](crate::Operation)'s one path. Errors
-/// found before the body (no store, a key that does not serialize, a missing key the call rejects) come
-/// back through `E: From<Error>`, and the body does not run. A missing key with [`MissingKey::Skip`]
-/// runs the body alone, without the store.
+/// The operation of one call of an attributed function, before its options: the handle (or why there is
+/// none), the call's settings, the key and the payload's fingerprint. The generated code adds the
+/// attribute's options (`.steps()`, `.restart_steps_after_failure()`, `.transact()`, `.detach()`) as
+/// a user would, then hands it to [`execute`].
+pub fn operation(
+    handle: Early<Idempotency>,
+    call: &Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+) -> Operation<'static> {
+    Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint)
+}
+
+/// Runs the state machine around `body`, through [`Operation`]'s one path (its `run`, for a return
+/// type that is any [`Output`] and an error described by `describe`). Errors found before the body (no
+/// store, a key that does not serialize, a missing key the call rejects) come back through
+/// `E: From<Error>`, and the body does not run. A missing key with [`MissingKey::Skip`] runs the body
+/// alone, without the store.
 ///
 /// A plain function returning `Map`s rather than an `async fn` around `async` blocks: those hold their
 /// argument again beside each local it is moved into, and the body's future was three times in the
 /// caller's (see the test below).
-pub fn execute<R, F, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    describe: D,
+pub fn execute<R, S, W, P, F, Fut>(
+    operation: Operation<'static, Unchanged, S, W, P>,
+    describe: fn(&R::Err) -> String,
     body: F,
 ) -> impl Future<Output = R>
 where
     R: Output,
-    F: Future<Output = R>,
-    D: FnOnce(&R::Err) -> String,
-{
-    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    let body = Map {
-        future: body,
-        map: R::into_result,
-    };
-    Map {
-        future: operation.drive(None, describe, body, crate::handler::Inline),
-        map: R::from_result,
-    }
-}
-
-/// [`execute`] for `detach`: the body runs on a task of its own once the claim has landed
-/// ([`Operation::detach`](crate::Operation::detach)).
-pub fn execute_detached<R, F, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    describe: D,
-    body: F,
-) -> impl Future<Output = R>
-where
-    R: Output + 'static,
-    R::Ok: Send + 'static,
-    R::Err: Send + 'static,
-    F: Future<Output = R> + Send + 'static,
-    D: FnOnce(&R::Err) -> String + Send + 'static,
-{
-    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    let body = Map {
-        future: body,
-        map: R::into_result,
-    };
-    Map {
-        future: operation.drive(None, describe, body, crate::handler::Detach),
-        map: R::from_result,
-    }
-}
-
-/// [`execute`] for `steps = s`: `body` gets the call's [`Steps`], as with
-/// [`Operation::run_steps`](crate::Operation::run_steps); with `restart`, the steps start over after a
-/// failure ([`Operation::restart_steps_after_failure`](crate::Operation::restart_steps_after_failure)).
-pub fn execute_steps<R, F, Fut, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    restart: bool,
-    describe: D,
-    body: F,
-) -> impl Future<Output = R>
-where
-    R: Output,
-    F: FnOnce(Steps) -> Fut,
+    F: FnOnce(Context<S, W>) -> Fut,
     Fut: Future<Output = R>,
-    D: FnOnce(&R::Err) -> String,
+    S: Given,
+    W: Given,
+    P: Placement<R::Ok, R::Err, Split<Fut>, Unchanged>,
 {
-    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
-    let body = Map {
-        future: body(steps),
-        map: R::into_result,
+    let body = |context| Split {
+        future: body(context),
     };
     Map {
-        future: operation.drive(None, describe, body, crate::handler::Inline),
+        future: operation.launch(describe, body),
         map: R::from_result,
     }
 }
 
-/// [`execute_steps`] for `detach`
-/// ([`Detached::run_steps`](crate::operation::Detached::run_steps)).
-pub fn execute_steps_detached<R, F, Fut, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    restart: bool,
-    describe: D,
-    body: F,
-) -> impl Future<Output = R>
+pin_project_lite::pin_project! {
+    /// The body's future, its output taken apart into the `Result` it is ([`Output::into_result`]).
+    pub struct Split<Fut> {
+        #[pin]
+        future: Fut,
+    }
+}
+
+impl<Fut> Future for Split<Fut>
 where
-    R: Output + 'static,
-    R::Ok: Send + 'static,
-    R::Err: Send + 'static,
-    F: FnOnce(Steps) -> Fut,
-    Fut: Future<Output = R> + Send + 'static,
-    D: FnOnce(&R::Err) -> String + Send + 'static,
+    Fut: Future,
+    Fut::Output: Output,
 {
-    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
-    let body = Map {
-        future: body(steps),
-        map: R::into_result,
-    };
-    Map {
-        future: operation.drive(None, describe, body, crate::handler::Detach),
-        map: R::from_result,
-    }
-}
+    type Output = Result<<Fut::Output as Output>::Ok, <Fut::Output as Output>::Err>;
 
-/// The operation of a call with `steps = s`, and the steps its body gets.
-fn with_steps(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    restart: bool,
-) -> (Operation<'static>, Steps) {
-    let mut operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    if restart {
-        operation = operation.restart_steps_after_failure();
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project().future.poll(cx).map(Output::into_result)
     }
-    let steps = operation.with_steps();
-    (operation, steps)
 }
 
 pin_project_lite::pin_project! {
@@ -563,150 +496,6 @@ macro_rules! __idempotent_transact {
 }
 
 pub use crate::__idempotent_transact as transact;
-
-/// A new staging handle for `transact = ..`.
-#[cfg(feature = "dynamodb")]
-#[must_use]
-pub fn transaction() -> crate::Transaction {
-    crate::Transaction::new()
-}
-
-/// [`execute`] for `transact = ..`: the writes staged on `transaction` commit with the COMPLETED record.
-/// A missing key is rejected under [`MissingKey::Skip`] too: without a record, they could not commit
-/// (the attribute refuses that combination at compile time).
-#[cfg(feature = "dynamodb")]
-pub async fn execute_transact<R, F, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    transaction: crate::Transaction,
-    describe: D,
-    body: F,
-) -> R
-where
-    R: Output,
-    F: Future<Output = R>,
-    D: FnOnce(&R::Err) -> String,
-{
-    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    let body = async move { body.await.into_result() };
-    R::from_result(
-        operation
-            .drive(
-                Some(transaction.staged()),
-                describe,
-                body,
-                crate::handler::Inline,
-            )
-            .await,
-    )
-}
-
-/// [`execute_transact`] for `detach`.
-#[cfg(feature = "dynamodb")]
-pub async fn execute_transact_detached<R, F, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    transaction: crate::Transaction,
-    describe: D,
-    body: F,
-) -> R
-where
-    R: Output + 'static,
-    R::Ok: Send + 'static,
-    R::Err: Send + 'static,
-    F: Future<Output = R> + Send + 'static,
-    D: FnOnce(&R::Err) -> String + Send + 'static,
-{
-    let operation = Operation::from_parts(handle.map(Cow::Owned), *call, key, fingerprint);
-    let body = async move { body.await.into_result() };
-    R::from_result(
-        operation
-            .drive(
-                Some(transaction.staged()),
-                describe,
-                body,
-                crate::handler::Detach,
-            )
-            .await,
-    )
-}
-
-/// [`execute_steps`] for `steps = s` with `transact = tx`: the writes staged on `transaction` commit
-/// with the COMPLETED record, as with
-/// [`Operation::run_steps_transact`](crate::Operation::run_steps_transact).
-#[cfg(feature = "dynamodb")]
-#[allow(clippy::too_many_arguments)] // The attribute's arguments, in the order of `execute_transact`.
-pub async fn execute_steps_transact<R, F, Fut, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    transaction: crate::Transaction,
-    restart: bool,
-    describe: D,
-    body: F,
-) -> R
-where
-    R: Output,
-    F: FnOnce(Steps) -> Fut,
-    Fut: Future<Output = R>,
-    D: FnOnce(&R::Err) -> String,
-{
-    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
-    let body = body(steps);
-    let body = async move { body.await.into_result() };
-    R::from_result(
-        operation
-            .drive(
-                Some(transaction.staged()),
-                describe,
-                body,
-                crate::handler::Inline,
-            )
-            .await,
-    )
-}
-
-/// [`execute_steps_transact`] for `detach`
-/// ([`Detached::run_steps_transact`](crate::operation::Detached::run_steps_transact)).
-#[cfg(feature = "dynamodb")]
-#[allow(clippy::too_many_arguments)] // As `execute_steps_transact`.
-pub async fn execute_steps_transact_detached<R, F, Fut, D>(
-    handle: Early<Idempotency>,
-    call: &Call,
-    key: Early<DerivedKey>,
-    fingerprint: Option<Early<String>>,
-    transaction: crate::Transaction,
-    restart: bool,
-    describe: D,
-    body: F,
-) -> R
-where
-    R: Output + 'static,
-    R::Ok: Send + 'static,
-    R::Err: Send + 'static,
-    F: FnOnce(Steps) -> Fut,
-    Fut: Future<Output = R> + Send + 'static,
-    D: FnOnce(&R::Err) -> String + Send + 'static,
-{
-    let (operation, steps) = with_steps(handle, call, key, fingerprint, restart);
-    let body = body(steps);
-    let body = async move { body.await.into_result() };
-    R::from_result(
-        operation
-            .drive(
-                Some(transaction.staged()),
-                describe,
-                body,
-                crate::handler::Detach,
-            )
-            .await,
-    )
-}
 
 /// Text stored for a FAILED record: the error's `Display` when it has one ([`DescribeDisplay`]), its type
 /// name otherwise ([`DescribeOther`]); picked by method resolution on
@@ -810,13 +599,10 @@ mod tests {
             }))
         }
         fn size<B: Future<Output = Result<u32, Error>>>(body: B) -> usize {
-            std::mem::size_of_val(&execute::<Result<u32, Error>, _, _>(
-                missing(),
-                &CALL,
-                missing(),
-                None,
+            std::mem::size_of_val(&execute::<Result<u32, Error>, _, _, _, _, _>(
+                operation(missing(), &CALL, missing(), None),
                 |e: &Error| e.to_string(),
-                body,
+                |_| body,
             ))
         }
         let small = [1_u8; 96];

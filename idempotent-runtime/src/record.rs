@@ -76,7 +76,7 @@ pub struct Record {
     /// region than its key's home was claimed outside home-region routing.
     pub completed_in: Option<String>,
     /// While PENDING or FAILED, for an operation run with steps
-    /// ([`Operation::run_steps`](crate::Operation::run_steps)): the values of the steps that finished,
+    /// ([`Operation::steps`](crate::Operation::steps)): the values of the steps that finished,
     /// encoded ([`Steps`](crate::Steps) reads them), so that a call taking the key over replays them
     /// instead of running them again. Removed by a completion, and by a claim that starts the operation
     /// afresh.
@@ -162,7 +162,7 @@ impl Record {
     }
 }
 
-/// What a claim of an operation run with steps ([`Operation::run_steps`](crate::Operation::run_steps))
+/// What a claim of an operation run with steps ([`Operation::steps`](crate::Operation::steps))
 /// does with the steps the record stores. A claim is made only if the record allows it
 /// ([`Record::allows_steps_claim`]) *and* the claim's other rule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

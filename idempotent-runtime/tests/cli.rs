@@ -138,7 +138,7 @@ async fn key_show_decodes_a_completed_record() {
     let (table, _, idem) = setup("cli-show");
     let value: String = idem
         .operation("billing::charge", &(7, "order-1"))
-        .run(|| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-1".to_owned()) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-1".to_owned()) })
         .await
         .unwrap();
     assert_eq!(value, "ch_7_order-1");
@@ -168,7 +168,7 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
         let idem = idem.clone();
         async move {
             idem.operation("billing::charge", &(7, "order-2"))
-                .run(|| async move {
+                .run(|_| async move {
                     let _ = started.send(());
                     std::future::pending::<Result<String, idempotent_runtime::Error>>().await
                 })
@@ -214,7 +214,7 @@ async fn key_release_frees_a_stuck_claim_after_confirmation() {
     // The key runs again at once.
     let value: String = idem
         .operation("billing::charge", &(7, "order-2"))
-        .run(|| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-2".to_owned()) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>("ch_7_order-2".to_owned()) })
         .await
         .unwrap();
     assert_eq!(value, "ch_7_order-2");
@@ -257,7 +257,7 @@ async fn a_tenant_layout_table_is_created_checked_shown_and_released() {
         let idem = idem.clone();
         async move {
             idem.operation("billing::charge", &(8, "order-3"))
-                .run(std::future::pending::<Result<String, idempotent_runtime::Error>>)
+                .run(|_| std::future::pending::<Result<String, idempotent_runtime::Error>>())
                 .await
         }
     });
@@ -536,7 +536,7 @@ async fn audit_and_keys_end_to_end_with_json() {
     for n in [1, 2] {
         let _: u32 = idem
             .operation("billing::charge", &n)
-            .run(|| async { Ok::<_, idempotent_runtime::Error>(n) })
+            .run(|_| async { Ok::<_, idempotent_runtime::Error>(n) })
             .await
             .unwrap();
     }
@@ -845,7 +845,7 @@ async fn audit_with_an_endpoint_and_no_credentials_reads_the_stream() {
         Idempotency::builder(idempotent_runtime::DynamoDbStore::new(client(), &table)).build();
     let _: u32 = idem
         .operation("billing::charge", &1)
-        .run(|| async { Ok::<_, idempotent_runtime::Error>(1) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>(1) })
         .await
         .unwrap();
     let home = empty_dir("cli-audit-home");

@@ -100,7 +100,7 @@ async fn storm(
                 let result = idem
                     .operation("storm::charge", &key)
                     .wait(wait)
-                    .run(|| async {
+                    .run(|_| async {
                         runs.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         Ok::<_, Error>(format!("receipt for {key}"))

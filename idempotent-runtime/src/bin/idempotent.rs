@@ -273,7 +273,7 @@ struct CapacityArgs {
     /// The lease in seconds.
     #[arg(long, default_value_t = 60.0)]
     lease_seconds: f64,
-    /// Steps per call, for a body run with steps (`run_steps`): one write each.
+    /// Steps per call, for a body run with steps (`.steps()`): one write each.
     #[arg(long, default_value_t = 0)]
     steps: u64,
     /// Each step's stored value in bytes (JSON).

@@ -399,7 +399,8 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
     // Claim, or find out why not. Loops only when waiting, or when a record became claimable between
     // two reads; each pass is a new claim attempt, with its own times. (No record, and nothing decided
     // from one, is held across an await: this future is part of every call's, and stays small.)
-    let mut poll = FIRST_POLL;
+    // The next pause, in milliseconds (a `u32`, not a `Duration`: this future stays small).
+    let mut poll_ms = millis_u32(FIRST_POLL);
     let mut number = 0;
     let mut took_over = false;
     // With steps: the stored steps of a record to resume or restart after, as last seen (boxed: a
@@ -411,7 +412,6 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
         number += 1;
         tracing::Span::current().record("attempt", number);
         let mut request = attempt.request(number);
-        let claimed_until_ms = request.lease_until_ms;
         attempt.stage.set(Stage::Claiming);
         let renewing = std::mem::take(&mut renew);
         if !renewing && let Some(steps) = plan.steps {
@@ -425,10 +425,8 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
         } else {
             claim_once(idem, plan, request).await?
         } {
-            Claim::Held => {
-                let landed = decide::Answer::Landed {
-                    lease_until_ms: claimed_until_ms,
-                };
+            Claim::Held { lease_until_ms } => {
+                let landed = decide::Answer::Landed { lease_until_ms };
                 match attempt.next(landed, number).0 {
                     decide::AfterClaim::Run { lease_until_ms } => {
                         if let Some(lead) = &held_lead {
@@ -542,7 +540,7 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
                     retry_after
                 }
             };
-            let Some(pause) = next_poll(wait_until, &mut poll) else {
+            let Some(pause) = next_poll(wait_until, &mut poll_ms) else {
                 let namespace = plan.call.namespace;
                 return Err(in_progress(idem, namespace, retry_after, attempt.lease));
             };
@@ -644,14 +642,20 @@ fn take_landed<T: DeserializeOwned>(
 }
 
 /// When a call that may wait until `wait_until` reads the record it waits on again, or `None` once
-/// its wait has run out; each pause is twice the last (`poll`), up to [`MAX_POLL`].
+/// its wait has run out; each pause is twice the last (`poll_ms`), up to [`MAX_POLL`].
+/// `d` in whole milliseconds, for the poll's pauses (at most a second).
+fn millis_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
 fn next_poll(
     wait_until: Option<tokio::time::Instant>,
-    poll: &mut Duration,
+    poll_ms: &mut u32,
 ) -> Option<tokio::time::Instant> {
     let deadline = wait_until.filter(|d| *d > tokio::time::Instant::now())?;
-    let pause = deadline.min(tokio::time::Instant::now() + *poll);
-    *poll = (*poll * 2).min(MAX_POLL);
+    let pause =
+        deadline.min(tokio::time::Instant::now() + Duration::from_millis(u64::from(*poll_ms)));
+    *poll_ms = poll_ms.saturating_mul(2).min(millis_u32(MAX_POLL));
     Some(pause)
 }
 
@@ -671,7 +675,9 @@ async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<
     };
     let renewed = telemetry::observe("renew", attempt.idem.store().transition(&transition)).await;
     match renewed {
-        Ok(WriteOutcome::Applied) => Ok(Claim::Held),
+        Ok(WriteOutcome::Applied) => Ok(Claim::Held {
+            lease_until_ms: request.lease_until_ms,
+        }),
         Ok(WriteOutcome::Rejected(Some(record))) => Ok(Claim::Blocked(record)),
         Ok(WriteOutcome::Rejected(None)) => Ok(Claim::Vanished(StoreError::Corrupt(
             "the record of a claim being renewed is gone".to_owned(),
@@ -683,7 +689,11 @@ async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<
 /// What one claim attempt found.
 pub(super) enum Claim {
     /// The key is ours.
-    Held,
+    Held {
+        /// The lease end the request asked for (epoch milliseconds): carried back, so that the
+        /// caller's future does not keep it across the request.
+        lease_until_ms: u64,
+    },
     /// Here is the record that blocked the claim.
     Blocked(Record),
     /// A claim that needs the record (one keeping claim-time writes, or a resume of steps) found none:
@@ -705,7 +715,11 @@ pub(super) fn claim_once<'a>(
     async move {
         if !plan.claim_writes.is_empty() {
             match claim_with_writes(idem, plan, &request).await? {
-                WithWrites::Claimed => return Ok(Claim::Held),
+                WithWrites::Claimed => {
+                    return Ok(Claim::Held {
+                        lease_until_ms: request.lease_until_ms,
+                    });
+                }
                 WithWrites::Blocked(record) => return Ok(Claim::Blocked(record)),
                 // The writes are in effect: a plain claim keeps them, conditioned on their mark still
                 // being set, so that a decision made stale by another caller (who released them
@@ -714,7 +728,9 @@ pub(super) fn claim_once<'a>(
             }
         }
         match telemetry::observe("claim", idem.store().claim(&request)).await {
-            Ok(ClaimOutcome::Claimed) => Ok(Claim::Held),
+            Ok(ClaimOutcome::Claimed) => Ok(Claim::Held {
+                lease_until_ms: request.lease_until_ms,
+            }),
             Ok(ClaimOutcome::Existing(record)) => Ok(Claim::Blocked(record)),
             Err(e @ StoreError::Corrupt(_))
                 if request.keep_claim_writes

@@ -304,13 +304,13 @@ pub(crate) struct Plan<'a> {
 }
 
 /// What a call's state machine owns: its handle, and what its [`Plan`] borrows.
-pub(crate) struct Parts<'s, I> {
+pub(crate) struct Parts<I> {
     /// The handle (`I` is a `Cow` or a reference).
     pub(crate) idem: I,
     pub(crate) call: Call,
     pub(crate) key: String,
     pub(crate) fingerprint: Option<String>,
-    pub(crate) staging: Option<&'s Staged>,
+    pub(crate) staging: Option<Staged>,
     pub(crate) claim_writes: Writes,
     pub(crate) compensation: Writes,
     pub(crate) steps: Option<Steps>,

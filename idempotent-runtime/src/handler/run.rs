@@ -20,7 +20,7 @@ use super::*;
     reason = "an async block: as an `async fn`, its future would hold the body's twice (see `future_size`)"
 )]
 pub(crate) fn run<I, T, E, F, D, R>(
-    parts: Parts<'_, I>,
+    parts: Parts<I>,
     describe: D,
     body: F,
     runner: R,
@@ -40,7 +40,7 @@ where
             call: &parts.call,
             key: &parts.key,
             fingerprint: parts.fingerprint.as_deref(),
-            staging: parts.staging,
+            staging: parts.staging.as_ref(),
             claim_writes: &parts.claim_writes,
             compensation: &parts.compensation,
             steps: parts.steps.as_ref(),
@@ -505,7 +505,7 @@ mod future_size {
     type Receipt = (String, u64, String, String);
 
     /// The parts of a call for `run`, with no writes.
-    fn parts(idem: &Idempotency) -> Parts<'static, &Idempotency> {
+    fn parts(idem: &Idempotency) -> Parts<&Idempotency> {
         Parts {
             idem,
             call: Call::new("bench::charge"),

@@ -553,7 +553,7 @@ mod serialize_panic {
         let call = |idem: Idempotency, runs: Arc<AtomicUsize>| async move {
             idem.operation("tests::bomb", "k")
                 .lease(std::time::Duration::from_secs(10))
-                .run(|| async move {
+                .run(|_| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, Error>(Bomb)
                 })
@@ -591,7 +591,9 @@ mod serialize_panic {
             idem.operation("tests::restart_panic", "k")
                 .lease(std::time::Duration::from_secs(10))
                 .restart_steps_after_failure()
-                .run_steps(|steps: crate::Steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             runs.fetch_add(1, Ordering::SeqCst);
@@ -640,7 +642,7 @@ mod serialize_panic {
         let runs = Arc::new(AtomicUsize::new(0));
         let call = |idem: Idempotency, runs: Arc<AtomicUsize>| async move {
             idem.operation("tests::grumpy", "k")
-                .run(|| async move {
+                .run(|_| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Err::<u32, _>(Grumpy)
                 })
@@ -723,17 +725,17 @@ mod failure {
                 idem.operation("tests::zombie", "k")
                     .lease(Duration::from_secs(10))
             };
-            let zombie = runtime.block_on(op().run(|| async {
+            let zombie = runtime.block_on(op().run(|_| async {
                 clock.advance(Duration::from_mins(1));
                 let taken_over = other
                     .operation("tests::zombie", "k")
                     .lease(Duration::from_secs(10))
-                    .run(|| async { Ok::<u32, Failure>(2) })
+                    .run(|_| async { Ok::<u32, Failure>(2) })
                     .await;
                 assert!(matches!(taken_over, Ok(2)), "{taken_over:?}");
                 Err::<u32, _>(Failure::Declined)
             }));
-            let replay = runtime.block_on(op().run(|| async { Ok::<u32, Failure>(3) }));
+            let replay = runtime.block_on(op().run(|_| async { Ok::<u32, Failure>(3) }));
             done.send((zombie, replay, store.records()))
                 .expect("the test waits");
         });
@@ -791,7 +793,7 @@ mod failure {
             .operation("tests::reserve", "order-1")
             .claim_with([adjust("-")])
             .compensate_with([adjust("+")])
-            .run(|| async {
+            .run(|_| async {
                 assert_eq!(available(), AttributeValue::N("9".into()));
                 // The mark goes away under the running call (as if undone elsewhere).
                 let mut record = store.records().pop().expect("our claim");

@@ -1,5 +1,5 @@
 //! [`Steps`]: a body of several effects that resumes where it stopped
-//! ([`Operation::run_steps`](crate::Operation::run_steps)).
+//! ([`Operation::steps`](crate::Operation::steps)).
 //!
 //! Each finished step's `Ok` value is stored in the operation's own record (a fenced write under the
 //! call's token, the record staying PENDING) before the body goes on. A call that takes the key over
@@ -30,7 +30,7 @@ use crate::store::StepsClaim;
 use crate::store::writes::Staged;
 use crate::{Error, Idempotency, Record, Status, codec};
 
-/// The steps of one call of an operation run with [`Operation::run_steps`](crate::Operation::run_steps):
+/// The steps of one call of an operation run with [`Operation::steps`](crate::Operation::steps):
 /// the body runs each effect through [`run`](Self::run), under a name.
 ///
 /// A step's `Ok` value is stored before [`run`](Self::run) returns it, so that after a crash, a lapsed
@@ -236,7 +236,7 @@ struct Call {
     stored: Result<Stored, String>,
     /// The same, as the record holds them (encoded): what the call's next step write extends.
     written: Vec<u8>,
-    /// The writes the body stages ([`run_steps_transact`](crate::Operation::run_steps_transact)).
+    /// The writes the body stages ([`steps`](crate::Operation::steps) and [`transact`](crate::Operation::transact)).
     staging: Option<Staged>,
 }
 
@@ -607,7 +607,7 @@ impl Steps {
     /// API that honours idempotency keys. A step that must never run twice (an email, a legacy
     /// payment API without keys) is for [`run_at_most_once`](Self::run_at_most_once).
     ///
-    /// With [`run_steps_transact`](crate::Operation::run_steps_transact), stage business writes in the
+    /// With [`steps`](crate::Operation::steps) and [`transact`](crate::Operation::transact), stage business writes in the
     /// body, not inside a step: a replayed step does not run, so what it staged cannot be staged again.
     /// Such a step is recorded as having staged writes, and a call that would replay it (after a call
     /// that did not complete) stops there with [`Error::StepStagedWrites`] rather than completing the
@@ -733,7 +733,9 @@ impl Steps {
     /// let idem = Idempotency::in_memory();
     /// let sent = idem
     ///     .operation("shop::confirm", "order-7")
-    ///     .run_steps(|steps: Steps| async move {
+    ///     .steps()
+    ///     .run(|cx| async move {
+    ///         let steps = cx.steps();
     ///         // An SMTP server has no idempotency keys: never send twice, even after a crash.
     ///         steps
     ///             .run_at_most_once("email", || async { Ok::<_, Error>("queued 250 OK".to_owned()) })

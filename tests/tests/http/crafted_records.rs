@@ -48,7 +48,7 @@ async fn a_crafted_record_with_many_trailers_does_not_panic_the_replay() {
         .idem
         .operation(NAMESPACE, &(TENANT.to_owned(), "c-1".to_owned()))
         .payload(&fingerprint)
-        .run(|| async { Ok::<_, idempotent_runtime::Error>(crafted) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>(crafted) })
         .await
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -170,7 +170,7 @@ async fn replay_of(
         .idem
         .operation(NAMESPACE, &(TENANT.to_owned(), key.to_owned()))
         .payload(&fingerprint)
-        .run(|| async { Ok::<_, idempotent_runtime::Error>(stored) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>(stored) })
         .await
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));

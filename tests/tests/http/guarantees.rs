@@ -1268,7 +1268,7 @@ async fn a_replay_sends_only_the_headers_the_layer_stores(backend: Backend) {
         .idem
         .operation(NAMESPACE, &(TENANT.to_owned(), "c-1".to_owned()))
         .payload(&fingerprint)
-        .run(|| async { Ok::<_, idempotent_runtime::Error>(crafted) })
+        .run(|_| async { Ok::<_, idempotent_runtime::Error>(crafted) })
         .await
         .unwrap();
     let router = Router::new().route("/payments", charge(&runs).layer(layer(&harness)));

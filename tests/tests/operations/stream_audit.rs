@@ -131,7 +131,7 @@ async fn seed(endpoint: &str) -> Seeded {
         async move {
             idem.operation(NS, &(7, "order-1"))
                 .ttl(Duration::from_hours(1))
-                .run(|| async {
+                .run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, Error>("ch_7".to_owned())
                 })
@@ -144,7 +144,7 @@ async fn seed(endpoint: &str) -> Seeded {
     // A live record a user deletes.
     let _: String = now
         .operation(NS, &(8, "order-2"))
-        .run(|| async { Ok::<_, Error>("ch_8".to_owned()) })
+        .run(|_| async { Ok::<_, Error>("ch_8".to_owned()) })
         .await
         .unwrap();
     let deleted_by_user = derive_key(NS, &(8, "order-2")).unwrap();

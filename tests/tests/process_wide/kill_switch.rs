@@ -27,7 +27,7 @@ async fn with_the_switch_on() {
     );
     let value = idem
         .operation("kill-switch::op", "o-1")
-        .run(|| async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1) })
+        .run(|_| async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1) })
         .await
         .unwrap();
     assert_eq!(value, 3);
@@ -43,7 +43,9 @@ async fn with_the_switch_on() {
         .build()
         .unwrap();
     idem.operation("kill-switch::tx", "o-3")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             tx.put(put);
             Ok::<_, Error>(())
         })

@@ -24,7 +24,7 @@ async fn a_waiting_claim_with_writes_claims_after_the_holder_fails(backend: Back
         let (idem, gate) = (h.idem.clone(), gate.clone());
         async move {
             idem.operation(NAMESPACE, "order-1")
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Err::<u64, _>(AppError::Declined)
                 })
@@ -40,7 +40,7 @@ async fn a_waiting_claim_with_writes_claims_after_the_holder_fails(backend: Back
             idem.operation(NAMESPACE, "order-1")
                 .wait(Duration::from_secs(20))
                 .claim_with([shop.take(3)])
-                .run(|| async {
+                .run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, AppError>(3)
                 })
@@ -79,7 +79,7 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
         let (idem, gate) = (h.idem.clone(), gate.clone());
         async move {
             idem.operation(NAMESPACE, "order-2")
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Err::<u64, _>(AppError::Declined)
                 })
@@ -99,7 +99,7 @@ async fn each_claim_attempt_has_its_own_request_token_and_an_sdk_retry_keeps_it(
             idem.operation(NAMESPACE, "order-2")
                 .wait(Duration::from_secs(20))
                 .claim_with([shop.take(3)])
-                .run(|| async { Ok::<_, AppError>(3) })
+                .run(|_| async { Ok::<_, AppError>(3) })
                 .await
         }
     });

@@ -25,7 +25,7 @@ async fn reserve(
     h.idem
         .operation(NAMESPACE, "order-1")
         .claim_with([shop.take(3)])
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             if fail { Err(AppError::Declined) } else { Ok(3) }
         })
@@ -72,7 +72,7 @@ async fn a_takeover_does_not_reserve_again(backend: Backend) {
             idem.operation(NAMESPACE, "order-1")
                 .lease(Duration::from_secs(10))
                 .claim_with([shop.take(3)])
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Ok::<_, AppError>(3)
                 })
@@ -126,7 +126,7 @@ async fn compensating_writes_release_the_claim_writes_with_the_failure(backend: 
             .operation(NAMESPACE, "order-1")
             .claim_with([shop.take(3)])
             .compensate_with([shop.give_back(3)])
-            .run(move || async move {
+            .run(move |_| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 if fail { Err(AppError::Declined) } else { Ok(3) }
             })
@@ -162,7 +162,7 @@ async fn a_refused_compensation_keeps_the_claim_writes_in_effect(backend: Backen
             .claim_with([shop.take(3)])
             // Gives back more than could have been taken: its condition (available >= 20) fails.
             .compensate_with([shop.take(20)])
-            .run(move || async move {
+            .run(move |_| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 if fail { Err(AppError::Declined) } else { Ok(3) }
             })
@@ -293,7 +293,7 @@ async fn a_lapsed_claim_keeps_its_writes_for_the_ttl_and_retain(backend: Backend
             idem.operation(NAMESPACE, "order-1")
                 .lease(Duration::from_secs(10))
                 .claim_with([shop.take(3)])
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Ok::<_, AppError>(3)
                 })
@@ -329,7 +329,7 @@ async fn a_retry_after_an_operators_release_does_not_reserve_again(backend: Back
         async move {
             idem.operation(NAMESPACE, "order-1")
                 .claim_with([shop.take(3)])
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Ok::<_, AppError>(3)
                 })

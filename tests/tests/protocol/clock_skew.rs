@@ -16,7 +16,7 @@ const NAMESPACE: &str = "correctness::skew";
 async fn call(idem: &Idempotency, gate: &Gate) -> Result<u64, AppError> {
     idem.operation(NAMESPACE, "order-1")
         .lease(Duration::from_secs(2))
-        .run(|| async {
+        .run(|_| async {
             gate.enter().await?;
             Ok::<_, AppError>(1)
         })

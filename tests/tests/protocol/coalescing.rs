@@ -152,7 +152,7 @@ async fn charge(
 ) -> Result<usize, AppError> {
     idem.operation(NAMESPACE, key)
         .wait(wait)
-        .run(|| async {
+        .run(|_| async {
             let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
             tokio::time::sleep(Duration::from_millis(50)).await;
             Ok::<_, AppError>(run)
@@ -237,7 +237,7 @@ async fn a_failed_leader_hands_over_to_exactly_one_follower(backend: Backend) {
         async move {
             idem.operation(NAMESPACE, "o-1")
                 .wait(Duration::from_secs(10))
-                .run(|| async {
+                .run(|_| async {
                     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     if run == 1 {
@@ -274,7 +274,7 @@ async fn a_panicking_leader_hands_over_to_exactly_one_follower(backend: Backend)
         let run = async move {
             idem.operation(NAMESPACE, "o-1")
                 .wait(Duration::from_secs(10))
-                .run(|| async {
+                .run(|_| async {
                     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     assert!(run != 1, "the first run panics");
@@ -306,7 +306,7 @@ async fn a_dropped_leader_hands_over_to_exactly_one_follower(backend: Backend) {
     let clock = s.h.clock.clone();
     let leader = tokio::time::timeout(
         Duration::from_millis(200),
-        s.idem.operation(NAMESPACE, "o-1").run(|| async {
+        s.idem.operation(NAMESPACE, "o-1").run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<()>().await;
             Ok::<_, AppError>(0)
@@ -344,7 +344,7 @@ async fn a_detached_leader_keeps_its_flight_when_its_caller_leaves(backend: Back
         s.idem
             .operation(NAMESPACE, "o-1")
             .detach()
-            .run(move || async move {
+            .run(move |_| async move {
                 started.notify_one();
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Ok::<_, AppError>(runs.fetch_add(1, Ordering::SeqCst) + 1)
@@ -380,7 +380,7 @@ async fn a_follower_with_another_payload_gets_a_payload_mismatch(backend: Backen
             idem.operation(NAMESPACE, "o-1")
                 .payload(&amount)
                 .wait(wait)
-                .run(|| async {
+                .run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     started.notify_one();
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -422,7 +422,7 @@ async fn followers_of_a_response_too_large_get_response_too_large(backend: Backe
             .operation(NAMESPACE, "o-1")
             .max_response_bytes(64)
             .wait(Duration::from_secs(10))
-            .run(|| async {
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 Ok::<_, AppError>("x".repeat(1_000))
@@ -460,7 +460,7 @@ async fn followers_of_a_value_that_does_not_serialize_get_response_not_serialize
         s.idem
             .operation(NAMESPACE, "o-1")
             .wait(Duration::from_secs(10))
-            .run(|| async {
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 Ok::<_, AppError>(f64::NAN)
@@ -490,7 +490,7 @@ async fn followers_of_a_value_that_does_not_serialize_get_response_not_serialize
 async fn a_follower_whose_wait_runs_out_gets_in_progress(backend: Backend) {
     let s = Setup::new(backend).await;
     let runs = AtomicUsize::new(0);
-    let slow = s.idem.operation(NAMESPACE, "o-1").run(|| async {
+    let slow = s.idem.operation(NAMESPACE, "o-1").run(|_| async {
         runs.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         Ok::<_, AppError>(1)

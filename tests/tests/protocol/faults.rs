@@ -167,7 +167,7 @@ async fn a_completion_throttled_for_its_whole_lease_is_not_stored_and_the_key_fr
         rig.idem
             .operation("faults::work", &5_u64)
             .lease(Duration::from_secs(2))
-            .run(|| async { Ok::<_, AppError>("result-5".to_owned()) })
+            .run(|_| async { Ok::<_, AppError>("result-5".to_owned()) })
     };
     let err = short(&runs).await.unwrap_err();
     let AppError::Idempotency(Error::ResultNotStored { source, .. }) = &err else {

@@ -81,7 +81,7 @@ async fn charge(
     value: u32,
 ) -> Result<u32, AppError> {
     idem.operation(NAMESPACE, key)
-        .run(|| async move {
+        .run(|_| async move {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, AppError>(value)
         })
@@ -117,7 +117,7 @@ async fn a_panicking_body_fails_its_record_and_the_panic_goes_on(backend: Backen
     let (idem, counted) = (h.idem.clone(), runs.clone());
     let caller = tokio::spawn(async move {
         idem.operation(NAMESPACE, "p-1")
-            .run(|| async move {
+            .run(|_| async move {
                 counted.fetch_add(1, Ordering::SeqCst);
                 if counted.load(Ordering::SeqCst) > 0 {
                     panic!("card reader on fire");
@@ -153,7 +153,7 @@ async fn a_long_panic_message_is_cut_like_any_error(backend: Backend) {
     let idem = h.idem.clone();
     let caller = tokio::spawn(async move {
         idem.operation(NAMESPACE, "p-2")
-            .run(|| async move {
+            .run(|_| async move {
                 if NAMESPACE.len() > 1 {
                     panic!("{}", "x".repeat(4_200));
                 }
@@ -202,7 +202,7 @@ async fn a_call_dropped_mid_body_keeps_the_key_pending(backend: Backend) {
     let h = Harness::new(backend).await;
     let runs = AtomicUsize::new(0);
     let started = Notify::new();
-    let call = h.idem.operation(NAMESPACE, "m-1").run(|| async {
+    let call = h.idem.operation(NAMESPACE, "m-1").run(|_| async {
         runs.fetch_add(1, Ordering::SeqCst);
         started.notify_one();
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -233,7 +233,7 @@ async fn a_detached_call_outlives_its_callers_timeout(backend: Backend) {
         .idem
         .operation(NAMESPACE, "t-1")
         .detach()
-        .run(move || async move {
+        .run(move |_| async move {
             counted.fetch_add(1, Ordering::SeqCst);
             starting.notify_one();
             held.acquire().await.unwrap().forget();
@@ -273,7 +273,7 @@ async fn a_detached_call_returns_its_value_and_replays(backend: Backend) {
         h.idem
             .operation(NAMESPACE, "t-2")
             .detach()
-            .run(move || async move {
+            .run(move |_| async move {
                 counted.fetch_add(1, Ordering::SeqCst);
                 Ok::<u32, AppError>(value)
             })
@@ -304,7 +304,7 @@ async fn a_detached_panic_fails_the_record_and_reaches_the_caller(backend: Backe
     let caller = tokio::spawn(async move {
         idem.operation(NAMESPACE, "t-3")
             .detach()
-            .run(|| async move {
+            .run(|_| async move {
                 let status = NAMESPACE.len() * 0 + 502;
                 if status > 0 {
                     panic!("gateway said {status}");
@@ -427,10 +427,10 @@ async fn dropped_calls_are_counted_by_phase() {
     let claim = h
         .idem
         .operation(COUNTED, "c-1")
-        .run(|| async { Ok::<u32, AppError>(1) });
+        .run(|_| async { Ok::<u32, AppError>(1) });
     drop_when(claim, &slow.landed).await;
     let started = Notify::new();
-    let body = base.idem.operation(COUNTED, "c-2").run(|| async {
+    let body = base.idem.operation(COUNTED, "c-2").run(|_| async {
         started.notify_one();
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok::<u32, AppError>(1)
@@ -441,7 +441,7 @@ async fn dropped_calls_are_counted_by_phase() {
         .idem
         .operation(COUNTED, "c-2")
         .wait(Duration::from_secs(30))
-        .run(|| async { Ok::<u32, AppError>(3) });
+        .run(|_| async { Ok::<u32, AppError>(3) });
     assert!(
         tokio::time::timeout(Duration::from_millis(100), waiting)
             .await

@@ -24,7 +24,7 @@ async fn charge(
 ) -> Result<usize, Error> {
     idem.operation(NS, key)
         .lease(lease)
-        .run(|| async {
+        .run(|_| async {
             let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
             Ok::<_, Error>(run)
         })
@@ -39,7 +39,7 @@ async fn declined(
 ) -> Result<usize, AppError> {
     idem.operation(NS, key)
         .lease(lease)
-        .run(|| async {
+        .run(|_| async {
             runs.0.fetch_add(1, Ordering::SeqCst);
             Err::<usize, _>(AppError::Declined)
         })
@@ -107,7 +107,7 @@ async fn a_dropped_takeover_frees_the_key(backend: Backend) {
     // A worker claims and dies mid-body (its future is dropped while Running: the claim is kept).
     let crashed = tokio::time::timeout(
         Duration::from_millis(50),
-        direct.operation(NS, "order-1").lease(lease).run(|| async {
+        direct.operation(NS, "order-1").lease(lease).run(|_| async {
             std::future::pending::<()>().await;
             Ok::<usize, Error>(0)
         }),
@@ -328,7 +328,9 @@ const STEPS_NS: &str = "late_requests::checkout";
 async fn checkout(idem: &Idempotency, charges: &Runs, hang: bool) -> Result<String, AppError> {
     idem.operation(STEPS_NS, "order-1")
         .lease(Duration::from_secs(30))
-        .run_steps(|steps: idempotent_runtime::Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async { Ok::<_, AppError>(17_u32) })
                 .await?;
@@ -443,8 +445,10 @@ async fn a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
     let idem = Idempotency::builder_arc(writes.clone()).build();
     let declined = tokio::time::timeout(
         Duration::from_millis(300),
-        idem.operation(STEPS_NS, "order-2").run_steps(
-            |steps: idempotent_runtime::Steps| async move {
+        idem.operation(STEPS_NS, "order-2")
+            .steps()
+            .run(|cx| async move {
+                let (steps, ()) = cx.into_parts();
                 let sent = steps
                     .run_at_most_once("email", || async { Err::<(), _>(AppError::Declined) })
                     .await;
@@ -452,8 +456,7 @@ async fn a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
                 // The worker hangs: the record stays PENDING under its claim.
                 std::future::pending::<()>().await;
                 Ok::<u32, AppError>(0)
-            },
-        ),
+            }),
     )
     .await;
     assert!(declined.is_err(), "the worker hangs: {declined:?}");
@@ -522,7 +525,7 @@ async fn drain_waits_for_a_detached_call_whose_claim_is_in_flight(backend: Backe
         tokio::spawn(async move {
             idem.operation(NS, "order-1")
                 .detach()
-                .run(move || async move {
+                .run(move |_| async move {
                     runs.0.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     finished.store(true, Ordering::SeqCst);

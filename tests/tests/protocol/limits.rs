@@ -35,7 +35,7 @@ async fn a_huge_error_text_is_truncated_and_the_key_released(backend: Backend) {
     let err = h
         .idem
         .operation(NAMESPACE, "verbose")
-        .run(|| async { Err::<u64, _>(Verbose) })
+        .run(|_| async { Err::<u64, _>(Verbose) })
         .await;
     assert!(err.is_err());
     let record = h.record(NAMESPACE, "verbose").await.unwrap();
@@ -58,7 +58,7 @@ async fn absurd_durations_do_not_panic(backend: Backend) {
             .operation(NAMESPACE, "forever")
             .ttl(Duration::MAX)
             .lease(Duration::MAX)
-            .run(|| async {
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, AppError>(7)
             })
@@ -130,7 +130,7 @@ async fn a_key_that_keeps_changing_hands_is_contended() {
     let err = h
         .idem
         .operation(NAMESPACE, "busy")
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, AppError>(1)
         })
@@ -160,7 +160,9 @@ async fn the_transaction_estimate_counts_the_response(backend: Backend) {
     let err = h
         .idem
         .operation(NAMESPACE, "big")
-        .run_transact(|tx| {
+        .transact()
+        .run(|cx| {
+            let ((), tx) = cx.into_parts();
             let shop = shop.clone();
             async move {
                 for i in 0..10 {
@@ -207,7 +209,9 @@ async fn a_write_to_a_missing_business_table_is_the_writes_own_error(backend: Ba
     let err = h
         .idem
         .operation(NAMESPACE, "nowhere")
-        .run_transact(|tx| {
+        .transact()
+        .run(|cx| {
+            let ((), tx) = cx.into_parts();
             let shop = shop.clone();
             async move {
                 let mut write = shop.take(1);

@@ -216,7 +216,7 @@ async fn twice(
             Some(policy) => operation.missing_key(policy),
             None => operation,
         };
-        results.push(operation.run(|| async { Ok(receipt(runs, caller)) }).await);
+        results.push(operation.run(|_| async { Ok(receipt(runs, caller)) }).await);
     }
     results.try_into().unwrap()
 }
@@ -274,13 +274,15 @@ async fn skip_never_drops_business_writes(backend: Backend) {
         .operation(OPERATION, &order_id)
         .missing_key(MissingKey::Skip)
         .claim_with([business_write()])
-        .run(|| async { Ok::<_, Error>(receipt(runs, "alice")) })
+        .run(|_| async { Ok::<_, Error>(receipt(runs, "alice")) })
         .await;
     let staged = h
         .idem
         .operation(OPERATION, &order_id)
         .missing_key(MissingKey::Skip)
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             tx.push(business_write());
             Ok::<_, Error>(receipt(runs, "bob"))
         })

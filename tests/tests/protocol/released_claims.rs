@@ -27,7 +27,7 @@ const KEY: &str = "order-1";
 async fn charge(idem: &Idempotency, runs: &Runs) -> Result<usize, Error> {
     idem.operation(NAMESPACE, KEY)
         .lease(Duration::from_mins(1))
-        .run(|| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
+        .run(|_| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
         .await
 }
 
@@ -303,7 +303,7 @@ async fn reserve(idem: &Idempotency, stock: &Stock, runs: &Runs) -> Result<usize
     idem.operation(NAMESPACE, KEY)
         .lease(Duration::from_mins(1))
         .claim_with([stock.reserve()])
-        .run(|| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
+        .run(|_| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
         .await
 }
 
@@ -381,7 +381,7 @@ async fn a_release_on_another_callers_claim_outlives_its_failure(backend: Backen
         async move {
             idem.operation(NAMESPACE, KEY)
                 .lease(Duration::from_mins(1))
-                .run(|| async {
+                .run(|_| async {
                     runs.0.fetch_add(1, Ordering::SeqCst);
                     go.acquire().await.unwrap().forget();
                     Err::<usize, _>(BodyError::Failed)
@@ -448,7 +448,7 @@ async fn memory_a_released_token_lives_as_long_as_the_claim_it_stands_for() {
     let failed = direct
         .operation(NAMESPACE, KEY)
         .lease(Duration::from_mins(1))
-        .run(|| async {
+        .run(|_| async {
             runs.0.fetch_add(1, Ordering::SeqCst);
             Err::<usize, _>(BodyError::Failed)
         })

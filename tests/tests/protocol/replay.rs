@@ -84,7 +84,7 @@ async fn observe_reports_none_when_the_body_could_not_run() {
     let h = Harness::new(Backend::Memory).await;
     let started = tokio::sync::Notify::new();
     let release = tokio::sync::Notify::new();
-    let slow = h.idem.operation("replay::slow", "k").run(|| async {
+    let slow = h.idem.operation("replay::slow", "k").run(|_| async {
         started.notify_one();
         release.notified().await;
         Ok::<_, Error>(1)
@@ -94,7 +94,7 @@ async fn observe_reports_none_when_the_body_could_not_run() {
         let observed = observe(
             h.idem
                 .operation("replay::slow", "k")
-                .run(|| async { Ok::<_, Error>(2) }),
+                .run(|_| async { Ok::<_, Error>(2) }),
         )
         .await;
         release.notify_one();
@@ -135,7 +135,7 @@ async fn on_replay_adjusts_replayed_values_only() {
                 replayed: true,
                 ..r
             })
-            .run(|| async {
+            .run(|_| async {
                 Ok::<_, Error>(Receipt {
                     order: "order-9".into(),
                     run: runs.fetch_add(1, Ordering::SeqCst) + 1,
@@ -160,7 +160,7 @@ async fn on_replay_adjusts_replayed_values_only() {
     let stored: Result<Receipt, Error> = h
         .idem
         .operation("replay::hook", "order-9")
-        .run(|| async { unreachable!("replayed") })
+        .run(|_| async { unreachable!("replayed") })
         .await;
     assert!(!stored.unwrap().replayed);
 }

@@ -18,7 +18,7 @@ const LEASE: Duration = Duration::from_secs(30);
 /// One call of the operation under test, whose body counts its runs and answers at once.
 async fn call(idem: &Idempotency, key: &str, runs: &AtomicUsize) -> Result<u32, Error> {
     idem.operation(NS, &key)
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<u32, Error>(7)
         })
@@ -53,7 +53,7 @@ async fn dead_worker(idem: &Idempotency, key: &'static str) {
         let idem = idem.clone();
         async move {
             idem.operation(NS, &key)
-                .run(|| async move {
+                .run(|_| async move {
                     let _ = started.send(());
                     std::future::pending::<Result<u32, Error>>().await
                 })
@@ -135,7 +135,7 @@ async fn a_live_holder_with_heartbeats_gets_the_short_hint(backend: Backend) {
         let (idem, release) = (h.idem.clone(), release.clone());
         async move {
             idem.operation(NS, &"o-2")
-                .run(|| async move {
+                .run(|_| async move {
                     let _ = started.send(());
                     let _permit = release.acquire().await;
                     Ok::<u32, Error>(8)
@@ -218,7 +218,7 @@ async fn the_hint_is_judged_with_the_callers_lease() {
         async move {
             idem.operation(NS, &"o-4")
                 .lease(lease)
-                .run(|| async { Ok::<u32, Error>(0) })
+                .run(|_| async { Ok::<u32, Error>(0) })
                 .await
                 .unwrap_err()
         }

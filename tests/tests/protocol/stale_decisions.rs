@@ -72,7 +72,7 @@ async fn reserve(idem: &Idempotency, shop: &Shop, fail: bool) -> Result<u64, App
         .lease(Duration::from_secs(10))
         .claim_with([shop.take(3)])
         .compensate_with([shop.give_back(3)])
-        .run(|| async move { if fail { Err(AppError::Declined) } else { Ok(3) } })
+        .run(|_| async move { if fail { Err(AppError::Declined) } else { Ok(3) } })
         .await
 }
 
@@ -90,7 +90,7 @@ async fn lapsed_reservation(
                 .lease(Duration::from_secs(10))
                 .claim_with([shop.take(3)])
                 .compensate_with([shop.give_back(3)])
-                .run(|| async {
+                .run(|_| async {
                     gate.enter().await?;
                     Ok::<_, AppError>(3)
                 })

@@ -24,7 +24,9 @@ async fn reserve(
 ) -> Result<u64, AppError> {
     let (shop, runs) = (shop.clone(), runs.clone());
     idem.operation(NAMESPACE, "order-1")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             runs.fetch_add(1, Ordering::SeqCst);
             tx.push(shop.take(3));
             Ok(3)
@@ -70,7 +72,7 @@ async fn a_throttled_transaction_at_completion_is_retried_on_dynamodb() {
 
 async fn work(idem: &Idempotency, runs: &AtomicUsize, fail: bool) -> Result<String, AppError> {
     idem.operation(NAMESPACE, "job-1")
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             if fail {
                 Err(AppError::Declined)
@@ -136,7 +138,9 @@ async fn transient_cancellations_outlasting_the_lease_leave_the_key_pending_and_
         .idem
         .operation(NAMESPACE, "order-9")
         .lease(std::time::Duration::from_secs(2))
-        .run_transact(|tx| {
+        .transact()
+        .run(|cx| {
+            let ((), tx) = cx.into_parts();
             let (shop, runs) = (shop.clone(), runs.clone());
             async move {
                 runs.fetch_add(1, Ordering::SeqCst);

@@ -23,7 +23,7 @@ async fn charge(
 ) -> Result<usize, Error> {
     idem.operation("time_in_flight::charge", key)
         .lease(lease)
-        .run(|| async {
+        .run(|_| async {
             let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
             tokio::time::sleep(takes).await;
             Ok::<_, Error>(run)
@@ -332,7 +332,7 @@ async fn check_a_value_that_does_not_read_back_is_final_and_never_replayed<T>(
         harness
             .idem
             .operation("time_in_flight::unreadable", name)
-            .run(|| async {
+            .run(|_| async {
                 runs.0.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>(value())
             })

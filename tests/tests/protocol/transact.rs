@@ -285,7 +285,7 @@ async fn claim_with_reserves_at_claim_time_and_rolls_back_with_the_claim() {
         h.idem
             .operation("transact::claim-with", order)
             .claim_with(writes)
-            .run(move || async move {
+            .run(move |_| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, ShopError>(qty)
             })

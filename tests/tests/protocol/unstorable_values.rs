@@ -65,7 +65,7 @@ async fn an_unserializable_value_through_run_is_final(backend: Backend) {
     let call = || {
         h.idem
             .operation("unstorable::run", "order-1")
-            .run(|| async {
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<Unserializable, AppError>(HashMap::from([((1, 2), 3)]))
             })
@@ -99,7 +99,7 @@ async fn a_non_finite_float_is_refused_when_stored(backend: Backend) {
         ("-inf", f64::NEG_INFINITY),
     ] {
         let call = || {
-            h.idem.operation("unstorable::nan", key).run(|| async {
+            h.idem.operation("unstorable::nan", key).run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, AppError>(Stats {
                     orders: 0,
@@ -121,7 +121,7 @@ async fn a_non_finite_float_is_refused_when_stored(backend: Backend) {
     let value = h
         .idem
         .operation("unstorable::nan", "finite")
-        .run(|| async {
+        .run(|_| async {
             Ok::<_, AppError>((
                 Stats {
                     orders: 1,
@@ -135,7 +135,7 @@ async fn a_non_finite_float_is_refused_when_stored(backend: Backend) {
     let replayed = h
         .idem
         .operation("unstorable::nan", "finite")
-        .run(|| async { Err::<(Stats, Option<f64>), AppError>(AppError::Declined) })
+        .run(|_| async { Err::<(Stats, Option<f64>), AppError>(AppError::Declined) })
         .await
         .unwrap();
     assert_eq!(value, replayed);
@@ -175,7 +175,7 @@ async fn a_non_finite_float_in_a_key_is_an_error_before_any_io(backend: Backend)
         let err = idem_error(
             h.idem
                 .operation("unstorable::keyed", &("acme", rate))
-                .run(|| async { Ok::<u8, AppError>(1) })
+                .run(|_| async { Ok::<u8, AppError>(1) })
                 .await,
         );
         assert!(matches!(&err, Error::Serialize { .. }), "{err:?}");

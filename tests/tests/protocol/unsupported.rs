@@ -32,7 +32,7 @@ async fn claim_with_fails_before_the_body_runs_and_writes_nothing() {
         .operation(NAMESPACE, "order-1")
         .claim_with([TransactWriteItem::builder().put(put("apple")).build()])
         .compensate_with([TransactWriteItem::builder().put(put("pear")).build()])
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok(1)
         })
@@ -58,7 +58,9 @@ async fn staged_writes_fail_the_completion_and_release_the_key() {
     let counter = &runs;
     let result: Result<u32, Error> = idem
         .operation(NAMESPACE, "order-2")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             counter.fetch_add(1, Ordering::SeqCst);
             tx.put(put("apple"));
             Ok(1)
@@ -82,7 +84,9 @@ async fn staged_writes_fail_the_completion_and_release_the_key() {
     // The key is not blocked: the next call runs the body again (and fails the same way).
     let again: Result<u32, Error> = idem
         .operation(NAMESPACE, "order-2")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             counter.fetch_add(1, Ordering::SeqCst);
             tx.put(put("apple"));
             Ok(1)
@@ -99,7 +103,8 @@ async fn calls_without_business_writes_are_unaffected() {
     for _ in 0..2 {
         let value: u32 = idem
             .operation(NAMESPACE, "order-3")
-            .run_transact(|_tx| async {
+            .transact()
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>(7)
             })

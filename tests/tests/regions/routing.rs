@@ -92,7 +92,7 @@ async fn each_key_lives_in_exactly_one_region_the_one_home_names() {
         let idem = idem.clone();
         calls.spawn(async move {
             idem.operation(NS, &i)
-                .run(|| async move { Ok::<_, AppError>(i * 2) })
+                .run(|_| async move { Ok::<_, AppError>(i * 2) })
                 .await
                 .map_err(|e| e.to_string())
         });
@@ -155,7 +155,7 @@ async fn callers_in_both_regions_run_a_key_once() {
             start.wait().await;
             idem.operation(NS, "order-17")
                 .wait(Duration::from_secs(30))
-                .run(|| async move {
+                .run(|_| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     // Each execution would produce another value.
@@ -187,7 +187,7 @@ async fn without_routing_two_regions_both_accept_a_claim() {
     for i in 0..2 {
         let idem = Idempotency::builder(regions.direct(i)).build();
         idem.operation(NS, "order-17")
-            .run(|| async {
+            .run(|_| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, AppError>(())
             })
@@ -315,7 +315,7 @@ async fn an_unreachable_home_region_is_an_error_unless_failover_is_opted_into() 
         let runs = &runs;
         async move {
             idem.operation(NS, &key)
-                .run(|| async move {
+                .run(|_| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, AppError>(key + 1)
                 })
@@ -400,7 +400,7 @@ async fn server_errors_are_outages_and_throttling_is_not() {
     let idem = Idempotency::builder_arc(store).build();
     let runs = AtomicUsize::new(0);
     let call = || {
-        idem.operation(NS, &at_a).run(|| async {
+        idem.operation(NS, &at_a).run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, AppError>(())
         })
@@ -447,7 +447,7 @@ async fn a_record_completed_in_another_region_than_the_home_is_counted() {
     let elsewhere = Idempotency::builder(regions.direct(0).with_region(B)).build();
     let first: u32 = elsewhere
         .operation(NS, &key)
-        .run(|| async move { Ok::<_, AppError>(key + 1) })
+        .run(|_| async move { Ok::<_, AppError>(key + 1) })
         .await
         .unwrap();
     let record = regions
@@ -461,7 +461,7 @@ async fn a_record_completed_in_another_region_than_the_home_is_counted() {
     let idem = Idempotency::builder(routed()).build();
     let replayed: u32 = idem
         .operation(NS, &key)
-        .run(|| async move { Ok::<_, AppError>(0) })
+        .run(|_| async move { Ok::<_, AppError>(0) })
         .await
         .unwrap();
     assert_eq!(replayed, first, "the stored response is replayed");
@@ -470,12 +470,12 @@ async fn a_record_completed_in_another_region_than_the_home_is_counted() {
     let at_b = homed(&routed(), NS, B);
     let _: u32 = idem
         .operation(NS, &at_b)
-        .run(|| async move { Ok::<_, AppError>(1) })
+        .run(|_| async move { Ok::<_, AppError>(1) })
         .await
         .unwrap();
     let _: u32 = idem
         .operation(NS, &at_b)
-        .run(|| async move { Ok::<_, AppError>(2) })
+        .run(|_| async move { Ok::<_, AppError>(2) })
         .await
         .unwrap();
     let record = regions
@@ -511,13 +511,13 @@ async fn a_region_name_from_a_record_is_escaped_in_telemetry() {
     let elsewhere = Idempotency::builder(regions.direct(0).with_region(FORGED)).build();
     let _: u32 = elsewhere
         .operation(NS, &key)
-        .run(|| async move { Ok::<_, AppError>(7) })
+        .run(|_| async move { Ok::<_, AppError>(7) })
         .await
         .unwrap();
     let idem = Idempotency::builder(routed).build();
     let replayed: u32 = idem
         .operation(NS, &key)
-        .run(|| async move { Ok::<_, AppError>(0) })
+        .run(|_| async move { Ok::<_, AppError>(0) })
         .await
         .unwrap();
     assert_eq!(replayed, 7);
@@ -592,7 +592,7 @@ async fn with_failover_a_heartbeat_outage_at_home_is_retried_at_home() {
         async move {
             idem.operation(NS, &at_home)
                 .wait(wait)
-                .run(|| async move {
+                .run(|_| async move {
                     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     // Over two leases: only heartbeats keep the claim.
                     tokio::time::sleep(LEASE * 5 / 2).await;
@@ -649,7 +649,7 @@ async fn with_failover_a_completion_outage_at_home_is_retried_at_home() {
     let runs = AtomicUsize::new(0);
     let call = || {
         idem.operation(NS, &at_home)
-            .run(|| async { Ok::<_, AppError>(runs.fetch_add(1, Ordering::SeqCst) + 1) })
+            .run(|_| async { Ok::<_, AppError>(runs.fetch_add(1, Ordering::SeqCst) + 1) })
     };
     let first = call().await.map_err(|e| e.to_string());
     assert_eq!(first, Ok(1));
@@ -688,7 +688,7 @@ async fn with_failover_a_failure_outage_at_home_is_retried_at_home() {
     let runs = AtomicUsize::new(0);
     let call = |fail: bool| {
         let runs = &runs;
-        idem.operation(NS, &at_home).run(move || async move {
+        idem.operation(NS, &at_home).run(move |_| async move {
             runs.fetch_add(1, Ordering::SeqCst);
             if fail {
                 return Err(AppError::Declined);

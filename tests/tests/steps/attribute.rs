@@ -1,5 +1,5 @@
 //! `#[idempotent(.., steps = s)]`, on both stores: the body gets its `Steps` as `s`, and a call cut off,
-//! failed or detached resumes where it stopped, through the attribute as through `Operation::run_steps`;
+//! failed or detached resumes where it stopped, through the attribute as through `Operation::steps`;
 //! with `transact` (DynamoDB Local), the staged writes commit with the completion. Each step's effect is
 //! counted.
 

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use idempotent_runtime::{DynamoDbStore, Error, Idempotency, Steps};
+use idempotent_runtime::{DynamoDbStore, Error, Idempotency};
 
 const ROLE_VAR: &str = "STEPS_CRASH_ROLE";
 const DIR_VAR: &str = "STEPS_CRASH_DIR";
@@ -36,7 +36,9 @@ fn effects(dir: &Path, step: &str) -> usize {
 /// `crash`, the email step never finishes (the parent kills the process once the charge is stored).
 async fn checkout(idem: &Idempotency, dir: &Path, crash: bool) -> Result<String, Error> {
     idem.operation("steps-crash::checkout", "order-1")
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effect(dir, "reserve");

@@ -10,7 +10,7 @@ use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{Change, Transition, WriteOutcome};
 use idempotent_runtime::{
-    Clock, Error, ManualClock, MemoryStore, Operation, Status, Steps, Store, StoreError,
+    Clock, Error, ManualClock, MemoryStore, Operation, Status, Store, StoreError,
 };
 use idempotent_tests::{AppError, Effects, Harness, RequestCounter};
 
@@ -69,7 +69,9 @@ async fn confirm(
     decline: bool,
 ) -> Result<String, AppError> {
     operation(harness, order, true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let sending = async {
                 steps
                     .run_at_most_once("email", || async {
@@ -152,20 +154,23 @@ async fn interrupted_email_after_the_failed_ttl<S: Store>(inner: S) {
 /// The first deploy's checkout: "reserve" (a `u32`), then a charge that never finishes (the call is
 /// cut off there, after the reserve was stored).
 async fn checkout_cut_off(harness: &Harness, order: &str, effects: &Arc<Effects>) {
-    let call = operation(harness, order, true).run_steps(|steps: Steps| async move {
-        steps
-            .run("reserve", || async {
-                effects.happened("reserve");
-                Ok::<_, AppError>(17_u32)
-            })
-            .await?;
-        steps
-            .run("charge", || async {
-                std::future::pending::<()>().await;
-                Ok::<_, AppError>(())
-            })
-            .await
-    });
+    let call = operation(harness, order, true)
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
+            steps
+                .run("reserve", || async {
+                    effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await?;
+            steps
+                .run("charge", || async {
+                    std::future::pending::<()>().await;
+                    Ok::<_, AppError>(())
+                })
+                .await
+        });
     assert!(
         tokio::time::timeout(Duration::from_secs(2), call)
             .await
@@ -183,7 +188,9 @@ async fn checkout_with_email(
     effects: &Arc<Effects>,
 ) -> Result<String, AppError> {
     operation(harness, order, true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let sending = async {
                 steps
                     .run_at_most_once("email", || async {
@@ -322,7 +329,9 @@ async fn checkout(
     effects: &Arc<Effects>,
 ) -> Result<(u32, String), AppError> {
     operation(harness, order, true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -402,7 +411,9 @@ async fn scans(
     bytes: usize,
 ) -> Result<usize, AppError> {
     operation(harness, order, true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let scan = |name: &'static str, seed: u64| {
                 let steps = steps.clone();
                 async move {
@@ -491,7 +502,7 @@ async fn steps_held_at_the_expiry_boundary(backend: idempotent_tests::Backend) {
 
     let ran = AtomicBool::new(false);
     let plain = operation(&harness, "order-1", false)
-        .run(|| async {
+        .run(|_| async {
             ran.store(true, Ordering::SeqCst);
             Ok::<_, AppError>(1_u32)
         })
@@ -528,7 +539,9 @@ async fn a_panic_after_a_failed_step_write_resumes_under_the_restart_policy() {
         let harness = harness.clone();
         async move {
             operation(&harness, "order-1", true)
-                .run_steps(|steps: Steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             body_effects.happened("reserve");
@@ -593,8 +606,11 @@ async fn a_failed_completion_beside_a_dropped_start_does_not_restart_the_steps()
     let effects = Arc::new(Effects::default());
     let call = || {
         let effects = effects.clone();
-        operation(&harness, "order-1", true).run_steps_transact(
-            move |steps: Steps, tx| async move {
+        operation(&harness, "order-1", true)
+            .steps()
+            .transact()
+            .run(move |cx| async move {
+                let (steps, tx) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -611,8 +627,7 @@ async fn a_failed_completion_beside_a_dropped_start_does_not_restart_the_steps()
                 }
                 tx.condition_check(in_stock());
                 Ok::<_, AppError>(1_u32)
-            },
-        )
+            })
     };
 
     store.with.armed.store(true, Ordering::SeqCst);
@@ -656,14 +671,17 @@ async fn a_release_by_a_call_without_the_restart_policy_does_not_restart_the_ste
 
     slow.hold(true);
     let old_effects = effects.clone();
-    let old_deploy = operation(&harness, "order-1", false).run_steps(|steps: Steps| async move {
-        steps
-            .run("reserve", || async {
-                old_effects.happened("reserve");
-                Ok::<_, AppError>(17_u32)
-            })
-            .await
-    });
+    let old_deploy = operation(&harness, "order-1", false)
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
+            steps
+                .run("reserve", || async {
+                    old_effects.happened("reserve");
+                    Ok::<_, AppError>(17_u32)
+                })
+                .await
+        });
     tokio::select! {
         _ = old_deploy => panic!("its claim is slow"),
         () = slow.landed() => {}

@@ -1,4 +1,4 @@
-//! Steps (`Operation::run_steps`, `#[idempotent(.., steps = s)]`): a body of several effects resumes
+//! Steps (`Operation::steps`, `#[idempotent(.., steps = s)]`): a body of several effects resumes
 //! where it stopped, and a finished step never runs again while its record lives.
 
 mod attribute;

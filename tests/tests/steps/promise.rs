@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome};
-use idempotent_runtime::{Clock as _, Error, Idempotency, Status, Steps, Store, StoreError};
+use idempotent_runtime::{Clock as _, Error, Idempotency, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Forward, Harness, RequestCounter};
 use serde::ser::SerializeStruct as _;
 use tokio::sync::Notify;
@@ -96,7 +96,9 @@ async fn checkout(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -136,7 +138,9 @@ async fn two_steps(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -270,7 +274,9 @@ async fn confirm(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -447,7 +453,7 @@ async fn a_claim_without_steps_of_an_expired_record_removes_its_steps(backend: B
         .idem
         .operation(NAMESPACE, "r-plain")
         .lease(LEASE)
-        .run(|| async { Err::<u32, _>(AppError::Declined) })
+        .run(|_| async { Err::<u32, _>(AppError::Declined) })
         .await;
     assert!(matches!(plain, Err(AppError::Declined)), "{plain:?}");
     let record = h.record(NAMESPACE, "r-plain").await.unwrap();
@@ -561,7 +567,9 @@ async fn a_panic_under_the_restart_policy_resumes(backend: Backend) {
             idem.operation(NAMESPACE, "r-panic")
                 .lease(LEASE)
                 .restart_steps_after_failure()
-                .run_steps(|steps: Steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");
@@ -600,7 +608,9 @@ async fn a_changed_step_type_is_an_error_that_says_how_to_migrate(backend: Backe
         .idem
         .operation(NAMESPACE, "r-type")
         .lease(LEASE)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     counted.happened("reserve");

@@ -14,7 +14,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
 };
-use idempotent_runtime::{Error, ManualClock, MemoryStore, Operation, Steps, Store, StoreError};
+use idempotent_runtime::{Error, ManualClock, MemoryStore, Operation, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 
 const NAMESPACE: &str = "steps-restart::checkout";
@@ -43,7 +43,9 @@ async fn checkout(
     hang: bool,
 ) -> Result<(u32, String), AppError> {
     operation(harness, order, restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             effects.keyed("reserve", steps.key("reserve"));
             let hold = steps
                 .run("reserve", || async {
@@ -303,7 +305,9 @@ async fn checkout_with_string_reserve(
     effects: &Arc<Effects>,
 ) -> Result<String, AppError> {
     operation(harness, order, true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -369,7 +373,9 @@ async fn fill_then_export(
     effects: &Arc<Effects>,
 ) -> Result<usize, AppError> {
     operation(harness, order, restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let a = steps
                 .run("fill", || async {
                     effects.happened("fill");
@@ -470,8 +476,11 @@ async fn a_canceled_completion_under_the_restart_policy_never_runs_a_step_again(
     let charges = Arc::new(AtomicUsize::new(0));
     let call = || {
         let charges = charges.clone();
-        operation(&harness, "order-1", true).run_steps_transact(
-            move |steps: Steps, tx| async move {
+        operation(&harness, "order-1", true)
+            .steps()
+            .transact()
+            .run(move |cx| async move {
+                let (steps, tx) = cx.into_parts();
                 let id = steps
                     .run("charge", || async {
                         charges.fetch_add(1, Ordering::SeqCst);
@@ -480,8 +489,7 @@ async fn a_canceled_completion_under_the_restart_policy_never_runs_a_step_again(
                     .await?;
                 tx.condition_check(in_stock());
                 Ok::<_, AppError>(id)
-            },
-        )
+            })
     };
     let first = call().await;
     let err = idempotent_tests::idem_error(first);
@@ -522,8 +530,11 @@ async fn an_unsupported_completion_under_the_restart_policy_never_runs_a_step_ag
     let charges = Arc::new(AtomicUsize::new(0));
     let call = || {
         let charges = charges.clone();
-        operation(&harness, "order-1", true).run_steps_transact(
-            move |steps: Steps, tx| async move {
+        operation(&harness, "order-1", true)
+            .steps()
+            .transact()
+            .run(move |cx| async move {
+                let (steps, tx) = cx.into_parts();
                 let id = steps
                     .run("charge", || async {
                         charges.fetch_add(1, Ordering::SeqCst);
@@ -532,8 +543,7 @@ async fn an_unsupported_completion_under_the_restart_policy_never_runs_a_step_ag
                     .await?;
                 tx.condition_check(in_stock());
                 Ok::<_, AppError>(id)
-            },
-        )
+            })
     };
     let mut errors = Vec::new();
     for _ in 0..3 {
@@ -556,37 +566,40 @@ async fn a_failure_beside_an_at_most_once_step_under_way_does_not_restart() {
     let effects = Arc::new(Effects::default());
     let call = |first: bool| {
         let effects = effects.clone();
-        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
-            steps
-                .run("reserve", || async {
-                    effects.happened("reserve");
-                    Ok::<_, AppError>(1_u32)
-                })
-                .await?;
-            let email = steps.run_at_most_once("email", || async {
-                effects.happened("email");
-                if first {
-                    std::future::pending::<()>().await;
-                }
-                Ok::<_, AppError>(2_u32)
-            });
-            let charge = async {
-                // Lets the email start (its mark written, its effect under way) first.
-                tokio::task::yield_now().await;
-                tokio::task::yield_now().await;
-                if first {
-                    return Err::<u32, _>(AppError::Declined);
-                }
+        operation(&harness, "order-1", true)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
                 steps
-                    .run("charge", || async {
-                        effects.happened("charge");
-                        Ok::<_, AppError>(3_u32)
+                    .run("reserve", || async {
+                        effects.happened("reserve");
+                        Ok::<_, AppError>(1_u32)
                     })
-                    .await
-            };
-            let (e, c) = futures_util::try_join!(email, charge)?;
-            Ok::<_, AppError>(e + c)
-        })
+                    .await?;
+                let email = steps.run_at_most_once("email", || async {
+                    effects.happened("email");
+                    if first {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, AppError>(2_u32)
+                });
+                let charge = async {
+                    // Lets the email start (its mark written, its effect under way) first.
+                    tokio::task::yield_now().await;
+                    tokio::task::yield_now().await;
+                    if first {
+                        return Err::<u32, _>(AppError::Declined);
+                    }
+                    steps
+                        .run("charge", || async {
+                            effects.happened("charge");
+                            Ok::<_, AppError>(3_u32)
+                        })
+                        .await
+                };
+                let (e, c) = futures_util::try_join!(email, charge)?;
+                Ok::<_, AppError>(e + c)
+            })
     };
     let first = call(true).await;
     assert!(matches!(first, Err(AppError::Declined)), "{first:?}");
@@ -610,7 +623,10 @@ async fn stage_inside_a_step(
 ) -> Result<u32, AppError> {
     let effects = effects.clone();
     operation(harness, "order-1", true)
-        .run_steps_transact(move |steps: Steps, tx| async move {
+        .steps()
+        .transact()
+        .run(move |cx| async move {
+            let (steps, tx) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");

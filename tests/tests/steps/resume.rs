@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::{Error, Idempotency, Status, Steps};
+use idempotent_runtime::{Error, Idempotency, Status};
 use idempotent_tests::{
     AppError, Backend, Effects, Email, Harness, Receipt, SlowResume, idem_error,
 };
@@ -24,7 +24,9 @@ async fn checkout(
     charged: Option<&Notify>,
 ) -> Result<Receipt, AppError> {
     idem.operation(NAMESPACE, order)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -156,7 +158,9 @@ async fn an_operation_that_restarts_after_a_failure_runs_every_step_again(backen
         async move {
             idem.operation(NAMESPACE, "o-3")
                 .restart_steps_after_failure()
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");
@@ -193,7 +197,9 @@ async fn a_step_name_used_twice_is_an_error(backend: Backend) {
     let result = h
         .idem
         .operation(NAMESPACE, "o-4")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             for _ in 0..2 {
                 steps
                     .run("charge", || async {
@@ -228,7 +234,9 @@ async fn a_zombies_step_is_fenced_and_its_body_stops(backend: Backend) {
         let (reserved, resume) = (reserved.clone(), resume.clone());
         tokio::spawn(async move {
             idem.operation(NAMESPACE, "o-5")
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");
@@ -260,7 +268,9 @@ async fn a_zombies_step_is_fenced_and_its_body_stops(backend: Backend) {
     let taken = h
         .another_process(|b| b.default_lease(LEASE).heartbeat(false))
         .operation(NAMESPACE, "o-5")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async { Ok::<_, AppError>(2_u32) })
                 .await?;
@@ -288,7 +298,8 @@ async fn a_zombies_step_is_fenced_and_its_body_stops(backend: Backend) {
     let replayed = h
         .idem
         .operation(NAMESPACE, "o-5")
-        .run_steps(|_| async { Ok::<_, AppError>(String::from("ran again")) })
+        .steps()
+        .run(|_| async { Ok::<_, AppError>(String::from("ran again")) })
         .await
         .unwrap();
     assert_eq!(replayed, "taker");
@@ -311,7 +322,9 @@ async fn a_step_too_large_for_the_record_is_an_error_before_it_is_written(backen
     let result = h
         .idem
         .operation(NAMESPACE, "o-6")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("small", || async { Ok::<_, AppError>(1_u8) })
                 .await?;
@@ -366,7 +379,9 @@ async fn downstream_keys_differ_by_step_and_by_operation(backend: Backend) {
         let idem = h.idem.clone();
         async move {
             idem.operation(NAMESPACE, order)
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     Ok::<_, AppError>((steps.key("a"), steps.key("b"), steps.key("a")))
                 })
                 .await
@@ -391,7 +406,9 @@ async fn a_detached_body_with_steps_finishes_without_its_caller(backend: Backend
         h.idem
             .operation(NAMESPACE, "o-8")
             .detach()
-            .run_steps(move |steps| async move {
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("slow", || async {
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -516,7 +533,9 @@ async fn a_dropped_resume_of_an_operation_that_restarts_after_failure_is_not_a_f
         async move {
             idem.operation(NAMESPACE, "r-1")
                 .restart_steps_after_failure()
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("reserve", || async {
                             effects.happened("reserve");

@@ -10,9 +10,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
 };
-use idempotent_runtime::{
-    Clock as _, Error, MemoryStore, Operation, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Clock as _, Error, MemoryStore, Operation, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter};
 use tokio::sync::Notify;
 
@@ -52,7 +50,9 @@ async fn checkout(
     then_fail: bool,
 ) -> Result<(u32, String), AppError> {
     operation(harness, order, restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             effects.keyed("reserve", steps.key("reserve"));
             let hold = steps
                 .run("reserve", || async {
@@ -115,7 +115,7 @@ async fn refused_without_steps(
     let before = harness.record(NAMESPACE, order).await.expect("the record");
     let ran = AtomicBool::new(false);
     let plain = operation(harness, order, false)
-        .run(|| async {
+        .run(|_| async {
             ran.store(true, Ordering::SeqCst);
             body()
         })
@@ -248,7 +248,7 @@ async fn a_dropped_claim_by_code_without_steps_does_not_restart_finished_steps_o
     crash_after_reserve(&harness, "order-1", true, &effects).await;
 
     store.with.hold.store(true, Ordering::SeqCst);
-    let plain = operation(&harness, "order-1", false).run(|| async { Ok::<_, AppError>(1_u32) });
+    let plain = operation(&harness, "order-1", false).run(|_| async { Ok::<_, AppError>(1_u32) });
     tokio::select! {
         plain = plain => {
             let err = idempotent_tests::idem_error(plain);
@@ -378,17 +378,20 @@ async fn an_interrupted_at_most_once_step_never_runs_again() {
     let sent = Arc::new(AtomicUsize::new(0));
     let email = |hang: bool| {
         let sent = sent.clone();
-        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
-            steps
-                .run_at_most_once("email", || async {
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<_, AppError>(250_u32)
-                })
-                .await
-        })
+        operation(&harness, "order-1", true)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
+                steps
+                    .run_at_most_once("email", || async {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, AppError>(250_u32)
+                    })
+                    .await
+            })
     };
     assert!(
         tokio::time::timeout(Duration::from_millis(100), email(true))
@@ -418,19 +421,22 @@ async fn an_unstorable_step_is_never_run_again_even_under_restart() {
     let runs = Arc::new(AtomicUsize::new(0));
     let call = || {
         let runs = runs.clone();
-        operation(&harness, "order-1", true).run_steps(move |steps: Steps| async move {
-            steps
-                .run("export", || async {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    // Random hex does not compress below the record's 400 KB.
-                    let big: String = (0..60_000)
-                        .map(|_| uuid::Uuid::new_v4().simple().to_string())
-                        .collect();
-                    Ok::<_, AppError>(big)
-                })
-                .await
-                .map(|s| s.len())
-        })
+        operation(&harness, "order-1", true)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
+                steps
+                    .run("export", || async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Random hex does not compress below the record's 400 KB.
+                        let big: String = (0..60_000)
+                            .map(|_| uuid::Uuid::new_v4().simple().to_string())
+                            .collect();
+                        Ok::<_, AppError>(big)
+                    })
+                    .await
+                    .map(|s| s.len())
+            })
     };
     let err = idempotent_tests::idem_error(call().await);
     assert!(matches!(err, Error::StepTooLarge { .. }), "{err:?}");
@@ -509,29 +515,32 @@ async fn lost_answers_to_step_writes_do_not_run_steps_again() {
     let effects = Arc::new(Effects::default());
     let three = |hang: bool| {
         let effects = effects.clone();
-        operation(&harness, "order-1", false).run_steps(move |steps: Steps| async move {
-            steps
-                .run("reserve", || async {
-                    effects.happened("reserve");
-                    Ok::<_, AppError>(1_u32)
-                })
-                .await?;
-            steps
-                .run("charge", || async {
-                    effects.happened("charge");
-                    Ok::<_, AppError>(2_u32)
-                })
-                .await?;
-            steps
-                .run("email", || async {
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    effects.happened("email");
-                    Ok::<_, AppError>(3_u32)
-                })
-                .await
-        })
+        operation(&harness, "order-1", false)
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
+                steps
+                    .run("reserve", || async {
+                        effects.happened("reserve");
+                        Ok::<_, AppError>(1_u32)
+                    })
+                    .await?;
+                steps
+                    .run("charge", || async {
+                        effects.happened("charge");
+                        Ok::<_, AppError>(2_u32)
+                    })
+                    .await?;
+                steps
+                    .run("email", || async {
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        effects.happened("email");
+                        Ok::<_, AppError>(3_u32)
+                    })
+                    .await
+            })
     };
     assert!(
         tokio::time::timeout(Duration::from_secs(2), three(true))
@@ -697,7 +706,9 @@ async fn reserve_and_email(
     panic: bool,
 ) -> Result<u32, AppError> {
     operation(&harness, "order-1", true)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -898,7 +909,9 @@ async fn fill_and_export(
     exports: &AtomicUsize,
 ) -> Result<usize, AppError> {
     operation(harness, order, false)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let a = steps
                 .run("fill", || async { Ok::<_, AppError>(incompressible(fill)) })
                 .await?;
@@ -1092,7 +1105,9 @@ async fn a_store_outage_in_a_step_write_does_not_restart_finished_steps() {
             .operation(NAMESPACE, "order-1")
             .lease(idempotent_runtime::MIN_LEASE)
             .restart_steps_after_failure()
-            .run_steps(move |steps: Steps| async move {
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1160,7 +1175,9 @@ async fn unstorable(
     what: Unstorable,
 ) -> Result<u32, AppError> {
     operation(&harness, "order-1", restart)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -1261,7 +1278,9 @@ async fn a_crash_or_a_panic_resumes_under_either_policy() {
             let (harness, effects) = (harness.clone(), effects.clone());
             tokio::spawn(async move {
                 operation(&harness, "order-2", restart)
-                    .run_steps(|steps: Steps| async move {
+                    .steps()
+                    .run(|cx| async move {
+                        let (steps, ()) = cx.into_parts();
                         steps
                             .run("reserve", || async {
                                 effects.happened("reserve");
@@ -1300,7 +1319,9 @@ async fn a_response_too_large_does_not_restart_finished_steps() {
         let effects = effects.clone();
         operation(&harness, "order-1", true)
             .max_response_bytes(64)
-            .run_steps(move |steps: Steps| async move {
+            .steps()
+            .run(move |cx| async move {
+                let (steps, ()) = cx.into_parts();
                 steps
                     .run("reserve", || async {
                         effects.happened("reserve");
@@ -1472,7 +1493,9 @@ fn probe() -> idempotent_runtime::Record {
 /// Reserve, charge and email, each effect counted; `hang`: the email hangs before its effect.
 async fn three_steps(harness: Harness, effects: Arc<Effects>, hang: bool) -> Result<u32, AppError> {
     operation(&harness, "order-1", false)
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             for name in ["reserve", "charge"] {
                 steps
                     .run(name, || async {

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{Transition, WriteOutcome};
-use idempotent_runtime::{
-    Clock as _, Error, Idempotency, MemoryStore, Status, Steps, Store, StoreError,
-};
+use idempotent_runtime::{Clock as _, Error, Idempotency, MemoryStore, Status, Store, StoreError};
 use idempotent_tests::{AppError, Backend, Effects, Harness, RequestCounter, SlowResume};
 use tokio::sync::Notify;
 
@@ -34,7 +32,9 @@ async fn two_steps(
         operation
     };
     operation
-        .run_steps(|steps: Steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             let hold = steps
                 .run("reserve", || async {
                     effects.happened("reserve");
@@ -210,7 +210,9 @@ async fn longest_step_value() -> usize {
         async move {
             let result = idem
                 .operation(NAMESPACE, &format!("probe-{len}"))
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     steps
                         .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                         .await
@@ -247,7 +249,9 @@ async fn failure_after_large_steps(backend: Backend) {
     let failed = h
         .idem
         .operation(NAMESPACE, "r-3")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, LongError>(noise(len, 1)) })
                 .await?;
@@ -288,7 +292,7 @@ async fn a_u128_step_value_replays() {
     // As a plain response the value round-trips.
     let plain = |idem: Idempotency| async move {
         idem.operation(NAMESPACE, "plain")
-            .run(|| async move { Ok::<_, AppError>(big) })
+            .run(|_| async move { Ok::<_, AppError>(big) })
             .await
     };
     assert_eq!(plain(h.idem.clone()).await.unwrap(), big);
@@ -302,7 +306,9 @@ async fn a_u128_step_value_replays() {
         let idem = h.idem.clone();
         async move {
             idem.operation(NAMESPACE, "u128")
-                .run_steps(|steps| async move {
+                .steps()
+                .run(|cx| async move {
+                    let (steps, ()) = cx.into_parts();
                     let amount: u128 = steps
                         .run("amount", || async move { Ok::<_, AppError>(big) })
                         .await?;
@@ -340,7 +346,10 @@ async fn a_write_staged_in_a_replayed_step_is_not_lost() {
         let (idem, effects) = (h.idem.clone(), effects.clone());
         async move {
             idem.operation(NAMESPACE, "staged")
-                .run_steps_transact(|steps, tx| async move {
+                .steps()
+                .transact()
+                .run(|cx| async move {
+                    let (steps, tx) = cx.into_parts();
                     let order = steps
                         .run("order", || async {
                             effects.happened("order");
@@ -393,7 +402,10 @@ async fn a_write_staged_in_a_replayed_step_is_not_lost() {
     let whole = idempotent_runtime::Idempotency::builder_arc(memory.clone()).build();
     let committed = whole
         .operation(NAMESPACE, "staged-whole")
-        .run_steps_transact(|steps, tx| async move {
+        .steps()
+        .transact()
+        .run(|cx| async move {
+            let (steps, tx) = cx.into_parts();
             steps
                 .run("order", || async {
                     tx.put(
@@ -490,7 +502,7 @@ async fn a_step_without_a_record_returns_any_value() {
         .idem
         .operation(NAMESPACE, &None::<String>)
         .missing_key(idempotent_runtime::MissingKey::Skip)
-        .run(|| async { Ok::<_, AppError>(f64::NAN) })
+        .run(|_| async { Ok::<_, AppError>(f64::NAN) })
         .await;
     assert!(plain.unwrap().is_nan(), "a plain body without a record");
     let effects = &Arc::new(Effects::default());
@@ -498,7 +510,9 @@ async fn a_step_without_a_record_returns_any_value() {
         .idem
         .operation(NAMESPACE, &None::<String>)
         .missing_key(idempotent_runtime::MissingKey::Skip)
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("measure", || async {
                     effects.happened("measure");
@@ -528,7 +542,9 @@ async fn a_resume_of_steps_at_the_budget_is_accepted() {
             let (idem, effects) = (h.idem.clone(), effects.clone());
             async move {
                 idem.operation(NAMESPACE, "at-budget")
-                    .run_steps(|steps| async move {
+                    .steps()
+                    .run(|cx| async move {
+                        let (steps, ()) = cx.into_parts();
                         let big = steps
                             .run("big", || async {
                                 effects.happened("big");
@@ -583,7 +599,9 @@ async fn a_long_steps_attribute_name_is_in_the_budget() {
     let result = h
         .idem
         .operation(NAMESPACE, "long-name")
-        .run_steps(|steps| async move {
+        .steps()
+        .run(|cx| async move {
+            let (steps, ()) = cx.into_parts();
             steps
                 .run("big", || async move { Ok::<_, AppError>(noise(len, 1)) })
                 .await

@@ -67,7 +67,7 @@ async fn a_first_call_and_its_duplicate_in_every_layout() {
             let value: String = h
                 .idem
                 .operation(NS, &(7, "order-1"))
-                .run(|| async {
+                .run(|_| async {
                     runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     Ok::<_, Error>("ch_7".to_owned())
                 })
@@ -116,7 +116,7 @@ async fn a_failure_and_its_retry_in_every_layout() {
         let failed: Result<String, AppError> = h
             .idem
             .operation(NS, "order-2")
-            .run(|| async { Err(AppError::Declined) })
+            .run(|_| async { Err(AppError::Declined) })
             .await;
         assert!(matches!(failed, Err(AppError::Declined)), "{layout}");
         let record = h.record(NS, "order-2").await.unwrap();
@@ -125,7 +125,7 @@ async fn a_failure_and_its_retry_in_every_layout() {
         let value: String = h
             .idem
             .operation(NS, "order-2")
-            .run(|| async { Ok::<_, AppError>("second".to_owned()) })
+            .run(|_| async { Ok::<_, AppError>("second".to_owned()) })
             .await
             .unwrap();
         assert_eq!(value, "second", "{layout}");
@@ -148,7 +148,7 @@ async fn a_takeover_in_every_layout() {
             async move {
                 idem.operation(NS, "order-3")
                     .lease(Duration::from_secs(5))
-                    .run(std::future::pending::<Result<String, Error>>)
+                    .run(|_| std::future::pending::<Result<String, Error>>())
                     .await
             }
         });
@@ -165,7 +165,7 @@ async fn a_takeover_in_every_layout() {
         let other = h.another_process(|b| b);
         let busy = other
             .operation(NS, "order-3")
-            .run(|| async { Ok::<_, AppError>("early".to_owned()) })
+            .run(|_| async { Ok::<_, AppError>("early".to_owned()) })
             .await;
         assert!(
             matches!(idem_error(busy), Error::InProgress { .. }),
@@ -174,7 +174,7 @@ async fn a_takeover_in_every_layout() {
         h.clock.advance(Duration::from_secs(7));
         let value: String = other
             .operation(NS, "order-3")
-            .run(|| async { Ok::<_, AppError>("taken over".to_owned()) })
+            .run(|_| async { Ok::<_, AppError>("taken over".to_owned()) })
             .await
             .unwrap();
         assert_eq!(value, "taken over", "{layout}");
@@ -228,7 +228,9 @@ async fn a_transaction_with_a_business_write_in_every_layout() {
             let value: String = h
                 .idem
                 .operation(NS, "order-4")
-                .run_transact(|tx| async move {
+                .transact()
+                .run(|cx| async move {
+                    let ((), tx) = cx.into_parts();
                     tx.put(put);
                     Ok::<_, Error>("shipped".to_owned())
                 })
@@ -385,7 +387,7 @@ async fn a_query_on_a_namespace_lists_its_keys_in_the_tenant_layout() {
         let _: String = h
             .idem
             .operation(namespace, order)
-            .run(|| async { Ok::<_, Error>(order.to_owned()) })
+            .run(|_| async { Ok::<_, Error>(order.to_owned()) })
             .await
             .unwrap();
     }

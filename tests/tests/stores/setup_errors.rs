@@ -62,7 +62,7 @@ impl Errors {
 /// One call through `Operation`; its body counts its runs.
 async fn call(idem: &Idempotency, runs: &AtomicUsize) -> Error {
     idem.operation(NS, &("acme", "order-1"))
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<u32, Error>(1)
         })
@@ -501,7 +501,7 @@ async fn claim_with_on_a_table_of_another_key_schema_is_a_table_mismatch() {
         async move {
             idem.operation(NS, &("acme", "order-1"))
                 .claim_with([write])
-                .run(|| async {
+                .run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<u32, Error>(1)
                 })

@@ -66,7 +66,7 @@ impl Spans {
 async fn charge(idem: &Idempotency, order: &str, amount: u64, fail: bool) -> Result<u64, AppError> {
     idem.operation("telemetry::charge", order)
         .payload(&amount)
-        .run(|| async move {
+        .run(|_| async move {
             if fail {
                 Err(AppError::Declined)
             } else {
@@ -100,7 +100,7 @@ async fn each_call_has_a_span_that_closes_with_its_outcome() {
     assert!(matches!(
         plain
             .operation("telemetry::charge", &None::<String>)
-            .run(|| async { Ok::<_, AppError>(1) })
+            .run(|_| async { Ok::<_, AppError>(1) })
             .await,
         Err(AppError::Idempotency(Error::MissingKey { .. }))
     ));
@@ -302,7 +302,9 @@ async fn metrics_count_a_canceled_transaction() {
     let err = h
         .idem
         .operation("telemetry::reserve", "m-3")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             tx.put(put);
             Ok::<_, AppError>(())
         })

@@ -26,7 +26,7 @@ async fn claim_with_on_the_memory_store_is_unsupported_before_the_body_runs() {
     let result: Result<u32, Error> = idem
         .operation("shop::reserve", "order-1")
         .claim_with([TransactWriteItem::builder().put(put()).build()])
-        .run(|| async {
+        .run(|_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok(1)
         })
@@ -41,12 +41,14 @@ async fn claim_with_on_the_memory_store_is_unsupported_before_the_body_runs() {
 }
 
 #[tokio::test]
-async fn run_transact_on_the_memory_store_is_unsupported_and_stores_no_result() {
+async fn transact_on_the_memory_store_is_unsupported_and_stores_no_result() {
     let store = std::sync::Arc::new(MemoryStore::new());
     let idem = Idempotency::builder_arc(store.clone()).build();
     let result: Result<u32, Error> = idem
         .operation("shop::reserve", "order-2")
-        .run_transact(|tx| async move {
+        .transact()
+        .run(|cx| async move {
+            let ((), tx) = cx.into_parts();
             tx.put(put());
             Ok(1)
         })
