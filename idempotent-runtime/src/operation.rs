@@ -457,7 +457,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     /// use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, Put};
     /// use idempotent_runtime::{Error, Idempotency, MemoryStore};
     /// let store = MemoryStore::new();
-    /// store.create_table("orders", "pk");
+    /// store.create_table("orders", "pk", None).expect("a new table");
     /// let idem = Idempotency::builder(store).build();
     /// let id = idem
     ///     .operation("shop::place", "order-9")
