@@ -437,10 +437,10 @@ pub enum Error {
     },
 
     /// A call *without* steps found the key's record holding the steps of an unfinished operation run
-    /// with steps ([`Operation::run_steps`](crate::Operation::run_steps)): it does not take the key
+    /// with steps ([`Operation::steps`](crate::Operation::steps)): it does not take the key
     /// over, since its body would run the finished steps again. Typical in a rolling deploy that adds
     /// steps to a function (the older code answers this until the newer one finishes the operation),
-    /// or a job that runs the same key with [`Operation::run`](crate::Operation::run). A call with
+    /// or a job that runs the same key without `.steps()`. A call with
     /// steps resumes the operation; the record's steps lapse with the record.
     #[error(
         "`{namespace}`: the key's operation runs with steps and has not finished; a call without steps does not take it over (it would run finished steps again): retry it where the function runs with steps"

@@ -586,7 +586,7 @@ fn in_stock() -> ConditionCheck {
         .expect("a condition check")
 }
 
-/// Under the restart policy, with `run_steps_transact` on a store without transactions: a "reserve"
+/// Under the restart policy, with `.steps().transact()` on a store without transactions: a "reserve"
 /// step is stored; the body then gives an at-most-once email 300 ms (`select!`), and moves on
 /// without it while its start write is on its way (that write never reaches the store); it stages a
 /// check and returns `Ok`. The completion fails (`Unsupported`): no failure of the body's, so the

@@ -1,4 +1,4 @@
-//! The promise of steps (`Operation::run_steps`), path by path: a finished step never runs again
+//! The promise of steps (`Operation::steps`), path by path: a finished step never runs again
 //! while its record lives — not when its value could not be stored, not after an operator released
 //! the key, not under `restart_steps_after_failure`, and not after code without steps claimed the key.
 //! Each test runs on both stores.

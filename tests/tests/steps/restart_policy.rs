@@ -468,7 +468,7 @@ fn in_stock() -> ConditionCheck {
         .expect("a condition check")
 }
 
-/// Under the restart policy, with `run_steps_transact`: a "charge" step runs, then the body stages a
+/// Under the restart policy, with `.steps().transact()`: a "charge" step runs, then the body stages a
 /// condition the completion's transaction fails (out of stock) and returns `Ok`. The completion is
 /// canceled and recorded as FAILED. The body returned no `Err` and undid nothing after its charge;
 /// the next call must not start over and charge again.
@@ -520,7 +520,7 @@ impl<S: Store> Override<S> for NoTransactions {
     }
 }
 
-/// Under the restart policy, with `run_steps_transact` on a store without transactions: a "charge"
+/// Under the restart policy, with `.steps().transact()` on a store without transactions: a "charge"
 /// step runs, the body stages a write and returns `Ok`, and the completion fails with `Unsupported`
 /// (a set-up error, recorded as FAILED). The body undid nothing after its charge; no call may charge
 /// again, however often the caller retries.
@@ -661,7 +661,7 @@ async fn stage_inside_a_step(
         .await
 }
 
-/// Under the restart policy, with `run_steps_transact`: a call is cut off after a step that staged a
+/// Under the restart policy, with `.steps().transact()`: a call is cut off after a step that staged a
 /// business write. The guide's table: the next call stops at that step (`StepStagedWrites`), and so
 /// does every later one ("the same" under the restart policy: the cut-off call did not fail). The
 /// `StepStagedWrites` the body passes up with `?` is recorded as its failure, and the third call

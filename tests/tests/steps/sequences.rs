@@ -1,4 +1,4 @@
-//! Steps (`Operation::run_steps`) under attack: sequences that try to make a finished step run its
+//! Steps (`Operation::steps`) under attack: sequences that try to make a finished step run its
 //! effect again, an at-most-once step run twice, or `Steps::key` change within one operation. Each
 //! asserts how often each step's effect ran and what the record holds.
 

@@ -1,4 +1,4 @@
-//! Steps (`Operation::run_steps`) under attack: regression tests for the behaviours that broke the
+//! Steps (`Operation::steps`) under attack: regression tests for the behaviours that broke the
 //! feature's promise, each of which failed before its fix.
 
 use std::collections::HashMap;
@@ -329,7 +329,7 @@ async fn a_u128_step_value_replays() {
     );
 }
 
-/// With `run_steps_transact`, a business write staged inside a step cannot be staged again when that
+/// With `.steps().transact()`, a business write staged inside a step cannot be staged again when that
 /// step is replayed: the resumed call must not complete the operation (COMPLETED, the response replayed
 /// from now on) without ever committing it. Either the write commits, or the library refuses to
 /// complete: it refuses, with `StepStagedWrites`, and the order step does not run again.
