@@ -355,9 +355,10 @@ impl Held<'_> {
         let error = truncate(error, MAX_ERROR_BYTES);
         let now_ms = self.idem.clock().now_ms();
         let compensate = !self.plan.claim_writes.is_empty() && !self.plan.compensation.is_empty();
-        // Under the restart policy, a body whose step writes failed in the store may fail because of
-        // the store: its claim lapses instead (a fenced write of a lease already over, the record
-        // staying PENDING with its steps), and the next call resumes, as after a crash.
+        // Under the restart policy, a failure that is not the body's own (a step's error of the
+        // library's, a step write in doubt, a completion that failed after the body's `Ok`) must not
+        // start the operation over: its claim lapses instead (a fenced write of a lease already over,
+        // the record staying PENDING with its steps), and the next call resumes, as after a crash.
         let lapse = self.plan.steps.is_some_and(|steps| {
             steps.lapses_after_failure(completing) && !super::steps::is_panic(&error)
         });
