@@ -68,6 +68,7 @@ pub(crate) fn expand(args: &Args, item: ItemFn) -> TokenStream {
             lease: #lease,
             wait: #wait,
             missing_key: #missing_key,
+            deadline_ms: ::core::option::Option::None,
         }
     };
     // A method's namespace is its path, `Self` and the trait included, known once the impl is

@@ -389,8 +389,8 @@ impl<P, O> Batch<'_, P, O> {
     /// `deadline` when it is made (instead of [`lease`](Self::lease)), so a claim whose invocation was
     /// killed at the deadline is free again right after it. A message whose turn comes at or after the
     /// deadline is not claimed: it is reported [`Outcome::Failed`] (delivered again), and in a
-    /// [`fifo`](Self::fifo) batch stops its group. Build the handle with
-    /// [`Builder::heartbeat(false)`](crate::Builder::heartbeat), as for `Operation::deadline`.
+    /// [`fifo`](Self::fifo) batch stops its group. Heartbeats renew a claim up to the deadline, never
+    /// past it.
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.deadline = Some(deadline);
         self

@@ -2,6 +2,7 @@
 //! serializes to `null` means. Read by the front door ([`Operation`](crate::Operation)), key derivation
 //! and the state machine alike, so it depends on none of them.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 /// What the attribute says about one function: its namespace and its durations (`None` = the handle's
@@ -18,6 +19,10 @@ pub struct Call {
     pub wait: Option<Duration>,
     /// `missing_key = ".."`: what a key that serializes to `null` (or a tuple key with a `null` part) means.
     pub missing_key: MissingKey,
+    /// The end of the time this process has for the call, in milliseconds of the handle's
+    /// [`Clock`](crate::Clock), set by [`Operation::deadline`](crate::Operation::deadline): no claim
+    /// and no heartbeat asks for a lease past it. `None` (the attribute's calls) bounds nothing.
+    pub deadline_ms: Option<NonZeroU64>,
 }
 
 /// What to do with a *missing* key: one that serializes to `null` (an `Option` that is `None`), or a
@@ -50,6 +55,7 @@ impl Call {
             lease: None,
             wait: None,
             missing_key: MissingKey::Reject,
+            deadline_ms: None,
         }
     }
 }

@@ -1721,7 +1721,13 @@ impl Protocol {
 
     /// The times of a claim `worker` sends now ([`handler::claim_times`]).
     fn times(&self, state: &State, worker: usize) -> Times {
-        let t = handler::claim_times(state.clock_ms(worker), self.margin, self.lease, self.ttl);
+        let t = handler::claim_times(
+            state.clock_ms(worker),
+            self.margin,
+            self.lease,
+            self.ttl,
+            None,
+        );
         Times {
             now_ms: t.now_ms,
             lease_until_ms: t.lease_until_ms,
@@ -1817,7 +1823,7 @@ impl Protocol {
                 w.beat.sent_ms = clock_ms;
                 w.beat.out = Some(BeatOut {
                     sent: now,
-                    lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
+                    lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease, None),
                     expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
                     landed: None,
                 });
@@ -1860,7 +1866,7 @@ impl Protocol {
             .and_then(|r| r.lease_until_ms)
             .unwrap_or(0);
         let change = Change::ExtendLease {
-            lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
+            lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease, None),
             expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
         };
         let applied = self.transition(state, worker, change);
@@ -2718,7 +2724,7 @@ impl Protocol {
         let skew = self.skew * TICK_MS;
         let at = record.lease_until_ms.unwrap_or(0) + margin + skew + 1;
         [at - skew, at, at + skew].into_iter().all(|clock_ms| {
-            let t = handler::claim_times(clock_ms, self.margin, self.lease, self.ttl);
+            let t = handler::claim_times(clock_ms, self.margin, self.lease, self.ttl, None);
             let request = ClaimRequest {
                 key: KEY,
                 token: "fresh",

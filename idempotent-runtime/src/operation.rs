@@ -67,9 +67,6 @@ pub struct Operation<'a, H = Unchanged, S = (), W = (), P = InPlace> {
     steps: Option<Steps>,
     /// The writes the body stages, when it runs with them.
     staging: Option<Staged>,
-    /// The lease was set by [`deadline`](Self::deadline), which may leave less than
-    /// [`MIN_LEASE`](crate::MIN_LEASE).
-    deadline_bound: bool,
     on_replay: H,
     options: Marker<S, W, P>,
 }
@@ -79,9 +76,9 @@ type Marker<S, W, P> = PhantomData<fn() -> (S, W, P)>;
 
 /// [`Error::LeaseTooShort`] for a call that asks for a lease under [`MIN_LEASE`](crate::MIN_LEASE)
 /// (one bound by a [`deadline`](Operation::deadline) may have less: it is not renewed).
-fn check_lease(call: &Call, deadline_bound: bool) -> Result<(), Box<Error>> {
+fn check_lease(call: &Call) -> Result<(), Box<Error>> {
     match call.lease {
-        Some(lease) if lease < crate::MIN_LEASE && !deadline_bound => {
+        Some(lease) if lease < crate::MIN_LEASE && call.deadline_ms.is_none() => {
             Err(Box::new(Error::LeaseTooShort {
                 namespace: call.namespace.to_owned(),
                 lease,
@@ -158,7 +155,6 @@ impl<'a> Operation<'a> {
             claim_writes: Writes::new(),
             compensation: Writes::new(),
             restart_steps: false,
-            deadline_bound: false,
             steps: None,
             staging: None,
             on_replay: Unchanged,
@@ -200,8 +196,10 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     /// again right after it (plus the handle's clock-skew margin), instead of a whole default lease
     /// later. A deadline already past leaves a 1 ms lease: the claim still fences the completion.
     ///
-    /// Heartbeats extend a live claim by the same lease, so with them a claim can outlive the deadline by
-    /// up to one lease; a handle for deadline-bound work is best built with
+    /// No claim and no heartbeat asks for a lease past the deadline: a claim sent later (after a wait,
+    /// or a retry) asks for what is left then, and heartbeats renew the lease up to the deadline, never
+    /// past it. The deadline is read against the handle's [`Clock`](crate::Clock) when this is called. A
+    /// handle for deadline-bound work may as well be built with
     /// [`Builder::heartbeat(false)`](crate::Builder::heartbeat): the lease already covers all the time the
     /// invocation has, and a frozen or killed invocation sends no heartbeats anyway.
     ///
@@ -225,8 +223,15 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default()
             .max(Duration::from_millis(1));
+        // On the handle's clock, which every lease is counted on: the claim, sent later (after a
+        // wait, or a retry), asks for no more than what is left then.
+        let now_ms = match &self.idem {
+            Ok(idem) => idem.clock().now_ms(),
+            Err(_) => crate::Clock::now_ms(&crate::SystemClock),
+        };
         let mut operation = self.lease(left);
-        operation.deadline_bound = true;
+        operation.call.deadline_ms =
+            std::num::NonZeroU64::new(now_ms.saturating_add(crate::handler::millis(left)).max(1));
         operation
     }
 
@@ -302,7 +307,6 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
             claim_writes: self.claim_writes,
             compensation: self.compensation,
             restart_steps: self.restart_steps,
-            deadline_bound: self.deadline_bound,
             steps: self.steps,
             staging: self.staging,
             on_replay: hook(self.on_replay),
@@ -607,7 +611,6 @@ impl<H> Operation<'_, H> {
             restart_steps: _,
             steps,
             staging,
-            deadline_bound,
             on_replay,
             options: _,
         } = self;
@@ -619,7 +622,7 @@ impl<H> Operation<'_, H> {
         } else {
             (|| {
                 let idem = idem?;
-                check_lease(&call, deadline_bound)?;
+                check_lease(&call)?;
                 let key = key?;
                 let fingerprint = fingerprint.transpose()?;
                 Ok::<_, Box<Error>>(

@@ -140,6 +140,21 @@ impl<'a> Attempt<'a> {
         }
     }
 
+    /// The call's steps, if it runs with them, begin on the claim it now holds.
+    pub(super) fn begin_steps(&self) {
+        if let Some(steps) = self.plan.steps {
+            let plan = self.plan;
+            steps.begin(
+                self.idem,
+                plan.key,
+                self.token,
+                plan.fingerprint,
+                self.lease,
+                plan.staging,
+            );
+        }
+    }
+
     /// How a flight's followers see this call's own claim, held until `lease_until_ms`: taken over from
     /// its lease's end plus the margin (as [`examine`] counts it).
     fn own_claim(&self, lease_until_ms: u64) -> flight::Busy {
@@ -157,6 +172,7 @@ impl<'a> Attempt<'a> {
             self.idem.clock_skew_margin(),
             self.lease,
             writes_lifetime(self.idem, self.plan, self.ttl),
+            self.plan.call.deadline_ms.map(u64::from),
         );
         ClaimRequest {
             key: self.plan.key,

@@ -370,9 +370,17 @@ pub(crate) fn next_heartbeat_ms(sent_ms: u64, interval: Duration) -> u64 {
 }
 
 /// The lease end a heartbeat sent at `sent_ms` asks for: a whole lease from its send (the time the
-/// request spends in flight is the holder's, never added to the lease).
-pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration) -> u64 {
-    sent_ms.saturating_add(millis(lease))
+/// request spends in flight is the holder's, never added to the lease), but not past the call's
+/// deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)).
+pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration, deadline_ms: Option<u64>) -> u64 {
+    let end = sent_ms.saturating_add(millis(lease));
+    deadline_ms.map_or(end, |deadline_ms| end.min(deadline_ms))
+}
+
+/// Whether a lease held until `lease_until_ms` is renewed again: always, unless it already reaches the
+/// call's deadline, past which no lease is asked for.
+pub(crate) fn renews(lease_until_ms: u64, deadline_ms: Option<u64>) -> bool {
+    deadline_ms.is_none_or(|deadline_ms| lease_until_ms < deadline_ms)
 }
 
 /// What a heartbeat's answer means.
@@ -658,7 +666,12 @@ mod tests {
         let every = heartbeat_interval(lease).unwrap();
         assert_eq!(every, Duration::from_secs(1));
         assert_eq!(next_heartbeat_ms(10_000, every), 11_000);
-        assert_eq!(heartbeat_lease_ms(11_000, lease), 14_000);
+        assert_eq!(heartbeat_lease_ms(11_000, lease, None), 14_000);
+        // Bound by a deadline: renewed up to it, and no more once the lease reaches it.
+        assert_eq!(heartbeat_lease_ms(11_000, lease, Some(12_500)), 12_500);
+        assert!(renews(14_000, None));
+        assert!(renews(12_499, Some(12_500)));
+        assert!(!renews(12_500, Some(12_500)));
         assert_eq!(heartbeat_interval(Duration::from_millis(999)), None);
         assert_eq!(
             after_heartbeat(Some(true), 13_999, 14_000),

@@ -106,7 +106,7 @@ pub(crate) fn store_error(namespace: &str, err: StoreError) -> Error {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -224,17 +224,30 @@ pub(crate) fn judged_ms(now_ms: u64, margin: Duration) -> u64 {
 
 /// The times of a claim attempt made when the caller's clock reads `now_ms`: the condition's time
 /// ([`judged_ms`]), the lease's end and the record's expiry (counted from the unmargined clock, so a
-/// lease is never shortened by the margin).
+/// lease is never shortened by the margin). A call bound by a deadline ([`Call::deadline_ms`]) asks
+/// for no lease past it ([`lease_end_ms`]).
 pub(crate) fn claim_times(
     now_ms: u64,
     margin: Duration,
     lease: Duration,
     ttl: Duration,
+    deadline_ms: Option<u64>,
 ) -> ClaimTimes {
     ClaimTimes {
         now_ms: judged_ms(now_ms, margin),
-        lease_until_ms: now_ms.saturating_add(millis(lease)),
+        lease_until_ms: lease_end_ms(now_ms, lease, deadline_ms),
         expires_at_s: expiry_s(now_ms, lease.saturating_add(ttl)),
+    }
+}
+
+/// The end of a lease asked for at `now_ms`: a whole `lease` later, but not past the call's deadline,
+/// and at least a millisecond ahead (a deadline already past still leaves a claim that fences its
+/// completion).
+pub(crate) fn lease_end_ms(now_ms: u64, lease: Duration, deadline_ms: Option<u64>) -> u64 {
+    let end = now_ms.saturating_add(millis(lease));
+    match deadline_ms {
+        Some(deadline_ms) => end.min(deadline_ms).max(now_ms.saturating_add(1)),
+        None => end,
     }
 }
 
@@ -539,10 +552,37 @@ mod decision {
             margin,
             Duration::from_secs(30),
             Duration::from_mins(1),
+            None,
         );
         assert_eq!(times.now_ms, NOW_MS - 1_000);
         assert_eq!(times.lease_until_ms, NOW_MS + 30_000);
         assert_eq!(times.expires_at_s, NOW_S + 90);
+    }
+
+    #[test]
+    fn a_deadline_caps_every_lease_and_a_past_one_leaves_a_millisecond() {
+        let lease = Duration::from_secs(3);
+        assert_eq!(lease_end_ms(NOW_MS, lease, None), NOW_MS + 3_000);
+        let deadline = Some(NOW_MS + 2_000);
+        assert_eq!(lease_end_ms(NOW_MS, lease, deadline), NOW_MS + 2_000);
+        assert_eq!(
+            lease_end_ms(NOW_MS - 5_000, lease, deadline),
+            NOW_MS - 2_000
+        );
+        assert_eq!(
+            lease_end_ms(NOW_MS + 2_000, lease, deadline),
+            NOW_MS + 2_001
+        );
+        assert_eq!(
+            lease_end_ms(NOW_MS + 9_000, lease, deadline),
+            NOW_MS + 9_001
+        );
+        let times = claim_times(NOW_MS + 1_500, Duration::ZERO, lease, lease, deadline);
+        assert_eq!(
+            times.lease_until_ms,
+            NOW_MS + 2_000,
+            "what is left, not a whole lease"
+        );
     }
 
     #[test]

@@ -51,8 +51,6 @@ where
         // for the body it starts. Declared before `attempt`, so that a drop releases the claim (on a
         // tracked task) before the call stops counting.
         let tracked = R::track(idem.tasks());
-        let ttl = call.ttl.unwrap_or_else(|| idem.default_ttl());
-        let lease = call.lease.unwrap_or_else(|| idem.default_lease());
         // Written into a buffer in the call's own future: a token lives exactly as long as its call.
         let mut token_buffer = uuid::Uuid::encode_buffer();
         let token: &str = uuid::Uuid::new_v4()
@@ -62,8 +60,8 @@ where
             idem,
             plan,
             token,
-            lease,
-            ttl,
+            lease: call.lease.unwrap_or_else(|| idem.default_lease()),
+            ttl: call.ttl.unwrap_or_else(|| idem.default_ttl()),
             stage: Where::new(Stage::Claiming),
         };
         // Dropped with this future: what a drop must do depends on `attempt.stage`.
@@ -88,9 +86,7 @@ where
                 took_over,
                 lead,
             }) => {
-                if let Some(steps) = plan.steps {
-                    steps.begin(idem, plan.key, token, plan.fingerprint, lease, plan.staging);
-                }
+                attempt.begin_steps();
                 (lease_until_ms, took_over, lead)
             }
             Err(e) => {
@@ -105,6 +101,7 @@ where
         attempt.stage.set(Stage::Running);
         // The lead goes with the claim into the boxed work (or the detached body's task): a call's
         // future does not carry it past its claim.
+        let (lease, ttl) = (attempt.lease, attempt.ttl);
         let mut claim = Held {
             idem,
             plan,
@@ -140,6 +137,7 @@ where
                 lease,
                 ttl: writes_lifetime(idem, plan, ttl),
                 lease_until_ms,
+                deadline_ms: plan.call.deadline_ms.map(u64::from),
             };
             Box::pin(with_heartbeat(heartbeat, work)).await
         };
@@ -283,6 +281,7 @@ where
                 lease,
                 ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
                 lease_until_ms: work.lease_until_ms,
+                deadline_ms: plan.call.deadline_ms.map(u64::from),
             };
             with_heartbeat(heartbeat, finished).await
         };
@@ -607,6 +606,7 @@ mod future_size {
             lease: Duration::ZERO,
             ttl: Duration::ZERO,
             lease_until_ms: 0,
+            deadline_ms: None,
         };
         let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
         for (part, size) in [
