@@ -811,6 +811,7 @@ mod tests {
             completed_in: None,
             steps: None,
             released: Vec::new(),
+            released_until_ms: None,
         };
         KeyReport::new(&record, 0).response_preview.unwrap()
     }
@@ -931,6 +932,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             released: vec!["a".to_owned(), "b".to_owned()],
+            released_until_ms: None,
             steps: None,
         };
         let report = KeyReport::new(&record, 0);
@@ -958,6 +960,7 @@ mod tests {
             claim_writes_in_effect: false,
             completed_in: None,
             released: Vec::new(),
+            released_until_ms: None,
             steps: None,
         };
         let report = KeyReport::new(&record, 1_700_000_000_000);

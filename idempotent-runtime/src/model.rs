@@ -2048,13 +2048,33 @@ impl Protocol {
             self.failed_ttl,
             (self.claim_writes || self.runs_steps(worker)).then_some(self.ttl),
         );
-        let mark = decide::release_mark_lifetime(self.lease, self.ttl);
+        let lifetimes = handler::Lifetimes {
+            lifetime,
+            mark_lifetime: decide::release_mark_lifetime(self.lease, self.ttl),
+            hold_until_ms: decide::release_hold_until(now_ms, self.lease, self.margin),
+        };
         let token = token(worker);
+        let judged = handler::judged_ms(now_ms, self.margin);
         let mut step = Some(decide::ReleaseStep::Fail);
-        while let Some(sent) = step {
-            let change = handler::release_change(sent, now_ms, self.margin, lifetime, mark);
+        let mut seen = None;
+        // As many writes as the handler's release makes at most.
+        for _ in 0..6 {
+            let Some(sent) = step else { break };
+            let change = handler::release_change(sent, now_ms, self.margin, lifetimes, seen);
             let applied = self.transition(state, worker, change);
-            step = decide::after_release(sent, applied, state.record.as_ref(), &token);
+            // A rejected write returns the record; an applied one returns nothing, and the
+            // handler then knows only what its own failure wrote.
+            let found = if applied { None } else { state.record.as_ref() };
+            seen = match found {
+                Some(record) => Some(decide::Seen::of(record)),
+                None if applied && sent == decide::ReleaseStep::Fail => Some(decide::Seen {
+                    until_ms: None,
+                    expires_at_s: handler::expiry_s(now_ms, lifetime),
+                    full: false,
+                }),
+                None => None,
+            };
+            step = decide::after_release(sent, applied, found, &token, judged);
         }
         state.workers[worker].phase = Phase::Done(Outcome::Released);
     }

@@ -87,6 +87,14 @@ pub struct Record {
     /// never lands afterwards. At most [`MAX_RELEASED`] of them; removed by a completion (the record is
     /// final until it expires).
     pub released: Vec<String>,
+    /// Until when (epoch milliseconds) a claim under any of the [`released`](Self::released) tokens
+    /// can still hold the key: the latest lease end any of their calls' claims may have asked for,
+    /// plus the clock-skew margin. Once a caller's clock (less its margin) has passed it, every one of
+    /// them is stale (a claim landing now would be taken over at once), and a release that finds the
+    /// set full replaces them with its own token. `None` on a record never marked, or marked before
+    /// it was kept (its tokens are never judged stale). Left as it is by a claim; removed with the
+    /// tokens by a completion.
+    pub released_until_ms: Option<u64>,
 }
 
 /// How many [`Record::released`] tokens a record holds at most: a release that finds the record full
@@ -239,13 +247,16 @@ pub struct AttributeNames {
     /// The tokens of calls that released their claim before it landed (SS): a claim under one of
     /// them is refused ([`Record::released`]).
     pub released: String,
+    /// Until when (N, epoch milliseconds) a claim under one of the released tokens can hold the key
+    /// ([`Record::released_until_ms`]).
+    pub released_until: String,
 }
 
 // Used by the DynamoDB store, which reads a returned item by these names.
 #[cfg(feature = "dynamodb")]
 impl AttributeNames {
     /// Every name, in the order of the fields.
-    fn all(&self) -> [&str; 15] {
+    fn all(&self) -> [&str; 16] {
         [
             &self.key,
             &self.sort_key,
@@ -262,6 +273,7 @@ impl AttributeNames {
             &self.completed_in,
             &self.steps,
             &self.released,
+            &self.released_until,
         ]
     }
 
@@ -292,6 +304,7 @@ impl Default for AttributeNames {
             completed_in: "completed_in".into(),
             steps: "steps".into(),
             released: "released".into(),
+            released_until: "released_until".into(),
         }
     }
 }
@@ -320,6 +333,7 @@ mod tests {
             completed_in: None,
             steps: None,
             released: Vec::new(),
+            released_until_ms: None,
         }
     }
 

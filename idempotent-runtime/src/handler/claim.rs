@@ -267,6 +267,7 @@ impl Attempt<'_> {
                     namespace,
                     self.plan.key,
                     self.token,
+                    self.lease,
                     lifetime,
                     mark,
                 );
@@ -292,6 +293,7 @@ pub(super) fn release(
     namespace: &'static str,
     key: &str,
     token: &str,
+    lease: Duration,
     lifetime: Duration,
     mark_lifetime: Duration,
 ) {
@@ -310,19 +312,29 @@ pub(super) fn release(
         // there is none, else the token left on the record there ([`decide::after_release`]). Each
         // rejection means the record changed in between; six writes cover every order in which the
         // claim can land and the record appear or vanish.
+        let margin = idem.clock_skew_margin();
+        let hold_until_ms = decide::release_hold_until(idem.clock().now_ms(), lease, margin);
         let mut step = Some(decide::ReleaseStep::Fail);
+        // The record the next mark is computed from: the one the last rejection returned.
+        let mut seen = None;
         for _ in 0..6 {
             let Some(sent) = step else { break };
+            let now_ms = idem.clock().now_ms();
+            let change = release_change(
+                sent,
+                now_ms,
+                margin,
+                Lifetimes {
+                    lifetime,
+                    mark_lifetime,
+                    hold_until_ms,
+                },
+                seen,
+            );
             let transition = Transition {
                 key: &key,
                 token: &token,
-                change: release_change(
-                    sent,
-                    idem.clock().now_ms(),
-                    idem.clock_skew_margin(),
-                    lifetime,
-                    mark_lifetime,
-                ),
+                change,
             };
             let (applied, found) = match telemetry::observe(
                 "release",
@@ -341,36 +353,72 @@ pub(super) fn release(
                     return;
                 }
             };
-            step = decide::after_release(sent, applied, found.as_ref(), &token);
+            seen = match &found {
+                Some(record) => Some(decide::Seen::of(record)),
+                // Our own failure, just applied: what it wrote (the record's end of released
+                // tokens, if any, is not known: a mark computed without it is refused, and the
+                // record that refusal returns tells it).
+                None if applied && sent == decide::ReleaseStep::Fail => Some(decide::Seen {
+                    until_ms: None,
+                    expires_at_s: expiry_s(now_ms, lifetime),
+                    full: false,
+                }),
+                None => None,
+            };
+            step = decide::after_release(
+                sent,
+                applied,
+                found.as_ref(),
+                &token,
+                judged_ms(now_ms, margin),
+            );
         }
         tracing::debug!(namespace, "the claim of a call that gave it up is released");
     };
     runtime.spawn(tasks.track_future(release));
 }
 
+/// How long what a release writes lives: its failure of a landed claim (`lifetime`), its mark where
+/// there is no record (`mark_lifetime`, [`decide::release_mark_lifetime`]), and until when the claim
+/// it gave up can hold the key (`hold_until_ms`, [`decide::release_hold_until`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lifetimes {
+    pub(crate) lifetime: Duration,
+    pub(crate) mark_lifetime: Duration,
+    pub(crate) hold_until_ms: u64,
+}
+
 /// The write a release makes at `step` at `now_ms` (with the caller's clock-skew `margin`): a
-/// failure living `lifetime`, a mark living `mark_lifetime` ([`decide::release_mark_lifetime`]), or
-/// the token left on another record.
+/// failure, a mark, or the token left on the record it last read (`seen`; [`decide::mark`]).
 pub(crate) fn release_change(
     step: decide::ReleaseStep,
     now_ms: u64,
     margin: Duration,
-    lifetime: Duration,
-    mark_lifetime: Duration,
+    lifetimes: Lifetimes,
+    seen: Option<decide::Seen>,
 ) -> Change<'static> {
     match step {
         decide::ReleaseStep::Fail => Change::Fail {
             error: RELEASED,
-            expires_at_s: expiry_s(now_ms, lifetime),
+            expires_at_s: expiry_s(now_ms, lifetimes.lifetime),
             release_claim_writes: false,
         },
         decide::ReleaseStep::Mark => Change::Release {
             error: RELEASED,
-            expires_at_s: expiry_s(now_ms, mark_lifetime),
+            expires_at_s: expiry_s(now_ms, lifetimes.mark_lifetime),
+            released_until_ms: lifetimes.hold_until_ms,
         },
-        decide::ReleaseStep::MarkRecord => Change::MarkReleased {
-            now_ms: judged_ms(now_ms, margin),
-        },
+        // Only ever after a write that told what the record holds; should one not have, a mark
+        // computed from nothing is refused by any record, and the refusal says what it holds.
+        decide::ReleaseStep::MarkRecord => decide::mark(
+            seen.unwrap_or(decide::Seen {
+                until_ms: None,
+                expires_at_s: 0,
+                full: false,
+            }),
+            judged_ms(now_ms, margin),
+            lifetimes.hold_until_ms,
+        ),
     }
 }
 
@@ -703,6 +751,10 @@ async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<
 }
 
 /// What one claim attempt found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every duplicate's path: boxing the record would allocate there"
+)]
 pub(super) enum Claim {
     /// The key is ours.
     Held {

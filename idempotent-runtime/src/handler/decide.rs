@@ -201,36 +201,108 @@ pub(crate) enum ReleaseStep {
 }
 
 /// What a release under `token` does after `step` was `applied`, or rejected with the record it
-/// `found` (`None`: no record). A release ends with the token among the record's released ones
-/// (a mark where there was no record holds it too): a FAILED record under the token alone does not
-/// keep the claim out once another call has claimed and failed it. Each rejection means the record
-/// changed since the last write (or holds all the released tokens it may): the next write is the one
-/// that record calls for.
+/// `found` (`None`: no record), judged at `now_ms` (the caller's clock less its margin). A release ends
+/// with the token among the record's released ones (a mark where there was no record holds it too): a
+/// FAILED record under the token alone does not keep the claim out once another call has claimed and
+/// failed it. Each rejection means the record changed since the last write (or refuses every mark): the
+/// next write is the one that record calls for, and none on a record that refuses every mark
+/// ([`markable`]).
 pub(crate) fn after_release(
     step: ReleaseStep,
     applied: bool,
     found: Option<&Record>,
     token: &str,
+    now_ms: u64,
 ) -> Option<ReleaseStep> {
     if applied {
         return (step == ReleaseStep::Fail).then_some(ReleaseStep::MarkRecord);
     }
-    match (step, found) {
+    match found {
         // The claim landed (between two writes): fail it.
-        (ReleaseStep::Mark | ReleaseStep::MarkRecord, Some(record))
-            if record.status == Status::Pending && record.token == token =>
+        Some(record)
+            if step != ReleaseStep::Fail
+                && record.status == Status::Pending
+                && record.token == token =>
         {
             Some(ReleaseStep::Fail)
         }
         // No record: the claim has not landed (or never will); leave the mark it must respect.
-        (_, None) => Some(ReleaseStep::Mark),
+        None => Some(ReleaseStep::Mark),
         // Already refuses the claim: our token is on it.
-        (_, Some(record)) if record.released.iter().any(|t| t == token) => None,
-        // Another call's record, which the claim may still land on once it is claimable.
-        (ReleaseStep::Fail | ReleaseStep::Mark, Some(_)) => Some(ReleaseStep::MarkRecord),
-        // A record that holds all the released tokens it may: the claim lapses with its lease.
-        (ReleaseStep::MarkRecord, Some(_)) => None,
+        Some(record) if record.released.iter().any(|t| t == token) => None,
+        // Another call's record, which the claim may still land on once it is claimable (or one whose
+        // end or expiry changed since the mark was computed).
+        Some(record) if markable(record, now_ms) => Some(ReleaseStep::MarkRecord),
+        // A live COMPLETED record (no claim lands on it), or one holding all the released tokens it
+        // may, some of which can still hold the key: the claim lapses with its lease.
+        Some(_) => None,
     }
+}
+
+/// Whether a release may leave its token on `record` at `now_ms`: a COMPLETED record only once
+/// expired, and one holding [`MAX_RELEASED`](crate::MAX_RELEASED) tokens only once all of them are
+/// stale ([`Record::released_until_ms`] passed), when the mark replaces them.
+pub(crate) fn markable(record: &Record, now_ms: u64) -> bool {
+    (record.status != Status::Completed || record.is_expired(now_ms))
+        && (record.released.len() < crate::MAX_RELEASED || stale(record, now_ms))
+}
+
+/// Whether every released token on `record` is stale at `now_ms`: their claims' end is known and past.
+fn stale(record: &Record, now_ms: u64) -> bool {
+    record.released_until_ms.is_some_and(|until| until < now_ms)
+}
+
+/// What a release read of the record it marks: until when its released tokens hold, its expiry, and
+/// whether it holds all the released tokens it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// [`Record::released_until_ms`].
+    pub(crate) until_ms: Option<u64>,
+    /// [`Record::expires_at_s`].
+    pub(crate) expires_at_s: u64,
+    /// [`MAX_RELEASED`](crate::MAX_RELEASED) tokens.
+    pub(crate) full: bool,
+}
+
+impl Seen {
+    /// What `record` says.
+    pub(crate) fn of(record: &Record) -> Self {
+        Self {
+            until_ms: record.released_until_ms,
+            expires_at_s: record.expires_at_s,
+            full: record.released.len() >= crate::MAX_RELEASED,
+        }
+    }
+}
+
+/// The mark a release makes at `now_ms` (judged) on the record it read (`seen`), for a claim that can
+/// hold the key until `hold_until_ms` at most: its token joins the released ones, or replaces them when
+/// the set is full and every one is stale; the released tokens' end and the record's expiry become no
+/// earlier than the claim's end, so that the mark outlives the claim it keeps out (TTL deletes no
+/// record before its expiry).
+pub(crate) fn mark(seen: Seen, now_ms: u64, hold_until_ms: u64) -> crate::store::Change<'static> {
+    let replace = seen.full && seen.until_ms.is_some_and(|until| until < now_ms);
+    let until_ms = match seen.until_ms {
+        Some(until) if !replace => until.max(hold_until_ms),
+        _ => hold_until_ms,
+    };
+    crate::store::Change::MarkReleased {
+        now_ms,
+        released_until_ms: until_ms,
+        expires_at_s: seen.expires_at_s.max(hold_until_ms.div_ceil(1000)),
+        seen_until_ms: seen.until_ms,
+        seen_expires_at_s: seen.expires_at_s,
+        replace,
+    }
+}
+
+/// Until when a claim sent before a release that starts at `now_ms` (the caller's clock) can hold the
+/// key: its lease ends within `lease` of now, and others take it over once their clocks, less the
+/// `margin`, have passed that end.
+pub(crate) fn release_hold_until(now_ms: u64, lease: Duration, margin: Duration) -> u64 {
+    now_ms
+        .saturating_add(millis(lease))
+        .saturating_add(millis(margin))
 }
 
 /// How long a release's mark lives: at least as long as the claim it stands in for (its `lease` and
@@ -435,6 +507,7 @@ mod tests {
             completed_in: None,
             steps: None,
             released: Vec::new(),
+            released_until_ms: None,
         }
     }
 
@@ -745,6 +818,7 @@ mod tests {
         let ours = record(Status::Pending, Some(10));
         let released = Record {
             released: vec!["t".into()],
+            released_until_ms: None,
             ..record(Status::Failed, None)
         };
         // Failed by our release but without our token among the released ones: marked next.
@@ -759,44 +833,150 @@ mod tests {
         };
         let marked = Record {
             released: vec!["t".into()],
+            released_until_ms: None,
             ..theirs.clone()
         };
-        assert_eq!(after_release(Fail, true, None, "t"), Some(MarkRecord));
+        assert_eq!(after_release(Fail, true, None, "t", 0), Some(MarkRecord));
         assert_eq!(
-            after_release(Fail, false, Some(&failed), "t"),
+            after_release(Fail, false, Some(&failed), "t", 0),
             Some(MarkRecord)
         );
         for step in [Mark, MarkRecord] {
-            assert_eq!(after_release(step, true, None, "t"), None, "{step:?}");
+            assert_eq!(after_release(step, true, None, "t", 0), None, "{step:?}");
         }
         for step in [Fail, Mark, MarkRecord] {
             // Our token on our released record, or on another record: the claim is refused already.
-            assert_eq!(after_release(step, false, Some(&released), "t"), None);
-            assert_eq!(after_release(step, false, Some(&marked), "t"), None);
+            assert_eq!(after_release(step, false, Some(&released), "t", 0), None);
+            assert_eq!(after_release(step, false, Some(&marked), "t", 0), None);
         }
-        assert_eq!(after_release(Fail, false, None, "t"), Some(Mark));
-        assert_eq!(after_release(MarkRecord, false, None, "t"), Some(Mark));
-        assert_eq!(after_release(Mark, false, Some(&ours), "t"), Some(Fail));
+        assert_eq!(after_release(Fail, false, None, "t", 0), Some(Mark));
+        assert_eq!(after_release(MarkRecord, false, None, "t", 0), Some(Mark));
+        assert_eq!(after_release(Mark, false, Some(&ours), "t", 0), Some(Fail));
         assert_eq!(
-            after_release(MarkRecord, false, Some(&ours), "t"),
+            after_release(MarkRecord, false, Some(&ours), "t", 0),
             Some(Fail)
         );
         for other in [&theirs, &lapsed] {
             assert_eq!(
-                after_release(Fail, false, Some(other), "t"),
+                after_release(Fail, false, Some(other), "t", 0),
                 Some(MarkRecord)
             );
             assert_eq!(
-                after_release(Mark, false, Some(other), "t"),
+                after_release(Mark, false, Some(other), "t", 0),
                 Some(MarkRecord)
             );
-            // Rejected by a record that holds all the tokens it may.
-            assert_eq!(after_release(MarkRecord, false, Some(other), "t"), None);
+            // Rejected by a record that changed since it was read: marked again from the new one.
+            assert_eq!(
+                after_release(MarkRecord, false, Some(other), "t", 0),
+                Some(MarkRecord)
+            );
         }
         assert_eq!(
             release_mark_lifetime(Duration::from_mins(1), Duration::from_hours(24)),
             Duration::from_mins(60 * 24 + 1)
         );
+    }
+
+    #[test]
+    fn a_full_or_final_record_takes_no_mark_until_its_released_tokens_are_stale() {
+        use ReleaseStep::{Fail, Mark, MarkRecord};
+        let full = Record {
+            token: "other".into(),
+            released: (0..crate::MAX_RELEASED).map(|i| format!("r{i}")).collect(),
+            released_until_ms: Some(5_000),
+            ..record(Status::Failed, None)
+        };
+        let completed = Record {
+            token: "other".into(),
+            expires_at_s: 10,
+            ..record(Status::Completed, None)
+        };
+        for step in [Fail, Mark, MarkRecord] {
+            // Full, some of them can still land: the claim lapses with its lease.
+            assert_eq!(after_release(step, false, Some(&full), "t", 5_000), None);
+            // All stale: replaced.
+            assert_eq!(
+                after_release(step, false, Some(&full), "t", 5_001),
+                Some(MarkRecord)
+            );
+            // Live COMPLETED: final; expired: marked.
+            assert_eq!(
+                after_release(step, false, Some(&completed), "t", 9_999),
+                None
+            );
+            assert_eq!(
+                after_release(step, false, Some(&completed), "t", 11_000),
+                Some(MarkRecord)
+            );
+        }
+        // Tokens whose end was never kept are never judged stale.
+        let unknown = Record {
+            released_until_ms: None,
+            ..full.clone()
+        };
+        assert_eq!(
+            after_release(MarkRecord, false, Some(&unknown), "t", u64::MAX),
+            None
+        );
+    }
+
+    #[test]
+    fn a_mark_outlives_the_claim_it_keeps_out_and_replaces_only_stale_tokens() {
+        let hold = release_hold_until(10_000, Duration::from_secs(3), Duration::from_secs(1));
+        assert_eq!(hold, 14_000);
+        let seen = Seen {
+            until_ms: Some(12_000),
+            expires_at_s: 11,
+            full: false,
+        };
+        let crate::store::Change::MarkReleased {
+            released_until_ms,
+            expires_at_s,
+            seen_until_ms,
+            seen_expires_at_s,
+            replace,
+            ..
+        } = mark(seen, 10_000, hold)
+        else {
+            panic!("a mark")
+        };
+        assert_eq!((released_until_ms, expires_at_s), (14_000, 14));
+        assert_eq!(
+            (seen_until_ms, seen_expires_at_s, replace),
+            (Some(12_000), 11, false)
+        );
+        // Never earlier than what the record holds.
+        let later = Seen {
+            until_ms: Some(20_000),
+            expires_at_s: 30,
+            full: false,
+        };
+        assert!(matches!(
+            mark(later, 10_000, hold),
+            crate::store::Change::MarkReleased {
+                released_until_ms: 20_000,
+                expires_at_s: 30,
+                replace: false,
+                ..
+            }
+        ));
+        // Full: replaced once stale, and then the end is the new claim's alone.
+        let full = Seen {
+            full: true,
+            ..later
+        };
+        assert!(matches!(
+            mark(full, 20_000, hold),
+            crate::store::Change::MarkReleased { replace: false, .. }
+        ));
+        assert!(matches!(
+            mark(full, 20_001, 25_000),
+            crate::store::Change::MarkReleased {
+                released_until_ms: 25_000,
+                replace: true,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub(crate) mod steps;
 pub(crate) use claim::RELEASED;
 pub(crate) use claim::Stage;
 #[cfg(test)]
-pub(crate) use claim::release_change;
+pub(crate) use claim::{Lifetimes, release_change};
 pub use decide::MIN_LEASE;
 pub(crate) use run::{Detach, Inline, Runner, panicked, run};
 pub(crate) use settle::save_steps;
@@ -412,6 +412,7 @@ mod examine_order {
             completed_in: None,
             steps: None,
             released: Vec::new(),
+            released_until_ms: None,
         };
         let call = Call::new("ns");
         let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);
@@ -450,6 +451,7 @@ mod decision {
             claim_writes_in_effect: false,
             completed_in: None,
             released: Vec::new(),
+            released_until_ms: None,
             steps: None,
         }
     }

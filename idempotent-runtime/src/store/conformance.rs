@@ -53,7 +53,7 @@
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless the record expired, or it restarts after the failure of exactly the steps stored), and replaces them when made |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
-//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one) and changes nothing else; every claim under a released token is refused, other claims keep the tokens, a completion removes them; a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) reject it |
+//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) whose tokens can still hold the key reject it; on a full record whose tokens' end has passed, the token replaces them |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
@@ -1311,8 +1311,12 @@ async fn a_release_before_its_claim_landed_refuses_that_claim<S: Store>(
     );
     let mark = c.record("gone").await?;
     ensure!(
-        mark.status == Status::Failed && mark.token == "t1" && mark.released == ["t1"],
-        "the mark is FAILED under the releasing call's token, its only released one, got {mark:?}"
+        mark.status == Status::Failed
+            && mark.token == "t1"
+            && mark.released == ["t1"]
+            && mark.released_until_ms == Some(NOW + LEASE),
+        "the mark is FAILED under the releasing call's token, its only released one, until the \
+         claim's end, got {mark:?}"
     );
     let late = c.store.claim(&claim("gone", "t1", NOW)).await?;
     ensure!(
@@ -1348,45 +1352,50 @@ async fn a_release_before_its_claim_landed_refuses_that_claim<S: Store>(
 async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    // On another call's FAILED record: the token joins the released ones, nothing else changes;
-    // the released call's claim is refused, another call's is not, and keeps the token.
+    // Until when each released call's claim can hold the key.
+    let (until_1, until_4) = (NOW + LEASE, NOW + 2 * LEASE);
+    // On another call's FAILED record: the token joins the released ones, their end and the
+    // record's expiry reach the claim's end, nothing else changes; the released call's claim is
+    // refused, another call's is not, and keeps the token and its end.
     c.pending("failed", "t2").await?;
     c.store.transition(&fail("failed", "t2")).await?;
     let before = c.record("failed").await?;
     ensure_eq!(
         c.store
-            .transition(&mark_released("failed", "t1", NOW))
+            .transition(&mark_released("failed", "t1", NOW, Some(&before), until_1))
             .await?,
         WriteOutcome::Applied,
         "a token left on another call's FAILED record"
     );
     let marked = c.record("failed").await?;
-    ensure_eq!(
-        marked,
-        Record {
-            released: vec!["t1".to_owned()],
-            ..before
-        },
-        "a released token changes nothing else"
-    );
+    let mut expected = before.clone();
+    expected.released = vec!["t1".to_owned()];
+    expected.released_until_ms = Some(until_1);
+    expected.expires_at_s = before.expires_at_s.max(until_1.div_ceil(1000));
+    ensure_eq!(marked, expected, "a released token changes nothing else");
     let late = c.store.claim(&claim("failed", "t1", NOW)).await?;
     ensure!(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "t2"),
         "a claim under a released token must be refused, got {late:?}"
     );
     c.pending("failed", "t3").await?;
-    ensure_eq!(
-        c.record("failed").await?.released,
-        vec!["t1".to_owned()],
-        "a claim keeps the released tokens"
+    let claimed = c.record("failed").await?;
+    ensure!(
+        claimed.released == ["t1"] && claimed.released_until_ms == Some(until_1),
+        "a claim keeps the released tokens and their end, got {claimed:?}"
     );
     // On a live claim of another call: the token waits there until the claim lapses.
     ensure_eq!(
         c.store
-            .transition(&mark_released("failed", "t4", NOW))
+            .transition(&mark_released("failed", "t4", NOW, Some(&claimed), until_4))
             .await?,
         WriteOutcome::Applied,
         "a token left on another call's live claim"
+    );
+    let record = c.record("failed").await?;
+    ensure!(
+        record.released_until_ms == Some(until_4) && record.expires_at_s == claimed.expires_at_s,
+        "the end becomes the later one; an expiry already later is kept, got {record:?}"
     );
     let after_lease = NOW + LEASE + 1;
     let late = c.store.claim(&claim("failed", "t4", after_lease)).await?;
@@ -1394,9 +1403,17 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "t3"),
         "a claim under a released token must be refused after the lease too, got {late:?}"
     );
+    // A mark computed from a record that has changed since (here its end) is rejected with it.
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t6", NOW, Some(&claimed), until_1))
+            .await?,
+        WriteOutcome::Rejected(Some(record.clone())),
+        "a mark computed from an earlier read of the record"
+    );
     // Left twice, it is held once.
     c.store
-        .transition(&mark_released("failed", "t4", NOW))
+        .transition(&mark_released("failed", "t4", NOW, Some(&record), until_4))
         .await?;
     let record = c.record("failed").await?;
     ensure_eq!(record.released.len(), 2, "each token once: {record:?}");
@@ -1404,60 +1421,120 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     c.store
         .transition(&complete("failed", "t3", b"{}", NOW / 1000 + 60))
         .await?;
+    let completed = c.record("failed").await?;
     ensure!(
-        c.record("failed").await?.released.is_empty(),
-        "a completion removes the released tokens"
+        completed.released.is_empty() && completed.released_until_ms.is_none(),
+        "a completion removes the released tokens and their end, got {completed:?}"
     );
     // Rejected, returned as they are: a live COMPLETED record, a claim under the token itself, no
     // record.
-    let completed = c.record("failed").await?;
     ensure_eq!(
         c.store
-            .transition(&mark_released("failed", "t5", NOW))
+            .transition(&mark_released(
+                "failed",
+                "t5",
+                NOW,
+                Some(&completed),
+                until_1
+            ))
             .await?,
-        WriteOutcome::Rejected(Some(completed)),
+        WriteOutcome::Rejected(Some(completed.clone())),
         "a live COMPLETED record is final"
     );
     c.pending("mine", "t1").await?;
     let mine = c.record("mine").await?;
     ensure_eq!(
         c.store
-            .transition(&mark_released("mine", "t1", NOW))
+            .transition(&mark_released("mine", "t1", NOW, Some(&mine), until_1))
             .await?,
         WriteOutcome::Rejected(Some(mine)),
         "a claim under the token itself landed: it is failed, not marked"
     );
     ensure_eq!(
         c.store
-            .transition(&mark_released("absent", "t1", NOW))
+            .transition(&mark_released("absent", "t1", NOW, None, until_1))
             .await?,
         WriteOutcome::Rejected(None),
         "no record: a release mark is written instead"
     );
-    // An expired COMPLETED record takes it (its claim may land at once).
+    // An expired COMPLETED record takes it (its claim may land at once), and lives until the
+    // claim's end: TTL does not delete it before the claim could land on nothing.
     let expired_ms = (NOW / 1000 + 61) * 1000;
+    let until_5 = expired_ms + LEASE;
     ensure_eq!(
         c.store
-            .transition(&mark_released("failed", "t5", expired_ms))
+            .transition(&mark_released(
+                "failed",
+                "t5",
+                expired_ms,
+                Some(&completed),
+                until_5
+            ))
             .await?,
         WriteOutcome::Applied,
         "an expired COMPLETED record takes a released token"
     );
-    // At most MAX_RELEASED tokens.
+    let revived = c.record("failed").await?;
+    ensure!(
+        revived.expires_at_s == until_5.div_ceil(1000) && revived.released == ["t5"],
+        "the record's expiry reaches the claim's end, got {revived:?}"
+    );
+    // At most MAX_RELEASED tokens while any of them can still hold the key; once all of them are
+    // stale, a mark replaces them.
     c.pending("full", "owner").await?;
     for i in 0..crate::MAX_RELEASED {
+        let seen = c.record("full").await?;
         c.store
-            .transition(&mark_released("full", &format!("r{i}"), NOW))
+            .transition(&mark_released(
+                "full",
+                &format!("r{i}"),
+                NOW,
+                Some(&seen),
+                until_1,
+            ))
             .await?;
     }
     let full = c.record("full").await?;
     ensure_eq!(full.released.len(), crate::MAX_RELEASED, "{full:?}");
     ensure_eq!(
         c.store
-            .transition(&mark_released("full", "one-more", NOW))
+            .transition(&mark_released(
+                "full",
+                "one-more",
+                NOW,
+                Some(&full),
+                until_1
+            ))
             .await?,
-        WriteOutcome::Rejected(Some(full)),
-        "a record holding MAX_RELEASED tokens rejects one more"
+        WriteOutcome::Rejected(Some(full.clone())),
+        "a record holding MAX_RELEASED tokens that can still hold the key rejects one more"
+    );
+    let stale_ms = until_1 + 1;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released(
+                "full",
+                "one-more",
+                stale_ms,
+                Some(&full),
+                stale_ms + LEASE
+            ))
+            .await?,
+        WriteOutcome::Applied,
+        "once every released token is stale, a mark replaces them"
+    );
+    let replaced = c.record("full").await?;
+    ensure!(
+        replaced.released == ["one-more"] && replaced.released_until_ms == Some(stale_ms + LEASE),
+        "the stale tokens replaced by the new one, got {replaced:?}"
+    );
+    let late = c
+        .store
+        .claim(&claim("full", "one-more", stale_ms + 1))
+        .await?;
+    ensure!(
+        matches!(&late, ClaimOutcome::Existing(r) if r.token == "owner"),
+        "a claim under the new token is refused, got {late:?}"
     );
     Ok(())
 }

@@ -271,6 +271,7 @@ pub(crate) fn claimed<'r>(
         // Like DynamoDB's update, a claim leaves them as they were: a claim still in flight under one
         // of them may land later.
         released: old.map(|o| o.released.clone()).unwrap_or_default(),
+        released_until_ms: old.and_then(|o| o.released_until_ms),
     })
 }
 
@@ -295,10 +296,22 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     let held = record.status == Status::Pending && record.token == transition.token;
     match transition.change {
         Change::Release { .. } => false,
-        Change::MarkReleased { now_ms } => {
+        Change::MarkReleased {
+            now_ms,
+            seen_until_ms,
+            seen_expires_at_s,
+            replace,
+            ..
+        } => {
             !held
                 && (record.status != Status::Completed || record.is_expired(now_ms))
-                && record.released.len() < crate::MAX_RELEASED
+                && record.released_until_ms == seen_until_ms
+                && record.expires_at_s == seen_expires_at_s
+                && if replace {
+                    record.released_until_ms.is_some_and(|until| until < now_ms)
+                } else {
+                    record.released.len() < crate::MAX_RELEASED
+                }
         }
         Change::Fail {
             release_claim_writes: true,
@@ -315,6 +328,7 @@ pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
     let Change::Release {
         error,
         expires_at_s,
+        released_until_ms,
     } = transition.change
     else {
         unreachable!("only a release writes a record where there is none")
@@ -334,6 +348,7 @@ pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
         completed_in: None,
         steps: None,
         released: vec![transition.token.to_owned()],
+        released_until_ms: Some(released_until_ms),
     }
 }
 
@@ -365,13 +380,24 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.lease_until_ms = None;
             // Final until it expires: no claim lands on it, released or not.
             record.released.clear();
+            record.released_until_ms = None;
         }
         // Never applied to a record ([`fenced`]): written where there is none ([`tombstone`]).
         Change::Release { .. } => {}
-        Change::MarkReleased { .. } => {
+        Change::MarkReleased {
+            released_until_ms,
+            expires_at_s,
+            replace,
+            ..
+        } => {
+            if replace {
+                record.released.clear();
+            }
             if !record.released.iter().any(|t| t == transition.token) {
                 record.released.push(transition.token.to_owned());
             }
+            record.released_until_ms = Some(released_until_ms);
+            record.expires_at_s = expires_at_s;
         }
         Change::Fail {
             error,

@@ -135,20 +135,41 @@ pub enum Change<'a> {
         error: &'a str,
         /// The record's new expiry (epoch seconds).
         expires_at_s: u64,
+        /// Until when the call's claim can hold the key (the mark's
+        /// [`released_until_ms`](Record::released_until_ms)).
+        released_until_ms: u64,
     },
     /// On a record that is **not PENDING under the token**, and not COMPLETED unless expired at
-    /// `now_ms`, the token is added to the record's [`released`](Record::released) ones, the rest left
-    /// as it is: the call holding the token gave up a claim whose request is still in flight and found
-    /// another record there (a FAILED one, a lapsed or live claim of another call, an expired one), and
-    /// that claim, if it lands later, is refused by it (every claim is refused under a released token).
-    /// A record that already holds [`MAX_RELEASED`](crate::MAX_RELEASED) tokens, one PENDING under the
-    /// token (the claim landed: it is given up with a [`Fail`](Self::Fail)), a live COMPLETED one (final:
-    /// no claim lands on it before it expires) and no record at all (a [`Release`](Self::Release) marks
-    /// that) reject it, returned as they are.
+    /// `now_ms`, the token is added to the record's [`released`](Record::released) ones: the call holding
+    /// the token gave up a claim whose request is still in flight and found another record there (a
+    /// FAILED one, a lapsed or live claim of another call, an expired one), and that claim, if it lands
+    /// later, is refused by it (every claim is refused under a released token). The record's
+    /// [`released_until_ms`](Record::released_until_ms) and expiry become the ones given (the caller
+    /// never makes either earlier), so that the mark outlives the claim it keeps out; the rest is left
+    /// as it is.
+    ///
+    /// The caller computed both from the record it read: the mark is made only on a record that still
+    /// holds `seen_until_ms` and `seen_expires_at_s`. With `replace`, the token *replaces* the released
+    /// ones, on a record whose `released_until_ms` is before `now_ms` (every one of them stale);
+    /// without, it joins them, on a record holding fewer than [`MAX_RELEASED`](crate::MAX_RELEASED).
+    /// Any other record, one PENDING under the token (the claim landed: it is given up with a
+    /// [`Fail`](Self::Fail)), a live COMPLETED one (final: no claim lands on it before it expires) and
+    /// no record at all (a [`Release`](Self::Release) marks that) reject it, returned as they are.
     MarkReleased {
         /// The caller's time, less its clock-skew margin, as a claim's
-        /// ([`ClaimRequest::now_ms`]): whether a COMPLETED record has expired.
+        /// ([`ClaimRequest::now_ms`]): whether a COMPLETED record has expired, and whether the released
+        /// tokens are stale.
         now_ms: u64,
+        /// The record's new [`released_until_ms`](Record::released_until_ms).
+        released_until_ms: u64,
+        /// The record's new expiry (epoch seconds).
+        expires_at_s: u64,
+        /// The record's `released_until_ms` as the caller read it.
+        seen_until_ms: Option<u64>,
+        /// The record's expiry as the caller read it.
+        seen_expires_at_s: u64,
+        /// The token replaces the stale released ones instead of joining them.
+        replace: bool,
     },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {

@@ -80,6 +80,7 @@ impl Store for Flaky {
                 completed_in: None,
                 steps: None,
                 released: Vec::new(),
+                released_until_ms: None,
             }));
         }
         self.inner.claim(request).await

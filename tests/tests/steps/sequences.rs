@@ -1490,6 +1490,7 @@ fn probe() -> idempotent_runtime::Record {
         completed_in: None,
         steps: None,
         released: Vec::new(),
+        released_until_ms: None,
     }
 }
 

@@ -116,6 +116,7 @@ async fn custom_attribute_names_are_used_for_every_attribute() {
         completed_in: "region".into(),
         steps: "done".into(),
         released: "given_up".into(),
+        released_until: "given_up_until".into(),
     };
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(

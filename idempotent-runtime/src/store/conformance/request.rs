@@ -3,6 +3,7 @@
 //! One clock ([`NOW`]) and one lease ([`LEASE`]) for every request, so a test that checks a record the
 //! suite's requests wrote knows its times.
 
+use crate::Record;
 use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
 
 /// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
@@ -56,17 +57,35 @@ pub fn release<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
         change: Change::Release {
             error: "released",
             expires_at_s: NOW / 1000 + 60,
+            released_until_ms: NOW + LEASE,
         },
     }
 }
 
-/// Leaves `token` on the record of `key` ([`Change::MarkReleased`]) at `now_ms`.
+/// Leaves `token` on `seen`, the record of `key` as the caller read it (`None`: none), at `now_ms`,
+/// for a claim that can hold the key until `until_ms` ([`Change::MarkReleased`], computed as the
+/// runtime's release computes it): the token joins the released ones (or replaces them, on a full set
+/// whose end has passed), and their end and the record's expiry become no earlier than `until_ms`.
 #[must_use]
-pub fn mark_released<'a>(key: &'a str, token: &'a str, now_ms: u64) -> Transition<'a> {
+pub fn mark_released<'a>(
+    key: &'a str,
+    token: &'a str,
+    now_ms: u64,
+    seen: Option<&Record>,
+    until_ms: u64,
+) -> Transition<'a> {
+    let seen = seen.map_or(
+        crate::handler::decide::Seen {
+            until_ms: None,
+            expires_at_s: 0,
+            full: false,
+        },
+        crate::handler::decide::Seen::of,
+    );
     Transition {
         key,
         token,
-        change: Change::MarkReleased { now_ms },
+        change: crate::handler::decide::mark(seen, now_ms, until_ms),
     }
 }
 

@@ -8,11 +8,14 @@
 //! Placeholders: `#pk` key, `#st` status, `#tk` token, `#at` attempt, `#lu` lease end, `#ex` expiry, `#fp`
 //! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect, `#ci`
 //! the region that completed the record, `#sp` the finished steps of an operation run with steps, `#rl`
-//! the tokens of calls that released their claim before it landed. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
+//! the tokens of calls that released their claim before it landed, `#rd` until when their claims can
+//! hold the key. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
 //! store's region), `:sp` (the steps), `:prev` (the steps a step's write extends), `:tks` (a set
-//! holding the token), `:max` ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:one` (1) and `:true`.
+//! holding the token), `:max` ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:rd` (a release's end),
+//! `:seen_rd`, `:seen_ex` (the record's release end and expiry as a release read them), `:one` (1)
+//! and `:true`.
 //!
 //! `#pk` is always the *partition* key attribute: in a [`Layout`](super::Layout) with a sort key, every
 //! request names the item by its full primary key, and `attribute_not_exists(#pk)` holds exactly when
@@ -70,16 +73,30 @@ pub const RELEASABLE: &str = "attribute_not_exists(#pk)";
 /// A release mark's item: FAILED under the caller's token, which is also its only released one (a
 /// claim that takes the mark over keeps it), no claim attempt made (`#at` 0).
 pub const RELEASE: &str =
-    "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero, #rl = :tks";
+    "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero, #rl = :tks, #rd = :rd";
 
-/// The condition of a [`Change::MarkReleased`]: a record that is not PENDING under the caller's token
-/// (the call's claim has not landed) nor COMPLETED and live (final until it expires), and holds fewer
-/// than `:max` released tokens.
-pub const MARKABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
+/// The condition of a [`Change::MarkReleased`] that adds the caller's token: a record that is not
+/// PENDING under the caller's token (the call's claim has not landed) nor COMPLETED and live (final
+/// until it expires), still holding the expiry the caller read (`:seen_ex`) and no
+/// `released_until` (it was never marked, or marked before it was kept), with fewer than `:max`
+/// released tokens.
+pub const MARKABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND attribute_not_exists(#rd) AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
 
-/// A [`Change::MarkReleased`]'s update: the caller's token (`:tks`, a set of one) joins the record's
-/// released tokens; nothing else changes.
-pub const MARK_RELEASED: &str = "ADD #rl :tks";
+/// [`MARKABLE`] for a record whose `released_until` the caller read (`:seen_rd`).
+pub const MARKABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
+
+/// The condition of a [`Change::MarkReleased`] that replaces the released tokens: as
+/// [`MARKABLE_SEEN`], but for a record whose released tokens are all stale (`#rd` before `:now_ms`),
+/// however many it holds.
+pub const REPLACEABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND #rd < :now_ms";
+
+/// A [`Change::MarkReleased`]'s update that adds the token: the caller's token (`:tks`, a set of one)
+/// joins the record's released tokens, whose `released_until` and the record's expiry become the
+/// caller's (never earlier than the ones it read); nothing else changes.
+pub const MARK_RELEASED: &str = "ADD #rl :tks SET #rd = :rd, #ex = :ex";
+
+/// A [`Change::MarkReleased`]'s update that replaces the stale released tokens with the caller's.
+pub const REPLACE_RELEASED: &str = "SET #rl = :tks, #rd = :rd, #ex = :ex";
 
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
@@ -149,25 +166,27 @@ pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str
 #[must_use]
 pub const fn complete_update(response: bool, replay_until: bool, region: bool) -> &'static str {
     match (response, replay_until, region) {
-        (true, false, false) => "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp, #rl",
-        (true, true, false) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp, #rl"
+        (true, false, false) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp, #rl, #rd"
         }
-        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp, #rl",
+        (true, true, false) => {
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp, #rl, #rd"
+        }
+        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp, #rl, #rd",
         (false, true, false) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp, #rl"
+            "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp, #rl, #rd"
         }
         (true, false, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp, #rl"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp, #rl, #rd"
         }
         (true, true, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp, #rl"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp, #rl, #rd"
         }
         (false, false, true) => {
-            "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp, #rl"
+            "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd"
         }
         (false, true, true) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp, #rl"
+            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd"
         }
     }
 }
@@ -212,6 +231,48 @@ pub fn attribute_names(names: &AttributeNames, expressions: &[&str]) -> HashMap<
     map
 }
 
+/// The values of a [`Change::MarkReleased`], and its update and names.
+fn mark_values<'n>(
+    names: &'n PreparedNames,
+    transition: &Transition<'_>,
+    values: &mut HashMap<String, AttributeValue>,
+) -> (&'static str, &'n HashMap<String, String>) {
+    let Change::MarkReleased {
+        now_ms,
+        released_until_ms,
+        expires_at_s,
+        seen_until_ms,
+        seen_expires_at_s,
+        replace,
+    } = transition.change
+    else {
+        unreachable!("called for a mark only")
+    };
+    values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
+    values.insert(":now_s".to_owned(), n(now_ms / 1000));
+    values.insert(
+        ":tks".to_owned(),
+        AttributeValue::Ss(vec![transition.token.to_owned()]),
+    );
+    values.insert(":rd".to_owned(), n(released_until_ms));
+    values.insert(":ex".to_owned(), n(expires_at_s));
+    values.insert(":seen_ex".to_owned(), n(seen_expires_at_s));
+    if replace {
+        values.insert(":now_ms".to_owned(), n(now_ms));
+        // A replacement of tokens whose end was never read holds for no record.
+        values.insert(":seen_rd".to_owned(), n(seen_until_ms.unwrap_or(u64::MAX)));
+        return (REPLACE_RELEASED, &names.replace_released);
+    }
+    values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
+    match seen_until_ms {
+        Some(seen) => {
+            values.insert(":seen_rd".to_owned(), n(seen));
+            (MARK_RELEASED, &names.mark_released_seen)
+        }
+        None => (MARK_RELEASED, &names.mark_released),
+    }
+}
+
 /// The attribute behind a placeholder.
 fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
     match placeholder {
@@ -229,6 +290,7 @@ fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
         "#ci" => &names.completed_in,
         "#sp" => &names.steps,
         "#rl" => &names.released,
+        "#rd" => &names.released_until,
         other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
     }
 }
@@ -362,10 +424,12 @@ impl RecordUpdate {
             Change::Release {
                 error,
                 expires_at_s,
+                released_until_ms,
             } => {
                 values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
+                values.insert(":rd".to_owned(), n(released_until_ms));
                 values.insert(":zero".to_owned(), n(0));
                 values.insert(
                     ":tks".to_owned(),
@@ -373,16 +437,7 @@ impl RecordUpdate {
                 );
                 (RELEASE, &names.release)
             }
-            Change::MarkReleased { now_ms } => {
-                values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
-                values.insert(":now_s".to_owned(), n(now_ms / 1000));
-                values.insert(
-                    ":tks".to_owned(),
-                    AttributeValue::Ss(vec![transition.token.to_owned()]),
-                );
-                values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
-                (MARK_RELEASED, &names.mark_released)
-            }
+            Change::MarkReleased { .. } => mark_values(names, transition, &mut values),
             Change::ExtendLease {
                 lease_until_ms,
                 expires_at_s,
@@ -398,6 +453,11 @@ impl RecordUpdate {
                 ..
             } => HELD_WITH_CLAIM_WRITES,
             Change::Release { .. } => RELEASABLE,
+            Change::MarkReleased { replace: true, .. } => REPLACEABLE,
+            Change::MarkReleased {
+                seen_until_ms: Some(_),
+                ..
+            } => MARKABLE_SEEN,
             Change::MarkReleased { .. } => MARKABLE,
             Change::SaveSteps { .. } => HELD_WITH_STEPS,
             _ => HELD_BY_TOKEN,
@@ -551,6 +611,8 @@ pub(super) struct PreparedNames {
     save_steps: HashMap<String, String>,
     release: HashMap<String, String>,
     mark_released: HashMap<String, String>,
+    mark_released_seen: HashMap<String, String>,
+    replace_released: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -566,6 +628,8 @@ impl PreparedNames {
             save_steps: attribute_names(names, &[SAVE_STEPS, HELD_WITH_STEPS]),
             release: attribute_names(names, &[RELEASE, RELEASABLE]),
             mark_released: attribute_names(names, &[MARK_RELEASED, MARKABLE]),
+            mark_released_seen: attribute_names(names, &[MARK_RELEASED, MARKABLE_SEEN]),
+            replace_released: attribute_names(names, &[REPLACE_RELEASED, REPLACEABLE]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -682,6 +746,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "every kind of request, listed where it is checked"
+    )]
     fn every_request_defines_exactly_the_names_and_values_it_uses() {
         let names = PreparedNames::new(&AttributeNames::default());
         for fingerprint in [None, Some("fp")] {
@@ -746,9 +814,19 @@ mod tests {
             Change::Release {
                 error: "released",
                 expires_at_s: 2,
+                released_until_ms: 3,
             },
-            Change::MarkReleased { now_ms: 1_000 },
         ];
+        for (seen_until_ms, replace) in [(None, false), (Some(4), false), (Some(4), true)] {
+            changes.push(Change::MarkReleased {
+                now_ms: 1_000,
+                released_until_ms: 5,
+                expires_at_s: 6,
+                seen_until_ms,
+                seen_expires_at_s: 2,
+                replace,
+            });
+        }
         for release_claim_writes in [false, true] {
             changes.push(Change::Fail {
                 error: "declined",

@@ -176,6 +176,7 @@ pub(crate) fn parse_record(
         completed_in: item.string(&names.completed_in)?,
         steps: item.binary(&names.steps)?,
         released: item.string_set(&names.released)?,
+        released_until_ms: item.number(&names.released_until)?,
     })
 }
 
@@ -211,6 +212,7 @@ mod tests {
             completed_in: "ci".into(),
             steps: "sp".into(),
             released: "rl".into(),
+            released_until: "rd".into(),
         }
     }
 
@@ -233,6 +235,7 @@ mod tests {
                 names.released.clone(),
                 AttributeValue::Ss(vec!["t-0".into()]),
             ),
+            (names.released_until.clone(), n(7_000)),
             // Not the record's: ignored.
             ("status".to_owned(), s("FAILED")),
             ("business".to_owned(), n(1)),
@@ -276,6 +279,7 @@ mod tests {
                 completed_in: Some("eu-west-1".into()),
                 steps: Some(b"steps".to_vec()),
                 released: vec!["t-0".into()],
+                released_until_ms: Some(7_000),
             }
         );
         // The tenant layout joins the two key attributes.

@@ -61,8 +61,9 @@ const REPLAY_UNTIL: u8 = 1 << 5;
 const COMPLETED_IN: u8 = 1 << 7;
 /// In the first byte, beside the status: the record holds an operation's finished steps.
 const STEPS: u8 = 1 << 6;
-/// In the first byte, beside the status: the record holds released tokens (each length-prefixed,
-/// in one part).
+/// In the first byte, beside the status: the record holds released tokens or their
+/// `released_until_ms` (in one part: that time as a varint, 0 for none, else one more; then each
+/// token length-prefixed).
 const RELEASED: u8 = 1 << 5;
 /// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
 const TOKEN_UUID: u8 = 1 << 6;
@@ -94,6 +95,7 @@ impl Packed {
             completed_in,
             steps,
             released,
+            released_until_ms,
         } = record;
         let mut flags = 0;
         for (present, flag) in [
@@ -122,15 +124,17 @@ impl Packed {
         if fingerprint_hex.is_some() {
             flags |= FINGERPRINT_HEX;
         }
-        let completed_in_flag = if completed_in.is_some() {
-            COMPLETED_IN
-        } else {
-            0
-        };
-        let steps_flag = if steps.is_some() { STEPS } else { 0 };
-        let released_flag = if released.is_empty() { 0 } else { RELEASED };
-        let released = (!released.is_empty()).then(|| {
+        let completed_in_flag = u8::from(completed_in.is_some()) * COMPLETED_IN;
+        let steps_flag = u8::from(steps.is_some()) * STEPS;
+        let released_flag =
+            u8::from(!released.is_empty() || released_until_ms.is_some()) * RELEASED;
+        // Until when they can hold the key first (0: not known, else one more), then the tokens.
+        let released = (released_flag != 0).then(|| {
             let mut out = Vec::new();
+            put_varint(
+                &mut out,
+                released_until_ms.map_or(0, |until| until.saturating_add(1)),
+            );
             for token in &released {
                 put_bytes(&mut out, token.as_bytes());
             }
@@ -221,8 +225,10 @@ impl Packed {
         let completed_in = (status & COMPLETED_IN != 0).then(|| text(reader.bytes()).to_owned());
         let steps = (status & STEPS != 0).then(|| reader.bytes().to_vec());
         let mut released = Vec::new();
+        let mut released_until_ms = None;
         if status & RELEASED != 0 {
             let mut tokens = Reader(reader.bytes());
+            released_until_ms = tokens.varint().checked_sub(1);
             while !tokens.0.is_empty() {
                 released.push(text(tokens.bytes()).to_owned());
             }
@@ -242,6 +248,7 @@ impl Packed {
             completed_in,
             steps,
             released,
+            released_until_ms,
         }
     }
 }
@@ -367,6 +374,7 @@ mod tests {
                 String::new(),
                 "not a uuid".to_owned(),
             ],
+            released_until_ms: Some(1_900_000_000_123),
         }
     }
 
@@ -383,6 +391,7 @@ mod tests {
             completed_in: None,
             steps: None,
             released: Vec::new(),
+            released_until_ms: None,
             attempt: u64::MAX,
             expires_at_s: 0,
             ..record()

@@ -290,6 +290,7 @@ fn failed_record(writes_in_effect: bool) -> Record {
         completed_in: None,
         steps: None,
         released: Vec::new(),
+        released_until_ms: None,
     }
 }
 
@@ -442,6 +443,7 @@ fn a_release_mark_is_written_only_where_there_is_no_record() {
         change: Change::Release {
             error: "released",
             expires_at_s: NOW_MS / 1000 + 60,
+            released_until_ms: NOW_MS + 30_000,
         },
     };
     let mark = transitioned(None, &release).expect("a mark on no record");
@@ -455,6 +457,7 @@ fn a_release_mark_is_written_only_where_there_is_no_record() {
         (Status::Failed, "gone", 0, &["gone".to_owned()][..])
     );
     assert_eq!(mark.expires_at_s, NOW_MS / 1000 + 60);
+    assert_eq!(mark.released_until_ms, Some(NOW_MS + 30_000));
     assert_eq!(transitioned(None, &complete("gone")), None);
     assert_eq!(transitioned(Some(&mark), &release), None);
 }
