@@ -385,12 +385,12 @@ impl<P, O> Batch<'_, P, O> {
 
     /// Bounds the batch by a deadline after which this process will not be running handlers any more,
     /// such as an AWS Lambda invocation's (`lambda_runtime::Context::deadline()`), as
-    /// [`Operation::deadline`] does for one call: each message's claim leases the time left until
-    /// `deadline` when it is made (instead of [`lease`](Self::lease)), so a claim whose invocation was
-    /// killed at the deadline is free again right after it. A message whose turn comes at or after the
-    /// deadline is not claimed: it is reported [`Outcome::Failed`] (delivered again), and in a
-    /// [`fifo`](Self::fifo) batch stops its group. Heartbeats renew a claim up to the deadline, never
-    /// past it.
+    /// [`Operation::deadline`] does for one call: no message's claim asks for a lease past `deadline`,
+    /// so a claim whose invocation was killed at the deadline is free again right after it. A message
+    /// whose turn comes with less than [`MIN_LEASE`](crate::MIN_LEASE) left is not claimed: it is
+    /// reported [`Outcome::Failed`] (delivered again), and in a [`fifo`](Self::fifo) batch stops its
+    /// group. Build the handle with [`Builder::heartbeat(false)`](crate::Builder::heartbeat), as for
+    /// `Operation::deadline`.
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.deadline = Some(deadline);
         self

@@ -216,6 +216,21 @@ pub enum Error {
         lease: std::time::Duration,
     },
 
+    /// The call's [deadline](crate::Operation::deadline) leaves less than
+    /// [`MIN_LEASE`](crate::MIN_LEASE) by the time it would claim the key (it already passed, or the
+    /// call waited for another until then): the key was not claimed and the body did not run. A body
+    /// started now could outlive the process that runs it, or its lease. Run the call again where
+    /// there is time (in a Lambda, the next invocation).
+    #[error(
+        "`{namespace}`: the call's deadline leaves {left:?}, less than the shortest lease (1 s); the key was not claimed and nothing ran"
+    )]
+    DeadlinePassed {
+        /// The key's namespace.
+        namespace: String,
+        /// What was left of the deadline when the call would have claimed the key.
+        left: std::time::Duration,
+    },
+
     /// DynamoDB refused the transaction's business writes as a whole before evaluating any condition (a
     /// table that does not exist, an invalid expression, a limit), so nothing was written. At completion,
     /// the record moved to FAILED; at claim time, nothing was claimed.
@@ -473,7 +488,8 @@ impl From<Error> for std::io::Error {
             Error::Throttled { .. }
             | Error::Unavailable { .. }
             | Error::RegionUnavailable { .. }
-            | Error::ResultNotStored { .. } => ErrorKind::TimedOut,
+            | Error::ResultNotStored { .. }
+            | Error::DeadlinePassed { .. } => ErrorKind::TimedOut,
             Error::LeaseTooShort { .. } => ErrorKind::InvalidInput,
             Error::PayloadMismatch { .. }
             | Error::Deserialize { .. }
@@ -570,6 +586,7 @@ impl Error {
             | Error::ResultNotStored { namespace, .. }
             | Error::Contended { namespace, .. }
             | Error::LeaseTooShort { namespace, .. }
+            | Error::DeadlinePassed { namespace, .. }
             | Error::WriteRejected { namespace, .. }
             | Error::Serialize { namespace, .. }
             | Error::Deserialize { namespace, .. }
@@ -607,6 +624,7 @@ impl Error {
                 | Error::Unavailable { .. }
                 | Error::RegionUnavailable { .. }
                 | Error::ResultNotStored { .. }
+                | Error::DeadlinePassed { .. }
         )
     }
 }

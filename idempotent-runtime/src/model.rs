@@ -1823,7 +1823,7 @@ impl Protocol {
                 w.beat.sent_ms = clock_ms;
                 w.beat.out = Some(BeatOut {
                     sent: now,
-                    lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease, None),
+                    lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
                     expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
                     landed: None,
                 });
@@ -1866,7 +1866,7 @@ impl Protocol {
             .and_then(|r| r.lease_until_ms)
             .unwrap_or(0);
         let change = Change::ExtendLease {
-            lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease, None),
+            lease_until_ms: decide::heartbeat_lease_ms(clock_ms, self.lease),
             expires_at_s: handler::expiry_s(clock_ms, self.lease + self.ttl),
         };
         let applied = self.transition(state, worker, change);

@@ -75,15 +75,13 @@ pub struct Operation<'a, H = Unchanged, S = (), W = (), P = InPlace> {
 type Marker<S, W, P> = PhantomData<fn() -> (S, W, P)>;
 
 /// [`Error::LeaseTooShort`] for a call that asks for a lease under [`MIN_LEASE`](crate::MIN_LEASE)
-/// (one bound by a [`deadline`](Operation::deadline) may have less: it is not renewed).
+/// (a [`deadline`](Operation::deadline) never asks for one: a call it leaves less does not claim).
 fn check_lease(call: &Call) -> Result<(), Box<Error>> {
     match call.lease {
-        Some(lease) if lease < crate::MIN_LEASE && call.deadline_ms.is_none() => {
-            Err(Box::new(Error::LeaseTooShort {
-                namespace: call.namespace.to_owned(),
-                lease,
-            }))
-        }
+        Some(lease) if lease < crate::MIN_LEASE => Err(Box::new(Error::LeaseTooShort {
+            namespace: call.namespace.to_owned(),
+            lease,
+        })),
         _ => Ok(()),
     }
 }
@@ -191,17 +189,22 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     }
 
     /// Bounds the claim by a deadline after which this process will not be running the body any more,
-    /// such as an AWS Lambda invocation's (`lambda_runtime::Context::deadline()`): the lease is the time
-    /// left until `deadline` (at least 1 ms), so a claim whose worker was killed at the deadline is free
-    /// again right after it (plus the handle's clock-skew margin), instead of a whole default lease
-    /// later. A deadline already past leaves a 1 ms lease: the claim still fences the completion.
+    /// such as an AWS Lambda invocation's (`lambda_runtime::Context::deadline()`): no claim asks for a
+    /// lease past it (the lease is the operation's, or what is left of the deadline when the claim is
+    /// sent, whichever is shorter), so a claim whose worker was killed at the deadline is free again
+    /// right after it (plus the handle's clock-skew margin), instead of a whole lease later.
     ///
-    /// No claim and no heartbeat asks for a lease past the deadline: a claim sent later (after a wait,
-    /// or a retry) asks for what is left then, and heartbeats renew the lease up to the deadline, never
-    /// past it. The deadline is read against the handle's [`Clock`](crate::Clock) when this is called. A
-    /// handle for deadline-bound work may as well be built with
-    /// [`Builder::heartbeat(false)`](crate::Builder::heartbeat): the lease already covers all the time the
-    /// invocation has, and a frozen or killed invocation sends no heartbeats anyway.
+    /// A call that would claim with less than [`MIN_LEASE`](crate::MIN_LEASE) left (the deadline has
+    /// passed, or the call waited for another until it nearly had) does not claim and does not run its
+    /// body: it returns [`Error::DeadlinePassed`]. A body started so late could still be running when
+    /// its lease ends, beside another caller's.
+    ///
+    /// Heartbeats (when the handle has them) renew a running body's claim by the same lease, past the
+    /// deadline too: a body that is still running is never taken over, whatever the deadline said. A
+    /// handle for Lambda work is best built with
+    /// [`Builder::heartbeat(false)`](crate::Builder::heartbeat): the lease already covers all the time
+    /// the invocation has, and the claim of an invocation killed at its deadline then ends exactly
+    /// there. The deadline is read against the handle's [`Clock`](crate::Clock) when this is called.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -218,21 +221,18 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     /// # assert_eq!(receipt, "ch_1");
     /// # Ok(()) }
     /// ```
-    pub fn deadline(self, deadline: std::time::SystemTime) -> Self {
+    pub fn deadline(mut self, deadline: std::time::SystemTime) -> Self {
         let left = deadline
             .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default()
-            .max(Duration::from_millis(1));
-        // On the handle's clock, which every lease is counted on: the claim, sent later (after a
-        // wait, or a retry), asks for no more than what is left then.
+            .unwrap_or_default();
+        // On the handle's clock, which every lease is counted on.
         let now_ms = match &self.idem {
             Ok(idem) => idem.clock().now_ms(),
             Err(_) => crate::Clock::now_ms(&crate::SystemClock),
         };
-        let mut operation = self.lease(left);
-        operation.call.deadline_ms =
+        self.call.deadline_ms =
             std::num::NonZeroU64::new(now_ms.saturating_add(crate::handler::millis(left)).max(1));
-        operation
+        self
     }
 
     /// How long a duplicate waits for an in-flight call before [`Error::InProgress`] (default: none).

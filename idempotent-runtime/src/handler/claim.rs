@@ -478,6 +478,15 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
         let mut request = attempt.request(number);
         attempt.stage.set(Stage::Claiming);
         let renewing = std::mem::take(&mut renew);
+        // A deadline that leaves too little for a lease: no claim (a renewal gives its claim up).
+        let deadline_ms = plan.call.deadline_ms.map(u64::from);
+        if let Some(left) = decide::too_close_to_deadline(deadline_ms, idem.clock().now_ms()) {
+            if !renewing {
+                // Nothing of the call's is in the store: nothing to release.
+                attempt.stage.set(Stage::Waiting);
+            }
+            return Err(deadline_passed(plan.call.namespace, left));
+        }
         if !renewing && let Some(steps) = plan.steps {
             request.steps = steps.claim(token, seen.as_deref().map(Vec::as_slice));
         }
@@ -808,6 +817,15 @@ pub(super) fn claim_once<'a>(
             }
             Err(e) => Err(store_error(plan.call.namespace, e)),
         }
+    }
+}
+
+/// The error of a call whose deadline left only `left` when it would have claimed.
+#[cold]
+fn deadline_passed(namespace: &str, left: Duration) -> Error {
+    Error::DeadlinePassed {
+        namespace: namespace.to_owned(),
+        left,
     }
 }
 

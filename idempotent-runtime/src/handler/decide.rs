@@ -150,7 +150,10 @@ pub(crate) fn after_claim_error(error: &Error) -> AfterClaimError {
         | Error::RegionUnavailable { .. }
         | Error::Store { .. }
         // Every claim answered too late to use: the last one may still be ours.
-        | Error::Contended { .. } => AfterClaimError::Release,
+        | Error::Contended { .. }
+        // A claim answered too late to use, and no time left to renew it (a call that sent no
+        // claim returns this from the waiting stage, which releases nothing).
+        | Error::DeadlinePassed { .. } => AfterClaimError::Release,
         _ => AfterClaimError::Nothing,
     }
 }
@@ -442,17 +445,28 @@ pub(crate) fn next_heartbeat_ms(sent_ms: u64, interval: Duration) -> u64 {
 }
 
 /// The lease end a heartbeat sent at `sent_ms` asks for: a whole lease from its send (the time the
-/// request spends in flight is the holder's, never added to the lease), but not past the call's
-/// deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)).
-pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration, deadline_ms: Option<u64>) -> u64 {
-    let end = sent_ms.saturating_add(millis(lease));
-    deadline_ms.map_or(end, |deadline_ms| end.min(deadline_ms))
+/// request spends in flight is the holder's, never added to the lease). Past the call's deadline too:
+/// a heartbeat is sent only while the body runs, and a running body is never to be taken over.
+pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration) -> u64 {
+    sent_ms.saturating_add(millis(lease))
 }
 
-/// Whether a lease held until `lease_until_ms` is renewed again: always, unless it already reaches the
-/// call's deadline, past which no lease is asked for.
-pub(crate) fn renews(lease_until_ms: u64, deadline_ms: Option<u64>) -> bool {
-    deadline_ms.is_none_or(|deadline_ms| lease_until_ms < deadline_ms)
+/// The lease of a call bound by a deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)) that
+/// starts at `now_ms`: the operation's `lease`, or what is left until the deadline if that is shorter.
+/// Its heartbeats renew it by this much.
+pub(crate) fn deadline_lease(lease: Duration, deadline_ms: Option<u64>, now_ms: u64) -> Duration {
+    match deadline_ms {
+        Some(deadline_ms) => lease.min(Duration::from_millis(deadline_ms.saturating_sub(now_ms))),
+        None => lease,
+    }
+}
+
+/// Whether a call bound by a deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)) must not
+/// claim at `now_ms`: `Some(left)` when less than [`MIN_LEASE`] is left (a body started now could be
+/// running past its lease, beside another caller's); `None` otherwise, or with no deadline.
+pub(crate) fn too_close_to_deadline(deadline_ms: Option<u64>, now_ms: u64) -> Option<Duration> {
+    let left = Duration::from_millis(deadline_ms?.saturating_sub(now_ms));
+    (left < MIN_LEASE).then_some(left)
 }
 
 /// What a heartbeat's answer means.
@@ -739,12 +753,7 @@ mod tests {
         let every = heartbeat_interval(lease).unwrap();
         assert_eq!(every, Duration::from_secs(1));
         assert_eq!(next_heartbeat_ms(10_000, every), 11_000);
-        assert_eq!(heartbeat_lease_ms(11_000, lease, None), 14_000);
-        // Bound by a deadline: renewed up to it, and no more once the lease reaches it.
-        assert_eq!(heartbeat_lease_ms(11_000, lease, Some(12_500)), 12_500);
-        assert!(renews(14_000, None));
-        assert!(renews(12_499, Some(12_500)));
-        assert!(!renews(12_500, Some(12_500)));
+        assert_eq!(heartbeat_lease_ms(11_000, lease), 14_000);
         assert_eq!(heartbeat_interval(Duration::from_millis(999)), None);
         assert_eq!(
             after_heartbeat(Some(true), 13_999, 14_000),
@@ -874,6 +883,27 @@ mod tests {
         assert_eq!(
             release_mark_lifetime(Duration::from_mins(1), Duration::from_hours(24)),
             Duration::from_mins(60 * 24 + 1)
+        );
+    }
+
+    #[test]
+    fn a_deadline_shortens_the_lease_and_refuses_a_claim_with_less_than_the_floor_left() {
+        let lease = Duration::from_mins(1);
+        assert_eq!(deadline_lease(lease, None, 10_000), lease);
+        assert_eq!(
+            deadline_lease(lease, Some(13_000), 10_000),
+            Duration::from_secs(3)
+        );
+        assert_eq!(deadline_lease(lease, Some(100_000), 10_000), lease);
+        assert_eq!(too_close_to_deadline(None, 10_000), None);
+        assert_eq!(too_close_to_deadline(Some(11_000), 10_000), None);
+        assert_eq!(
+            too_close_to_deadline(Some(10_999), 10_000),
+            Some(Duration::from_millis(999))
+        );
+        assert_eq!(
+            too_close_to_deadline(Some(5_000), 10_000),
+            Some(Duration::ZERO)
         );
     }
 

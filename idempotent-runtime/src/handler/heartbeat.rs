@@ -41,8 +41,6 @@ pub(super) struct Heartbeat<'a> {
     pub(super) lease: Duration,
     pub(super) ttl: Duration,
     pub(super) lease_until_ms: u64,
-    /// The call's deadline, past which no lease is asked for ([`Call::deadline_ms`]).
-    pub(super) deadline_ms: Option<u64>,
 }
 
 impl<F: Future> Future for WithHeartbeat<'_, F> {
@@ -79,7 +77,6 @@ pub(super) async fn heartbeats(heartbeat: Heartbeat<'_>) {
         lease,
         ttl,
         mut lease_until_ms,
-        deadline_ms,
     } = heartbeat;
     let Some(every) = decide::heartbeat_interval(lease) else {
         return std::future::pending().await;
@@ -87,16 +84,13 @@ pub(super) async fn heartbeats(heartbeat: Heartbeat<'_>) {
     let clock = idem.clock();
     let mut sent_ms = lease_until_ms.saturating_sub(millis(lease));
     loop {
-        if !decide::renews(lease_until_ms, deadline_ms) {
-            return std::future::pending().await;
-        }
         let due_ms = decide::next_heartbeat_ms(sent_ms, every);
         let wait = due_ms.saturating_sub(clock.now_ms());
         if wait > 0 {
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
         sent_ms = clock.now_ms();
-        let asked_ms = decide::heartbeat_lease_ms(sent_ms, lease, deadline_ms);
+        let asked_ms = decide::heartbeat_lease_ms(sent_ms, lease);
         let transition = Transition {
             key,
             token,

@@ -215,6 +215,18 @@ pub(crate) fn examine(
     }
 }
 
+/// The lease a call's claims ask for and its heartbeats renew by: the operation's (or the handle's
+/// default), shortened to what is left of the call's deadline, if it has one.
+pub(crate) fn call_lease(idem: &Idempotency, call: &Call) -> Duration {
+    let lease = call.lease.unwrap_or_else(|| idem.default_lease());
+    match call.deadline_ms {
+        None => lease,
+        Some(deadline_ms) => {
+            decide::deadline_lease(lease, Some(deadline_ms.get()), idem.clock().now_ms())
+        }
+    }
+}
+
 /// The time a caller whose clock reads `now_ms` judges leases and expiry at: its clock less the skew
 /// margin, so that a clock running ahead by less than the margin never sees a live lease as lapsed, nor a
 /// live record as expired. Both the claim condition and [`examine`] use it.

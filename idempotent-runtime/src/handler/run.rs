@@ -60,7 +60,7 @@ where
             idem,
             plan,
             token,
-            lease: call.lease.unwrap_or_else(|| idem.default_lease()),
+            lease: call_lease(idem, call),
             ttl: call.ttl.unwrap_or_else(|| idem.default_ttl()),
             stage: Where::new(Stage::Claiming),
         };
@@ -137,7 +137,6 @@ where
                 lease,
                 ttl: writes_lifetime(idem, plan, ttl),
                 lease_until_ms,
-                deadline_ms: plan.call.deadline_ms.map(u64::from),
             };
             Box::pin(with_heartbeat(heartbeat, work)).await
         };
@@ -281,7 +280,6 @@ where
                 lease,
                 ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
                 lease_until_ms: work.lease_until_ms,
-                deadline_ms: plan.call.deadline_ms.map(u64::from),
             };
             with_heartbeat(heartbeat, finished).await
         };
@@ -606,7 +604,6 @@ mod future_size {
             lease: Duration::ZERO,
             ttl: Duration::ZERO,
             lease_until_ms: 0,
-            deadline_ms: None,
         };
         let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
         for (part, size) in [

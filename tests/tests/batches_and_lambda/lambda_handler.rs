@@ -55,7 +55,8 @@ async fn the_claim_of_an_invocation_killed_at_its_deadline_is_free_right_after_i
     let h = harness().await;
     // The gateway hangs for longer than the invocation may run.
     let stuck = Gateway::new(Duration::from_secs(30));
-    let deadline = SystemTime::now() + Duration::from_millis(600);
+    // At least the shortest lease away: with less left, the invocation would not claim at all.
+    let deadline = SystemTime::now() + Duration::from_millis(1_500);
     let invocation = handle(&h.idem, &stuck, event("order-2", 100, deadline));
     let timeout = deadline.duration_since(SystemTime::now()).unwrap();
     // Lambda ends the invocation at its deadline: its future is dropped mid-charge.
@@ -85,6 +86,30 @@ async fn the_claim_of_an_invocation_killed_at_its_deadline_is_free_right_after_i
     let record = h.record("lambda::charge", "order-2").await.unwrap();
     assert_eq!(record.status, Status::Completed);
     assert_eq!(record.attempt, 2, "taken over, not claimed anew");
+}
+
+/// An invocation with less than the shortest lease left before its deadline does not claim the key
+/// and does not charge: the next invocation, with time, does.
+#[tokio::test]
+async fn an_invocation_too_close_to_its_deadline_does_not_charge() {
+    let h = harness().await;
+    let gateway = Gateway::new(Duration::ZERO);
+    let close = SystemTime::now() + Duration::from_millis(400);
+    let refused = handle(&h.idem, &gateway, event("order-4", 100, close)).await;
+    assert!(
+        matches!(refused, Err(Error::DeadlinePassed { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(gateway.charges(), 0);
+    assert!(
+        h.record("lambda::charge", "order-4").await.is_none(),
+        "no claim"
+    );
+    let later = SystemTime::now() + Duration::from_secs(30);
+    handle(&h.idem, &gateway, event("order-4", 100, later))
+        .await
+        .unwrap();
+    assert_eq!(gateway.charges(), 1);
 }
 
 #[tokio::test]

@@ -441,50 +441,6 @@ async fn a_claim_sent_after_its_deadline_was_set_ends_by_the_deadline(backend: B
     );
 }
 
-/// Heartbeats renew a deadline-bound claim up to its deadline, never past it: a worker killed at the
-/// deadline frees its key then, not a lease later.
-async fn heartbeats_never_renew_a_lease_past_its_deadline(backend: Backend) {
-    let h = Harness::with(backend, |b| {
-        b.heartbeat(true)
-            .clock(idempotent_runtime::SystemClock)
-            .clock_skew_margin(Duration::from_millis(50))
-    })
-    .await;
-    let deadline = std::time::SystemTime::now() + Duration::from_millis(1_500);
-    let deadline_ms = u64::try_from(
-        deadline
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap();
-    let stuck = h
-        .idem
-        .operation("time_in_flight::deadline_beats", "order-1")
-        .deadline(deadline)
-        .run(|_| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Ok::<_, Error>(())
-        });
-    // The invocation is killed a second after its deadline: heartbeats every 500 ms until then.
-    let killed = tokio::time::timeout(Duration::from_millis(2_500), stuck).await;
-    assert!(killed.is_err(), "the body was still running");
-    let record = h
-        .record("time_in_flight::deadline_beats", "order-1")
-        .await
-        .unwrap();
-    assert_eq!(record.status, Status::Pending);
-    let lease_until = record.lease_until_ms.unwrap();
-    assert!(
-        lease_until <= deadline_ms,
-        "no heartbeat renewed the lease past the deadline ({lease_until} > {deadline_ms})"
-    );
-    assert!(
-        lease_until + 400 >= deadline_ms,
-        "heartbeats renewed it up to the deadline: {lease_until} for {deadline_ms}"
-    );
-}
-
 idempotent_tests::on_both_stores!(
     a_claim_answered_after_its_lease_does_not_run_the_body,
     a_resent_claim_recognised_as_ours_after_its_lease_does_not_run_the_body,
@@ -495,5 +451,4 @@ idempotent_tests::on_both_stores!(
     a_lease_under_the_floor_is_refused,
     a_dropped_calls_release_does_not_lose_to_its_late_claim,
     a_claim_sent_after_its_deadline_was_set_ends_by_the_deadline,
-    heartbeats_never_renew_a_lease_past_its_deadline,
 );
