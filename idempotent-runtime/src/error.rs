@@ -8,6 +8,10 @@ use std::time::Duration;
 /// `module::path::Type::method`, or the attribute's `name = ".."`) and says what to do about it. The body's
 /// own error type `E` receives it through `E: From<Error>`; the body's own errors are never wrapped in this
 /// type.
+///
+/// Built only by this crate. `#[non_exhaustive]`, and so is every variant: a `match` keeps a `_` arm,
+/// and a pattern names the fields it reads followed by `..` (`Error::InProgress { retry_hint, .. }`), so
+/// a kind of error or a field added later breaks no caller.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -15,6 +19,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: another call with this key is still in progress; retry in {retry_hint:?}"
     )]
+    #[non_exhaustive]
     InProgress {
         /// The key's namespace.
         namespace: String,
@@ -47,6 +52,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: this idempotency key was already used with a different payload; use a new key for a different request"
     )]
+    #[non_exhaustive]
     PayloadMismatch {
         /// The key's namespace.
         namespace: String,
@@ -61,6 +67,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the claim on this key was lost (its lease ran out without a heartbeat getting through, and another call took over); the result was not stored and the other call's result stands — if heartbeats are off, raise `lease` above the body's running time"
     )]
+    #[non_exhaustive]
     LeaseLost {
         /// The key's namespace.
         namespace: String,
@@ -74,6 +81,7 @@ pub enum Error {
         "`{namespace}`: the transaction was canceled: {}",
         display_reasons(reasons)
     )]
+    #[non_exhaustive]
     TransactionCanceled {
         /// The key's namespace.
         namespace: String,
@@ -83,6 +91,7 @@ pub enum Error {
 
     /// Too many writes were staged on one transaction, or they are too large, or two touch the same item.
     #[error("`{namespace}`: {detail}")]
+    #[non_exhaustive]
     TooManyWrites {
         /// The key's namespace.
         namespace: String,
@@ -94,6 +103,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency table is throttling requests and retries ran out; retry later or raise the table's capacity"
     )]
+    #[non_exhaustive]
     Throttled {
         /// The key's namespace.
         namespace: String,
@@ -107,6 +117,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency table `{table}` does not exist; create it at start-up with `DynamoDbStore::ensure_table` (it creates the table with the store's key schema and TTL, waits until it is ACTIVE, and does nothing if it is ready) or the `idempotent table create` command, or point the store at the right table"
     )]
+    #[non_exhaustive]
     TableNotFound {
         /// The key's namespace.
         namespace: String,
@@ -121,6 +132,7 @@ pub enum Error {
         "`{namespace}`: access to the idempotency table `{table}` was refused ({}); give the service's credentials `dynamodb:UpdateItem` and `dynamodb:GetItem` on the table (the IAM table of the `idempotent_runtime::guide::operations` docs lists every action, business tables' included), or check which credentials, account and region it uses",
         chain(source.as_ref())
     )]
+    #[non_exhaustive]
     AccessDenied {
         /// The key's namespace.
         namespace: String,
@@ -136,6 +148,7 @@ pub enum Error {
     /// `ACTIVE`. Not retryable: every call fails the same way until the table or the store's settings
     /// change. The detail names the table and what differs.
     #[error("`{namespace}`: the idempotency table does not fit the store: {detail}")]
+    #[non_exhaustive]
     TableMismatch {
         /// The key's namespace.
         namespace: String,
@@ -146,6 +159,7 @@ pub enum Error {
     /// The store did not answer, or failed with an error that may pass (HTTP 5xx, a timeout, a broken
     /// connection, a transaction conflict), after the configured retries.
     #[error("`{namespace}`: the idempotency store is unavailable: {}", chain(source.as_ref()))]
+    #[non_exhaustive]
     Unavailable {
         /// The key's namespace.
         namespace: String,
@@ -166,6 +180,7 @@ pub enum Error {
         "`{namespace}`: region `{region}`, which serves this key, is unavailable ({}); retry later (each key is served by one region, so that it runs once)",
         chain(source.as_ref())
     )]
+    #[non_exhaustive]
     RegionUnavailable {
         /// The key's namespace.
         namespace: String,
@@ -183,6 +198,7 @@ pub enum Error {
         "`{namespace}`: the call ran but its result could not be stored ({}); the key is claimable again once its lease runs out, and a retry will run the call again",
         chain(source.as_ref())
     )]
+    #[non_exhaustive]
     ResultNotStored {
         /// The key's namespace.
         namespace: String,
@@ -196,6 +212,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the key changed hands {attempts} times while this call tried to claim it; retry"
     )]
+    #[non_exhaustive]
     Contended {
         /// The key's namespace.
         namespace: String,
@@ -209,6 +226,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: a lease of {lease:?} is too short to be kept alive; use at least 1 s (`lease = \"1s\"`)"
     )]
+    #[non_exhaustive]
     LeaseTooShort {
         /// The key's namespace.
         namespace: String,
@@ -223,6 +241,7 @@ pub enum Error {
         "`{namespace}`: the staged business writes were refused and nothing was written: {}",
         chain(source.as_ref())
     )]
+    #[non_exhaustive]
     WriteRejected {
         /// The key's namespace.
         namespace: String,
@@ -233,6 +252,7 @@ pub enum Error {
 
     /// The store failed for another reason (a request it refused as invalid, a misconfigured client, ...).
     #[error("`{namespace}`: the idempotency store failed: {}", chain(source.as_ref()))]
+    #[non_exhaustive]
     Store {
         /// The key's namespace.
         namespace: String,
@@ -247,6 +267,7 @@ pub enum Error {
     /// not run and no record was written; with staged writes, the body ran but its result was not
     /// stored, and the record is FAILED (without the writes), so the key is free again at once.
     #[error("`{namespace}`: the {store} store does not support {capability}")]
+    #[non_exhaustive]
     Unsupported {
         /// The key's namespace.
         namespace: String,
@@ -258,6 +279,7 @@ pub enum Error {
 
     /// The key, the payload or the body's `Ok` value could not be serialized to JSON.
     #[error("`{namespace}`: could not serialize the {what} to JSON: {source}")]
+    #[non_exhaustive]
     Serialize {
         /// The key's namespace.
         namespace: String,
@@ -272,6 +294,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored response does not deserialize into the function's output type ({source}); if the type changed, give the function a new `name = \"..\"` or wait for the records to expire"
     )]
+    #[non_exhaustive]
     Deserialize {
         /// The key's namespace.
         namespace: String,
@@ -284,6 +307,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored record for this key is unreadable ({detail}); it was left untouched — check that no other writer uses the table"
     )]
+    #[non_exhaustive]
     CorruptRecord {
         /// The key's namespace.
         namespace: String,
@@ -296,6 +320,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the call's response was too large to store in one DynamoDB item even compressed, so it cannot be replayed; the call ran once and will not run again for this key until the record expires"
     )]
+    #[non_exhaustive]
     ResponseTooLarge {
         /// The key's namespace.
         namespace: String,
@@ -309,6 +334,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the call ran once and completed, but its result was not stored because it did not serialize ({detail}), so it cannot be replayed; the call will not run again for this key until the record expires"
     )]
+    #[non_exhaustive]
     ResponseNotSerialized {
         /// The key's namespace.
         namespace: String,
@@ -320,6 +346,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: this key was used and its stored response has expired; use a new key to run the call again"
     )]
+    #[non_exhaustive]
     Expired {
         /// The key's namespace.
         namespace: String,
@@ -330,6 +357,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency key is missing (it serialized to `null`, or a part of it did); pass a key, or declare that null is a deliberate value (`missing_key = \"allow\"`, `MissingKey::Allow`) or that such calls run without idempotency (`\"skip\"`, `MissingKey::Skip`; not with business writes)"
     )]
+    #[non_exhaustive]
     MissingKey {
         /// The key's namespace.
         namespace: String,
@@ -341,6 +369,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the step `{step}` was run twice in one call; give each step of a body its own name"
     )]
+    #[non_exhaustive]
     StepRepeated {
         /// The key's namespace.
         namespace: String,
@@ -356,6 +385,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the value of step `{step}` does not fit in the record ({bytes} bytes with the steps before it, at most {budget}); return a smaller value from the step"
     )]
+    #[non_exhaustive]
     StepTooLarge {
         /// The key's namespace.
         namespace: String,
@@ -376,6 +406,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); the step is not run again: if its type changed, read it as a type that accepts both the old and the new form (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum) rather than renaming the step, which would run it again for operations in flight"
     )]
+    #[non_exhaustive]
     StepValue {
         /// The key's namespace.
         namespace: String,
@@ -396,6 +427,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` finished in an earlier call but its value could not be stored ({detail}); it is not run again, so the operation cannot resume past it: settle the key by hand (see the runbook) and make the step return a smaller, serializable value"
     )]
+    #[non_exhaustive]
     StepNotStored {
         /// The key's namespace.
         namespace: String,
@@ -414,6 +446,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` runs at most once and was interrupted in an earlier call before it finished; it is not run again: find out whether its effect happened and settle the key by hand (see the runbook)"
     )]
+    #[non_exhaustive]
     StepInterrupted {
         /// The key's namespace.
         namespace: String,
@@ -429,6 +462,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` staged business writes in an earlier call that did not complete; a replayed step cannot stage them again, so the operation is not completed without them: stage writes in the body, outside steps, and settle the key by hand (see the runbook)"
     )]
+    #[non_exhaustive]
     StepStagedWrites {
         /// The key's namespace.
         namespace: String,
@@ -445,6 +479,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: the key's operation runs with steps and has not finished; a call without steps does not take it over (it would run finished steps again): retry it where the function runs with steps"
     )]
+    #[non_exhaustive]
     StepsHeld {
         /// The key's namespace.
         namespace: String,
@@ -454,6 +489,7 @@ pub enum Error {
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
     )]
+    #[non_exhaustive]
     NotInstalled {
         /// The key's namespace.
         namespace: String,
@@ -490,7 +526,14 @@ impl From<Error> for std::io::Error {
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why one action of a canceled transaction failed.
+///
+/// A store reports one per action in [`TransactOutcome::Canceled`](crate::store::TransactOutcome::Canceled):
+/// build it with [`new`](Self::new) (and [`with_item`](Self::with_item), feature `dynamodb`).
+/// `#[non_exhaustive]`: a struct expression cannot build it outside this crate, so a field added later
+/// (as `item` is added by the `dynamodb` feature) breaks no store; its fields stay public to read and
+/// to change.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CancellationReason {
     /// The action's index in the transaction (0 is the idempotency record).
     pub index: usize,
@@ -500,10 +543,36 @@ pub struct CancellationReason {
     pub message: Option<String>,
     /// The item as it was, when the action asked for `ALL_OLD` on a failed condition.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
 }
 
 impl CancellationReason {
+    /// The reason of the action at `index` (0 is the idempotency record): DynamoDB's `code`
+    /// (`"None"` for an action that was fine) and its `message`; no item.
+    #[must_use]
+    pub fn new(index: usize, code: impl Into<String>, message: Option<String>) -> Self {
+        Self {
+            index,
+            code: code.into(),
+            message,
+            #[cfg(feature = "dynamodb")]
+            item: None,
+        }
+    }
+
+    /// The same reason with the item as it was (`ALL_OLD` on a failed condition).
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+    #[must_use]
+    pub fn with_item(
+        mut self,
+        item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+    ) -> Self {
+        self.item = item;
+        self
+    }
+
     /// Cancellation codes that pass with a retry: a conflict with another write to the same item, or
     /// throttling.
     pub const TRANSIENT_CODES: [&'static str; 3] = [
