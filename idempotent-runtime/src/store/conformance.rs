@@ -843,11 +843,9 @@ async fn expiry_is_decided_by_the_claims_clock<S: Store>(c: Context<S>) -> Resul
     // A record that expires while its lease still runs: expiry alone makes it claimable, whatever the
     // store's own clock or TTL process thinks (it still holds the record).
     let expires_s = NOW / 1000 + 10;
-    let request = ClaimRequest {
-        lease_until_ms: NOW + 100 * LEASE,
-        expires_at_s: expires_s,
-        ..claim("k", "t1", NOW)
-    };
+    let mut request = claim("k", "t1", NOW);
+    request.lease_until_ms = NOW + 100 * LEASE;
+    request.expires_at_s = expires_s;
     ensure_eq!(
         c.store.claim(&request).await?,
         ClaimOutcome::Claimed,
@@ -940,10 +938,8 @@ async fn a_claim_without_a_fingerprint_clears_the_old_one<S: Store>(
 ) -> Result<(), Violation> {
     c.pending("k", "t1").await?;
     c.store.transition(&fail("k", "t1")).await?;
-    let request = ClaimRequest {
-        fingerprint: None,
-        ..claim("k", "t2", NOW + 1)
-    };
+    let mut request = claim("k", "t2", NOW + 1);
+    request.fingerprint = None;
     ensure_eq!(
         c.store.claim(&request).await?,
         ClaimOutcome::Claimed,
@@ -976,24 +972,22 @@ async fn a_plain_claim_keeps_claim_writes_in_effect_as_they_were<S: Store>(
 
 /// A claim of an operation with steps that starts afresh, with `initial` as its steps.
 fn fresh<'a>(key: &'a str, token: &'a str, now_ms: u64, initial: &'a [u8]) -> ClaimRequest<'a> {
-    ClaimRequest {
-        steps: StepsClaim::Fresh {
-            initial,
-            restarts: None,
-        },
-        ..claim(key, token, now_ms)
-    }
+    let mut request = claim(key, token, now_ms);
+    request.steps = StepsClaim::Fresh {
+        initial,
+        restarts: None,
+    };
+    request
 }
 
 /// A claim of an operation with steps that resumes the steps `seen`.
 fn resume<'a>(key: &'a str, token: &'a str, now_ms: u64, seen: &'a [u8]) -> ClaimRequest<'a> {
-    ClaimRequest {
-        steps: StepsClaim::Resume {
-            steps: seen,
-            restart_failed: false,
-        },
-        ..claim(key, token, now_ms)
-    }
+    let mut request = claim(key, token, now_ms);
+    request.steps = StepsClaim::Resume {
+        steps: seen,
+        restart_failed: false,
+    };
+    request
 }
 
 /// A step's write of `steps`, in place of `previous`.
@@ -1003,11 +997,7 @@ fn save_steps<'a>(
     previous: &'a [u8],
     steps: &'a [u8],
 ) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::SaveSteps { steps, previous },
-    }
+    Transition::new(key, token, Change::SaveSteps { steps, previous })
 }
 
 async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
@@ -1135,12 +1125,13 @@ async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
     );
     // A restart after a failure replaces exactly the steps it judged restartable: not others (a
     // late copy of a claim, after another call restarted or pinned the operation).
-    let restart = |seen: &'static [u8]| ClaimRequest {
-        steps: StepsClaim::Fresh {
+    let restart = |seen: &'static [u8]| {
+        let mut r = claim("k", "t4", NOW + 2);
+        r.steps = StepsClaim::Fresh {
             initial: b"anew",
             restarts: Some(seen),
-        },
-        ..claim("k", "t4", NOW + 2)
+        };
+        r
     };
     ensure_eq!(
         c.store.claim(&restart(b"origin")).await?,
@@ -1282,7 +1273,7 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
 
 /// `request` for an operation that restarts from scratch after a failure
 /// (`restart_steps_after_failure`).
-fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
+fn restarting(mut request: ClaimRequest<'_>) -> ClaimRequest<'_> {
     let steps = match request.steps {
         StepsClaim::Fresh { initial, .. } => StepsClaim::Fresh {
             initial,
@@ -1294,7 +1285,8 @@ fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
         },
         StepsClaim::Untouched => StepsClaim::Untouched,
     };
-    ClaimRequest { steps, ..request }
+    request.steps = steps;
+    request
 }
 
 /// A release mark ([`Change::Release`](crate::store::Change::Release)) sent by a call whose claim is
@@ -1361,14 +1353,9 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         "a token left on another call's FAILED record"
     );
     let marked = c.record("failed").await?;
-    ensure_eq!(
-        marked,
-        Record {
-            released: vec!["t1".to_owned()],
-            ..before
-        },
-        "a released token changes nothing else"
-    );
+    let mut expected = before;
+    expected.released = vec!["t1".to_owned()];
+    ensure_eq!(marked, expected, "a released token changes nothing else");
     let late = c.store.claim(&claim("failed", "t1", NOW)).await?;
     ensure!(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "t2"),

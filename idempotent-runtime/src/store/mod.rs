@@ -12,11 +12,13 @@ use crate::record::Record;
 pub use crate::record::StepsClaim;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 #[cfg(any(test, feature = "conformance"))]
 #[doc(hidden)]
 pub mod delegating;
 #[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub mod dynamodb;
 pub mod memory;
 pub mod routed;

@@ -199,7 +199,7 @@ impl Override<MemoryStore> for TwoWinners {
                 if held.status == Status::Pending && held.token != request.token =>
             {
                 let mut taken = held;
-                taken.token = request.token.to_owned();
+                request.token.clone_into(&mut taken.token);
                 taken.attempt += 1;
                 taken.lease_until_ms = Some(request.lease_until_ms);
                 taken.expires_at_s = request.expires_at_s;
