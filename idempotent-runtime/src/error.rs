@@ -528,7 +528,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why one action of a canceled transaction failed.
 ///
 /// A store reports one per action in [`TransactOutcome::Canceled`](crate::store::TransactOutcome::Canceled):
-/// build it with [`new`](Self::new) (and [`with_item`](Self::with_item), feature `dynamodb`).
+/// build it with [`new`](Self::new) (and `with_item`, feature `dynamodb`).
 /// `#[non_exhaustive]`: a struct expression cannot build it outside this crate, so a field added later
 /// (as `item` is added by the `dynamodb` feature) breaks no store; its fields stay public to read and
 /// to change.

@@ -29,6 +29,16 @@
 //! fixed times in 2100 (`now_ms` = 4 102 444 800 000), so a store must take every time from the request,
 //! never from its own clock — which the contract requires anyway.
 //!
+//! # Writing a store that keeps passing
+//!
+//! Build the records a store returns with [`Record::new`] and set the other (public) fields on the
+//! result; build requests for a store's own tests with [`ClaimRequest::new`] and
+//! [`Transition::new`]. Those types are `#[non_exhaustive]`, so a field they gain in a later release
+//! breaks no store; a field the store does not know yet keeps its empty value. [`ClaimOutcome`],
+//! [`WriteOutcome`] and [`TransactOutcome`](super::TransactOutcome) are `#[non_exhaustive]` too: a
+//! store that wraps another passes an outcome it does not know on as it came. [`Change`] and
+//! [`StepsClaim`] are exhaustive on purpose: a store applies every one of them.
+//!
 //! # Records: [`RECORD_CASES`]
 //!
 //! | case | the rule |
@@ -53,6 +63,7 @@
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless the record expired, or it restarts after the failure of exactly the steps stored), and replaces them when made |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_release_before_its_claim_landed_refuses_that_claim` | [`Change::Release`] on an absent key writes a FAILED mark under the token; that token's claim, landing late, is refused by it (returned as blocking), another token's claim takes the key at once; any record at all rejects the mark, returned as it is |
 //! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one) and changes nothing else; every claim under a released token is refused, other claims keep the tokens, a completion removes them; a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) reject it |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
@@ -120,7 +131,11 @@ use request::{LEASE, NOW, claim, complete, extend, fail, mark_released, release}
 const CASE_TIMEOUT: Duration = Duration::from_mins(2);
 
 /// A business table for the transaction cases: its name, and its partition key (type S).
+///
+/// Built with [`BusinessTable::new`]; `#[non_exhaustive]`, so a setting added later (a sort key, say)
+/// breaks no caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BusinessTable {
     /// The table's name, as the store's business writes name it.
     pub name: String,
@@ -200,7 +215,11 @@ pub enum Outcome {
 }
 
 /// One case of a [`Report`].
+///
+/// Built only by [`check`]; `#[non_exhaustive]`, so what a case reports may grow (its duration, say)
+/// without breaking a caller that reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Case {
     /// The case's name, from [`RECORD_CASES`] or [`TRANSACTION_CASES`].
     pub name: &'static str,

@@ -12,6 +12,15 @@ async fn the_store_keeps_the_whole_contract() {
     let report = conformance::check(|| async { idempotent_additive_tests::subject() }).await;
     assert_eq!(report.store(), "recoded");
     report.assert_complete();
+    let all = conformance::RECORD_CASES.len() + conformance::TRANSACTION_CASES.len();
+    assert_eq!(report.cases().len(), all, "every case ran");
+    assert!(
+        report
+            .cases()
+            .iter()
+            .all(|case| case.outcome == conformance::Outcome::Passed),
+        "{report}"
+    );
 }
 
 /// A claim and a completion through the public constructors, read back through the store's own
