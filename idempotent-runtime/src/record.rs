@@ -63,7 +63,14 @@ impl fmt::Display for Status {
 /// ```
 ///
 /// `#[non_exhaustive]`: outside this crate a struct expression (also `Record { .., ..other }`) cannot
-/// build it, so a field the record gains later (as `steps` and `released` were added) breaks no store.
+/// build it, so a field the record gains later (as `steps` and `released` were added) breaks no store:
+///
+/// ```compile_fail,E0639
+/// use idempotent_runtime::{Record, Status};
+///
+/// let held = Record::new("billing::charge#3f2a", Status::Pending, "token-1", 4_102_444_800);
+/// let taken = Record { token: "token-2".to_owned(), ..held };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Record {
