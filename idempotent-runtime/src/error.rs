@@ -9,9 +9,12 @@ use std::time::Duration;
 /// own error type `E` receives it through `E: From<Error>`; the body's own errors are never wrapped in this
 /// type.
 ///
-/// Built only by this crate. `#[non_exhaustive]`, and so is every variant: a `match` keeps a `_` arm,
-/// and a pattern names the fields it reads followed by `..` (`Error::InProgress { retry_hint, .. }`), so
-/// a kind of error or a field added later breaks no caller.
+/// `#[non_exhaustive]`: a `match` keeps a `_` arm, so a kind of error added later breaks no caller.
+/// The variants' fields are frozen: callers build variants too (a test standing in for a failure, a
+/// hand-written front door returning [`Error::NotInstalled`] when
+/// [`Idempotency::installed`](crate::Idempotency::installed) is `None`), so a variant never gains a
+/// field; what a new failure needs to say comes as a new variant. Patterns that read a few fields end
+/// in `..`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -19,7 +22,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: another call with this key is still in progress; retry in {retry_hint:?}"
     )]
-    #[non_exhaustive]
     InProgress {
         /// The key's namespace.
         namespace: String,
@@ -52,7 +54,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: this idempotency key was already used with a different payload; use a new key for a different request"
     )]
-    #[non_exhaustive]
     PayloadMismatch {
         /// The key's namespace.
         namespace: String,
@@ -67,7 +68,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the claim on this key was lost (its lease ran out without a heartbeat getting through, and another call took over); the result was not stored and the other call's result stands — if heartbeats are off, raise `lease` above the body's running time"
     )]
-    #[non_exhaustive]
     LeaseLost {
         /// The key's namespace.
         namespace: String,
@@ -81,7 +81,6 @@ pub enum Error {
         "`{namespace}`: the transaction was canceled: {}",
         display_reasons(reasons)
     )]
-    #[non_exhaustive]
     TransactionCanceled {
         /// The key's namespace.
         namespace: String,
@@ -91,7 +90,6 @@ pub enum Error {
 
     /// Too many writes were staged on one transaction, or they are too large, or two touch the same item.
     #[error("`{namespace}`: {detail}")]
-    #[non_exhaustive]
     TooManyWrites {
         /// The key's namespace.
         namespace: String,
@@ -103,7 +101,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency table is throttling requests and retries ran out; retry later or raise the table's capacity"
     )]
-    #[non_exhaustive]
     Throttled {
         /// The key's namespace.
         namespace: String,
@@ -117,7 +114,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency table `{table}` does not exist; create it at start-up with `DynamoDbStore::ensure_table` (it creates the table with the store's key schema and TTL, waits until it is ACTIVE, and does nothing if it is ready) or the `idempotent table create` command, or point the store at the right table"
     )]
-    #[non_exhaustive]
     TableNotFound {
         /// The key's namespace.
         namespace: String,
@@ -132,7 +128,6 @@ pub enum Error {
         "`{namespace}`: access to the idempotency table `{table}` was refused ({}); give the service's credentials `dynamodb:UpdateItem` and `dynamodb:GetItem` on the table (the IAM table of the `idempotent_runtime::guide::operations` docs lists every action, business tables' included), or check which credentials, account and region it uses",
         chain(source.as_ref())
     )]
-    #[non_exhaustive]
     AccessDenied {
         /// The key's namespace.
         namespace: String,
@@ -148,7 +143,6 @@ pub enum Error {
     /// `ACTIVE`. Not retryable: every call fails the same way until the table or the store's settings
     /// change. The detail names the table and what differs.
     #[error("`{namespace}`: the idempotency table does not fit the store: {detail}")]
-    #[non_exhaustive]
     TableMismatch {
         /// The key's namespace.
         namespace: String,
@@ -159,7 +153,6 @@ pub enum Error {
     /// The store did not answer, or failed with an error that may pass (HTTP 5xx, a timeout, a broken
     /// connection, a transaction conflict), after the configured retries.
     #[error("`{namespace}`: the idempotency store is unavailable: {}", chain(source.as_ref()))]
-    #[non_exhaustive]
     Unavailable {
         /// The key's namespace.
         namespace: String,
@@ -180,7 +173,6 @@ pub enum Error {
         "`{namespace}`: region `{region}`, which serves this key, is unavailable ({}); retry later (each key is served by one region, so that it runs once)",
         chain(source.as_ref())
     )]
-    #[non_exhaustive]
     RegionUnavailable {
         /// The key's namespace.
         namespace: String,
@@ -198,7 +190,6 @@ pub enum Error {
         "`{namespace}`: the call ran but its result could not be stored ({}); the key is claimable again once its lease runs out, and a retry will run the call again",
         chain(source.as_ref())
     )]
-    #[non_exhaustive]
     ResultNotStored {
         /// The key's namespace.
         namespace: String,
@@ -212,7 +203,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the key changed hands {attempts} times while this call tried to claim it; retry"
     )]
-    #[non_exhaustive]
     Contended {
         /// The key's namespace.
         namespace: String,
@@ -226,7 +216,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: a lease of {lease:?} is too short to be kept alive; use at least 1 s (`lease = \"1s\"`)"
     )]
-    #[non_exhaustive]
     LeaseTooShort {
         /// The key's namespace.
         namespace: String,
@@ -241,7 +230,6 @@ pub enum Error {
         "`{namespace}`: the staged business writes were refused and nothing was written: {}",
         chain(source.as_ref())
     )]
-    #[non_exhaustive]
     WriteRejected {
         /// The key's namespace.
         namespace: String,
@@ -252,7 +240,6 @@ pub enum Error {
 
     /// The store failed for another reason (a request it refused as invalid, a misconfigured client, ...).
     #[error("`{namespace}`: the idempotency store failed: {}", chain(source.as_ref()))]
-    #[non_exhaustive]
     Store {
         /// The key's namespace.
         namespace: String,
@@ -267,7 +254,6 @@ pub enum Error {
     /// not run and no record was written; with staged writes, the body ran but its result was not
     /// stored, and the record is FAILED (without the writes), so the key is free again at once.
     #[error("`{namespace}`: the {store} store does not support {capability}")]
-    #[non_exhaustive]
     Unsupported {
         /// The key's namespace.
         namespace: String,
@@ -279,7 +265,6 @@ pub enum Error {
 
     /// The key, the payload or the body's `Ok` value could not be serialized to JSON.
     #[error("`{namespace}`: could not serialize the {what} to JSON: {source}")]
-    #[non_exhaustive]
     Serialize {
         /// The key's namespace.
         namespace: String,
@@ -294,7 +279,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored response does not deserialize into the function's output type ({source}); if the type changed, give the function a new `name = \"..\"` or wait for the records to expire"
     )]
-    #[non_exhaustive]
     Deserialize {
         /// The key's namespace.
         namespace: String,
@@ -307,7 +291,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored record for this key is unreadable ({detail}); it was left untouched — check that no other writer uses the table"
     )]
-    #[non_exhaustive]
     CorruptRecord {
         /// The key's namespace.
         namespace: String,
@@ -320,7 +303,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the call's response was too large to store in one DynamoDB item even compressed, so it cannot be replayed; the call ran once and will not run again for this key until the record expires"
     )]
-    #[non_exhaustive]
     ResponseTooLarge {
         /// The key's namespace.
         namespace: String,
@@ -334,7 +316,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the call ran once and completed, but its result was not stored because it did not serialize ({detail}), so it cannot be replayed; the call will not run again for this key until the record expires"
     )]
-    #[non_exhaustive]
     ResponseNotSerialized {
         /// The key's namespace.
         namespace: String,
@@ -346,7 +327,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: this key was used and its stored response has expired; use a new key to run the call again"
     )]
-    #[non_exhaustive]
     Expired {
         /// The key's namespace.
         namespace: String,
@@ -357,7 +337,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the idempotency key is missing (it serialized to `null`, or a part of it did); pass a key, or declare that null is a deliberate value (`missing_key = \"allow\"`, `MissingKey::Allow`) or that such calls run without idempotency (`\"skip\"`, `MissingKey::Skip`; not with business writes)"
     )]
-    #[non_exhaustive]
     MissingKey {
         /// The key's namespace.
         namespace: String,
@@ -369,7 +348,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the step `{step}` was run twice in one call; give each step of a body its own name"
     )]
-    #[non_exhaustive]
     StepRepeated {
         /// The key's namespace.
         namespace: String,
@@ -385,7 +363,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the value of step `{step}` does not fit in the record ({bytes} bytes with the steps before it, at most {budget}); return a smaller value from the step"
     )]
-    #[non_exhaustive]
     StepTooLarge {
         /// The key's namespace.
         namespace: String,
@@ -406,7 +383,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the stored value of step `{step}` does not deserialize into the step's type ({source}); the step is not run again: if its type changed, read it as a type that accepts both the old and the new form (`#[serde(default)]` on new fields, an `#[serde(untagged)]` enum) rather than renaming the step, which would run it again for operations in flight"
     )]
-    #[non_exhaustive]
     StepValue {
         /// The key's namespace.
         namespace: String,
@@ -427,7 +403,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` finished in an earlier call but its value could not be stored ({detail}); it is not run again, so the operation cannot resume past it: settle the key by hand (see the runbook) and make the step return a smaller, serializable value"
     )]
-    #[non_exhaustive]
     StepNotStored {
         /// The key's namespace.
         namespace: String,
@@ -446,7 +421,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` runs at most once and was interrupted in an earlier call before it finished; it is not run again: find out whether its effect happened and settle the key by hand (see the runbook)"
     )]
-    #[non_exhaustive]
     StepInterrupted {
         /// The key's namespace.
         namespace: String,
@@ -462,7 +436,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: step `{step}` staged business writes in an earlier call that did not complete; a replayed step cannot stage them again, so the operation is not completed without them: stage writes in the body, outside steps, and settle the key by hand (see the runbook)"
     )]
-    #[non_exhaustive]
     StepStagedWrites {
         /// The key's namespace.
         namespace: String,
@@ -479,7 +452,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: the key's operation runs with steps and has not finished; a call without steps does not take it over (it would run finished steps again): retry it where the function runs with steps"
     )]
-    #[non_exhaustive]
     StepsHeld {
         /// The key's namespace.
         namespace: String,
@@ -489,7 +461,6 @@ pub enum Error {
     #[error(
         "`{namespace}`: no idempotency store; call `Idempotency::install()` at startup or pass `store = ..` to #[idempotent]"
     )]
-    #[non_exhaustive]
     NotInstalled {
         /// The key's namespace.
         namespace: String,
