@@ -199,7 +199,11 @@ pub enum Outcome {
 }
 
 /// One message's line in a [`Report`].
+///
+/// Built only by the batch; `#[non_exhaustive]`, so a line may say more later (the attempt, say)
+/// without breaking a caller that reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Item {
     /// The message's id, as the queue knows it (SQS's `messageId`).
     pub id: String,
@@ -209,13 +213,20 @@ pub struct Item {
 }
 
 /// What happened to each message of a batch, in the batch's order.
+///
+/// Built by the batch (or empty, with `Default`); `#[non_exhaustive]`, so a report may say more later
+/// without breaking a caller that reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Report {
     /// One per message, in the order they were given.
     pub items: Vec<Item>,
 }
 
 /// SQS's partial-batch response (`ReportBatchItemFailures`): the messages to deliver again.
+///
+/// Frozen, with public fields a caller may build it from: its shape is Lambda's wire format for a
+/// partial-batch response, which this type serializes to exactly; it changes only if AWS changes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchResponse {
     /// The failed messages.
@@ -224,6 +235,8 @@ pub struct BatchResponse {
 }
 
 /// One message to deliver again.
+///
+/// Frozen, like [`BatchResponse`]: Lambda's wire format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ItemFailure {
     /// Its id (SQS's `messageId`).

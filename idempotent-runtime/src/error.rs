@@ -8,6 +8,13 @@ use std::time::Duration;
 /// `module::path::Type::method`, or the attribute's `name = ".."`) and says what to do about it. The body's
 /// own error type `E` receives it through `E: From<Error>`; the body's own errors are never wrapped in this
 /// type.
+///
+/// `#[non_exhaustive]`: a `match` keeps a `_` arm, so a kind of error added later breaks no caller.
+/// The variants' fields are frozen: callers build variants too (a test standing in for a failure, a
+/// hand-written front door returning [`Error::NotInstalled`] when
+/// [`Idempotency::installed`](crate::Idempotency::installed) is `None`), so a variant never gains a
+/// field; what a new failure needs to say comes as a new variant. Patterns that read a few fields end
+/// in `..`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -506,7 +513,14 @@ impl From<Error> for std::io::Error {
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why one action of a canceled transaction failed.
+///
+/// A store reports one per action in [`TransactOutcome::Canceled`](crate::store::TransactOutcome::Canceled):
+/// build it with [`new`](Self::new) (and `with_item`, feature `dynamodb`).
+/// `#[non_exhaustive]`: a struct expression cannot build it outside this crate, so a field added later
+/// (as `item` is added by the `dynamodb` feature) breaks no store; its fields stay public to read and
+/// to change.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct CancellationReason {
     /// The action's index in the transaction (0 is the idempotency record).
     pub index: usize,
@@ -516,10 +530,36 @@ pub struct CancellationReason {
     pub message: Option<String>,
     /// The item as it was, when the action asked for `ALL_OLD` on a failed condition.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
 }
 
 impl CancellationReason {
+    /// The reason of the action at `index` (0 is the idempotency record): DynamoDB's `code`
+    /// (`"None"` for an action that was fine) and its `message`; no item.
+    #[must_use]
+    pub fn new(index: usize, code: impl Into<String>, message: Option<String>) -> Self {
+        Self {
+            index,
+            code: code.into(),
+            message,
+            #[cfg(feature = "dynamodb")]
+            item: None,
+        }
+    }
+
+    /// The same reason with the item as it was (`ALL_OLD` on a failed condition).
+    #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+    #[must_use]
+    pub fn with_item(
+        mut self,
+        item: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+    ) -> Self {
+        self.item = item;
+        self
+    }
+
     /// Cancellation codes that pass with a retry: a conflict with another write to the same item, or
     /// throttling.
     pub const TRANSIENT_CODES: [&'static str; 3] = [

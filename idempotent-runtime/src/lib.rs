@@ -47,15 +47,23 @@
 //! Every transition out of PENDING is fenced by the claim's token, so a caller whose lease ran out and was
 //! taken over can never overwrite the new owner's result ([`Error::LeaseLost`]).
 //!
-//! Features: `macros` and `dynamodb` (on by default); `emulator` (on by default, implies `dynamodb`: the
-//! DynamoDB transaction emulator behind [`MemoryStore`]'s business tables, so that `transact` and
-//! `claim_with` can be tested in memory); `metrics` (counters through the `metrics` facade, see
-//! [`telemetry`]); `cli` (the `idempotent` command line and the `admin` module; implies `audit`);
-//! `audit` (the `audit` module: TTL deletions and late retries read from the table's DynamoDB
-//! stream, by a polling reader or a Lambda stream consumer); `axum` (the
-//! `Idempotency-Key` HTTP layer); `batch` (queue batches); `conformance` (`store::conformance`: the
-//! store contract as a suite, for third-party stores). `IDEMPOTENT_DISABLED=1` switches idempotency
-//! off in a process ([`DISABLED_VAR`]).
+//! Features (on docs.rs, each item names the feature it needs); each only adds items, so crates that
+//! turn on different features of this crate build together:
+//!
+//! - `macros` (default): the `#[idempotent]` attribute.
+//! - `dynamodb` (default): `DynamoDbStore`, `RoutedStore::dynamodb`, `Transaction` and the business
+//!   writes of `transact`/`claim_with`/`compensate_with` (the AWS SDK's `TransactWriteItem`).
+//! - `emulator` (default, implies `dynamodb`): the DynamoDB transaction emulator behind
+//!   [`MemoryStore`]'s business tables, so that `transact` and `claim_with` can be tested in memory.
+//! - `metrics`: counters and a latency histogram through the `metrics` facade (see [`telemetry`]).
+//! - `audit` (implies `dynamodb`): the `audit` module: TTL deletions and late retries read from the
+//!   table's DynamoDB stream, by a polling reader or a Lambda stream consumer.
+//! - `cli` (implies `audit`): the `idempotent` command line and the `admin` module.
+//! - `axum`: the `Idempotency-Key` HTTP layer (the `http` module).
+//! - `batch`: queue batches, each message processed once (the `batch` module).
+//! - `conformance`: `store::conformance`, the store contract as a suite for a store of your own.
+//!
+//! `IDEMPOTENT_DISABLED=1` switches idempotency off in a process ([`DISABLED_VAR`]).
 //!
 //! Across regions (DynamoDB global tables, where a conditional write is linearizable only in the region
 //! that received it), a [`RoutedStore`] sends each key to one home region chosen by a hash of the key, so
@@ -86,7 +94,10 @@
 //! The `guide` module (in the documentation built with all features, as on docs.rs) has a guide per
 //! kind of service: HTTP, Lambda, queues, transactions, steps, interruptions, regions, operations.
 
-// docs.rs (nightly, `--cfg docsrs`) shows the feature each item needs.
+// docs.rs (nightly, `--cfg docsrs`, `[package.metadata.docs.rs]`) shows the feature each item needs.
+// `doc_cfg` took `doc_auto_cfg` in (the latter no longer exists on nightly): the badge comes from an
+// item's own `#[cfg]`; the explicit `doc(cfg(..))` attributes say the same where a re-export or an
+// `impl` block would not show it. Stable rustdoc ignores both (`docsrs` is unset there).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "cli")]

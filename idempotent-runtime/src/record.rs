@@ -3,6 +3,11 @@
 use std::fmt;
 
 /// Where a key is in its life.
+///
+/// Exhaustive on purpose: these three states are the protocol (every store's claim rule and every
+/// decision of the state machine is written over exactly them, and a record holds one of them), so a
+/// `match` over all three is how stores and tools are meant to read it. A fourth state would change
+/// what every store must do and would come with a new major version, not hidden behind a `_` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// A call holds the key and is running the body (until `lease_until`).
@@ -43,7 +48,31 @@ impl fmt::Display for Status {
 }
 
 /// One idempotency record, as stored.
+///
+/// A store builds the records it returns with [`Record::new`] (the fields every record has) and sets
+/// the others, which are public, on the result:
+///
+/// ```
+/// use idempotent_runtime::{Record, Status};
+///
+/// let mut record = Record::new("billing::charge#3f2a", Status::Pending, "token-1", 4_102_444_800);
+/// record.lease_until_ms = Some(4_102_444_860_000);
+/// record.fingerprint = Some("5d41402a".to_owned());
+/// assert_eq!(record.attempt, 1);
+/// assert!(record.response.is_none());
+/// ```
+///
+/// `#[non_exhaustive]`: outside this crate a struct expression (also `Record { .., ..other }`) cannot
+/// build it, so a field the record gains later (as `steps` and `released` were added) breaks no store:
+///
+/// ```compile_fail,E0639
+/// use idempotent_runtime::{Record, Status};
+///
+/// let held = Record::new("billing::charge#3f2a", Status::Pending, "token-1", 4_102_444_800);
+/// let taken = Record { token: "token-2".to_owned(), ..held };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Record {
     /// The derived key: `"{namespace}#{hex(sha256(canonical_json(key)))}"`.
     pub key: String,
@@ -102,6 +131,36 @@ pub struct Record {
 pub const MAX_RELEASED: usize = 16;
 
 impl Record {
+    /// A record of the first claim on `key` (`attempt` 1) in `status`, written under `token`, that
+    /// counts as absent after `expires_at_s` (epoch seconds); every optional field empty: no lease, no
+    /// fingerprint, response, error, retention, region or steps, no released tokens, and no claim-time
+    /// writes in effect.
+    #[must_use]
+    pub fn new(
+        key: impl Into<String>,
+        status: Status,
+        token: impl Into<String>,
+        expires_at_s: u64,
+    ) -> Self {
+        Record {
+            key: key.into(),
+            status,
+            token: token.into(),
+            attempt: 1,
+            lease_until_ms: None,
+            expires_at_s,
+            fingerprint: None,
+            response: None,
+            error: None,
+            replay_until_s: None,
+            claim_writes_in_effect: false,
+            completed_in: None,
+            steps: None,
+            released: Vec::new(),
+            released_until_ms: None,
+        }
+    }
+
     /// Whether a claim under `token` is refused because its call released it before it landed: the
     /// record is a FAILED one under that token (the call's release failed its landed claim, or marked
     /// the absent record), or holds the token among its [`released`](Self::released) ones.
@@ -173,6 +232,10 @@ impl Record {
 /// What a claim of an operation run with steps ([`Operation::steps`](crate::Operation::steps))
 /// does with the steps the record stores. A claim is made only if the record allows it
 /// ([`Record::allows_steps_claim`]) *and* the claim's other rule does.
+///
+/// Exhaustive on purpose, like [`Change`](crate::store::Change): a store must apply each kind of
+/// claim exactly, so a store that matches every variant is one that keeps the contract, and a new kind
+/// (or a new field of one) is a change of the contract that comes with a new major version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StepsClaim<'a> {
     /// An operation without steps: made only on a record without steps, or an expired one (whose
@@ -214,7 +277,19 @@ pub enum StepsClaim<'a> {
 /// A setting of the record, not of one store: every store sizes its records by them
 /// ([`Store::response_budget`](crate::Store::response_budget)), and the DynamoDB store's expressions
 /// name them through placeholders (`store::dynamodb::expression`).
+///
+/// Start from [`AttributeNames::default`] and change the names you need (the fields are public):
+///
+/// ```
+/// let mut names = idempotent_runtime::AttributeNames::default();
+/// names.status = "state".to_owned();
+/// assert_eq!(names.key, "pk");
+/// ```
+///
+/// `#[non_exhaustive]`: a struct expression cannot build it outside this crate, so an attribute the
+/// record gains later (with its default name) breaks no caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AttributeNames {
     /// Partition key (type S).
     pub key: String,

@@ -820,17 +820,15 @@ impl idempotent_runtime::store::conformance::Override<Forward> for ClaimAppliedL
         let after = self.0;
         let applied = tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            let request = idempotent_runtime::store::ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
+            let mut request = idempotent_runtime::store::ClaimRequest::new(
+                &key,
+                &token,
                 now_ms,
                 lease_until_ms,
                 expires_at_s,
-                fingerprint: fingerprint.as_deref(),
-                keep_claim_writes: false,
-                steps: idempotent_runtime::store::StepsClaim::Untouched,
-            };
+            );
+            request.attempt = attempt;
+            request.fingerprint = fingerprint.as_deref();
             store.claim(&request).await
         });
         applied.await.unwrap()

@@ -553,17 +553,11 @@ impl Baseline {
         fingerprint: &'a str,
         now: u64,
     ) -> ClaimRequest<'a> {
-        ClaimRequest {
-            key,
-            token,
-            attempt,
-            now_ms: now,
-            lease_until_ms: now + 60_000,
-            expires_at_s: now / 1000 + 60 + 86_400,
-            fingerprint: Some(fingerprint),
-            keep_claim_writes: false,
-            steps: idempotent_runtime::store::StepsClaim::Untouched,
-        }
+        let mut request =
+            ClaimRequest::new(key, token, now, now + 60_000, now / 1000 + 60 + 86_400);
+        request.attempt = attempt;
+        request.fingerprint = Some(fingerprint);
+        request
     }
 
     /// The key and the fingerprint of the call on `id`: derived from the request with
@@ -613,11 +607,7 @@ impl Baseline {
                     replay_until_s: None,
                 }
             };
-            let transition = Transition {
-                key: &key,
-                token: &token,
-                change,
-            };
+            let transition = Transition::new(&key, &token, change);
             if store.transition(&transition).await? != WriteOutcome::Applied {
                 return Err(format!("baseline+store: {key} was not ours to settle").into());
             }

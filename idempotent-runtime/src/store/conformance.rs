@@ -29,6 +29,16 @@
 //! fixed times in 2100 (`now_ms` = 4 102 444 800 000), so a store must take every time from the request,
 //! never from its own clock — which the contract requires anyway.
 //!
+//! # Writing a store that keeps passing
+//!
+//! Build the records a store returns with [`Record::new`] and set the other (public) fields on the
+//! result; build requests for a store's own tests with [`ClaimRequest::new`] and
+//! [`Transition::new`]. Those types are `#[non_exhaustive]`, so a field they gain in a later release
+//! breaks no store; a field the store does not know yet keeps its empty value. [`ClaimOutcome`],
+//! [`WriteOutcome`] and [`TransactOutcome`](super::TransactOutcome) are `#[non_exhaustive]` too: a
+//! store that wraps another passes an outcome it does not know on as it came. [`Change`] and
+//! [`StepsClaim`] are exhaustive on purpose: a store applies every one of them.
+//!
 //! # Records: [`RECORD_CASES`]
 //!
 //! | case | the rule |
@@ -53,6 +63,7 @@
 //! | `a_fresh_claim_with_steps_is_refused_by_live_steps` | a fresh claim is refused by a claimable record whose steps live on (unless the record expired, or it restarts after the failure of exactly the steps stored), and replaces them when made |
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
+//! | `a_release_before_its_claim_landed_refuses_that_claim` | [`Change::Release`] on an absent key writes a FAILED mark under the token; that token's claim, landing late, is refused by it (returned as blocking), another token's claim takes the key at once; any record at all rejects the mark, returned as it is |
 //! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) whose tokens can still hold the key reject it; on a full record whose tokens' end has passed, the token replaces them |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
@@ -120,7 +131,11 @@ use request::{LEASE, NOW, claim, complete, extend, fail, mark_released, release}
 const CASE_TIMEOUT: Duration = Duration::from_mins(2);
 
 /// A business table for the transaction cases: its name, and its partition key (type S).
+///
+/// Built with [`BusinessTable::new`]; `#[non_exhaustive]`, so a setting added later (a sort key, say)
+/// breaks no caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BusinessTable {
     /// The table's name, as the store's business writes name it.
     pub name: String,
@@ -200,7 +215,11 @@ pub enum Outcome {
 }
 
 /// One case of a [`Report`].
+///
+/// Built only by [`check`]; `#[non_exhaustive]`, so what a case reports may grow (its duration, say)
+/// without breaking a caller that reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Case {
     /// The case's name, from [`RECORD_CASES`] or [`TRANSACTION_CASES`].
     pub name: &'static str,
@@ -843,11 +862,9 @@ async fn expiry_is_decided_by_the_claims_clock<S: Store>(c: Context<S>) -> Resul
     // A record that expires while its lease still runs: expiry alone makes it claimable, whatever the
     // store's own clock or TTL process thinks (it still holds the record).
     let expires_s = NOW / 1000 + 10;
-    let request = ClaimRequest {
-        lease_until_ms: NOW + 100 * LEASE,
-        expires_at_s: expires_s,
-        ..claim("k", "t1", NOW)
-    };
+    let mut request = claim("k", "t1", NOW);
+    request.lease_until_ms = NOW + 100 * LEASE;
+    request.expires_at_s = expires_s;
     ensure_eq!(
         c.store.claim(&request).await?,
         ClaimOutcome::Claimed,
@@ -940,10 +957,8 @@ async fn a_claim_without_a_fingerprint_clears_the_old_one<S: Store>(
 ) -> Result<(), Violation> {
     c.pending("k", "t1").await?;
     c.store.transition(&fail("k", "t1")).await?;
-    let request = ClaimRequest {
-        fingerprint: None,
-        ..claim("k", "t2", NOW + 1)
-    };
+    let mut request = claim("k", "t2", NOW + 1);
+    request.fingerprint = None;
     ensure_eq!(
         c.store.claim(&request).await?,
         ClaimOutcome::Claimed,
@@ -976,24 +991,22 @@ async fn a_plain_claim_keeps_claim_writes_in_effect_as_they_were<S: Store>(
 
 /// A claim of an operation with steps that starts afresh, with `initial` as its steps.
 fn fresh<'a>(key: &'a str, token: &'a str, now_ms: u64, initial: &'a [u8]) -> ClaimRequest<'a> {
-    ClaimRequest {
-        steps: StepsClaim::Fresh {
-            initial,
-            restarts: None,
-        },
-        ..claim(key, token, now_ms)
-    }
+    let mut request = claim(key, token, now_ms);
+    request.steps = StepsClaim::Fresh {
+        initial,
+        restarts: None,
+    };
+    request
 }
 
 /// A claim of an operation with steps that resumes the steps `seen`.
 fn resume<'a>(key: &'a str, token: &'a str, now_ms: u64, seen: &'a [u8]) -> ClaimRequest<'a> {
-    ClaimRequest {
-        steps: StepsClaim::Resume {
-            steps: seen,
-            restart_failed: false,
-        },
-        ..claim(key, token, now_ms)
-    }
+    let mut request = claim(key, token, now_ms);
+    request.steps = StepsClaim::Resume {
+        steps: seen,
+        restart_failed: false,
+    };
+    request
 }
 
 /// A step's write of `steps`, in place of `previous`.
@@ -1003,11 +1016,7 @@ fn save_steps<'a>(
     previous: &'a [u8],
     steps: &'a [u8],
 ) -> Transition<'a> {
-    Transition {
-        key,
-        token,
-        change: Change::SaveSteps { steps, previous },
-    }
+    Transition::new(key, token, Change::SaveSteps { steps, previous })
 }
 
 async fn steps_are_stored_under_the_token_and_removed_by_completion<S: Store>(
@@ -1135,12 +1144,13 @@ async fn a_fresh_claim_with_steps_is_refused_by_live_steps<S: Store>(
     );
     // A restart after a failure replaces exactly the steps it judged restartable: not others (a
     // late copy of a claim, after another call restarted or pinned the operation).
-    let restart = |seen: &'static [u8]| ClaimRequest {
-        steps: StepsClaim::Fresh {
+    let restart = |seen: &'static [u8]| {
+        let mut r = claim("k", "t4", NOW + 2);
+        r.steps = StepsClaim::Fresh {
             initial: b"anew",
             restarts: Some(seen),
-        },
-        ..claim("k", "t4", NOW + 2)
+        };
+        r
     };
     ensure_eq!(
         c.store.claim(&restart(b"origin")).await?,
@@ -1282,7 +1292,7 @@ async fn a_resume_needs_exactly_the_steps_it_read<S: Store>(
 
 /// `request` for an operation that restarts from scratch after a failure
 /// (`restart_steps_after_failure`).
-fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
+fn restarting(mut request: ClaimRequest<'_>) -> ClaimRequest<'_> {
     let steps = match request.steps {
         StepsClaim::Fresh { initial, .. } => StepsClaim::Fresh {
             initial,
@@ -1294,7 +1304,8 @@ fn restarting(request: ClaimRequest<'_>) -> ClaimRequest<'_> {
         },
         StepsClaim::Untouched => StepsClaim::Untouched,
     };
-    ClaimRequest { steps, ..request }
+    request.steps = steps;
+    request
 }
 
 /// A release mark ([`Change::Release`](crate::store::Change::Release)) sent by a call whose claim is

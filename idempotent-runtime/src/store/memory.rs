@@ -125,6 +125,7 @@ impl MemoryStore {
 
 /// Business tables, for staged writes (`transact = tx`, claims with business writes): feature `emulator`.
 #[cfg(feature = "emulator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "emulator")))]
 impl MemoryStore {
     /// Creates a business table with the given key schema (the partition key, and the sort key if any),
     /// which tells the store which attributes of a `Put`'s item are its key. Creating a table again with

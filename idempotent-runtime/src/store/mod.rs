@@ -12,11 +12,13 @@ use crate::record::Record;
 pub use crate::record::StepsClaim;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 #[cfg(any(test, feature = "conformance"))]
 #[doc(hidden)]
 pub mod delegating;
 #[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub mod dynamodb;
 pub mod memory;
 pub mod routed;
@@ -25,7 +27,13 @@ pub mod writes;
 pub use writes::Writes;
 
 /// A new claim on a key.
+///
+/// The state machine builds one per claim attempt and a store reads its public fields. Outside this
+/// crate (a test of a store, a tool), build one with [`ClaimRequest::new`] and set the other fields on
+/// the result. `#[non_exhaustive]`: a struct expression cannot build it outside this crate, so a field
+/// the claim gains later (as `steps` was added) breaks no caller.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ClaimRequest<'a> {
     /// The derived key.
     pub key: &'a str,
@@ -57,12 +65,44 @@ pub struct ClaimRequest<'a> {
     pub steps: StepsClaim<'a>,
 }
 
+impl<'a> ClaimRequest<'a> {
+    /// The first claim attempt (`attempt` 1) on `key` under `token`, evaluated at `now_ms`, holding the
+    /// key until `lease_until_ms` and counting as absent after `expires_at_s`; no fingerprint, not
+    /// keeping claim-time writes, and no steps ([`StepsClaim::Untouched`]).
+    #[must_use]
+    pub const fn new(
+        key: &'a str,
+        token: &'a str,
+        now_ms: u64,
+        lease_until_ms: u64,
+        expires_at_s: u64,
+    ) -> Self {
+        ClaimRequest {
+            key,
+            token,
+            attempt: 1,
+            now_ms,
+            lease_until_ms,
+            expires_at_s,
+            fingerprint: None,
+            keep_claim_writes: false,
+            steps: StepsClaim::Untouched,
+        }
+    }
+}
+
 /// What a claim found.
+///
+/// A store returns one; the state machine (and a store that wraps another) reads it.
+/// `#[non_exhaustive]`: a store never has to produce an outcome it does not know, and a caller that
+/// matches it keeps a `_` arm (pass an unknown outcome on as it came), so an outcome added later
+/// breaks no one.
 #[allow(
     clippy::large_enum_variant,
     reason = "returned by value on every duplicate's path: boxing the record would allocate there"
 )]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The key was absent or claimable; it is now PENDING under the request's token.
     Claimed,
@@ -71,7 +111,11 @@ pub enum ClaimOutcome {
 }
 
 /// A fenced transition of a PENDING record: only the claim holding `token` may make it.
+///
+/// Outside this crate, build one with [`Transition::new`]. `#[non_exhaustive]`: a struct expression
+/// cannot build it outside this crate, so a field added later breaks no caller.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Transition<'a> {
     /// The derived key.
     pub key: &'a str,
@@ -81,7 +125,21 @@ pub struct Transition<'a> {
     pub change: Change<'a>,
 }
 
+impl<'a> Transition<'a> {
+    /// The transition of `key`'s record held under `token` that writes `change`.
+    #[must_use]
+    pub const fn new(key: &'a str, token: &'a str, change: Change<'a>) -> Self {
+        Transition { key, token, change }
+    }
+}
+
 /// The write of a [`Transition`].
+///
+/// Exhaustive on purpose, variants and fields alike: a store must apply every change exactly as
+/// written here, so a store whose `match` names every variant and every field is one that keeps the
+/// contract. A new kind of change, or a new field of one (a value the store must now write), is a new
+/// obligation of every store; it comes with a new major version, and a store that does not apply it
+/// fails to compile rather than dropping it behind a `_` arm.
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
     /// PENDING → COMPLETED with the encoded response (`None` when too large to store); any stored steps
@@ -197,11 +255,14 @@ impl Change<'_> {
 }
 
 /// What a fenced write found.
+///
+/// `#[non_exhaustive]`, for the reasons of [`ClaimOutcome`].
 #[allow(
     clippy::large_enum_variant,
     reason = "returned by value on every duplicate's path: boxing the record would allocate there"
 )]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WriteOutcome {
     /// The record was PENDING under our token; the write was applied.
     Applied,
@@ -210,7 +271,10 @@ pub enum WriteOutcome {
 }
 
 /// What a transaction of a record's claim or transition with business [`Writes`] found.
+///
+/// `#[non_exhaustive]`, for the reasons of [`ClaimOutcome`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 #[allow(
     clippy::large_enum_variant,
     reason = "returned by value on every rejected transaction: boxing the record would allocate there"
@@ -225,6 +289,10 @@ pub enum TransactOutcome {
 }
 
 /// Why a store call failed (as opposed to a condition that did not hold, which is an outcome).
+///
+/// `#[non_exhaustive]`: a kind of failure added later breaks no store (which never has to return it)
+/// and no caller (which keeps a `_` arm). A store builds the variants itself, so their fields are
+/// frozen: a variant never gains a field; what a new failure needs to say comes as a new variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

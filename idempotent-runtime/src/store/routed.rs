@@ -200,6 +200,7 @@ impl RoutedStore {
     /// # Errors
     /// [`RegionConfigError`] as [`RoutedStore::new`].
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn dynamodb<N: Into<String>>(
         table: impl Into<String>,
         regions: impl IntoIterator<Item = (N, aws_sdk_dynamodb::Client)>,
@@ -643,6 +644,7 @@ impl Idempotency {
     /// # Errors
     /// [`RegionConfigError`] when the list is empty, a name is empty, or a name is listed twice.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub fn regions<N: Into<String>>(
         table: impl Into<String>,
         regions: impl IntoIterator<Item = (N, aws_sdk_dynamodb::Client)>,

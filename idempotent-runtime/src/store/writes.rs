@@ -1,17 +1,26 @@
 //! [`Writes`]: business writes that commit in one transaction with a record's transition.
 //!
 //! The state machine and the [`Store`](super::Store) trait pass them on without looking inside: only a
-//! store that supports transactions reads them ([`Writes::items`]). The one place that knows what a
-//! write is made of: with the `dynamodb` feature, DynamoDB's own `TransactWriteItem`; without it, there
-//! are never any (a write is `Infallible`, so the same methods compile, and none can be added). The limits
-//! of one transaction are DynamoDB's, checked in `store::dynamodb::transaction`.
+//! store that supports transactions reads them (`Writes::items`). The one place that knows what a
+//! write is made of: DynamoDB's own `TransactWriteItem`. The limits of one transaction are DynamoDB's,
+//! checked in `store::dynamodb::transaction`.
+//!
+//! The `dynamodb` feature only adds to this type: [`Writes::new`], [`len`](Writes::len) and
+//! [`is_empty`](Writes::is_empty) are the same in every build, and what names the SDK's type (`items`,
+//! `push`, `Extend`, `FromIterator`) exists only with the feature. So a store written without the
+//! feature (whose `Writes` are always empty) compiles unchanged in a program where another crate turns
+//! it on.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+#[cfg(feature = "dynamodb")]
+use aws_sdk_dynamodb::types::TransactWriteItem;
+
 /// One business write.
 #[cfg(feature = "dynamodb")]
-type Item = aws_sdk_dynamodb::types::TransactWriteItem;
-/// One business write: none exist without the `dynamodb` feature.
+type Item = TransactWriteItem;
+/// One business write: none exist without the `dynamodb` feature. Private: no public signature names
+/// it, so no signature changes with the feature.
 #[cfg(not(feature = "dynamodb"))]
 type Item = std::convert::Infallible;
 
@@ -22,8 +31,10 @@ type Item = std::convert::Infallible;
 ///
 /// A [`Store`](super::Store) receives them in
 /// [`claim_transaction`](super::Store::claim_transaction) and
-/// [`transact_transition`](super::Store::transact_transition), and reads them with
-/// [`items`](Self::items) (DynamoDB's `TransactWriteItem`s, each with its own condition).
+/// [`transact_transition`](super::Store::transact_transition), and reads them with `items` (DynamoDB's
+/// `TransactWriteItem`s, each with its own condition; feature `dynamodb`). Without that feature there
+/// are never any: a store built without it checks [`is_empty`](Self::is_empty), and keeps compiling
+/// when another crate of the program turns the feature on (features only add methods here).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Writes {
     items: Vec<Item>,
@@ -47,16 +58,21 @@ impl Writes {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+}
 
+/// What names DynamoDB's `TransactWriteItem`: only with the `dynamodb` feature.
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+impl Writes {
     /// The writes, in the order they were given: the actions after the record's own in one
     /// `TransactWriteItems`.
     #[must_use]
-    pub fn items(&self) -> &[Item] {
+    pub fn items(&self) -> &[TransactWriteItem] {
         &self.items
     }
 
     /// Adds a write at the end.
-    pub fn push(&mut self, item: Item) {
+    pub fn push(&mut self, item: TransactWriteItem) {
         self.items.push(item);
     }
 }
@@ -71,14 +87,18 @@ impl Writes {
     }
 }
 
-impl Extend<Item> for Writes {
-    fn extend<I: IntoIterator<Item = Item>>(&mut self, iter: I) {
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+impl Extend<TransactWriteItem> for Writes {
+    fn extend<I: IntoIterator<Item = TransactWriteItem>>(&mut self, iter: I) {
         self.items.extend(iter);
     }
 }
 
-impl FromIterator<Item> for Writes {
-    fn from_iter<I: IntoIterator<Item = Item>>(iter: I) -> Self {
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+impl FromIterator<TransactWriteItem> for Writes {
+    fn from_iter<I: IntoIterator<Item = TransactWriteItem>>(iter: I) -> Self {
         Self {
             items: iter.into_iter().collect(),
         }

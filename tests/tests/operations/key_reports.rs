@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use idempotent_runtime::admin::{self, KeyFilter, Progress};
-use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, StepsClaim, Transition, WriteOutcome,
-};
+use idempotent_runtime::store::{Change, ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
 use idempotent_runtime::{DynamoDbStore, Layout, Status, Store, derive_key};
 use idempotent_tests::{client, unique_table};
 
@@ -31,17 +29,13 @@ fn now_ms() -> u64 {
 async fn claim(store: &DynamoDbStore, key: &str, now_ms: u64, lease_ms: u64) {
     let token = format!("t-{key}");
     let outcome = store
-        .claim(&ClaimRequest {
+        .claim(&ClaimRequest::new(
             key,
-            token: &token,
-            attempt: 1,
+            &token,
             now_ms,
-            lease_until_ms: now_ms + lease_ms,
-            expires_at_s: now_ms / 1000 + 3600,
-            fingerprint: None,
-            keep_claim_writes: false,
-            steps: StepsClaim::Untouched,
-        })
+            now_ms + lease_ms,
+            now_ms / 1000 + 3600,
+        ))
         .await
         .unwrap();
     assert!(matches!(outcome, ClaimOutcome::Claimed), "{outcome:?}");
@@ -50,11 +44,7 @@ async fn claim(store: &DynamoDbStore, key: &str, now_ms: u64, lease_ms: u64) {
 async fn finish(store: &DynamoDbStore, key: &str, change: Change<'_>) {
     let token = format!("t-{key}");
     let outcome = store
-        .transition(&Transition {
-            key,
-            token: &token,
-            change,
-        })
+        .transition(&Transition::new(key, &token, change))
         .await
         .unwrap();
     assert_eq!(outcome, WriteOutcome::Applied);

@@ -17,7 +17,7 @@ async fn without_an_installed_handle_the_call_fails_clearly_then_works_once_inst
     Idempotency::uninstall();
     let err = work(1).await.unwrap_err();
     assert!(
-        matches!(&err, Error::NotInstalled { namespace } if namespace == "install::work"),
+        matches!(&err, Error::NotInstalled { namespace, .. } if namespace == "install::work"),
         "{err:?}"
     );
     assert!(

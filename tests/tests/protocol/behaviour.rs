@@ -161,6 +161,7 @@ async fn a_duplicate_while_pending_gets_in_progress(backend: Backend) {
         namespace,
         retry_after,
         retry_hint,
+        ..
     }) = err
     else {
         panic!("expected InProgress, got {err:?}")
@@ -216,7 +217,7 @@ async fn a_taken_over_claim_cannot_store_its_late_result(backend: Backend) {
     slow.release();
     let late = first.await.unwrap().unwrap_err();
     assert!(
-        matches!(&late, PaymentError::Idempotency(Error::LeaseLost { namespace }) if namespace == NAMESPACE),
+        matches!(&late, PaymentError::Idempotency(Error::LeaseLost { namespace, .. }) if namespace == NAMESPACE),
         "{late:?}"
     );
     // The new owner's result stands, and is what duplicates get.

@@ -31,12 +31,7 @@ fn conflict() -> Vec<CancellationReason> {
     ["TransactionConflict", "None"]
         .iter()
         .enumerate()
-        .map(|(index, code)| CancellationReason {
-            index,
-            code: (*code).to_owned(),
-            message: None,
-            item: None,
-        })
+        .map(|(index, code)| CancellationReason::new(index, *code, None))
         .collect()
 }
 
@@ -65,23 +60,14 @@ impl Flaky {
 impl Store for Flaky {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         if self.script.lock().unwrap().always_taken {
-            return Ok(ClaimOutcome::Existing(Record {
-                key: request.key.to_owned(),
-                status: Status::Failed,
-                token: "someone-else".to_owned(),
-                attempt: 1,
-                lease_until_ms: None,
-                expires_at_s: request.expires_at_s,
-                fingerprint: None,
-                response: None,
-                error: Some("failed".to_owned()),
-                replay_until_s: None,
-                claim_writes_in_effect: false,
-                completed_in: None,
-                steps: None,
-                released: Vec::new(),
-                released_until_ms: None,
-            }));
+            let mut taken = Record::new(
+                request.key,
+                Status::Failed,
+                "someone-else",
+                request.expires_at_s,
+            );
+            taken.error = Some("failed".to_owned());
+            return Ok(ClaimOutcome::Existing(taken));
         }
         self.inner.claim(request).await
     }

@@ -211,10 +211,8 @@ fn gzip_bomb(prefix: &str, fill: usize, suffix: &str) -> Vec<u8> {
 async fn plant(h: &Harness, key: &str, response: &[u8]) {
     use idempotent_runtime::store::conformance::request;
     let now_ms = h.clock.now_ms();
-    let claim = idempotent_runtime::store::ClaimRequest {
-        fingerprint: None,
-        ..request::claim(key, "someone-else", now_ms)
-    };
+    let mut claim = request::claim(key, "someone-else", now_ms);
+    claim.fingerprint = None;
     h.store.claim(&claim).await.unwrap();
     let complete = request::complete(key, "someone-else", response, now_ms / 1000 + 3600);
     h.store.transition(&complete).await.unwrap();

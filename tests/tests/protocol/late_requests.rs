@@ -303,14 +303,14 @@ impl Override<Forward> for FirstStepAppliedLate {
             let (after, applied, slot) = (self.after, self.applied.clone(), self.outcome.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let late = Transition {
-                    key: &key,
-                    token: &token,
-                    change: idempotent_runtime::store::Change::SaveSteps {
+                let late = Transition::new(
+                    &key,
+                    &token,
+                    idempotent_runtime::store::Change::SaveSteps {
                         steps: &steps,
                         previous: &previous,
                     },
-                };
+                );
                 let outcome = store.transition(&late).await;
                 *slot.lock().unwrap() = Some(outcome);
                 applied.notify_one();
@@ -465,14 +465,14 @@ async fn a_late_copy_of_an_undone_step_mark_is_refused(backend: Backend) {
     let (before, marked) = &sent[0];
     let key = idempotent_runtime::derive_key(STEPS_NS, "order-2").unwrap();
     let record = store.get(&key).await.unwrap().unwrap();
-    let late = Transition {
-        key: &key,
-        token: &record.token,
-        change: idempotent_runtime::store::Change::SaveSteps {
+    let late = Transition::new(
+        &key,
+        &record.token,
+        idempotent_runtime::store::Change::SaveSteps {
             steps: marked,
             previous: before,
         },
-    };
+    );
     let outcome = store.transition(&late).await.unwrap();
     assert_eq!(
         outcome,

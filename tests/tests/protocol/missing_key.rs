@@ -40,7 +40,7 @@ async fn a_none_key_is_rejected_before_any_io(backend: Backend) {
     for result in [bob, alice] {
         let err = idem_error(result);
         assert!(
-            matches!(&err, Error::MissingKey { namespace } if namespace == REJECT),
+            matches!(&err, Error::MissingKey { namespace, .. } if namespace == REJECT),
             "{err:?}"
         );
     }
@@ -80,7 +80,7 @@ async fn a_tuple_key_with_a_none_part_is_missing_but_empty_values_are_keys(backe
     let runs = AtomicUsize::new(0);
     let err = idem_error(by_tuple(&h.idem, &runs, "alice", "acme", None).await);
     assert!(
-        matches!(&err, Error::MissingKey { namespace } if namespace == TUPLE),
+        matches!(&err, Error::MissingKey { namespace, .. } if namespace == TUPLE),
         "{err:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the body must not run");
@@ -228,7 +228,7 @@ async fn the_operation_builder_applies_the_same_policies(backend: Backend) {
         for result in twice(&h, &runs, policy).await {
             let err = result.unwrap_err();
             assert!(
-                matches!(&err, Error::MissingKey { namespace } if namespace == OPERATION),
+                matches!(&err, Error::MissingKey { namespace, .. } if namespace == OPERATION),
                 "{policy:?}: {err:?}"
             );
         }

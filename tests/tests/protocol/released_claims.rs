@@ -10,8 +10,7 @@ use idempotent_runtime::aws_sdk_dynamodb::Client;
 use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, StepsClaim, TransactOutcome, Transition, WriteOutcome,
-    Writes,
+    Change, ClaimOutcome, ClaimRequest, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{
     Clock, Error, Idempotency, MAX_RELEASED, ManualClock, MemoryStore, Record, Status, Store,
@@ -225,17 +224,10 @@ impl Override<Forward> for TransactionAppliedLate {
         let (writes, after) = (writes.clone(), self.0);
         let applied = tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            let request = ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
-                now_ms,
-                lease_until_ms,
-                expires_at_s,
-                fingerprint: fingerprint.as_deref(),
-                keep_claim_writes: keep,
-                steps: StepsClaim::Untouched,
-            };
+            let mut request = ClaimRequest::new(&key, &token, now_ms, lease_until_ms, expires_at_s);
+            request.attempt = attempt;
+            request.fingerprint = fingerprint.as_deref();
+            request.keep_claim_writes = keep;
             store.claim_transaction(&request, &writes).await
         });
         applied.await.unwrap()
@@ -683,17 +675,8 @@ impl Override<Forward> for ClaimLandsBeforeTheMark {
         let (land, landed) = (self.land.clone(), self.landed.clone());
         tokio::spawn(async move {
             land.acquire().await.unwrap().forget();
-            let request = ClaimRequest {
-                key: &key,
-                token: &token,
-                attempt,
-                now_ms,
-                lease_until_ms,
-                expires_at_s,
-                fingerprint: None,
-                keep_claim_writes: false,
-                steps: StepsClaim::Untouched,
-            };
+            let mut request = ClaimRequest::new(&key, &token, now_ms, lease_until_ms, expires_at_s);
+            request.attempt = attempt;
             let outcome = store.claim(&request).await;
             landed.add_permits(1);
             outcome

@@ -164,7 +164,7 @@ async fn a_different_payload_is_rejected_while_pending_and_after_completion(back
     let pending = h.record("resilience::transfer", "acct-1").await.unwrap();
     let err = idem_error(transfer(&h.idem, &gate, &tampered).await);
     assert!(
-        matches!(&err, Error::PayloadMismatch { namespace } if namespace == "resilience::transfer"),
+        matches!(&err, Error::PayloadMismatch { namespace, .. } if namespace == "resilience::transfer"),
         "{err:?}"
     );
     assert_eq!(
@@ -218,15 +218,15 @@ async fn a_crashed_call_is_taken_over_after_its_lease_and_its_late_completion_is
     // The crashed worker's token can no longer complete.
     let late = h
         .store
-        .transition(&Transition {
-            key: &record.key,
-            token: &record.token,
-            change: Change::Complete {
+        .transition(&Transition::new(
+            &record.key,
+            &record.token,
+            Change::Complete {
                 response: Some(b"1"),
                 expires_at_s: u64::MAX / 2,
                 replay_until_s: None,
             },
-        })
+        ))
         .await
         .unwrap();
     assert!(matches!(late, WriteOutcome::Rejected(Some(_))));
@@ -261,7 +261,7 @@ async fn a_response_too_large_even_compressed_is_stored_without_a_body_and_never
     );
     let err = idem_error(big(&h.idem, &runs, 2, 100_000, true).await);
     assert!(
-        matches!(&err, Error::ResponseTooLarge { namespace } if namespace == "resilience::big"),
+        matches!(&err, Error::ResponseTooLarge { namespace, .. } if namespace == "resilience::big"),
         "{err:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body never runs twice");
@@ -307,7 +307,7 @@ async fn retention(backend: Backend) {
         if retains {
             let err = idem_error(late);
             assert!(
-                matches!(&err, Error::Expired { namespace } if namespace == "resilience::retained"),
+                matches!(&err, Error::Expired { namespace, .. } if namespace == "resilience::retained"),
                 "{err:?}"
             );
             assert_eq!(

@@ -179,7 +179,10 @@ async fn a_failing_business_condition_writes_nothing_and_leaves_the_record_faile
     let (h, shop) = setup(2).await;
     let ctl = Control::default();
     let err = reserve(&h.idem, &shop, &ctl, "o-1", 5).await.unwrap_err();
-    let ShopError::Idempotency(Error::TransactionCanceled { namespace, reasons }) = err else {
+    let ShopError::Idempotency(Error::TransactionCanceled {
+        namespace, reasons, ..
+    }) = err
+    else {
         panic!("expected TransactionCanceled, got {err:?}")
     };
     assert_eq!(namespace, "transact::reserve");

@@ -39,7 +39,7 @@ async fn claim_with_fails_before_the_body_runs_and_writes_nothing() {
         .await;
     let error = result.unwrap_err();
     assert!(
-        matches!(&error, Error::Unsupported { namespace, store: "records-only", capability }
+        matches!(&error, Error::Unsupported { namespace, store: "records-only", capability, .. }
             if namespace == NAMESPACE && capability.contains("claim_with")),
         "{error:?}"
     );

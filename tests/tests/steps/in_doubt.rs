@@ -306,14 +306,14 @@ impl<S: Store> Override<S> for FailedWriteThenLateBeat {
             }
         ) {
             let now_ms = self.clock.get().expect("the clock").now_ms();
-            let beat = Transition {
-                key: transition.key,
-                token: transition.token,
-                change: Change::ExtendLease {
+            let beat = Transition::new(
+                transition.key,
+                transition.token,
+                Change::ExtendLease {
                     lease_until_ms: now_ms + 30_000,
                     expires_at_s: now_ms / 1000 + 86_400,
                 },
-            };
+            );
             if matches!(inner.transition(&beat).await?, WriteOutcome::Applied) {
                 self.beats.fetch_add(1, Ordering::SeqCst);
             }

@@ -197,15 +197,15 @@ impl Override<Forward> for FailsUnderResume {
         let armed = self.armed.load(std::sync::atomic::Ordering::SeqCst);
         if armed && matches!(request.steps, StepsClaim::Resume { .. }) {
             let record = inner.get(request.key).await?.expect("a record");
-            let fail = Transition {
-                key: request.key,
-                token: &record.token,
-                change: idempotent_runtime::store::Change::Fail {
+            let fail = Transition::new(
+                request.key,
+                &record.token,
+                idempotent_runtime::store::Change::Fail {
                     error: "declined",
                     expires_at_s: record.expires_at_s,
                     release_claim_writes: false,
                 },
-            };
+            );
             let failed = inner.transition(&fail).await?;
             assert_eq!(failed, WriteOutcome::Applied);
         }

@@ -571,14 +571,14 @@ async fn a_late_first_copy_of_a_step_write_is_refused() {
     let before = harness.record(NAMESPACE, "order-1").await.unwrap();
 
     let (key, token, previous, steps) = store.with.held.lock().unwrap().take().unwrap();
-    let late = Transition {
-        key: &key,
-        token: &token,
-        change: Change::SaveSteps {
+    let late = Transition::new(
+        &key,
+        &token,
+        Change::SaveSteps {
             steps: &steps,
             previous: &previous,
         },
-    };
+    );
     let outcome = store.inner.transition(&late).await.unwrap();
     assert!(matches!(outcome, WriteOutcome::Rejected(_)));
     let after = harness.record(NAMESPACE, "order-1").await.unwrap();
@@ -794,19 +794,18 @@ async fn deliver_late_restart_claim(
         .unwrap()
         .clone()
         .expect("a restart claim");
-    let late = ClaimRequest {
-        key: &sent.key,
-        token: &sent.token,
-        attempt: sent.attempt,
-        now_ms: sent.now_ms,
-        lease_until_ms: sent.lease_until_ms,
-        expires_at_s: sent.expires_at_s,
-        fingerprint: sent.fingerprint.as_deref(),
-        keep_claim_writes: false,
-        steps: StepsClaim::Fresh {
-            initial: &sent.initial,
-            restarts: Some(&sent.restarts),
-        },
+    let mut late = ClaimRequest::new(
+        &sent.key,
+        &sent.token,
+        sent.now_ms,
+        sent.lease_until_ms,
+        sent.expires_at_s,
+    );
+    late.attempt = sent.attempt;
+    late.fingerprint = sent.fingerprint.as_deref();
+    late.steps = StepsClaim::Fresh {
+        initial: &sent.initial,
+        restarts: Some(&sent.restarts),
     };
     store.inner.claim(&late).await.unwrap()
 }
@@ -1443,7 +1442,7 @@ impl<S: Store> Override<S> for SlowChargeWrite {
         transition: &Transition<'_>,
     ) -> Result<WriteOutcome, StoreError> {
         let is_charge = matches!(transition.change, Change::SaveSteps { steps, .. }
-            if idempotent_runtime::Record { steps: Some(steps.to_vec()), ..probe() }
+            if probe(steps)
                 .steps_report()
                 .and_then(Result::ok)
                 .is_some_and(|r| r.finished.iter().any(|n| n == "charge")));
@@ -1473,25 +1472,12 @@ impl<S: Store> Override<S> for SlowChargeWrite {
     }
 }
 
-/// A record to read stored steps through ([`Record::steps_report`]).
-fn probe() -> idempotent_runtime::Record {
-    idempotent_runtime::Record {
-        key: String::new(),
-        status: Status::Pending,
-        token: String::new(),
-        attempt: 1,
-        lease_until_ms: None,
-        expires_at_s: 0,
-        fingerprint: None,
-        response: None,
-        error: None,
-        replay_until_s: None,
-        claim_writes_in_effect: false,
-        completed_in: None,
-        steps: None,
-        released: Vec::new(),
-        released_until_ms: None,
-    }
+/// A record holding `steps`, to read them through ([`Record::steps_report`]).
+fn probe(steps: &[u8]) -> idempotent_runtime::Record {
+    let mut record =
+        idempotent_runtime::Record::new(String::new(), Status::Pending, String::new(), 0);
+    record.steps = Some(steps.to_vec());
+    record
 }
 
 /// Reserve, charge and email, each effect counted; `hang`: the email hangs before its effect.

@@ -584,10 +584,8 @@ async fn a_resume_of_steps_at_the_budget_is_accepted() {
 #[tokio::test]
 async fn a_long_steps_attribute_name_is_in_the_budget() {
     let len = longest_step_value().await - 64;
-    let names = idempotent_runtime::AttributeNames {
-        steps: "finished_steps_".repeat(20),
-        ..idempotent_runtime::AttributeNames::default()
-    };
+    let mut names = idempotent_runtime::AttributeNames::default();
+    names.steps = "finished_steps_".repeat(20);
     let (client, counter) = idempotent_tests::client();
     let store = idempotent_runtime::DynamoDbStore::with_attribute_names(
         client,

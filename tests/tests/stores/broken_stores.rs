@@ -7,7 +7,7 @@ use idempotent_runtime::store::conformance::{
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
 };
-use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+use idempotent_runtime::{MemoryStore, Status, StoreError};
 
 /// A memory store broken by `with`.
 fn broken<O: Override<MemoryStore>>(with: O) -> Delegating<MemoryStore, O> {
@@ -36,10 +36,8 @@ impl Override<MemoryStore> for IgnoresTheToken {
     ) -> Result<WriteOutcome, StoreError> {
         match inner.get(transition.key).await? {
             Some(held) if held.status == Status::Pending => {
-                let as_holder = Transition {
-                    token: &held.token,
-                    ..*transition
-                };
+                let mut as_holder = *transition;
+                as_holder.token = &held.token;
                 inner.transition(&as_holder).await
             }
             _ => inner.transition(transition).await,
@@ -102,10 +100,8 @@ impl Override<MemoryStore> for IgnoresSteps {
         inner: &MemoryStore,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let request = ClaimRequest {
-            steps: idempotent_runtime::store::StepsClaim::Untouched,
-            ..*request
-        };
+        let mut request = *request;
+        request.steps = idempotent_runtime::store::StepsClaim::Untouched;
         inner.claim(&request).await
     }
 }
@@ -151,12 +147,10 @@ impl Override<MemoryStore> for OverwritesSteps {
             .as_ref()
             .and_then(|r| r.steps.clone())
             .unwrap_or_default();
-        let overwrite = Transition {
-            change: Change::SaveSteps {
-                steps,
-                previous: &previous,
-            },
-            ..*transition
+        let mut overwrite = *transition;
+        overwrite.change = Change::SaveSteps {
+            steps,
+            previous: &previous,
         };
         inner.transition(&overwrite).await
     }
@@ -204,14 +198,13 @@ impl Override<MemoryStore> for TwoWinners {
             ClaimOutcome::Existing(held)
                 if held.status == Status::Pending && held.token != request.token =>
             {
-                inner.insert(Record {
-                    token: request.token.to_owned(),
-                    attempt: held.attempt + 1,
-                    lease_until_ms: Some(request.lease_until_ms),
-                    expires_at_s: request.expires_at_s,
-                    fingerprint: request.fingerprint.map(str::to_owned),
-                    ..held
-                });
+                let mut taken = held;
+                request.token.clone_into(&mut taken.token);
+                taken.attempt += 1;
+                taken.lease_until_ms = Some(request.lease_until_ms);
+                taken.expires_at_s = request.expires_at_s;
+                taken.fingerprint = request.fingerprint.map(str::to_owned);
+                inner.insert(taken);
                 Ok(ClaimOutcome::Claimed)
             }
             outcome => Ok(outcome),

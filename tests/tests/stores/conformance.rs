@@ -100,24 +100,23 @@ async fn a_duplicate_claim_on_dynamodb_returns_the_old_record_in_the_same_round_
 async fn custom_attribute_names_are_used_for_every_attribute() {
     use aws_sdk_dynamodb::types::AttributeValue;
     use idempotent_runtime::{AttributeNames, DynamoDbStore};
-    let names = AttributeNames {
-        key: "id".into(),
-        status: "state".into(),
-        token: "fence".into(),
-        attempt: "tries".into(),
-        lease_until: "lease_ms".into(),
-        expires_at: "ttl".into(),
-        fingerprint: "fp".into(),
-        response: "body".into(),
-        error: "why".into(),
-        replay_until: "replay_s".into(),
-        claim_writes: "held".into(),
-        sort_key: "range".into(),
-        completed_in: "region".into(),
-        steps: "done".into(),
-        released: "given_up".into(),
-        released_until: "given_up_until".into(),
-    };
+    let mut names = AttributeNames::default();
+    names.key = "id".into();
+    names.status = "state".into();
+    names.token = "fence".into();
+    names.attempt = "tries".into();
+    names.lease_until = "lease_ms".into();
+    names.expires_at = "ttl".into();
+    names.fingerprint = "fp".into();
+    names.response = "body".into();
+    names.error = "why".into();
+    names.replay_until = "replay_s".into();
+    names.claim_writes = "held".into();
+    names.sort_key = "range".into();
+    names.completed_in = "region".into();
+    names.steps = "done".into();
+    names.released = "given_up".into();
+    names.released_until = "given_up_until".into();
     let (client, _) = idempotent_tests::client();
     let store = DynamoDbStore::with_attribute_names(
         client.clone(),

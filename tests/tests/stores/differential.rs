@@ -622,17 +622,13 @@ async fn on_dynamodb(client: &Client, case: &Case) -> (Outcome, String) {
 }
 
 async fn on_memory(store: &MemoryStore, case: &Case) -> (Outcome, String) {
-    let request = ClaimRequest {
-        key: "differential#record",
-        token: "token",
-        attempt: 1,
-        now_ms: 1_000_000,
-        lease_until_ms: 1_060_000,
-        expires_at_s: 100_000,
-        fingerprint: None,
-        keep_claim_writes: false,
-        steps: idempotent_runtime::store::StepsClaim::Untouched,
-    };
+    let request = ClaimRequest::new(
+        "differential#record",
+        "token",
+        1_000_000,
+        1_060_000,
+        100_000,
+    );
     match store
         .claim_transaction(&request, &case.writes.iter().cloned().collect())
         .await

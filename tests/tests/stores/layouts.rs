@@ -183,15 +183,15 @@ async fn a_takeover_in_every_layout() {
         // The dead worker's token is fenced out.
         let late = h
             .store
-            .transition(&Transition {
-                key: &record.key,
-                token: &pending.token,
-                change: Change::Complete {
+            .transition(&Transition::new(
+                &record.key,
+                &pending.token,
+                Change::Complete {
                     response: Some(b"\"late\""),
                     expires_at_s: u64::MAX / 2,
                     replay_until_s: None,
                 },
-            })
+            ))
             .await
             .unwrap();
         assert!(
@@ -289,11 +289,10 @@ fn now_ms() -> u64 {
 
 /// The suite's claim, without a fingerprint, its TTL an hour after `now_ms`.
 fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
-    ClaimRequest {
-        expires_at_s: now_ms / 1000 + 3600,
-        fingerprint: None,
-        ..request::claim(key, token, now_ms)
-    }
+    let mut claim = request::claim(key, token, now_ms);
+    claim.expires_at_s = now_ms / 1000 + 3600;
+    claim.fingerprint = None;
+    claim
 }
 
 fn complete<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
@@ -548,7 +547,7 @@ impl Namespaced {
             WriteOutcome::Rejected(record) => {
                 WriteOutcome::Rejected(record.map(|r| self.record(r)))
             }
-            applied @ WriteOutcome::Applied => applied,
+            other => other,
         }
     }
 
@@ -566,22 +565,18 @@ impl Namespaced {
 impl Store for Namespaced {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let key = self.key(request.key);
-        let request = ClaimRequest {
-            key: &key,
-            ..*request
-        };
+        let mut request = *request;
+        request.key = &key;
         Ok(match self.store.claim(&request).await? {
             ClaimOutcome::Existing(record) => ClaimOutcome::Existing(self.record(record)),
-            claimed @ ClaimOutcome::Claimed => claimed,
+            other => other,
         })
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
         let key = self.key(transition.key);
-        let transition = Transition {
-            key: &key,
-            ..*transition
-        };
+        let mut transition = *transition;
+        transition.key = &key;
         Ok(self.write(self.store.transition(&transition).await?))
     }
 
@@ -591,10 +586,8 @@ impl Store for Namespaced {
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let key = self.key(transition.key);
-        let transition = Transition {
-            key: &key,
-            ..*transition
-        };
+        let mut transition = *transition;
+        transition.key = &key;
         Ok(self.transact(self.store.transact_transition(&transition, writes).await?))
     }
 
@@ -604,10 +597,8 @@ impl Store for Namespaced {
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let key = self.key(request.key);
-        let request = ClaimRequest {
-            key: &key,
-            ..*request
-        };
+        let mut request = *request;
+        request.key = &key;
         Ok(self.transact(self.store.claim_transaction(&request, writes).await?))
     }
 

@@ -126,10 +126,8 @@ async fn ttl_on_another_attribute_is_refused() {
         "{err:?}"
     );
     // With the table's attribute name, the same table fits.
-    let names = AttributeNames {
-        expires_at: "gone_at".into(),
-        ..AttributeNames::default()
-    };
+    let mut names = AttributeNames::default();
+    names.expires_at = "gone_at".into();
     let report = DynamoDbStore::with_attribute_names(client, &table, names)
         .ensure_table()
         .await

@@ -4,7 +4,7 @@
 //! suite's requests wrote knows its times.
 
 use crate::Record;
-use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
+use crate::store::{Change, ClaimRequest, Transition};
 
 /// The requests' clock: 2100-01-01, in epoch milliseconds. Far ahead, so that a record a case writes
 /// never expires by the wall clock either (a table's TTL sweeper would delete it during the case).
@@ -16,17 +16,15 @@ pub const LEASE: u64 = 60_000;
 /// fingerprint `fp-1`.
 #[must_use]
 pub fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
-    ClaimRequest {
+    let mut request = ClaimRequest::new(
         key,
         token,
-        attempt: 1,
         now_ms,
-        lease_until_ms: now_ms + LEASE,
-        expires_at_s: (now_ms + LEASE) / 1000 + 3600,
-        fingerprint: Some("fp-1"),
-        keep_claim_writes: false,
-        steps: StepsClaim::Untouched,
-    }
+        now_ms + LEASE,
+        (now_ms + LEASE) / 1000 + 3600,
+    );
+    request.fingerprint = Some("fp-1");
+    request
 }
 
 /// Completes `key` under `token` with `response`, kept until `expires_at_s`.
@@ -37,29 +35,29 @@ pub fn complete<'a>(
     response: &'a [u8],
     expires_at_s: u64,
 ) -> Transition<'a> {
-    Transition {
+    Transition::new(
         key,
         token,
-        change: Change::Complete {
+        Change::Complete {
             response: Some(response),
             expires_at_s,
             replay_until_s: None,
         },
-    }
+    )
 }
 
 /// Releases `key` for `token` (kept a minute after [`NOW`]): see [`Change::Release`].
 #[must_use]
 pub fn release<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
+    Transition::new(
         key,
         token,
-        change: Change::Release {
+        Change::Release {
             error: "released",
             expires_at_s: NOW / 1000 + 60,
             released_until_ms: NOW + LEASE,
         },
-    }
+    )
 }
 
 /// Leaves `token` on `seen`, the record of `key` as the caller read it (`None`: none), at `now_ms`,
@@ -82,36 +80,36 @@ pub fn mark_released<'a>(
         },
         crate::handler::decide::Seen::of,
     );
-    Transition {
+    Transition::new(
         key,
         token,
-        change: crate::handler::decide::mark(seen, now_ms, until_ms),
-    }
+        crate::handler::decide::mark(seen, now_ms, until_ms),
+    )
 }
 
 /// Fails `key` under `token` (error `declined`, kept a minute after [`NOW`]).
 #[must_use]
 pub fn fail<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
+    Transition::new(
         key,
         token,
-        change: Change::Fail {
+        Change::Fail {
             error: "declined",
             expires_at_s: NOW / 1000 + 60,
             release_claim_writes: false,
         },
-    }
+    )
 }
 
 /// Extends the lease of `key` under `token` to five leases after [`NOW`].
 #[must_use]
 pub fn extend<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
-    Transition {
+    Transition::new(
         key,
         token,
-        change: Change::ExtendLease {
+        Change::ExtendLease {
             lease_until_ms: NOW + 5 * LEASE,
             expires_at_s: NOW / 1000 + 9_999,
         },
-    }
+    )
 }

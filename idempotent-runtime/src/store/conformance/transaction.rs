@@ -15,7 +15,7 @@ use super::{
 };
 use crate::CancellationReason;
 use crate::record::{Record, Status};
-use crate::store::{Change, ClaimRequest, TransactOutcome, Transition, Writes};
+use crate::store::{Change, TransactOutcome, Transition, Writes};
 
 /// Runs the transaction cases: the first decides whether the store supports transactions; the others
 /// run if it does, and are reported skipped (and why) if it refuses them.
@@ -675,15 +675,15 @@ async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
         "a claim with a write",
     )
     .await?;
-    let release = Transition {
-        key: "k",
-        token: "t1",
-        change: Change::Fail {
+    let release = Transition::new(
+        "k",
+        "t1",
+        Change::Fail {
             error: "declined",
             expires_at_s: NOW / 1000 + 60,
             release_claim_writes: true,
         },
-    };
+    );
     let compensation: Writes = [c.add_hits("released", -1)?].into_iter().collect();
     ensure_eq!(
         c.store.transact_transition(&release, &compensation).await?,
@@ -724,10 +724,11 @@ async fn released_claim_writes_are_applied_by_the_next_claim<S: Store>(
 async fn a_claim_keeping_writes_needs_them_in_effect<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    let keeping = |key, token, now_ms| ClaimRequest {
-        keep_claim_writes: true,
-        steps: crate::store::StepsClaim::Untouched,
-        ..claim(key, token, now_ms)
+    let keeping = |key, token, now_ms| {
+        let mut r = claim(key, token, now_ms);
+        r.keep_claim_writes = true;
+        r.steps = crate::store::StepsClaim::Untouched;
+        r
     };
     // No record at all: refused (the caller claims with its writes instead), nothing written.
     let outcome = c.store.claim(&keeping("absent", "t0", NOW)).await;
@@ -798,15 +799,15 @@ async fn a_compensation_needs_the_claim_writes_in_effect<S: Store>(
     // PENDING under our token, but claimed plainly: no claim-time writes in effect.
     c.pending("k", "t1").await?;
     let pending = c.record("k").await?;
-    let release = Transition {
-        key: "k",
-        token: "t1",
-        change: Change::Fail {
+    let release = Transition::new(
+        "k",
+        "t1",
+        Change::Fail {
             error: "declined",
             expires_at_s: NOW / 1000 + 60,
             release_claim_writes: true,
         },
-    };
+    );
     let compensation: Writes = [c.add_hits("undone", -1)?].into_iter().collect();
     ensure_eq!(
         c.store.transact_transition(&release, &compensation).await?,
