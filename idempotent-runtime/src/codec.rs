@@ -21,6 +21,7 @@
 //! [`max_response_bytes`](crate::Builder::max_response_bytes), which the writer respects too), and an
 //! operator's preview inflates only its prefix ([`prefix`]).
 
+use std::borrow::Cow;
 use std::io::{Read as _, Write as _};
 
 use serde::Serialize;
@@ -130,23 +131,28 @@ pub(crate) fn decode_within<T: DeserializeOwned>(
     bytes: &[u8],
     limit: usize,
 ) -> Result<T, DecodeError> {
+    serde_json::from_slice(&unpack(bytes, limit)?).map_err(DecodeError::Json)
+}
+
+/// The JSON of a stored response ([`decode_within`]), inflated when compressed. Not generic: only
+/// parsing the JSON is made for each type.
+fn unpack(bytes: &[u8], limit: usize) -> Result<Cow<'_, [u8]>, DecodeError> {
     if bytes.first() == Some(&NOT_SERIALIZED) {
         return Err(not_stored(bytes));
     }
-    if bytes.starts_with(&GZIP_MAGIC) {
-        let (json, whole) = inflate(bytes, limit)?;
-        if !whole {
-            return Err(DecodeError::Compression(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "it inflates to more than {limit} bytes, more than its writer could have stored (an item this library did not write, or one written with a higher `max_response_bytes`)"
-                ),
-            )));
-        }
-        serde_json::from_slice(&json).map_err(DecodeError::Json)
-    } else {
-        serde_json::from_slice(bytes).map_err(DecodeError::Json)
+    if !bytes.starts_with(&GZIP_MAGIC) {
+        return Ok(Cow::Borrowed(bytes));
     }
+    let (json, whole) = inflate(bytes, limit)?;
+    if !whole {
+        return Err(DecodeError::Compression(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "it inflates to more than {limit} bytes, more than its writer could have stored (an item this library did not write, or one written with a higher `max_response_bytes`)"
+            ),
+        )));
+    }
+    Ok(Cow::Owned(json))
 }
 
 /// The first `max` bytes of gzip `bytes` inflated, and whether that is all of them. The buffer is sized

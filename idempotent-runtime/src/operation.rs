@@ -599,8 +599,6 @@ impl<H> Operation<'_, H> {
         R: Runner<T, E, Fut, D>,
         H: OnReplay<T>,
     {
-        // Writes that can only commit together with a record: never run without one.
-        let stages_writes = self.staging.is_some() || !self.claim_writes.is_empty();
         let Operation {
             idem,
             call,
@@ -614,66 +612,117 @@ impl<H> Operation<'_, H> {
             on_replay,
             options: _,
         } = self;
-        // The handle's tasks, for a detached body that runs alone (drained like any detached body).
-        let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
-        // Switched off: the body alone, unless its writes can only commit with the record.
-        let prepared = if !stages_writes && crate::config::disabled() {
-            Ok(None)
-        } else {
-            (|| {
-                let idem = idem?;
-                check_lease(&call)?;
-                let key = key?;
-                let fingerprint = fingerprint.transpose()?;
-                Ok::<_, Box<Error>>(
-                    key.resolve(&call, stages_writes)?
-                        .map(|key| (idem, key, fingerprint)),
-                )
-            })()
+        let unchecked = Unchecked {
+            idem,
+            call,
+            key,
+            fingerprint,
+            claim_writes,
+            compensation,
+            steps,
+            staging,
         };
-        let (idem, key, fingerprint) = match prepared {
-            Ok(Some(prepared)) => prepared,
+        let (parts, span) = match prepare(unchecked) {
+            Prepared::Run(parts, span) => (parts, span),
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
             // Detached, it still runs on a task of its own.
-            Ok(None) => {
+            Prepared::Alone(namespace, tasks) => {
                 return Drive::Body {
-                    body: runner.alone(call.namespace, tasks.as_ref(), body),
+                    body: runner.alone(namespace, tasks.as_ref(), body),
                 };
             }
-            Err(e) => {
+            Prepared::Failed(e) => {
                 return Drive::Failed {
                     error: Some((*e).into()),
                 };
             }
         };
-        let namespace = call.namespace;
-        let span = telemetry::call_span(namespace, &key);
-        let parts = handler::Parts {
-            idem,
-            call,
-            key,
-            fingerprint,
-            staging,
-            claim_writes,
-            compensation,
-            steps,
-        };
+        let namespace = parts.call.namespace;
         let run = handler::run(parts, describe, body, runner).instrument(span.clone());
-        if !<H as OnReplay<T>>::CHANGES {
-            return Drive::Run {
-                run,
-                span,
-                namespace,
-            };
-        }
-        // What happened is recorded again for the caller's own `observe`, which this one hides. Boxed:
-        // `observe` is an `async fn`, which would hold the call's future more than once.
-        Drive::Observed {
-            run: crate::execution::observe(Box::pin(run)),
+        Drive::Run {
+            run,
             span,
             namespace,
             on_replay: Some(on_replay),
         }
+    }
+}
+
+/// An operation's parts before its checks, without its types ([`prepare`]).
+struct Unchecked<'a> {
+    idem: Early<Cow<'a, Idempotency>>,
+    call: Call,
+    key: Early<DerivedKey>,
+    fingerprint: Option<Early<String>>,
+    claim_writes: Writes,
+    compensation: Writes,
+    steps: Option<Steps>,
+    staging: Option<Staged>,
+}
+
+/// What [`prepare`] found.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per call, by value: boxing the parts would allocate on every call"
+)]
+enum Prepared<'a> {
+    /// The call runs the state machine, in its span.
+    Run(handler::Parts<Cow<'a, Idempotency>>, tracing::Span),
+    /// Switched off, or a missing key under `MissingKey::Skip`: the body alone (on a task tracked by
+    /// the handle's tasks, when known and detached).
+    Alone(&'static str, Option<tokio_util::task::TaskTracker>),
+    /// The call could not start.
+    Failed(Box<Error>),
+}
+
+/// The checks of a call, for [`Operation::drive`]: the kill switch, then the handle, key and payload
+/// (the first error among them; the body does not run), the missing-key policy; then the state
+/// machine's parts and the call's span. Not generic: made once for every function.
+#[inline(never)]
+fn prepare(operation: Unchecked<'_>) -> Prepared<'_> {
+    let Unchecked {
+        idem,
+        call,
+        key,
+        fingerprint,
+        claim_writes,
+        compensation,
+        steps,
+        staging,
+    } = operation;
+    // Writes that can only commit together with a record: never run without one.
+    let stages_writes = staging.is_some() || !claim_writes.is_empty();
+    // Switched off: the body alone, unless its writes can only commit with the record. The handle's
+    // tasks, for a detached body that runs alone (drained like any detached body).
+    if !stages_writes && crate::config::disabled() {
+        let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
+        return Prepared::Alone(call.namespace, tasks);
+    }
+    let checked = (|| {
+        let idem = idem?;
+        check_lease(&call)?;
+        let key = key?;
+        let fingerprint = fingerprint.transpose()?;
+        Ok::<_, Box<Error>>((idem, key.resolve(&call, stages_writes)?, fingerprint))
+    })();
+    match checked {
+        Ok((idem, Some(key), fingerprint)) => {
+            let span = telemetry::call_span(call.namespace, &key);
+            let parts = handler::Parts {
+                idem,
+                call,
+                key,
+                fingerprint,
+                staging,
+                claim_writes,
+                compensation,
+                steps,
+            };
+            Prepared::Run(parts, span)
+        }
+        // A missing key under `MissingKey::Skip`.
+        Ok((idem, None, _)) => Prepared::Alone(call.namespace, Some(idem.tasks().clone())),
+        Err(e) => Prepared::Failed(e),
     }
 }
 
@@ -866,18 +915,12 @@ pin_project_lite::pin_project! {
     /// The future of [`Operation::drive`]: built whole before it is first polled, so that a caller's
     /// future holds the state machine (and the body's future in it) in place and once.
     #[project = DriveProj]
-    pub(crate) enum Drive<R, O, B, H, E> {
-        /// The state machine in the call's span; its outcome closes the span.
+    pub(crate) enum Drive<R, B, H, E> {
+        /// The state machine in the call's span; its outcome closes the span, and says whether the
+        /// value is a replay, for `on_replay`.
         Run {
             #[pin]
             run: R,
-            span: tracing::Span,
-            namespace: &'static str,
-        },
-        /// The same, telling replays apart for an `on_replay` that may change their value.
-        Observed {
-            #[pin]
-            run: O,
             span: tracing::Span,
             namespace: &'static str,
             on_replay: Option<H>,
@@ -894,10 +937,9 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<R, O, B, H, T, E> Future for Drive<R, O, B, H, E>
+impl<R, B, H, T, E> Future for Drive<R, B, H, E>
 where
     R: Future<Output = (Result<T, E>, Outcome)>,
-    O: Future<Output = ((Result<T, E>, Outcome), Option<crate::Execution>)>,
     B: Future<Output = Result<T, E>>,
     H: OnReplay<T>,
 {
@@ -913,28 +955,22 @@ where
                 run,
                 span,
                 namespace,
+                on_replay,
             } => {
                 let (result, outcome) = ready!(run.poll(cx));
                 telemetry::finish(span, namespace, outcome);
-                Poll::Ready(result)
-            }
-            DriveProj::Observed {
-                run,
-                span,
-                namespace,
-                on_replay,
-            } => {
-                let ((result, outcome), execution) = ready!(run.poll(cx));
-                telemetry::finish(span, namespace, outcome);
-                let Some(execution) = execution else {
-                    return Poll::Ready(result);
-                };
-                crate::execution::record(execution);
-                Poll::Ready(match (result, on_replay.take()) {
-                    (Ok(value), Some(on_replay)) if execution.is_replay() => {
-                        Ok(on_replay.on_replay(value))
+                // A value is a replay when the call's outcome says so: the state machine returns
+                // `Ok` with `Replayed` or `Cached` only for a stored value it decoded.
+                Poll::Ready(match result {
+                    Ok(value)
+                        if H::CHANGES && matches!(outcome, Outcome::Replayed | Outcome::Cached) =>
+                    {
+                        match on_replay.take() {
+                            Some(on_replay) => Ok(on_replay.on_replay(value)),
+                            None => Ok(value),
+                        }
                     }
-                    (other, _) => other,
+                    other => other,
                 })
             }
             DriveProj::Body { body } => body.poll(cx),

@@ -88,7 +88,11 @@ pub(super) fn claim_with_writes<'a>(
 }
 
 /// How the claim phase ended.
-pub(super) enum Acquired<'a, T> {
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per call, by value: boxing the replayed record would allocate on every duplicate"
+)]
+pub(super) enum Acquired<'a> {
     /// We hold the claim until this instant (epoch milliseconds): run the body. `took_over`: the key was
     /// held by a lapsed claim when this call found it; `lead`: the call's hold on the key's flight in
     /// this process, when it leads one.
@@ -97,8 +101,51 @@ pub(super) enum Acquired<'a, T> {
         took_over: bool,
         lead: Option<Lead<'a>>,
     },
-    /// The answer is known without running the body: a replay from the store or from the local cache.
-    Done(T, Outcome),
+    /// The answer is known without running the body: a replay from the store or from the local cache,
+    /// as stored (the call's typed side decodes it, [`Replay::decode`]).
+    Done(Replay<'a>, Outcome),
+}
+
+/// A stored response found by the claim phase, before it is decoded. Not generic, so that the claim
+/// phase is compiled once for every function; decoding is what each value type needs of its own.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per duplicate, by value: boxing the record would allocate on every one"
+)]
+pub(crate) enum Replay<'a> {
+    /// From the local cache, or passed on by the leader of the key's flight in this process.
+    Shared(Arc<[u8]>),
+    /// From the store: once it decodes, the cache keeps it and the call's followers (when it leads a
+    /// flight) get it too.
+    Record {
+        record: Record,
+        lead: Option<Lead<'a>>,
+    },
+}
+
+impl Replay<'_> {
+    /// The response decoded (within the handle's `max_response_bytes`); a record's response then goes
+    /// to the local cache and to the calls following this one. A response that does not decode goes to
+    /// neither.
+    ///
+    /// # Errors
+    /// [`Error::Deserialize`], [`Error::CorruptRecord`] or [`Error::ResponseNotSerialized`].
+    pub(crate) fn decode<T: DeserializeOwned>(
+        self,
+        idem: &Idempotency,
+        plan: &Plan<'_>,
+    ) -> Result<T, Error> {
+        let namespace = plan.call.namespace;
+        match self {
+            Replay::Shared(response) => replay(namespace, &response, idem.max_response_bytes()),
+            Replay::Record { record, lead } => {
+                let response = record.response.as_deref().unwrap_or_default();
+                let value = replay(namespace, response, idem.max_response_bytes())?;
+                keep_replayed(idem, plan, record, lead.as_ref());
+                Ok(value)
+            }
+        }
+    }
 }
 
 /// What a call's claim attempts need: the call, its fencing token and its durations; and where the call
@@ -113,6 +160,20 @@ pub(super) struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
+    /// The first claim attempt of a call under `token`, with the call's lease and time to live (its
+    /// own, or the handle's defaults).
+    pub(super) fn new(idem: &'a Idempotency, plan: &'a Plan<'a>, token: &'a str) -> Self {
+        let call = plan.call;
+        Self {
+            idem,
+            plan,
+            token,
+            lease: call_lease(idem, call),
+            ttl: call.ttl.unwrap_or_else(|| idem.default_ttl()),
+            stage: Where::new(Stage::Claiming),
+        }
+    }
+
     /// What the call does after `answer` to its `number`th claim attempt, read now
     /// ([`decide::after_claim`]), and the time (less the margin) it was judged at.
     fn next(&self, answer: decide::Answer<'_>, number: u32) -> (decide::AfterClaim, u64) {
@@ -123,13 +184,13 @@ impl<'a> Attempt<'a> {
 
     /// The call holds its claim until `lease_until_ms`: its steps are the ones `seen` (a resume), and
     /// the body runs.
-    fn held<T>(
+    fn held(
         &self,
         seen: Option<Vec<u8>>,
         lease_until_ms: u64,
         took_over: bool,
         lead: Option<Lead<'a>>,
-    ) -> Acquired<'a, T> {
+    ) -> Acquired<'a> {
         if let Some(steps) = self.plan.steps {
             steps.claimed(seen);
         }
@@ -137,21 +198,6 @@ impl<'a> Attempt<'a> {
             lease_until_ms,
             took_over,
             lead,
-        }
-    }
-
-    /// The call's steps, if it runs with them, begin on the claim it now holds.
-    pub(super) fn begin_steps(&self) {
-        if let Some(steps) = self.plan.steps {
-            let plan = self.plan;
-            steps.begin(
-                self.idem,
-                plan.key,
-                self.token,
-                plan.fingerprint,
-                self.lease,
-                plan.staging,
-            );
         }
     }
 
@@ -428,9 +474,7 @@ pub(crate) fn release_change(
     clippy::too_many_lines,
     reason = "one loop of claim, inspect and wait: split, its state would live across awaits in more futures, each part of every call's"
 )]
-pub(super) async fn acquire<'a, T: DeserializeOwned>(
-    attempt: &Attempt<'a>,
-) -> Result<Acquired<'a, T>, Error> {
+pub(super) async fn acquire<'a>(attempt: &Attempt<'a>) -> Result<Acquired<'a>, Error> {
     // Read from `attempt` where used rather than copied into locals: this future is part of every
     // call's, and each local that lives across an await makes it larger.
     let Attempt {
@@ -442,8 +486,8 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
         .filter(|w| !w.is_zero())
         .map(|w| tokio::time::Instant::now() + w);
 
-    if let Some(value) = cached(idem, plan)? {
-        return Ok(Acquired::Done(value, Outcome::Cached));
+    if let Some(response) = cached(idem, plan)? {
+        return Ok(Acquired::Done(Replay::Shared(response), Outcome::Cached));
     }
 
     // The key's flight in this process: a call that follows one makes no request. The lead, held
@@ -454,7 +498,9 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
             Joined::Lead(lead) => Some(lead),
             Joined::Alone => None,
             Joined::Follow(flight) => match follow(attempt, flights, flight, wait_until).await? {
-                Following::Done(value) => return Ok(Acquired::Done(value, Outcome::Replayed)),
+                Following::Done(response) => {
+                    return Ok(Acquired::Done(Replay::Shared(response), Outcome::Replayed));
+                }
                 Following::Store(lead) => lead,
             },
         },
@@ -580,8 +626,12 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
                 }
                 decide::AfterClaim::Released => return Err(released(plan.call.namespace)),
                 decide::AfterClaim::Replay => {
-                    return replay_record(idem, plan, record, held_lead.as_ref())
-                        .map(|value| Acquired::Done(value, Outcome::Replayed));
+                    tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
+                    let replay = Replay::Record {
+                        record,
+                        lead: held_lead,
+                    };
+                    return Ok(Acquired::Done(replay, Outcome::Replayed));
                 }
                 decide::AfterClaim::Contended => {
                     return Err(contended(plan.call.namespace, number));
@@ -630,9 +680,9 @@ pub(super) async fn acquire<'a, T: DeserializeOwned>(
 }
 
 /// What following a flight came to ([`follow`]).
-pub(super) enum Following<'a, T> {
-    /// The value its leader's stored record holds.
-    Done(T),
+pub(super) enum Following<'a> {
+    /// The response its leader's stored record holds, as stored.
+    Done(Arc<[u8]>),
     /// No stored record: the call goes on to the store, leading a new flight (or alone, when the
     /// flight there now has another payload).
     Store(Option<Lead<'a>>),
@@ -642,12 +692,12 @@ pub(super) enum Following<'a, T> {
 /// passes on, `InProgress`, or (the flight ended without a record) the lead of a new one, one
 /// follower at a time. Out of line and boxed: only a follower waits on a flight.
 #[cold]
-pub(super) fn follow<'a, 'b, T: DeserializeOwned + 'b>(
+pub(super) fn follow<'a, 'b>(
     attempt: &'b Attempt<'a>,
     flights: &'a flight::Flights,
     mut flight: Arc<flight::Flight>,
     wait_until: Option<tokio::time::Instant>,
-) -> Pin<Box<dyn Future<Output = Result<Following<'a, T>, Error>> + Send + 'b>> {
+) -> Pin<Box<dyn Future<Output = Result<Following<'a>, Error>> + Send + 'b>> {
     Box::pin(async move {
         let Attempt { idem, plan, .. } = *attempt;
         // Nothing of this call's is in the store: a drop has nothing to release.
@@ -655,7 +705,7 @@ pub(super) fn follow<'a, 'b, T: DeserializeOwned + 'b>(
         loop {
             match flight::follow_flight(flight, wait_until).await {
                 Followed::Landed(landed) => {
-                    return take_landed(idem, plan, &landed).map(Following::Done);
+                    return take_landed(plan, &landed).map(Following::Done);
                 }
                 Followed::InProgress(busy) => {
                     let retry_after = follower_retry_after(idem, attempt.lease, busy);
@@ -696,12 +746,8 @@ fn follower_retry_after(
 
 /// The answer of a follower from the COMPLETED record its leader passed on, as a duplicate reading
 /// that record gets it: `PayloadMismatch` for another payload, `ResponseTooLarge` without a response,
-/// else the response decoded within the handle's bound.
-fn take_landed<T: DeserializeOwned>(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-    landed: &Landed,
-) -> Result<T, Error> {
+/// else the response, to decode within the handle's bound ([`Replay::decode`]).
+fn take_landed(plan: &Plan<'_>, landed: &Landed) -> Result<Arc<[u8]>, Error> {
     let namespace = plan.call.namespace;
     same_payload(namespace, landed.fingerprint.as_deref(), plan.fingerprint)?;
     let Some(response) = &landed.response else {
@@ -711,7 +757,7 @@ fn take_landed<T: DeserializeOwned>(
         namespace,
         "replaying the response of a call in flight in this process"
     );
-    replay(namespace, response, idem.max_response_bytes())
+    Ok(response.clone())
 }
 
 /// When a call that may wait until `wait_until` reads the record it waits on again, or `None` once
@@ -918,11 +964,9 @@ pub(super) async fn reread(
         .map_err(|e| store_error(namespace, e))
 }
 
-/// The local cache's answer, if it has one for the key.
-pub(super) fn cached<T: DeserializeOwned>(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-) -> Result<Option<T>, Error> {
+/// The local cache's answer, if it has one for the key: its response, to decode within the handle's
+/// bound ([`Replay::decode`]).
+pub(super) fn cached(idem: &Idempotency, plan: &Plan<'_>) -> Result<Option<Arc<[u8]>>, Error> {
     let namespace = plan.call.namespace;
     let Some(hit) = idem
         .cache()
@@ -932,20 +976,13 @@ pub(super) fn cached<T: DeserializeOwned>(
     };
     same_payload(namespace, hit.fingerprint.as_deref(), plan.fingerprint)?;
     tracing::debug!(namespace, "replaying cached response");
-    replay(namespace, &hit.response, idem.max_response_bytes()).map(Some)
+    Ok(Some(hit.response))
 }
 
-/// The stored response of a COMPLETED record, which the local cache then keeps too, and the call's
-/// followers get (when it leads a flight).
-pub(super) fn replay_record<T: DeserializeOwned>(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-    record: Record,
-    lead: Option<&Lead<'_>>,
-) -> Result<T, Error> {
-    tracing::debug!(namespace = plan.call.namespace, "replaying stored response");
+/// A COMPLETED record whose response decoded: the local cache keeps it too, and the call's followers
+/// (when it leads a flight) get it.
+fn keep_replayed(idem: &Idempotency, plan: &Plan<'_>, record: Record, lead: Option<&Lead<'_>>) {
     let response = record.response.unwrap_or_default();
-    let value = replay(plan.call.namespace, &response, idem.max_response_bytes())?;
     if let Some(lead) = lead {
         lead.land(|| Landed {
             response: Some(Arc::from(&response[..])),
@@ -959,7 +996,6 @@ pub(super) fn replay_record<T: DeserializeOwned>(
         record.fingerprint.as_deref(),
         record.replay_until_s.unwrap_or(record.expires_at_s),
     );
-    Ok(value)
 }
 
 #[cfg(test)]

@@ -43,6 +43,34 @@ pub(super) struct Heartbeat<'a> {
     pub(super) lease_until_ms: u64,
 }
 
+impl<'a> Heartbeat<'a> {
+    /// The heartbeat of `plan`'s claim under `token`, granted until `lease_until_ms`.
+    pub(super) fn of(
+        idem: &'a Idempotency,
+        plan: &Plan<'a>,
+        token: &'a str,
+        lease: Duration,
+        ttl: Duration,
+        lease_until_ms: u64,
+    ) -> Self {
+        Self {
+            idem,
+            key: plan.key,
+            token,
+            lease,
+            ttl: writes_lifetime(idem, plan, ttl),
+            lease_until_ms,
+        }
+    }
+
+    /// The heartbeat's requests, started; boxed, and not generic, so that each function's
+    /// [`WithHeartbeat`] only polls it.
+    #[inline(never)]
+    fn start(self) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(heartbeats(self))
+    }
+}
+
 impl<F: Future> Future for WithHeartbeat<'_, F> {
     type Output = F::Output;
 
@@ -56,9 +84,7 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
         if !heartbeat.idem.heartbeat() {
             return std::task::Poll::Pending;
         }
-        let beat = this
-            .beat
-            .get_or_insert_with(|| Box::pin(heartbeats(heartbeat)));
+        let beat = this.beat.get_or_insert_with(|| heartbeat.start());
         // The heartbeat never finishes; polled here to arm its timer and send its requests.
         let _ = beat.as_mut().poll(cx);
         std::task::Poll::Pending

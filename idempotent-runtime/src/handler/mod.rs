@@ -341,6 +341,21 @@ pub(crate) struct Parts<I> {
     pub(crate) steps: Option<Steps>,
 }
 
+impl<I> Parts<I> {
+    /// What the call's [`Plan`] borrows of them.
+    pub(crate) fn plan(&self) -> Plan<'_> {
+        Plan {
+            call: &self.call,
+            key: &self.key,
+            fingerprint: self.fingerprint.as_deref(),
+            staging: self.staging.as_ref(),
+            claim_writes: &self.claim_writes,
+            compensation: &self.compensation,
+            steps: self.steps.as_ref(),
+        }
+    }
+}
+
 /// Logs, at `error` level, a store that is not set up for the service ([`Error::is_setup`]): every
 /// call fails the same way until an operator acts, and the caller may well turn the error into a
 /// generic one. In the call's span (its namespace and key hash); the message says what to do.

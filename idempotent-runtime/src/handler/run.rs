@@ -36,16 +36,7 @@ where
     async move {
         let idem: &Idempotency = parts.idem.borrow();
         // Borrowed where the block keeps them, not moved out: a moved field would be held twice.
-        let plan = &Plan {
-            call: &parts.call,
-            key: &parts.key,
-            fingerprint: parts.fingerprint.as_deref(),
-            staging: parts.staging.as_ref(),
-            claim_writes: &parts.claim_writes,
-            compensation: &parts.compensation,
-            steps: parts.steps.as_ref(),
-        };
-        let call = plan.call;
+        let plan = &parts.plan();
         // A detached call counts for `Idempotency::drain` from here, before its claim is sent, until
         // its body's task (tracked itself) is spawned: a drain while the claim is on its way waits
         // for the body it starts. Declared before `attempt`, so that a drop releases the claim (on a
@@ -53,55 +44,21 @@ where
         let tracked = R::track(idem.tasks());
         // Written into a buffer in the call's own future: a token lives exactly as long as its call.
         let mut token_buffer = uuid::Uuid::encode_buffer();
-        let token: &str = uuid::Uuid::new_v4()
-            .hyphenated()
-            .encode_lower(&mut token_buffer);
-        let attempt = Attempt {
-            idem,
-            plan,
-            token,
-            lease: call_lease(idem, call),
-            ttl: call.ttl.unwrap_or_else(|| idem.default_ttl()),
-            stage: Where::new(Stage::Claiming),
-        };
+        let attempt = Attempt::new(idem, plan, new_token(&mut token_buffer));
         // Dropped with this future: what a drop must do depends on `attempt.stage`.
-        let acquired = acquire(&attempt).await;
-        // A claim whose answer never came (every attempt lost, or the store failed after applying
-        // it) may have landed: released like a dropped call's, so that the key is not held for a
-        // whole lease by a call that has given up.
-        if let Err(error) = &acquired
-            && attempt.stage.get() == Stage::Claiming
-            && decide::after_claim_error(error) == decide::AfterClaimError::Release
-        {
-            attempt.abandon();
-        }
-        attempt.stage.set(Stage::Done);
-        let (lease_until_ms, took_over, lead) = match acquired {
-            Ok(Acquired::Done(value, outcome)) => {
-                crate::execution::record(crate::Execution::Replayed);
-                return (Ok(value), outcome);
-            }
-            Ok(Acquired::Held {
+        let (lease_until_ms, took_over, lead) = match claim_phase(&attempt).await {
+            Claimed::Held {
                 lease_until_ms,
                 took_over,
                 lead,
-            }) => {
-                attempt.begin_steps();
-                (lease_until_ms, took_over, lead)
-            }
-            Err(e) => {
-                if e.is_setup() {
-                    setup_error(&e);
-                }
-                let outcome = Outcome::of(&e);
-                return (Err(e.into()), outcome);
-            }
+            } => (lease_until_ms, took_over, lead),
+            Claimed::Done(replay, outcome) => return replayed(idem, plan, replay, outcome),
+            Claimed::Failed(e, outcome) => return (Err(e.into()), outcome),
         };
-        tracing::debug!(namespace = call.namespace, "claimed; running the body");
-        attempt.stage.set(Stage::Running);
+        let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
+        let call = plan.call;
         // The lead goes with the claim into the boxed work (or the detached body's task): a call's
         // future does not carry it past its claim.
-        let (lease, ttl) = (attempt.lease, attempt.ttl);
         let mut claim = Held {
             idem,
             plan,
@@ -130,14 +87,7 @@ where
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
             // carry the body, the completion and the timer.
             let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
-            let heartbeat = Heartbeat {
-                idem,
-                key: plan.key,
-                token,
-                lease,
-                ttl: writes_lifetime(idem, plan, ttl),
-                lease_until_ms,
-            };
+            let heartbeat = Heartbeat::of(idem, plan, token, lease, ttl, lease_until_ms);
             Box::pin(with_heartbeat(heartbeat, work)).await
         };
         attempt.stage.set(Stage::Done);
@@ -150,6 +100,112 @@ where
         // (which records first) does not mask the outer one.
         crate::execution::record(crate::Execution::Executed);
         outcome
+    }
+}
+
+/// How a call's claim phase ended ([`claim_phase`]).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned by value on every duplicate's path: boxing the record would allocate there"
+)]
+pub(super) enum Claimed<'a> {
+    /// The call holds its claim until `lease_until_ms` (its stage is `Running`): the body runs.
+    Held {
+        lease_until_ms: u64,
+        took_over: bool,
+        lead: Option<flight::Lead<'a>>,
+    },
+    /// A stored answer, to decode.
+    Done(Replay<'a>, Outcome),
+    /// The call ends with this error, without running the body.
+    Failed(Error, Outcome),
+}
+
+/// A new fencing token, written into `buffer`.
+#[inline(never)]
+fn new_token(buffer: &mut [u8]) -> &str {
+    uuid::Uuid::new_v4().hyphenated().encode_lower(buffer)
+}
+
+/// The claim phase of a call: claims the key (or finds its answer), releases a claim whose answer never
+/// came, and starts the call's steps once it holds the claim. Not generic: compiled once for every
+/// function; only the body and its value's and error's encoding are each function's own.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block, like `run`'s: it adds nothing to the call's future but `acquire`'s"
+)]
+fn claim_phase<'a, 'b>(attempt: &'b Attempt<'a>) -> impl Future<Output = Claimed<'a>> + Send + 'b {
+    async move {
+        let acquired = acquire(attempt).await;
+        // A claim whose answer never came (every attempt lost, or the store failed after applying
+        // it) may have landed: released like a dropped call's, so that the key is not held for a
+        // whole lease by a call that has given up.
+        if let Err(error) = &acquired
+            && attempt.stage.get() == Stage::Claiming
+            && decide::after_claim_error(error) == decide::AfterClaimError::Release
+        {
+            attempt.abandon();
+        }
+        attempt.stage.set(Stage::Done);
+        held(attempt, acquired)
+    }
+}
+
+/// What the claim phase came to ([`claim_phase`]): with the claim held, the call's steps begin and its stage
+/// is `Running`.
+#[inline(never)]
+fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Claimed<'a> {
+    let Attempt {
+        idem,
+        plan,
+        token,
+        lease,
+        ..
+    } = *attempt;
+    match acquired {
+        Ok(Acquired::Done(replay, outcome)) => Claimed::Done(replay, outcome),
+        Ok(Acquired::Held {
+            lease_until_ms,
+            took_over,
+            lead,
+        }) => {
+            if let Some(steps) = plan.steps {
+                steps.begin(idem, plan.key, token, plan.fingerprint, lease, plan.staging);
+            }
+            tracing::debug!(namespace = plan.call.namespace, "claimed; running the body");
+            attempt.stage.set(Stage::Running);
+            Claimed::Held {
+                lease_until_ms,
+                took_over,
+                lead,
+            }
+        }
+        Err(e) => {
+            if e.is_setup() {
+                setup_error(&e);
+            }
+            let outcome = Outcome::of(&e);
+            Claimed::Failed(e, outcome)
+        }
+    }
+}
+
+/// The answer of a call that found one stored: the response decoded, or why it does not decode.
+fn replayed<T: DeserializeOwned, E: From<Error>>(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    replay: Replay<'_>,
+    outcome: Outcome,
+) -> (Result<T, E>, Outcome) {
+    match replay.decode(idem, plan) {
+        Ok(value) => {
+            crate::execution::record(crate::Execution::Replayed);
+            (Ok(value), outcome)
+        }
+        Err(e) => {
+            let outcome = Outcome::of(&e);
+            (Err(e.into()), outcome)
+        }
     }
 }
 
@@ -419,6 +475,10 @@ pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
 
 /// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
 /// boxes it, with the heartbeat beside it; `lease_until_ms` and `took_over` are the claim's.
+///
+/// The only part of it made for each function is what depends on the body's types: polling the body,
+/// its value's JSON ([`Held::encode`]) or its error's text, and handing back the value or the error;
+/// storing the outcome ([`store_ending`]) is compiled once.
 #[allow(
     clippy::manual_async_fn,
     reason = "an async block: as an `async fn`, its future holds the body's twice and is 72 bytes larger (see `future_size`)"
@@ -437,60 +497,109 @@ where
     F: Future<Output = Result<T, E>>,
 {
     async move {
-        let idem = claim.idem;
-        let outcome = CatchUnwind { future: body }.await;
-        // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
-        // extend it, so a whole lease from now; without them, what is left of it).
-        let window = if idem.heartbeat() {
-            lease
-        } else {
-            Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
-        };
-        let mut persist = Persist::new(window);
-        Ok(match outcome {
-            // Each boxed on its own, so that no box of a call is above the allocator's small sizes
-            // (see `future_size`).
+        let ended = CatchUnwind { future: body }.await;
+        let (ending, kept) = match ended {
             Ok(Ok(value)) => {
-                let mut thrown = None;
-                let completed = Box::pin(claim.complete(value, &mut persist, &mut thrown)).await;
-                // The value's `Serialize` panicked: the success is stored as final all the same
-                // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
-                if let Some(panic) = thrown {
-                    return Err(panic);
-                }
-                match completed {
-                    Ok(value) if took_over => (Ok(value), Outcome::TakenOver),
-                    Ok(value) => (Ok(value), Outcome::Executed),
-                    Err(e) => {
-                        let outcome = Outcome::of(&e);
-                        (Err(e.into()), outcome)
-                    }
-                }
+                let (encoded, thrown) = claim.encode(&value);
+                (Ending::Value { encoded, thrown }, Some(Ok(value)))
             }
-            Ok(Err(err)) => {
-                // A panic in the error's text (its `Display`) is a failure like a panicking body's:
-                // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
-                match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
-                    Ok(text) => {
-                        Box::pin(claim.fail(&text, &mut persist)).await;
-                        (Err(err), Outcome::Failed)
-                    }
-                    Err(panic) => {
-                        Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
-                        return Err(panic);
-                    }
-                }
+            // A panic in the error's text (its `Display`) is a failure like a panicking body's:
+            // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
+            Ok(Err(err)) => match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                Ok(text) => (Ending::Failed(text), Some(Err(err))),
+                Err(panic) => (Ending::Panicked { panic, body: false }, None),
+            },
+            Err(panic) => (Ending::Panicked { panic, body: true }, None),
+        };
+        // Held in place: it boxes its writes, each on its own path (see `future_size`).
+        let ending = store_ending(claim, ending, lease, lease_until_ms, took_over).await;
+        match (ending, kept) {
+            (Settled::Own(outcome), Some(result)) => Ok((result, outcome)),
+            (Settled::Instead(e), _) => {
+                let outcome = Outcome::of(&e);
+                Ok((Err(e.into()), outcome))
             }
-            // A panic is a failure: recorded as one, so that the key is free at once.
-            Err(panic) => {
+            (Settled::Panic(panic), _) => Err(panic),
+            (Settled::Own(_), None) => unreachable!("a panic's ending is stored as a panic"),
+        }
+    }
+}
+
+/// How a body that holds its claim ended, as its claim stores it; not generic ([`finish`] keeps the
+/// value or the error for the caller).
+pub(super) enum Ending {
+    /// `Ok`: the value as stored; `thrown`, the panic of its `Serialize` (stored as not serialized,
+    /// then the panic goes on).
+    Value {
+        encoded: Encoded,
+        thrown: Option<Panic>,
+    },
+    /// `Err`: its text.
+    Failed(String),
+    /// A panic, of the body or (`body: false`) of the error's `Display`.
+    Panicked { panic: Panic, body: bool },
+}
+
+/// What the caller of a body that held its claim gets, once the body's end is stored.
+pub(super) enum Settled {
+    /// The body's own result (its value, or its error), with the call's outcome.
+    Own(Outcome),
+    /// An error of the library's instead of the body's value (its result was not stored, or will not
+    /// replay).
+    Instead(Error),
+    /// The panic goes on (the record is FAILED, or COMPLETED when the value's `Serialize` panicked).
+    Panic(Panic),
+}
+
+/// Stores how the body ended: COMPLETED with its value, or FAILED with its error's text or its panic's
+/// message, retried while the lease allows.
+pub(super) async fn store_ending(
+    claim: Held<'_>,
+    ending: Ending,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> Settled {
+    let idem = claim.idem;
+    // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
+    // extend it, so a whole lease from now; without them, what is left of it).
+    let window = if idem.heartbeat() {
+        lease
+    } else {
+        Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
+    };
+    let mut persist = Persist::new(window);
+    match ending {
+        // Each boxed on its own, so that no box of a call is above the allocator's small sizes
+        // (see `future_size`).
+        Ending::Value { encoded, thrown } => {
+            let completed = Box::pin(claim.complete(encoded, &mut persist)).await;
+            // The value's `Serialize` panicked: the success is stored as final all the same
+            // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
+            if let Some(panic) = thrown {
+                return Settled::Panic(panic);
+            }
+            match completed {
+                Ok(()) if took_over => Settled::Own(Outcome::TakenOver),
+                Ok(()) => Settled::Own(Outcome::Executed),
+                Err(e) => Settled::Instead(e),
+            }
+        }
+        Ending::Failed(text) => {
+            Box::pin(claim.fail(&text, &mut persist)).await;
+            Settled::Own(Outcome::Failed)
+        }
+        // A panic is a failure: recorded as one, so that the key is free at once.
+        Ending::Panicked { panic, body } => {
+            if body {
                 tracing::warn!(
                     namespace = claim.namespace(),
                     "the body panicked; recording the failure"
                 );
-                Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
-                return Err(panic);
             }
-        })
+            Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
+            Settled::Panic(panic)
+        }
     }
 }
 
@@ -576,8 +685,8 @@ mod future_size {
         // A value of the bench's receipt's size (three strings and a number): the completion holds it.
         let receipt = || (String::new(), 0, String::new(), String::new());
         let mut persist = Persist::new(Duration::ZERO);
-        let mut thrown = None;
-        let complete = std::mem::size_of_val(&held.complete(receipt(), &mut persist, &mut thrown));
+        let (encoded, _) = held.encode(&receipt());
+        let complete = std::mem::size_of_val(&held.complete(encoded, &mut persist));
         let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
         // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
         // the heartbeat beside them.

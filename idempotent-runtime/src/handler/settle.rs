@@ -73,6 +73,32 @@ pub(super) enum Stored {
     Failed(Error),
 }
 
+/// A body's `Ok` value as stored ([`Held::encode`]), not generic: what a completion needs of it.
+pub(crate) struct Encoded {
+    /// The response (JSON, compressed when large), or why there is none (not serialized).
+    pub(super) bytes: Vec<u8>,
+    /// Whether the response fits in the record (and within `max_response_bytes`).
+    pub(super) fits: bool,
+    /// The value does not serialize, or not into JSON that reads back: stored as not serialized,
+    /// and the caller hears why.
+    pub(super) unserializable: Option<serde_json::Error>,
+}
+
+/// The value's JSON; an error for a value that does not serialize, or whose JSON would not decode back
+/// into it (a non-finite float, a value nested deeper than `serde_json` reads, a 128-bit integer inside
+/// an untagged or internally tagged enum, a `Serialize` that writes what its `Deserialize` refuses): a
+/// duplicate could never be given such a value, so it is recorded as not serialized. The only part of
+/// a completion made for each value type.
+#[inline(never)]
+fn json_of<T: Serialize + DeserializeOwned>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let json = codec::to_json(value)?;
+    if let Some(e) = codec::non_finite(value, &json) {
+        return Err(e);
+    }
+    codec::reads_back::<T>(&json)?;
+    Ok(json)
+}
+
 /// A claim we hold: the body has run, and its outcome must be stored.
 pub(crate) struct Held<'a> {
     pub(super) idem: &'a Idempotency,
@@ -163,18 +189,72 @@ impl Held<'_> {
         )
     }
 
-    /// Stores `value` as the response: PENDING → COMPLETED (with the staged writes, in one
-    /// transaction), retried while the lease allows.
+    /// A body's `Ok` value as [`complete`](Self::complete) stores it, and the panic of its `Serialize`
+    /// impl, if it panicked. Only the JSON is made here for each value type ([`json_of`]); the rest,
+    /// compiled once, does not depend on it.
     ///
-    /// A panic in the value's `Serialize` impl is caught: the body has run, so the record is COMPLETED
-    /// with `panicked: <message>` in place of the value (duplicates get `ResponseNotSerialized`), and
-    /// the panic is left in `thrown` for the caller to resume.
-    pub(super) async fn complete<T: Serialize + DeserializeOwned>(
+    /// A value that does not serialize is still a success, and final: the record is COMPLETED with the
+    /// reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never runs
+    /// again. Only this caller hears the serialization error. A panic in the value's `Serialize` impl
+    /// is caught the same way: the body has run, so the record is COMPLETED with `panicked: <message>`
+    /// in place of the value, and the panic is handed back for the caller to resume.
+    pub(super) fn encode<T: Serialize + DeserializeOwned>(
         &self,
-        value: T,
+        value: &T,
+    ) -> (Encoded, Option<Panic>) {
+        // Unwind safety: after a panic only the value's reference was touched, and the value is
+        // handed back (or dropped) untouched by this call.
+        let json = std::panic::catch_unwind(AssertUnwindSafe(|| json_of(value)));
+        self.encoded(json)
+    }
+
+    /// The response as stored, from the value's JSON (or why there is none).
+    #[inline(never)]
+    fn encoded(
+        &self,
+        json: std::thread::Result<Result<Vec<u8>, serde_json::Error>>,
+    ) -> (Encoded, Option<Panic>) {
+        match json {
+            Ok(Ok(json)) => {
+                let (bytes, fits) = self.pack(json);
+                (
+                    Encoded {
+                        bytes,
+                        fits,
+                        unserializable: None,
+                    },
+                    None,
+                )
+            }
+            Ok(Err(source)) => (
+                Encoded {
+                    bytes: codec::not_serialized(&source.to_string()),
+                    fits: true,
+                    unserializable: Some(source),
+                },
+                None,
+            ),
+            Err(panic) => {
+                let detail = panicked(&*panic);
+                (
+                    Encoded {
+                        bytes: codec::not_serialized(&detail),
+                        fits: true,
+                        unserializable: None,
+                    },
+                    Some(panic),
+                )
+            }
+        }
+    }
+
+    /// Stores `encoded` as the response: PENDING → COMPLETED (with the staged writes, in one
+    /// transaction), retried while the lease allows.
+    pub(super) async fn complete(
+        &self,
+        encoded: Encoded,
         persist: &mut Persist,
-        thrown: &mut Option<Panic>,
-    ) -> Result<T, Error> {
+    ) -> Result<(), Error> {
         let Plan {
             call,
             key,
@@ -183,25 +263,11 @@ impl Held<'_> {
             ..
         } = *self.plan;
         let namespace = call.namespace;
-        // A value that does not serialize is still a success, and final: the record is COMPLETED with
-        // the reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never
-        // runs again. Only this caller hears the serialization error.
-        // Unwind safety: after a panic only the value's reference was touched, and the value is
-        // handed back (or dropped) untouched by this call.
-        let encoded = std::panic::catch_unwind(AssertUnwindSafe(|| self.encode(&value)));
-        let (bytes, fits, unserializable) = match encoded {
-            Ok(Ok((bytes, fits))) => (bytes, fits, None),
-            Ok(Err(source)) => (
-                codec::not_serialized(&source.to_string()),
-                true,
-                Some(source),
-            ),
-            Err(panic) => {
-                let detail = panicked(&*panic);
-                *thrown = Some(panic);
-                (codec::not_serialized(&detail), true, None)
-            }
-        };
+        let Encoded {
+            bytes,
+            fits,
+            unserializable,
+        } = encoded;
         let response = fits.then_some(&bytes[..]);
         let now_ms = self.idem.clock().now_ms();
         // Taken before the write, so the cached window never outlasts the stored one.
@@ -282,7 +348,7 @@ impl Held<'_> {
         if fits {
             remember(self.idem, key, bytes, fingerprint, replay_until_s);
         }
-        Ok(value)
+        Ok(())
     }
 
     /// [`Held::fail`] on a completion's error paths, boxed: awaited in place, its future would be part of
@@ -291,20 +357,8 @@ impl Held<'_> {
         Box::pin(self.fail_as(error, persist, true)).await;
     }
 
-    /// The response as stored (JSON, compressed when large), and whether it fits in the record; an
-    /// error for a value that does not serialize, or whose JSON would not decode back into it (a
-    /// non-finite float, a value nested deeper than `serde_json` reads, a 128-bit integer inside an
-    /// untagged or internally tagged enum, a `Serialize` that writes what its `Deserialize` refuses):
-    /// a duplicate could never be given such a value, so it is recorded as not serialized.
-    fn encode<T: Serialize + DeserializeOwned>(
-        &self,
-        value: &T,
-    ) -> Result<(Vec<u8>, bool), serde_json::Error> {
-        let json = codec::to_json(value)?;
-        if let Some(e) = codec::non_finite(value, &json) {
-            return Err(e);
-        }
-        codec::reads_back::<T>(&json)?;
+    /// The response as stored (JSON, compressed when large), and whether it fits in the record.
+    fn pack(&self, json: Vec<u8>) -> (Vec<u8>, bool) {
         let json_len = json.len();
         let bytes = codec::pack(json);
         let budget = self
@@ -320,7 +374,7 @@ impl Held<'_> {
                 "response too large to store (over the item limit even compressed, or over `max_response_bytes`); duplicates will get ResponseTooLarge"
             );
         }
-        Ok((bytes, fits))
+        (bytes, fits)
     }
 
     /// Whether a completion that was rejected had landed after all: our own earlier attempt, whose
