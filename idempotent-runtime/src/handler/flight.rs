@@ -306,14 +306,12 @@ impl Flights {
             let Some(slot) = shard.get_mut(&hash) else {
                 return;
             };
-            match &slot.flight {
-                Some(flight) => Arc::clone(flight),
-                None => {
-                    slot.phase = phase;
-                    slot.busy = busy;
-                    return;
-                }
-            }
+            let Some(flight) = &slot.flight else {
+                slot.phase = phase;
+                slot.busy = busy;
+                return;
+            };
+            Arc::clone(flight)
         };
         if wake(&flight) {
             flight.set(phase, busy, None);
