@@ -5,6 +5,7 @@
 //! - `IDEMPOTENCY_TABLE=name` — a real table, with the usual AWS configuration (environment, profile, role).
 //! - neither — the in-memory store.
 
+pub mod coldstart;
 pub mod lambda;
 pub mod payments;
 

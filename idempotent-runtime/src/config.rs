@@ -51,7 +51,7 @@ pub struct ConfigError(String);
 /// Pass it to a function with `store = ..` (an `Idempotency`, a reference to one, or an `Arc` of one), or
 /// [`install`](Idempotency::install) it once as the process-wide default.
 ///
-/// With [`Builder::coalesce`] (off by default), a handle and its clones coalesce the calls made through them:
+/// A handle and its clones coalesce the calls made through them (on by default; [`Builder::coalesce`]):
 /// while a call on a key is in flight, another call on that key with the same payload sends no request
 /// of its own. It follows the first call and gets what that call stored (with `wait`), or
 /// [`Error::InProgress`](crate::Error::InProgress) once the first call's claim holds the key (without
@@ -140,7 +140,7 @@ impl Idempotency {
             retry_hint: DEFAULT_RETRY_HINT,
             cache: None,
             max_response_bytes: crate::codec::DEFAULT_MAX_RESPONSE_BYTES,
-            coalesce: false,
+            coalesce: true,
         }
     }
 
@@ -340,10 +340,11 @@ impl Builder {
     /// others cost nothing. Across processes the store decides, as without coalescing: a coalesced call
     /// only ever gets a record that is stored, or makes its own claim.
     ///
-    /// Off (the default), every call makes its own requests. Off by default because its lookup costs a
-    /// duplicate about 1% more client CPU (counted with `scripts/bench-count`), which puts a duplicate
-    /// over this library's guard of 1.06 times the bare SDK's; turn it on where retry storms into one
-    /// process are common (an HTTP service behind a retrying client, a queue redelivering a batch).
+    /// A call no other call follows pays for a hash of its key and an entry in a sharded map (a short
+    /// lock when it starts, when its claim is answered and when it ends), nothing else: the state its
+    /// followers wait on is allocated by the first call that follows (`scripts/bench-count` counts it;
+    /// `docs/performance-notes.md`). Off, every call makes its own requests, as calls in different
+    /// processes do.
     pub fn coalesce(mut self, on: bool) -> Self {
         self.coalesce = on;
         self

@@ -106,7 +106,8 @@ struct Args {
     #[arg(long)]
     server_pid: Option<u32>,
     /// With --null-dynamodb: only these variants, comma-separated (`baseline`, `ours`,
-    /// `baseline+config_override`, `ours-no-heartbeat`, `ours-uncoalesced`, `baseline+store`,
+    /// `baseline+config_override`, `ours-no-heartbeat`, `ours-uncoalesced`, `ours-detached` (the
+    /// body on a task of its own), `ours-one-step` (the body as one step), `baseline+store`,
     /// `baseline+store+protocol`;
     /// default: every variant of --implementation), so that one can be counted alone
     /// (`scripts/bench-count`).
@@ -259,6 +260,37 @@ async fn charge(req: ChargeRequest, fail: bool) -> Result<Receipt, ChargeError> 
         return Err(ChargeError::Declined);
     }
     Ok(Receipt::for_request(&req))
+}
+
+/// `charge`'s body (without its failure), run on a task of its own: what `detach` adds to a call.
+#[idempotent(
+    key = (req.tenant, &req.order_id),
+    payload = &req,
+    ttl = "24h",
+    name = "bench::charge",
+    detach
+)]
+async fn charge_detached(req: ChargeRequest) -> Result<Receipt, ChargeError> {
+    BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+    Ok(Receipt::for_request(&req))
+}
+
+/// `charge`'s body (without its failure) as one step: what a step adds to a call (its stored value,
+/// one more write).
+#[idempotent(
+    key = (req.tenant, &req.order_id),
+    payload = &req,
+    ttl = "24h",
+    name = "bench::charge",
+    steps = steps
+)]
+async fn charge_in_one_step(req: ChargeRequest) -> Result<Receipt, ChargeError> {
+    BODY_RUNS.fetch_add(1, Ordering::Relaxed);
+    steps
+        .run("receipt", || async {
+            Ok::<_, ChargeError>(Receipt::for_request(&req))
+        })
+        .await
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -692,13 +724,45 @@ fn op(workload: Workload, prefix: &str, i: usize, seed_keys: usize) -> Op {
     }
 }
 
+/// How ours runs `charge`'s body: the null DynamoDB's variants of ours beside the plain one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// In the caller's future (`charge`).
+    Inline,
+    /// On a task of its own (`charge_detached`).
+    Detached,
+    /// As one step (`charge_in_one_step`).
+    OneStep,
+}
+
+impl Body {
+    /// The body of the null DynamoDB's variant `label`.
+    fn of(label: &str) -> Self {
+        match label {
+            "ours-detached" => Body::Detached,
+            "ours-one-step" => Body::OneStep,
+            _ => Body::Inline,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Ctx {
     baseline: Baseline,
+    body: Body,
 }
 
 async fn run_op(ctx: &Ctx, imp: Impl, op: Op) -> Result<(), BoxError> {
     match (imp, op) {
+        (Impl::Ours, Op::Fresh { id, .. } | Op::Duplicate { id }) if ctx.body != Body::Inline => {
+            let req = ChargeRequest::new(id);
+            let result = if ctx.body == Body::Detached {
+                charge_detached(req).await
+            } else {
+                charge_in_one_step(req).await
+            };
+            result.map(drop).map_err(|e| e.to_string().into())
+        }
         (Impl::Ours, Op::Fresh { id, fail_first }) => {
             let req = ChargeRequest::new(id);
             match charge(req.clone(), fail_first).await {
@@ -905,6 +969,8 @@ fn null_variants<'h>(
             "ours-uncoalesced",
             Some(ours_uncoalesced),
         ),
+        (Impl::Ours, Floor::Bare, "ours-detached", Some(ours)),
+        (Impl::Ours, Floor::Bare, "ours-one-step", Some(ours)),
         (Impl::Baseline, Floor::Store, "baseline+store", None),
         (
             Impl::Baseline,
@@ -924,8 +990,8 @@ fn null_variants<'h>(
     {
         Some(unknown) => Err(format!(
             "--variant {unknown}: not one of baseline, ours, baseline+config_override, \
-             ours-no-heartbeat, ours-uncoalesced, baseline+store, baseline+store+protocol (of the \
-             implementations --implementation names)"
+             ours-no-heartbeat, ours-uncoalesced, ours-detached, ours-one-step, baseline+store, \
+             baseline+store+protocol (of the implementations --implementation names)"
         )
         .into()),
         None => Ok(variants),
@@ -975,9 +1041,10 @@ async fn null_cells(
         });
         let contexts: Vec<_> = variants
             .iter()
-            .map(|&(_, floor, _, _)| {
+            .map(|&(_, floor, label, _)| {
                 Arc::new(Ctx {
                     baseline: Baseline::new(client.clone(), "bench-baseline".to_owned(), floor),
+                    body: Body::of(label),
                 })
             })
             .collect();
@@ -1582,6 +1649,7 @@ async fn against_dynamodb(args: &Args) -> Result<(), BoxError> {
     );
     let bench = Bench {
         ctx: Arc::new(Ctx {
+            body: Body::Inline,
             baseline: Baseline::new(
                 client,
                 "bench-baseline".to_owned(),

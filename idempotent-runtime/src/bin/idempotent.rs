@@ -250,8 +250,9 @@ struct CapacityArgs {
     #[arg(long)]
     peak_rps: f64,
     /// Duplicates per first call that reach the table (0.15: 15% more calls, all duplicates). A
-    /// duplicate arriving in the process where a call on its key is in flight costs nothing with
-    /// coalescing on (`Builder::coalesce(true)`): it follows that call, so count only duplicates that arrive at other processes, or after the
+    /// duplicate arriving in the process where a call on its key is in flight costs nothing (it
+    /// follows that call: coalescing, on unless `Builder::coalesce(false)`), so count only duplicates
+    /// that arrive at other processes, or after the
     /// first call ended (and, with a local cache, not at the process that cached the response).
     #[arg(long, default_value_t = 0.0)]
     duplicate_ratio: f64,

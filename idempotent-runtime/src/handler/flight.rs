@@ -19,12 +19,15 @@
 //! This file holds the flights and their pure decisions ([`follow`], [`join`]), which the model drives
 //! too; what a call does with them (the claim, the replay of a landed record) is `claim.rs`'s.
 //!
-//! The map is sharded by the key's hash, each shard a short-held lock: a call that finds no flight
-//! pays one insertion when it starts and one removal when it ends (see `docs/performance-notes.md`).
+//! The map is sharded by the key's hash, each shard a short-held lock. A call that finds no flight
+//! pays for its key's hash, one entry inserted (a copy of the key, beside its hash) and removed, and
+//! the shard's lock once per step of its own (joined, claim answered, ended): the flight itself (the
+//! followers' state and their `Notify`) is allocated by the first call that follows, and a call no
+//! one follows never touches one (see `docs/performance-notes.md`).
 
-use std::borrow::Borrow;
-use std::collections::HashSet;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
@@ -32,7 +35,6 @@ use tokio::time::Instant;
 
 /// How many locks the map is split into: calls on different keys rarely wait for each other.
 const SHARDS: usize = 16;
-
 /// A COMPLETED record as a leader passes it to its followers: what the store holds.
 #[derive(Debug)]
 pub(crate) struct Landed {
@@ -122,19 +124,27 @@ struct State {
     landed: Option<Arc<Landed>>,
 }
 
-/// One key in flight.
+/// A key in flight that a call follows: what its followers see of it, and how they learn it changed.
+/// Allocated by the first call that follows; a leader no one follows has none.
 #[derive(Debug)]
 pub(crate) struct Flight {
-    key: Box<str>,
-    /// A hash of the leader's payload fingerprint (0 without one): whom it may lead. A collision only
-    /// lets a call with another payload follow, and a follower still checks the landed record's own
-    /// fingerprint.
-    payload: u64,
     state: Mutex<State>,
     changed: Notify,
 }
 
 impl Flight {
+    /// A flight as its first follower finds its leader: in `phase`, held until `busy` says.
+    fn at(phase: Phase, busy: Option<Busy>) -> Self {
+        Self {
+            state: Mutex::new(State {
+                phase,
+                busy,
+                landed: None,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while the lock is held: a poisoned lock's state is whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -151,31 +161,48 @@ impl Flight {
     }
 }
 
-/// The map's entry: a flight, found by its key.
+/// A key in flight, as the map holds it (found by the key's hash).
 #[derive(Debug)]
-struct Entry(Arc<Flight>);
+struct Slot {
+    /// The key itself: two keys with the same hash are never taken for one (the second goes alone).
+    key: Box<str>,
+    /// A hash of the leader's payload fingerprint (0 without one): whom it may lead. A collision only
+    /// lets a call with another payload follow, and a follower still checks the landed record's own
+    /// fingerprint.
+    payload: u64,
+    /// Where the leader is, until a call follows (then its flight says).
+    phase: Phase,
+    /// While `Busy`, until a call follows: when the claim holding the key may be taken over.
+    busy: Option<Busy>,
+    /// The flight its followers follow, from the first one on.
+    flight: Option<Arc<Flight>>,
+}
 
-impl Borrow<str> for Entry {
-    fn borrow(&self) -> &str {
-        &self.0.key
+/// A hasher for keys that are hashes already (the map's `u64`s): it passes them through.
+#[derive(Debug, Default, Clone, Copy)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed here; any other input is folded in rather than dropped.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
-impl Hash for Entry {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.key.hash(state);
-    }
-}
+/// A shard's entries, by their keys' hashes.
+type Table = HashMap<u64, Slot, BuildHasherDefault<Prehashed>>;
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl Eq for Entry {}
-
-type Shard = Mutex<HashSet<Entry, foldhash::fast::RandomState>>;
+type Shard = Mutex<Table>;
 
 /// The keys in flight through one handle (shared by the handles derived from it).
 pub(crate) struct Flights {
@@ -205,121 +232,175 @@ pub(crate) enum Joined<'a> {
     Lead(Lead<'a>),
     /// It follows this flight.
     Follow(Arc<Flight>),
-    /// It goes alone (its payload differs from the leader's).
+    /// It goes alone (its payload differs from the leader's, or another key of the same hash is in
+    /// flight).
     Alone,
 }
 
 impl Flights {
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashSet<Entry, foldhash::fast::RandomState>> {
-        let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
+    /// The shard of a key hashed to `hash`. Chosen by bits the shard's own table does not use for
+    /// its buckets (the low ones) or its tags (the top seven).
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Table> {
+        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
         self.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// `key`'s hash, never 0 (a [`Lead`]'s mark for "no longer leads").
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key).max(1)
+    }
+
     /// Joins `key`'s flight as a call with `fingerprint`: leads a new one, follows the one in flight,
     /// or goes alone ([`join`]).
     pub(crate) fn join(&self, key: &str, fingerprint: Option<&str>) -> Joined<'_> {
+        let hash = self.hash(key);
         let payload = fingerprint.map_or(0, |f| self.hasher.hash_one(f));
-        let mut shard = self.shard(key);
-        let existing = shard.get(key).map(|entry| &entry.0);
-        match join(existing.map(|flight| flight.payload == payload)) {
-            Join::Follow => Joined::Follow(Arc::clone(existing.expect("a flight to follow"))),
+        let mut shard = self.shard(hash);
+        let slot = shard.get_mut(&hash);
+        // Another key with the same hash in flight: no coalescing for this call.
+        if slot.as_ref().is_some_and(|slot| *slot.key != *key) {
+            return Joined::Alone;
+        }
+        match join(slot.as_ref().map(|slot| slot.payload == payload)) {
+            Join::Follow => {
+                let slot = slot.expect("a flight to follow");
+                let (phase, busy) = (slot.phase, slot.busy);
+                let flight = slot
+                    .flight
+                    .get_or_insert_with(|| Arc::new(Flight::at(phase, busy)));
+                Joined::Follow(Arc::clone(flight))
+            }
             Join::Alone => Joined::Alone,
             Join::Lead => {
-                let flight = Arc::new(Flight {
-                    key: key.into(),
-                    payload,
-                    state: Mutex::new(State {
+                shard.insert(
+                    hash,
+                    Slot {
+                        key: key.into(),
+                        payload,
                         phase: Phase::Claiming,
                         busy: None,
-                        landed: None,
-                    }),
-                    changed: Notify::new(),
-                });
-                shard.insert(Entry(Arc::clone(&flight)));
+                        flight: None,
+                    },
+                );
                 Joined::Lead(Lead {
                     flights: self,
-                    flight: Some(flight),
+                    hash: AtomicU64::new(hash),
                 })
             }
         }
     }
 
-    /// Takes `flight` out of the map (if it is still the key's): no call joins it from now on.
-    fn end(&self, flight: &Arc<Flight>) {
-        let mut shard = self.shard(&flight.key);
-        if shard
-            .get(&*flight.key)
-            .is_some_and(|entry| Arc::ptr_eq(&entry.0, flight))
-        {
-            shard.remove(&*flight.key);
+    /// Moves the flight of the key hashed to `hash` on to `phase`: its followers' flight if there is
+    /// one (and `wake` says it moved), else the map's entry, for a follower still to come.
+    fn update(
+        &self,
+        hash: u64,
+        phase: Phase,
+        busy: Option<Busy>,
+        wake: impl FnOnce(&Flight) -> bool,
+    ) {
+        let flight = {
+            let mut shard = self.shard(hash);
+            let Some(slot) = shard.get_mut(&hash) else {
+                return;
+            };
+            let Some(flight) = &slot.flight else {
+                slot.phase = phase;
+                slot.busy = busy;
+                return;
+            };
+            Arc::clone(flight)
+        };
+        if wake(&flight) {
+            flight.set(phase, busy, None);
         }
+    }
+
+    /// Takes the key hashed to `hash` out of the map (no call joins its flight from now on), and
+    /// returns the flight, if any call followed.
+    fn end(&self, hash: u64) -> Option<Arc<Flight>> {
+        self.shard(hash).remove(&hash)?.flight
     }
 }
 
 /// The leader's hold on its flight. Dropped without having [`land`](Lead::land)ed (the call ended
 /// without a stored COMPLETED record, its future was dropped, it panicked), it hands the flight over.
+///
+/// It names its flight by the key's hash: while a lead holds it, the map's entry at that hash is its
+/// own (a call with another key of the same hash goes alone, and only the lead removes its entry).
 #[derive(Debug)]
 pub(crate) struct Lead<'a> {
     flights: &'a Flights,
-    /// `None` once moved into an owned hold ([`Lead::into_owned`]).
-    flight: Option<Arc<Flight>>,
+    /// The key's hash; 0 once the flight ended (landed) or the hold moved into an owned one
+    /// ([`Lead::into_owned`]). Atomic only so that a lead can be shared while its call is polled.
+    hash: AtomicU64,
 }
 
 impl Lead<'_> {
+    /// The key's hash, while this hold still leads.
+    fn hash(&self) -> Option<u64> {
+        Some(self.hash.load(Ordering::Relaxed)).filter(|&hash| hash != 0)
+    }
+
     /// This hold, owned, for a detached body's task (`flights` is the map it was taken from, shared):
     /// the flight goes on while the body runs, whether or not its caller still waits.
-    pub(crate) fn into_owned(mut self, flights: &Arc<Flights>) -> OwnedLead {
+    pub(crate) fn into_owned(self, flights: &Arc<Flights>) -> OwnedLead {
         OwnedLead {
             flights: Arc::clone(flights),
-            flight: self.flight.take(),
+            hash: self.hash.swap(0, Ordering::Relaxed),
         }
     }
 
     /// The key is held (by the leader's own claim, or by another process's it waits on) until `busy`
     /// says. Followers without `wait` answer `InProgress`.
     pub(crate) fn busy(&self, busy: Busy) {
-        if let Some(flight) = &self.flight {
-            flight.set(Phase::Busy, Some(busy), None);
+        if let Some(hash) = self.hash() {
+            self.flights.update(hash, Phase::Busy, Some(busy), |_| true);
         }
     }
 
     /// The leader's claim is on its way again (it re-claims a key it found claimable).
     pub(crate) fn claiming(&self) {
-        if let Some(flight) = &self.flight
-            && flight.state().phase != Phase::Claiming
-        {
-            flight.set(Phase::Claiming, None, None);
+        if let Some(hash) = self.hash() {
+            self.flights.update(hash, Phase::Claiming, None, |flight| {
+                flight.state().phase != Phase::Claiming
+            });
         }
     }
 
     /// Ends the flight with the stored COMPLETED record `landed` builds (built only when some call
     /// follows: a call alone pays nothing for it).
     pub(crate) fn land(&self, landed: impl FnOnce() -> Landed) {
-        let Some(flight) = &self.flight else { return };
-        self.flights.end(flight);
-        // Out of the map: no one follows from now on, so the count only falls; this lead holds one.
-        let followed = Arc::strong_count(flight) > 1;
+        let hash = self.hash.swap(0, Ordering::Relaxed);
+        if hash == 0 {
+            return;
+        }
+        let Some(flight) = self.flights.end(hash) else {
+            return;
+        };
+        // Out of the map: no one follows from now on, so the count only falls; this call holds one.
+        let followed = Arc::strong_count(&flight) > 1;
         flight.set(Phase::Landed, None, followed.then(|| Arc::new(landed())));
     }
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        if let Some(flight) = self.flight.take() {
-            hand_over(self.flights, &flight);
-        }
+        hand_over(self.flights, *self.hash.get_mut());
     }
 }
 
-/// Ends `flight` without a stored record, unless it landed: its followers join again.
-fn hand_over(flights: &Flights, flight: &Arc<Flight>) {
-    if flight.state().phase == Phase::Landed {
+/// Ends the flight of the key hashed to `hash` (0: none, it landed or moved) without a stored
+/// record: its followers join again.
+fn hand_over(flights: &Flights, hash: u64) {
+    if hash == 0 {
         return;
     }
-    flights.end(flight);
-    flight.set(Phase::Vacant, None, None);
+    if let Some(flight) = flights.end(hash) {
+        flight.set(Phase::Vacant, None, None);
+    }
 }
 
 /// A lead a detached body's task holds ([`Lead::into_owned`]): dropped before its task takes it up
@@ -327,7 +408,8 @@ fn hand_over(flights: &Flights, flight: &Arc<Flight>) {
 #[derive(Debug)]
 pub(crate) struct OwnedLead {
     flights: Arc<Flights>,
-    flight: Option<Arc<Flight>>,
+    /// The key's hash; 0 once taken up by the task ([`OwnedLead::lead`]).
+    hash: u64,
 }
 
 impl OwnedLead {
@@ -335,16 +417,14 @@ impl OwnedLead {
     pub(crate) fn lead(&mut self) -> Lead<'_> {
         Lead {
             flights: &self.flights,
-            flight: self.flight.take(),
+            hash: AtomicU64::new(std::mem::take(&mut self.hash)),
         }
     }
 }
 
 impl Drop for OwnedLead {
     fn drop(&mut self) {
-        if let Some(flight) = self.flight.take() {
-            hand_over(&self.flights, &flight);
-        }
+        hand_over(&self.flights, self.hash);
     }
 }
 
@@ -451,6 +531,42 @@ mod tests {
         drop(lead);
         // Ended: the next call leads a new flight.
         assert!(matches!(flights.join("k", None), Joined::Lead(_)));
+        assert!(flights.shards.iter().all(|s| s.lock().unwrap().is_empty()));
+    }
+
+    #[tokio::test]
+    async fn a_call_no_one_follows_allocates_no_flight_and_a_late_follower_sees_its_claim() {
+        let flights = Flights::default();
+        let hash = flights.hash("k");
+        let Joined::Lead(lead) = flights.join("k", None) else {
+            panic!("the first call leads")
+        };
+        let busy = Busy {
+            until_ms: 31_000,
+            own: true,
+        };
+        lead.busy(busy);
+        assert!(
+            flights.shard(hash)[&hash].flight.is_none(),
+            "no flight until a call follows"
+        );
+        // A call that joins after the claim was answered learns it from the map's entry.
+        let Joined::Follow(flight) = flights.join("k", None) else {
+            panic!("the same payload follows")
+        };
+        assert!(matches!(
+            follow_flight(flight, None).await,
+            Followed::InProgress(Some(b)) if b == busy
+        ));
+        // Another key under the same hash (a collision, written in by hand) is never followed.
+        let key = std::mem::replace(
+            &mut flights.shard(hash).get_mut(&hash).unwrap().key,
+            "j".into(),
+        );
+        assert!(matches!(flights.join("k", None), Joined::Alone));
+        flights.shard(hash).get_mut(&hash).unwrap().key = key;
+        lead.land(landed);
+        drop(lead);
         assert!(flights.shards.iter().all(|s| s.lock().unwrap().is_empty()));
     }
 

@@ -1032,13 +1032,13 @@ async fn slow_restart_claim<S: Store>(inner: S) {
         false,
     ));
     store.with.held.notified().await;
-    let a = tokio::spawn(reserve_and_email(
-        harness.clone(),
-        effects.clone(),
-        false,
-        true,
-    ))
-    .await;
+    // Call A is in another process: in B's (one handle), it would follow B's held claim (coalescing)
+    // and never reach the store.
+    let other = Harness {
+        idem: harness.another_process(|b| b),
+        ..harness.clone()
+    };
+    let a = tokio::spawn(reserve_and_email(other, effects.clone(), false, true)).await;
     assert!(a.unwrap_err().is_panic());
     assert_eq!(effects.checkout(), (2, 0, 1));
     let record = harness.record(NAMESPACE, "order-1").await.unwrap();
