@@ -7,5 +7,6 @@ mod conformance;
 mod differential;
 mod fault_proxy;
 mod layouts;
+mod release_marks;
 mod setup_errors;
 mod table;

@@ -1,0 +1,243 @@
+//! Release marks ([`Change::MarkReleased`]) made by stores that keep every rule the suite checks of
+//! them and break one it does not: the mark lands on another call's record, which must keep
+//! everything but its released tokens, their end and its expiry. Each wrong store below passes the
+//! suite's mark cases, and the scenario beside it shows what the handler then meets: a second claim
+//! of a key whose first claim is live, that is, a second run of the body.
+
+use idempotent_runtime::store::conformance::{self, Delegating, Override, Report};
+use idempotent_runtime::store::{
+    Change, ClaimOutcome, ClaimRequest, Store, Transition, WriteOutcome,
+};
+use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+
+/// The time every scenario starts at (epoch milliseconds).
+const T0: u64 = 1_700_000_000_000;
+/// The lease every claim asks for: the attribute's default, 60 s.
+const LEASE: u64 = 60_000;
+/// The replay window of a completed response: the attribute's default, 24 h.
+const TTL_S: u64 = 24 * 3600;
+
+/// A memory store broken by `with`.
+fn broken<O: Override<MemoryStore>>(with: O) -> Delegating<MemoryStore, O> {
+    Delegating::new(MemoryStore::new(), with)
+}
+
+/// The names of the cases `report` failed.
+fn failed(report: &Report) -> Vec<&'static str> {
+    report.failed().map(|c| c.name).collect()
+}
+
+/// A claim at `now_ms` under `token`, holding the key for [`LEASE`] and living [`TTL_S`] past it.
+fn claim<'a>(key: &'a str, token: &'a str, now_ms: u64) -> ClaimRequest<'a> {
+    ClaimRequest::new(
+        key,
+        token,
+        now_ms,
+        now_ms + LEASE,
+        (now_ms + LEASE) / 1000 + TTL_S,
+    )
+}
+
+/// The mark a release under `token` makes at `now_ms` on `seen`, for a claim that holds the key until
+/// `hold_until_ms`: the change the handler sends when its claim is in flight and it finds `seen`
+/// (its token joins the released ones; their end and the record's expiry reach the claim's end).
+fn mark_on(seen: &Record, now_ms: u64, hold_until_ms: u64) -> Change<'static> {
+    Change::MarkReleased {
+        now_ms,
+        released_until_ms: seen
+            .released_until_ms
+            .map_or(hold_until_ms, |u| u.max(hold_until_ms)),
+        expires_at_s: seen.expires_at_s.max(hold_until_ms.div_ceil(1000)),
+        seen_until_ms: seen.released_until_ms,
+        seen_expires_at_s: seen.expires_at_s,
+        replace: false,
+    }
+}
+
+/// Breaks "the rest is left as it is": a mark on another call's PENDING claim also ends that claim's
+/// lease at the mark's time (as if the mark released the record's claim rather than the caller's).
+#[derive(Debug, Default)]
+struct MarkEndsTheLease;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for MarkEndsTheLease {
+    fn kind(&self) -> &'static str {
+        "mark-ends-the-lease"
+    }
+
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let outcome = inner.transition(transition).await?;
+        if let (Change::MarkReleased { now_ms, .. }, WriteOutcome::Applied) =
+            (transition.change, &outcome)
+            && let Some(mut marked) = inner.get(transition.key).await?
+            && marked.status == Status::Pending
+        {
+            marked.lease_until_ms = Some(now_ms.saturating_sub(1));
+            inner.insert(marked);
+        }
+        Ok(outcome)
+    }
+}
+
+/// The handler's path: call `t1` sent its claim at [`T0`] and gave it up before the answer came
+/// (dropped, or the answer lost); meanwhile `t3` claimed the key and is running the body. `t1`'s
+/// release finds `t3`'s live claim and leaves its token on it. A third call `t5`, 1 s later, must find
+/// `t3`'s claim live. Returns what `t5`'s claim got.
+async fn claim_after_a_mark_on_a_live_claim(store: &impl Store) -> ClaimOutcome {
+    let hold_until = T0 + LEASE;
+    let claimed_at = T0 + 5_000;
+    assert_eq!(
+        store.claim(&claim("k", "t3", claimed_at)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let live = store.get("k").await.unwrap().unwrap();
+    let change = mark_on(&live, claimed_at + 1, hold_until);
+    assert_eq!(
+        store
+            .transition(&Transition::new("k", "t1", change))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied,
+        "the release leaves its token on t3's live claim"
+    );
+    store
+        .claim(&claim("k", "t5", claimed_at + 1_000))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mark_that_ends_another_calls_lease_lets_a_second_claim_in() {
+    // The memory store keeps the rule: t5 is refused by t3's live claim.
+    let kept = claim_after_a_mark_on_a_live_claim(&MemoryStore::new()).await;
+    assert!(
+        matches!(&kept, ClaimOutcome::Existing(r) if r.token == "t3" && r.status == Status::Pending),
+        "{kept:?}"
+    );
+    // The wrong store lets t5 in while t3's body runs: the body runs twice.
+    let second = claim_after_a_mark_on_a_live_claim(&broken(MarkEndsTheLease)).await;
+    assert_eq!(second, ClaimOutcome::Claimed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "reproduces: the suite passes a store whose release mark ends another call's live lease"]
+async fn the_suite_fails_a_store_whose_mark_ends_another_calls_lease() {
+    let report = conformance::check(|| async { broken(MarkEndsTheLease) }).await;
+    assert!(
+        failed(&report).contains(&"a_token_released_on_a_record_is_refused_by_it"),
+        "a store whose mark ends the lease of the claim it lands on passed: {report}"
+    );
+}
+
+/// Breaks "made only on a record that still holds `seen_expires_at_s`": the mark checks the released
+/// tokens' end it read, not the expiry (and writes the expiry it was given, as the contract says). A mark computed from a
+/// short-lived record (a FAILED one) and landing after another call claimed that record then
+/// shortens the new claim's life to the released claim's end.
+#[derive(Debug, Default)]
+struct MarkIgnoresTheSeenExpiry;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for MarkIgnoresTheSeenExpiry {
+    fn kind(&self) -> &'static str {
+        "mark-ignores-the-seen-expiry"
+    }
+
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let Change::MarkReleased {
+            now_ms,
+            released_until_ms,
+            expires_at_s,
+            seen_until_ms,
+            replace,
+            ..
+        } = transition.change
+        else {
+            return inner.transition(transition).await;
+        };
+        let current = inner.get(transition.key).await?;
+        let mut unchecked = *transition;
+        unchecked.change = Change::MarkReleased {
+            now_ms,
+            released_until_ms,
+            expires_at_s,
+            seen_until_ms,
+            seen_expires_at_s: current.as_ref().map_or(0, |r| r.expires_at_s),
+            replace,
+        };
+        inner.transition(&unchecked).await
+    }
+}
+
+/// The handler's path: call `t1` sent its claim at [`T0`]; the key held `t2`'s FAILED record
+/// (expiring soon), which `t1`'s release reads when its fenced failure is rejected. Before the mark
+/// lands, `t3` claims the FAILED record and starts the body (expiry a day on). The mark, computed from
+/// the FAILED record, lands. A fourth call `t5`, after `t1`'s claim's end but within `t3`'s lease (and
+/// before `t3`'s first heartbeat, a third of the lease after its claim), must find `t3`'s claim live.
+/// Returns what `t5`'s claim got.
+async fn claim_after_a_mark_from_an_earlier_read(store: &impl Store) -> ClaimOutcome {
+    let hold_until = T0 + LEASE;
+    // t2's FAILED record, expiring 10 s after T0.
+    assert_eq!(
+        store.claim(&claim("k", "t2", T0 - 1_000)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let fail = Change::Fail {
+        error: "boom",
+        expires_at_s: T0 / 1000 + 10,
+        release_claim_writes: false,
+    };
+    assert_eq!(
+        store
+            .transition(&Transition::new("k", "t2", fail))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    let release_at = T0 + 40_000;
+    let seen = store.get("k").await.unwrap().unwrap();
+    let change = mark_on(&seen, release_at, hold_until);
+    // t3 claims between the release's read and its mark.
+    assert_eq!(
+        store.claim(&claim("k", "t3", release_at)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    // Rejected by a store that keeps the rule (the record changed since it was read); applied by
+    // the wrong one.
+    let _ = store
+        .transition(&Transition::new("k", "t1", change))
+        .await
+        .unwrap();
+    store
+        .claim(&claim("k", "t5", hold_until + 2_000))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mark_from_an_earlier_read_can_cut_a_live_claims_life_short() {
+    let kept = claim_after_a_mark_from_an_earlier_read(&MemoryStore::new()).await;
+    assert!(
+        matches!(&kept, ClaimOutcome::Existing(r) if r.token == "t3" && r.status == Status::Pending),
+        "{kept:?}"
+    );
+    let second = claim_after_a_mark_from_an_earlier_read(&broken(MarkIgnoresTheSeenExpiry)).await;
+    assert_eq!(second, ClaimOutcome::Claimed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "reproduces: the suite passes a store whose release mark ignores the expiry it read"]
+async fn the_suite_fails_a_store_whose_mark_ignores_the_expiry_it_read() {
+    let report = conformance::check(|| async { broken(MarkIgnoresTheSeenExpiry) }).await;
+    assert!(
+        failed(&report).contains(&"a_token_released_on_a_record_is_refused_by_it"),
+        "a store whose mark ignores `seen_expires_at_s` passed: {report}"
+    );
+}
