@@ -834,3 +834,29 @@ impl idempotent_runtime::store::conformance::Override<Forward> for ClaimAppliedL
         applied.await.unwrap()
     }
 }
+
+/// The capacity estimate's input ([`idempotent_runtime::admin::Traffic`]) is a type a program builds,
+/// and one that grows (it gained `steps` and `step_bytes` for operations run with steps): a program
+/// that lists every field in a struct expression stops compiling when it gains another. Built outside
+/// the runtime, the struct expression must be refused (`#[non_exhaustive]`, with a constructor), so that
+/// no program depends on the exact list of fields.
+///
+/// ```compile_fail,E0639
+/// use std::time::Duration;
+/// use idempotent_runtime::admin::Traffic;
+///
+/// let traffic = Traffic {
+///     peak_rps: 100.0,
+///     duplicate_ratio: 0.1,
+///     response_bytes: 1024,
+///     transactional: false,
+///     business_items: 0,
+///     business_item_bytes: 0,
+///     body: None,
+///     lease: Duration::from_secs(60),
+///     steps: 0,
+///     step_bytes: 0,
+/// };
+/// let _ = idempotent_runtime::admin::capacity(&traffic);
+/// ```
+pub mod traffic_is_not_built_field_by_field {}
