@@ -4,11 +4,18 @@
 //! suite's mark cases, and the scenario beside it shows what the handler then meets: a second claim
 //! of a key whose first claim is live, that is, a second run of the body.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use idempotent_runtime::store::conformance::{self, Delegating, Override, Report};
 use idempotent_runtime::store::{
     Change, ClaimOutcome, ClaimRequest, Store, Transition, WriteOutcome,
 };
-use idempotent_runtime::{MemoryStore, Record, Status, StoreError};
+use idempotent_runtime::{
+    Error, Idempotency, ManualClock, MemoryStore, Record, Status, StoreError,
+};
+use idempotent_tests::{ClaimAppliedLate, Forward, Runs};
 
 /// The time every scenario starts at (epoch milliseconds).
 const T0: u64 = 1_700_000_000_000;
@@ -240,4 +247,104 @@ async fn the_suite_fails_a_store_whose_mark_ignores_the_expiry_it_read() {
         failed(&report).contains(&"a_token_released_on_a_record_is_refused_by_it"),
         "a store whose mark ignores `seen_expires_at_s` passed: {report}"
     );
+}
+
+/// The first finding through the handler. A call holds the key and runs its body; a second call, on
+/// a slow path to the same store, gives up while its claim is on the wire, and its release leaves its
+/// token on the first call's live claim; a third call, from another process, comes while the first
+/// body still runs. It must
+/// be told the key is in progress, and the body must have run once.
+async fn a_third_call_while_the_first_runs(store: Arc<dyn Store>) -> Answers {
+    let clock = ManualClock::starting_now();
+    let fast = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    // The third call is another process's: one of the first call's own process would follow its
+    // call in flight and send nothing.
+    let other = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock)
+    .build();
+    let runs = Runs::default();
+    let first_may_end = Arc::new(tokio::sync::Notify::new());
+    let charge = |idem: Idempotency, runs: Runs, gate: Arc<tokio::sync::Notify>| async move {
+        idem.operation("release_marks::charge", "order-1")
+            .lease(Duration::from_mins(1))
+            .run(|_| async move {
+                let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
+                if run == 1 {
+                    gate.notified().await;
+                }
+                Ok::<_, Error>(run)
+            })
+            .await
+    };
+    let first = tokio::spawn(charge(fast.clone(), runs.clone(), first_may_end.clone()));
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        charge(slow.clone(), runs.clone(), first_may_end.clone()),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the second call gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    // Its release and its late claim have landed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let third = charge(other, runs.clone(), first_may_end.clone()).await;
+    let ran = runs.count();
+    first_may_end.notify_one();
+    Answers {
+        first: first.await.unwrap(),
+        third,
+        ran,
+    }
+}
+
+/// What [`a_third_call_while_the_first_runs`] saw.
+#[derive(Debug)]
+struct Answers {
+    /// The first call's answer, once its body was let go.
+    first: Result<usize, Error>,
+    /// The third call's answer.
+    third: Result<usize, Error>,
+    /// How many times the body had run when the third call returned.
+    ran: usize,
+}
+
+impl Answers {
+    /// The promise: the third call is told the key is in progress, the body ran once, and the first
+    /// call gets its run's value.
+    fn assert_one_run(&self) {
+        assert!(
+            matches!(self.third, Err(Error::InProgress { .. })),
+            "the third call must find the first one's claim live: {self:?}"
+        );
+        assert_eq!(
+            self.ran, 1,
+            "the body ran again while its first run was going: {self:?}"
+        );
+        assert!(matches!(self.first, Ok(1)), "{self:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_on_a_live_claim_keeps_it_on_the_memory_store() {
+    a_third_call_while_the_first_runs(Arc::new(MemoryStore::new()))
+        .await
+        .assert_one_run();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "reproduces: a store passing the suite runs the body twice once a release marks a live claim"]
+async fn a_release_on_a_live_claim_keeps_it_on_a_store_that_passes_the_suite() {
+    a_third_call_while_the_first_runs(Arc::new(broken(MarkEndsTheLease)))
+        .await
+        .assert_one_run();
 }
