@@ -860,3 +860,39 @@ impl idempotent_runtime::store::conformance::Override<Forward> for ClaimAppliedL
 /// let _ = idempotent_runtime::admin::capacity(&traffic);
 /// ```
 pub mod traffic_is_not_built_field_by_field {}
+
+/// The audit's error ([`idempotent_runtime::audit::AuditError`]) is `#[non_exhaustive]`, but its
+/// variants' fields are neither `#[non_exhaustive]` nor documented as frozen (as those of
+/// [`idempotent_runtime::Error`] and [`idempotent_runtime::StoreError`] are): a program that handles
+/// it by naming every field of a variant stops compiling when the variant gains one. Outside the
+/// runtime, a pattern that names a variant's fields without `..` must be refused (E0638).
+///
+/// ```compile_fail,E0638
+/// use idempotent_runtime::audit::AuditError;
+///
+/// fn advice(error: &AuditError) -> String {
+///     match error {
+///         AuditError::NoStream { table, what } => format!("{table}: {what}: turn the stream on"),
+///         AuditError::Request { operation, source } => format!("{operation}: {source}"),
+///         other => other.to_string(),
+///     }
+/// }
+/// # let _ = advice;
+/// ```
+pub mod audit_error_variants_are_not_matched_field_by_field {}
+
+/// [`idempotent_runtime::Layout::StaticPartition`] is a variant with a named field that a program
+/// builds (a table laid out with one constant partition key), and it is not documented as frozen:
+/// a program that builds it with a struct expression stops compiling when it gains a field (a key
+/// prefix, say). [`Layout::static_partition`](idempotent_runtime::Layout::static_partition) builds it;
+/// outside the runtime the struct expression must be refused (E0639).
+///
+/// ```compile_fail,E0639
+/// use idempotent_runtime::Layout;
+///
+/// let layout = Layout::StaticPartition {
+///     value: "tenant-1".to_owned(),
+/// };
+/// let _ = layout;
+/// ```
+pub mod static_partition_is_not_built_field_by_field {}
