@@ -4,13 +4,17 @@
 //! suite's mark cases, and the scenario beside it shows what the handler then meets: a second claim
 //! of a key whose first claim is live, that is, a second run of the body.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idempotent_runtime::store::conformance::{self, Delegating, Override, Report};
+use idempotent_runtime::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use idempotent_runtime::store::conformance::{
+    self, BusinessTable, Delegating, Override, Report, Subject,
+};
 use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, Store, Transition, WriteOutcome,
+    Change, ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
 };
 use idempotent_runtime::{
     Error, Idempotency, ManualClock, MemoryStore, Record, Status, StoreError,
@@ -347,4 +351,177 @@ async fn a_release_on_a_live_claim_keeps_it_on_a_store_that_passes_the_suite() {
     a_third_call_while_the_first_runs(Arc::new(broken(MarkEndsTheLease)))
         .await
         .assert_one_run();
+}
+
+/// Breaks "the rest is left as it is" on a record whose claim-time writes are in effect: a mark also
+/// clears [`Record::claim_writes_in_effect`] (as if the token it adds released them). Transactions
+/// go to the memory store.
+#[derive(Debug, Default)]
+struct MarkForgetsClaimWrites;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for MarkForgetsClaimWrites {
+    fn kind(&self) -> &'static str {
+        "mark-forgets-claim-writes"
+    }
+
+    async fn transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let outcome = inner.transition(transition).await?;
+        if let (Change::MarkReleased { .. }, WriteOutcome::Applied) = (transition.change, &outcome)
+            && let Some(mut marked) = inner.get(transition.key).await?
+        {
+            marked.claim_writes_in_effect = false;
+            inner.insert(marked);
+        }
+        Ok(outcome)
+    }
+
+    async fn claim_transaction(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        inner.claim_transaction(request, writes).await
+    }
+
+    async fn transact_transition(
+        &self,
+        inner: &MemoryStore,
+        transition: &Transition<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        inner.transact_transition(transition, writes).await
+    }
+}
+
+/// A memory store with the business table `stock` (partition key `pk`) holding `sku-1` with 10
+/// available.
+fn with_stock(store: &MemoryStore) {
+    store.create_table("stock", "pk", None).unwrap();
+    store
+        .put_item(
+            "stock",
+            HashMap::from([
+                ("pk".to_owned(), AttributeValue::S("sku-1".to_owned())),
+                ("available".to_owned(), AttributeValue::N("10".to_owned())),
+            ]),
+        )
+        .unwrap();
+}
+
+/// How many of `sku-1` are left.
+fn available(store: &MemoryStore) -> u32 {
+    let key = HashMap::from([("pk".to_owned(), AttributeValue::S("sku-1".to_owned()))]);
+    let item = store.get_item("stock", &key).unwrap();
+    item["available"].as_n().unwrap().parse().unwrap()
+}
+
+/// One unit of `sku-1` reserved: a claim-time write.
+fn reserve() -> Writes {
+    let update = Update::builder()
+        .table_name("stock")
+        .key("pk", AttributeValue::S("sku-1".to_owned()))
+        .update_expression("SET available = available - :one")
+        .condition_expression("available >= :one")
+        .expression_attribute_values(":one", AttributeValue::N("1".to_owned()))
+        .build()
+        .unwrap();
+    std::iter::once(TransactWriteItem::builder().update(update).build()).collect()
+}
+
+/// The handler's path with claim-time writes: call `t2` claimed the key with its reservation and its
+/// body failed without compensation (the record is FAILED, the reservation in effect). Call `t1`,
+/// which gave up a claim in flight, leaves its token on that record. Call `t5` claims with the same
+/// reservation: the record must refuse it (the reservation is in effect), so that the handler
+/// claims with a plain claim that keeps it. Returns what `t5`'s claim got, and the units left.
+async fn a_claim_with_writes_after_a_mark<O: Override<MemoryStore>>(
+    store: &Delegating<MemoryStore, O>,
+) -> (TransactOutcome, u32) {
+    with_stock(&store.inner);
+    let first = claim("k", "t2", T0);
+    assert_eq!(
+        store.claim_transaction(&first, &reserve()).await.unwrap(),
+        TransactOutcome::Committed
+    );
+    let fail = Change::Fail {
+        error: "the body failed",
+        expires_at_s: T0 / 1000 + 3600,
+        release_claim_writes: false,
+    };
+    assert_eq!(
+        store
+            .transition(&Transition::new("k", "t2", fail))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    let failed = store.get("k").await.unwrap().unwrap();
+    assert!(failed.claim_writes_in_effect, "{failed:?}");
+    let mark = mark_on(&failed, T0 + 1_000, T0 + LEASE);
+    assert_eq!(
+        store
+            .transition(&Transition::new("k", "t1", mark))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    let again = store
+        .claim_transaction(&claim("k", "t5", T0 + 2_000), &reserve())
+        .await
+        .unwrap();
+    (again, available(&store.inner))
+}
+
+/// A no-op override: the memory store as it is, with its transactions.
+#[derive(Debug, Default)]
+struct AsIs;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for AsIs {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn claim_transaction(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+        writes: &Writes,
+    ) -> Result<TransactOutcome, StoreError> {
+        inner.claim_transaction(request, writes).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mark_that_forgets_claim_writes_lets_them_apply_twice() {
+    let (kept, left) = a_claim_with_writes_after_a_mark(&broken(AsIs)).await;
+    assert!(
+        matches!(kept, TransactOutcome::Rejected(Some(_))),
+        "{kept:?}"
+    );
+    assert_eq!(left, 9, "one reservation for the key");
+    let (again, left) = a_claim_with_writes_after_a_mark(&broken(MarkForgetsClaimWrites)).await;
+    assert_eq!(again, TransactOutcome::Committed);
+    assert_eq!(left, 8, "the wrong store reserved twice for one key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "reproduces: the suite passes a store whose release mark clears claim writes in effect"]
+async fn the_suite_fails_a_store_whose_mark_forgets_claim_writes() {
+    let report = conformance::check(|| async {
+        let store = MemoryStore::new();
+        store.create_table("business", "id", None).unwrap();
+        Subject::new(Delegating::new(store, MarkForgetsClaimWrites))
+            .with_business_table(BusinessTable::new("business", "id"))
+    })
+    .await;
+    assert!(
+        !failed(&report).is_empty(),
+        "a store whose mark clears claim writes in effect passed: {report}"
+    );
 }
