@@ -198,8 +198,19 @@ pub async fn release(
     })
 }
 
-/// The traffic to size a table for ([`capacity`]).
+/// The traffic to size a table for ([`capacity`]). Start from [`Traffic::new`] and set the fields
+/// that apply; `#[non_exhaustive]`, so that a field it gains later breaks no caller.
+///
+/// ```
+/// # use std::time::Duration;
+/// use idempotent_runtime::admin::{Traffic, capacity};
+/// let mut traffic = Traffic::new(100.0, Duration::from_secs(60));
+/// traffic.duplicate_ratio = 0.1;
+/// traffic.response_bytes = 1024;
+/// assert!(capacity(&traffic).total_wcu > 0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Traffic {
     /// First calls (new keys) per second at peak.
     pub peak_rps: f64,
@@ -223,6 +234,26 @@ pub struct Traffic {
     pub steps: u64,
     /// Each step's stored value in bytes (JSON; a step's write carries every step before it).
     pub step_bytes: u64,
+}
+
+impl Traffic {
+    /// `peak_rps` first calls per second at peak, each holding its claim for `lease`: no duplicates, no
+    /// response, no business writes, no steps, and bodies too short for a heartbeat.
+    #[must_use]
+    pub fn new(peak_rps: f64, lease: Duration) -> Self {
+        Self {
+            peak_rps,
+            duplicate_ratio: 0.0,
+            response_bytes: 0,
+            transactional: false,
+            business_items: 0,
+            business_item_bytes: 0,
+            body: None,
+            lease,
+            steps: 0,
+            step_bytes: 0,
+        }
+    }
 }
 
 /// Write capacity units per second, by where they go ([`capacity`]); each rounded up to a whole unit.

@@ -359,8 +359,11 @@ pub(crate) fn cross_region_duplicate(home: &str, completed_in: &str) {
     .increment(1);
 }
 
-/// Counts the write capacity DynamoDB reported for a request.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+/// Counts the write capacity DynamoDB reported for a request (only the DynamoDB store reports it).
+#[cfg_attr(
+    not(all(feature = "metrics", feature = "dynamodb")),
+    allow(dead_code, reason = "called by the DynamoDB store only")
+)]
 #[cfg_attr(
     feature = "metrics",
     allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)

@@ -19,7 +19,8 @@ use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
 use super::{Auditor, Change, Finding, Identity};
 use crate::BoxError;
 
-/// The audit could not read the stream.
+/// The audit could not read the stream. Each variant is `#[non_exhaustive]` too: match it with `..`,
+/// so that a field a variant gains later breaks no caller.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuditError {
@@ -27,6 +28,7 @@ pub enum AuditError {
     #[error(
         "table `{table}` has {what}; the audit reads a stream of NEW_AND_OLD_IMAGES: turn it on with `idempotent table create --table {table} --stream` (or UpdateTable with StreamSpecification StreamEnabled=true, StreamViewType=NEW_AND_OLD_IMAGES)"
     )]
+    #[non_exhaustive]
     NoStream {
         /// The table.
         table: String,
@@ -35,6 +37,7 @@ pub enum AuditError {
     },
     /// A request failed (after the SDK's retries).
     #[error("{operation} failed: {source}")]
+    #[non_exhaustive]
     Request {
         /// The request: `DescribeTable`, `DescribeStream`, `GetShardIterator`, `GetRecords`.
         operation: &'static str,
@@ -46,6 +49,7 @@ pub enum AuditError {
     #[error(
         "{operation} failed: no usable AWS credentials ({source}): configure them (environment, profile, role); DynamoDB Local accepts any, e.g. AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local"
     )]
+    #[non_exhaustive]
     Credentials {
         /// The request: `DescribeTable`, `DescribeStream`, `GetShardIterator`, `GetRecords`.
         operation: &'static str,

@@ -501,25 +501,22 @@ fn capacity(cli: &Cli, args: &CapacityArgs) -> Result<(), Failure> {
     if !(args.peak_rps >= 0.0 && args.duplicate_ratio >= 0.0) {
         return Err("`--peak-rps` and `--duplicate-ratio` must be ≥ 0".into());
     }
-    let traffic = Traffic {
-        peak_rps: args.peak_rps,
-        duplicate_ratio: args.duplicate_ratio,
-        response_bytes: args.response_bytes,
-        transactional: args.transactional,
-        business_items: if args.transactional {
-            args.business_items
-        } else {
-            0
-        },
-        business_item_bytes: args.business_item_bytes,
-        body: args
-            .body_seconds
-            .map(|s| seconds(s, "body-seconds"))
-            .transpose()?,
-        lease: seconds(args.lease_seconds, "lease-seconds")?,
-        steps: args.steps,
-        step_bytes: args.step_bytes,
+    let mut traffic = Traffic::new(args.peak_rps, seconds(args.lease_seconds, "lease-seconds")?);
+    traffic.duplicate_ratio = args.duplicate_ratio;
+    traffic.response_bytes = args.response_bytes;
+    traffic.transactional = args.transactional;
+    traffic.business_items = if args.transactional {
+        args.business_items
+    } else {
+        0
     };
+    traffic.business_item_bytes = args.business_item_bytes;
+    traffic.body = args
+        .body_seconds
+        .map(|s| seconds(s, "body-seconds"))
+        .transpose()?;
+    traffic.steps = args.steps;
+    traffic.step_bytes = args.step_bytes;
     let c = admin::capacity(&traffic);
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&c)?);

@@ -1395,7 +1395,8 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         claimed.released == ["t1"] && claimed.released_until_ms == Some(until_1),
         "a claim keeps the released tokens and their end, got {claimed:?}"
     );
-    // On a live claim of another call: the token waits there until the claim lapses.
+    // On a live claim of another call: the token waits there until the claim lapses; the claim's
+    // lease, token, status and expiry are left as they are.
     ensure_eq!(
         c.store
             .transition(&mark_released("failed", "t4", NOW, Some(&claimed), until_4))
@@ -1404,9 +1405,17 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         "a token left on another call's live claim"
     );
     let record = c.record("failed").await?;
-    ensure!(
-        record.released_until_ms == Some(until_4) && record.expires_at_s == claimed.expires_at_s,
-        "the end becomes the later one; an expiry already later is kept, got {record:?}"
+    let mut expected = claimed.clone();
+    expected.released = vec!["t1".to_owned(), "t4".to_owned()];
+    expected.released_until_ms = Some(until_4);
+    expected.expires_at_s = claimed.expires_at_s.max(until_4.div_ceil(1000));
+    let mut got = record.clone();
+    got.released.sort();
+    ensure_eq!(
+        got,
+        expected,
+        "a mark on a live claim changes nothing but the released tokens and their end (its expiry \
+         is already later)"
     );
     let after_lease = NOW + LEASE + 1;
     let late = c.store.claim(&claim("failed", "t4", after_lease)).await?;
@@ -1414,13 +1423,23 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "t3"),
         "a claim under a released token must be refused after the lease too, got {late:?}"
     );
-    // A mark computed from a record that has changed since (here its end) is rejected with it.
+    // A mark computed from a record that has changed since (its end, or its expiry alone: a claim
+    // made since sets a later one, which the mark must not cut short) is rejected with it.
     ensure_eq!(
         c.store
             .transition(&mark_released("failed", "t6", NOW, Some(&claimed), until_1))
             .await?,
         WriteOutcome::Rejected(Some(record.clone())),
         "a mark computed from an earlier read of the record"
+    );
+    let mut earlier = record.clone();
+    earlier.expires_at_s = record.expires_at_s - 1;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("failed", "t6", NOW, Some(&earlier), until_4))
+            .await?,
+        WriteOutcome::Rejected(Some(record.clone())),
+        "a mark computed from a read of the record with another expiry"
     );
     // Left twice, it is held once.
     c.store

@@ -92,7 +92,7 @@ async fn a_first_call_and_its_duplicate_in_every_layout() {
         let (namespace, hash) = record.key.rsplit_once('#').unwrap();
         let expected: Vec<(&str, &str)> = match &layout {
             Layout::Key => vec![("pk", record.key.as_str())],
-            Layout::StaticPartition { value } => {
+            Layout::StaticPartition { value, .. } => {
                 vec![("pk", value.as_str()), ("sk", record.key.as_str())]
             }
             Layout::Tenant => vec![("pk", namespace), ("sk", hash)],

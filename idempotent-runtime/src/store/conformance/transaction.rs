@@ -11,11 +11,11 @@ use aws_sdk_dynamodb::types::{
 use super::{
     BusinessTable, Case, CaseFuture, ClaimOutcome, Context, IntoSubject, LEASE, NOW, Outcome,
     Store, StoreError, TRANSACTION_CASES, Violation, claim, complete, dispatch, ensure, ensure_eq,
-    fail, run, run_task,
+    fail, mark_released, run, run_task,
 };
 use crate::CancellationReason;
 use crate::record::{Record, Status};
-use crate::store::{Change, TransactOutcome, Transition, Writes};
+use crate::store::{Change, TransactOutcome, Transition, WriteOutcome, Writes};
 
 /// Runs the transaction cases: the first decides whether the store supports transactions; the others
 /// run if it does, and are reported skipped (and why) if it refuses them.
@@ -599,6 +599,19 @@ async fn claim_transaction_refuses_a_record_whose_claim_writes_are_in_effect<S: 
     ensure!(
         failed.status == Status::Failed && failed.claim_writes_in_effect,
         "a failure without compensation must keep the claim-time writes in effect, got {failed:?}"
+    );
+    // A release's mark leaves the rest of the record as it is: the writes stay in effect.
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("k", "t0", NOW, Some(&failed), NOW + LEASE))
+            .await?,
+        WriteOutcome::Applied,
+        "a release's mark on a FAILED record whose claim-time writes are in effect"
+    );
+    let failed = c.record("k").await?;
+    ensure!(
+        failed.claim_writes_in_effect && failed.released == ["t0"],
+        "a release's mark must keep the claim-time writes in effect, got {failed:?}"
     );
     ensure_eq!(
         c.claim_with("k", "t2", NOW + 1, writes()?).await?,

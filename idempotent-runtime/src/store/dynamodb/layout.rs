@@ -51,6 +51,9 @@ pub enum Layout {
     /// (beyond that DynamoDB throttles, until it may in time split the partition by sort-key
     /// ranges). One store per tenant, each with the tenant as `value`, gives per-tenant partitions that
     /// a `Query` lists.
+    ///
+    /// Built by [`Layout::static_partition`]; `#[non_exhaustive]`: match it with `..`.
+    #[non_exhaustive]
     StaticPartition {
         /// The partition key value of every record (1 to 2,048 bytes).
         value: String,
