@@ -2065,15 +2065,7 @@ impl Protocol {
             // A rejected write returns the record; an applied one returns nothing, and the
             // handler then knows only what its own failure wrote.
             let found = if applied { None } else { state.record.as_ref() };
-            seen = match found {
-                Some(record) => Some(decide::Seen::of(record)),
-                None if applied && sent == decide::ReleaseStep::Fail => Some(decide::Seen {
-                    until_ms: None,
-                    expires_at_s: handler::expiry_s(now_ms, lifetime),
-                    full: false,
-                }),
-                None => None,
-            };
+            seen = decide::seen_after(sent, applied, found, handler::expiry_s(now_ms, lifetime));
             step = decide::after_release(sent, applied, found, &token, judged);
         }
         state.workers[worker].phase = Phase::Done(Outcome::Released);

@@ -399,18 +399,7 @@ pub(super) fn release(
                     return;
                 }
             };
-            seen = match &found {
-                Some(record) => Some(decide::Seen::of(record)),
-                // Our own failure, just applied: what it wrote (the record's end of released
-                // tokens, if any, is not known: a mark computed without it is refused, and the
-                // record that refusal returns tells it).
-                None if applied && sent == decide::ReleaseStep::Fail => Some(decide::Seen {
-                    until_ms: None,
-                    expires_at_s: expiry_s(now_ms, lifetime),
-                    full: false,
-                }),
-                None => None,
-            };
+            seen = decide::seen_after(sent, applied, found.as_ref(), expiry_s(now_ms, lifetime));
             step = decide::after_release(
                 sent,
                 applied,
@@ -457,11 +446,7 @@ pub(crate) fn release_change(
         // Only ever after a write that told what the record holds; should one not have, a mark
         // computed from nothing is refused by any record, and the refusal says what it holds.
         decide::ReleaseStep::MarkRecord => decide::mark(
-            seen.unwrap_or(decide::Seen {
-                until_ms: None,
-                expires_at_s: 0,
-                full: false,
-            }),
+            seen.unwrap_or(decide::Seen::NOTHING),
             judged_ms(now_ms, margin),
             lifetimes.hold_until_ms,
         ),

@@ -268,6 +268,14 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
+    /// Nothing read: a mark computed from it is refused by any record (none has expiry 0 under a
+    /// live mark), and the refusal returns what the record holds.
+    pub(crate) const NOTHING: Self = Self {
+        until_ms: None,
+        expires_at_s: 0,
+        full: false,
+    };
+
     /// What `record` says.
     pub(crate) fn of(record: &Record) -> Self {
         Self {
@@ -275,6 +283,27 @@ impl Seen {
             expires_at_s: record.expires_at_s,
             full: record.released.len() >= crate::MAX_RELEASED,
         }
+    }
+}
+
+/// What a release knows of the record after `step` was `applied` or rejected with the record it
+/// `found`: that record; after its own failure, what that failure wrote (`failed_expires_at_s`; the
+/// record's end of released tokens, if any, is not known: a mark computed without it is refused, and
+/// the record that refusal returns tells it); otherwise nothing.
+pub(crate) fn seen_after(
+    step: ReleaseStep,
+    applied: bool,
+    found: Option<&Record>,
+    failed_expires_at_s: u64,
+) -> Option<Seen> {
+    match found {
+        Some(record) => Some(Seen::of(record)),
+        None if applied && step == ReleaseStep::Fail => Some(Seen {
+            until_ms: None,
+            expires_at_s: failed_expires_at_s,
+            full: false,
+        }),
+        None => None,
     }
 }
 

@@ -73,11 +73,7 @@ pub fn mark_released<'a>(
     until_ms: u64,
 ) -> Transition<'a> {
     let seen = seen.map_or(
-        crate::handler::decide::Seen {
-            until_ms: None,
-            expires_at_s: 0,
-            full: false,
-        },
+        crate::handler::decide::Seen::NOTHING,
         crate::handler::decide::Seen::of,
     );
     Transition::new(
