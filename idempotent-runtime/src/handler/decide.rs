@@ -480,7 +480,7 @@ pub(crate) fn heartbeat_lease_ms(sent_ms: u64, lease: Duration) -> u64 {
     sent_ms.saturating_add(millis(lease))
 }
 
-/// The lease of a call bound by a deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)) that
+/// The lease of a call bound by a deadline ([`Call::deadline_ms`](crate::call::Call::deadline_ms)) that
 /// starts at `now_ms`: the operation's `lease`, or what is left until the deadline if that is shorter.
 /// Its heartbeats renew it by this much.
 pub(crate) fn deadline_lease(lease: Duration, deadline_ms: Option<u64>, now_ms: u64) -> Duration {
@@ -490,7 +490,7 @@ pub(crate) fn deadline_lease(lease: Duration, deadline_ms: Option<u64>, now_ms: 
     }
 }
 
-/// Whether a call bound by a deadline ([`Call::deadline_ms`](crate::Call::deadline_ms)) must not
+/// Whether a call bound by a deadline ([`Call::deadline_ms`](crate::call::Call::deadline_ms)) must not
 /// claim at `now_ms`: `Some(left)` when less than [`MIN_LEASE`] is left (a body started now could be
 /// running past its lease, beside another caller's); `None` otherwise, or with no deadline.
 pub(crate) fn too_close_to_deadline(deadline_ms: Option<u64>, now_ms: u64) -> Option<Duration> {

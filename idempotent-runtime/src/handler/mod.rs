@@ -253,8 +253,8 @@ pub(crate) fn claim_times(
 }
 
 /// The end of a lease asked for at `now_ms`: a whole `lease` later, but not past the call's deadline,
-/// and at least a millisecond ahead (a deadline already past still leaves a claim that fences its
-/// completion).
+/// and never already over (a call claims only with at least [`MIN_LEASE`] left,
+/// [`decide::too_close_to_deadline`]; the floor keeps the function total).
 pub(crate) fn lease_end_ms(now_ms: u64, lease: Duration, deadline_ms: Option<u64>) -> u64 {
     let end = now_ms.saturating_add(millis(lease));
     match deadline_ms {
