@@ -843,6 +843,7 @@ mod tests {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
         };
         KeyReport::new(&record, 0).response_preview.unwrap()
     }
@@ -965,6 +966,7 @@ mod tests {
             released: vec!["a".to_owned(), "b".to_owned()],
             released_until_ms: None,
             steps: None,
+            released_through: None,
         };
         let report = KeyReport::new(&record, 0);
         assert_eq!(report.token, "b");
@@ -993,6 +995,7 @@ mod tests {
             released: Vec::new(),
             released_until_ms: None,
             steps: None,
+            released_through: None,
         };
         let report = KeyReport::new(&record, 1_700_000_000_000);
         assert_eq!(report.expires_at, 1_700_000_000_000);

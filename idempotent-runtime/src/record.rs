@@ -113,7 +113,8 @@ pub struct Record {
     /// The tokens of calls that gave up a claim before it landed, found this record there when they
     /// released it, and left their token on it ([`Change::MarkReleased`](crate::store::Change::MarkReleased)):
     /// a claim under any of them is refused, so that a claim still in flight when its call gave it up
-    /// never lands afterwards. At most [`MAX_RELEASED`] of them; removed by a completion (the record is
+    /// never lands afterwards. At most [`MAX_RELEASED`] of them (a release that finds them full raises
+    /// [`released_through`](Self::released_through) instead); removed by a completion (the record is
     /// final until it expires).
     pub released: Vec<String>,
     /// Until when (epoch milliseconds) a claim under any of the [`released`](Self::released) tokens
@@ -124,10 +125,19 @@ pub struct Record {
     /// it was kept (its tokens are never judged stale). Left as it is by a claim; removed with the
     /// tokens by a completion.
     pub released_until_ms: Option<u64>,
+    /// Every token up to this one, in token order, is released: a claim under any of them is refused.
+    /// Tokens are ordered by the time they were made (UUID version 7: milliseconds first, then a
+    /// counter that keeps one process's tokens in order within a millisecond), so a release that
+    /// finds [`MAX_RELEASED`] tokens on the record, some of which can still hold the key, refuses its
+    /// own claim by raising this to its token instead of adding it (a claim made later, by any process
+    /// whose clock is not behind, has a greater token). Its claims can hold the key until
+    /// [`released_until_ms`](Self::released_until_ms), like the released tokens'. Removed with them.
+    pub released_through: Option<String>,
 }
 
-/// How many [`Record::released`] tokens a record holds at most: a release that finds the record full
-/// leaves no mark (its claim, if it lands later, lapses with its lease).
+/// How many [`Record::released`] tokens a record holds at most: a release that finds the record full,
+/// with some of its tokens' claims still able to hold the key, raises
+/// [`Record::released_through`] to its own token instead.
 pub const MAX_RELEASED: usize = 16;
 
 impl Record {
@@ -158,16 +168,29 @@ impl Record {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
         }
     }
 
     /// Whether a claim under `token` is refused because its call released it before it landed: the
     /// record is a FAILED one under that token (the call's release failed its landed claim, or marked
-    /// the absent record), or holds the token among its [`released`](Self::released) ones.
+    /// the absent record), holds the token among its [`released`](Self::released) ones, or the token
+    /// is no greater than its [`released_through`](Self::released_through).
     #[must_use]
     pub fn released_token(&self, token: &str) -> bool {
-        (self.status == Status::Failed && self.token == token)
-            || self.released.iter().any(|t| t == token)
+        (self.status == Status::Failed && self.token == token) || self.marks_released(token)
+    }
+
+    /// Whether the record's release marks refuse `token`: it is among the
+    /// [`released`](Self::released) tokens, or no greater than
+    /// [`released_through`](Self::released_through).
+    #[must_use]
+    pub fn marks_released(&self, token: &str) -> bool {
+        self.released.iter().any(|t| t == token)
+            || self
+                .released_through
+                .as_deref()
+                .is_some_and(|through| token <= through)
     }
 
     /// Whether a new claim may take this key at `now_ms`: the record expired, failed, or is a PENDING claim
@@ -325,13 +348,16 @@ pub struct AttributeNames {
     /// Until when (N, epoch milliseconds) a claim under one of the released tokens can hold the key
     /// ([`Record::released_until_ms`]).
     pub released_until: String,
+    /// The greatest token released by a release that found the released tokens full (S): a claim
+    /// under any token up to it is refused ([`Record::released_through`]).
+    pub released_through: String,
 }
 
 // Used by the DynamoDB store, which reads a returned item by these names.
 #[cfg(feature = "dynamodb")]
 impl AttributeNames {
     /// Every name, in the order of the fields.
-    fn all(&self) -> [&str; 16] {
+    fn all(&self) -> [&str; 17] {
         [
             &self.key,
             &self.sort_key,
@@ -349,6 +375,7 @@ impl AttributeNames {
             &self.steps,
             &self.released,
             &self.released_until,
+            &self.released_through,
         ]
     }
 
@@ -380,6 +407,7 @@ impl Default for AttributeNames {
             steps: "steps".into(),
             released: "released".into(),
             released_until: "released_until".into(),
+            released_through: "released_through".into(),
         }
     }
 }
@@ -409,6 +437,7 @@ mod tests {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
         }
     }
 

@@ -231,28 +231,21 @@ pub(crate) fn after_release(
         }
         // No record: the claim has not landed (or never will); leave the mark it must respect.
         None => Some(ReleaseStep::Mark),
-        // Already refuses the claim: our token is on it.
-        Some(record) if record.released.iter().any(|t| t == token) => None,
+        // Already refuses the claim: our token is on it, or no greater than its `released_through`.
+        Some(record) if record.marks_released(token) => None,
         // Another call's record, which the claim may still land on once it is claimable (or one whose
         // end or expiry changed since the mark was computed).
         Some(record) if markable(record, now_ms) => Some(ReleaseStep::MarkRecord),
-        // A live COMPLETED record (no claim lands on it), or one holding all the released tokens it
-        // may, some of which can still hold the key: the claim lapses with its lease.
+        // A live COMPLETED record: no claim lands on it.
         Some(_) => None,
     }
 }
 
-/// Whether a release may leave its token on `record` at `now_ms`: a COMPLETED record only once
-/// expired, and one holding [`MAX_RELEASED`](crate::MAX_RELEASED) tokens only once all of them are
-/// stale ([`Record::released_until_ms`] passed), when the mark replaces them.
+/// Whether a release may leave its token on `record` at `now_ms`: any record but a live COMPLETED
+/// one (final: no claim lands on it before it expires). One holding
+/// [`MAX_RELEASED`](crate::MAX_RELEASED) tokens takes the mark too ([`mark`]).
 pub(crate) fn markable(record: &Record, now_ms: u64) -> bool {
-    (record.status != Status::Completed || record.is_expired(now_ms))
-        && (record.released.len() < crate::MAX_RELEASED || stale(record, now_ms))
-}
-
-/// Whether every released token on `record` is stale at `now_ms`: their claims' end is known and past.
-fn stale(record: &Record, now_ms: u64) -> bool {
-    record.released_until_ms.is_some_and(|until| until < now_ms)
+    record.status != Status::Completed || record.is_expired(now_ms)
 }
 
 /// What a release read of the record it marks: until when its released tokens hold, its expiry, and
@@ -308,14 +301,21 @@ pub(crate) fn seen_after(
 }
 
 /// The mark a release makes at `now_ms` (judged) on the record it read (`seen`), for a claim that can
-/// hold the key until `hold_until_ms` at most: its token joins the released ones, or replaces them when
-/// the set is full and every one is stale; the released tokens' end and the record's expiry become no
-/// earlier than the claim's end, so that the mark outlives the claim it keeps out (TTL deletes no
-/// record before its expiry).
+/// hold the key until `hold_until_ms` at most: its token joins the released ones; when the set is
+/// full, it replaces them if every one is stale, and otherwise becomes the record's
+/// [`released_through`](Record::released_through) (every token up to it refused: tokens are ordered by
+/// when they were made). The released tokens' end and the record's expiry become no earlier than the
+/// claim's end, so that the mark outlives the claim it keeps out (TTL deletes no record before its
+/// expiry).
 pub(crate) fn mark(seen: Seen, now_ms: u64, hold_until_ms: u64) -> crate::store::Change<'static> {
-    let replace = seen.full && seen.until_ms.is_some_and(|until| until < now_ms);
+    use crate::store::Marking;
+    let marking = match (seen.full, seen.until_ms) {
+        (false, _) => Marking::Join,
+        (true, Some(until)) if until < now_ms => Marking::Replace,
+        (true, _) => Marking::Through,
+    };
     let until_ms = match seen.until_ms {
-        Some(until) if !replace => until.max(hold_until_ms),
+        Some(until) if marking != Marking::Replace => until.max(hold_until_ms),
         _ => hold_until_ms,
     };
     crate::store::Change::MarkReleased {
@@ -324,7 +324,7 @@ pub(crate) fn mark(seen: Seen, now_ms: u64, hold_until_ms: u64) -> crate::store:
         expires_at_s: seen.expires_at_s.max(hold_until_ms.div_ceil(1000)),
         seen_until_ms: seen.until_ms,
         seen_expires_at_s: seen.expires_at_s,
-        replace,
+        marking,
     }
 }
 
@@ -551,6 +551,7 @@ mod tests {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
         }
     }
 
@@ -857,6 +858,7 @@ mod tests {
         let released = Record {
             released: vec!["t".into()],
             released_until_ms: None,
+            released_through: None,
             ..record(Status::Failed, None)
         };
         // Failed by our release but without our token among the released ones: marked next.
@@ -872,6 +874,7 @@ mod tests {
         let marked = Record {
             released: vec!["t".into()],
             released_until_ms: None,
+            released_through: None,
             ..theirs.clone()
         };
         assert_eq!(after_release(Fail, true, None, "t", 0), Some(MarkRecord));
@@ -937,12 +940,13 @@ mod tests {
     }
 
     #[test]
-    fn a_full_or_final_record_takes_no_mark_until_its_released_tokens_are_stale() {
+    fn only_a_live_completed_record_takes_no_mark() {
         use ReleaseStep::{Fail, Mark, MarkRecord};
         let full = Record {
             token: "other".into(),
             released: (0..crate::MAX_RELEASED).map(|i| format!("r{i}")).collect(),
             released_until_ms: Some(5_000),
+            released_through: None,
             ..record(Status::Failed, None)
         };
         let completed = Record {
@@ -950,12 +954,23 @@ mod tests {
             expires_at_s: 10,
             ..record(Status::Completed, None)
         };
+        let through = Record {
+            released_through: Some("t5".into()),
+            ..full.clone()
+        };
         for step in [Fail, Mark, MarkRecord] {
-            // Full, some of them can still land: the claim lapses with its lease.
-            assert_eq!(after_release(step, false, Some(&full), "t", 5_000), None);
-            // All stale: replaced.
+            // Full, some of them can still land, or all stale: marked (through, or replaced).
+            for now_ms in [5_000, 5_001] {
+                assert_eq!(
+                    after_release(step, false, Some(&full), "t", now_ms),
+                    Some(MarkRecord)
+                );
+            }
+            // Already refused by its `released_through`; a greater token is not.
+            assert_eq!(after_release(step, false, Some(&through), "t4", 0), None);
+            assert_eq!(after_release(step, false, Some(&through), "t5", 0), None);
             assert_eq!(
-                after_release(step, false, Some(&full), "t", 5_001),
+                after_release(step, false, Some(&through), "t6", 0),
                 Some(MarkRecord)
             );
             // Live COMPLETED: final; expired: marked.
@@ -968,19 +983,11 @@ mod tests {
                 Some(MarkRecord)
             );
         }
-        // Tokens whose end was never kept are never judged stale.
-        let unknown = Record {
-            released_until_ms: None,
-            ..full.clone()
-        };
-        assert_eq!(
-            after_release(MarkRecord, false, Some(&unknown), "t", u64::MAX),
-            None
-        );
     }
 
     #[test]
     fn a_mark_outlives_the_claim_it_keeps_out_and_replaces_only_stale_tokens() {
+        use crate::store::Marking;
         let hold = release_hold_until(10_000, Duration::from_secs(3), Duration::from_secs(1));
         assert_eq!(hold, 14_000);
         let seen = Seen {
@@ -993,7 +1000,7 @@ mod tests {
             expires_at_s,
             seen_until_ms,
             seen_expires_at_s,
-            replace,
+            marking,
             ..
         } = mark(seen, 10_000, hold)
         else {
@@ -1001,8 +1008,8 @@ mod tests {
         };
         assert_eq!((released_until_ms, expires_at_s), (14_000, 14));
         assert_eq!(
-            (seen_until_ms, seen_expires_at_s, replace),
-            (Some(12_000), 11, false)
+            (seen_until_ms, seen_expires_at_s, marking),
+            (Some(12_000), 11, Marking::Join)
         );
         // Never earlier than what the record holds.
         let later = Seen {
@@ -1015,24 +1022,41 @@ mod tests {
             crate::store::Change::MarkReleased {
                 released_until_ms: 20_000,
                 expires_at_s: 30,
-                replace: false,
+                marking: Marking::Join,
                 ..
             }
         ));
-        // Full: replaced once stale, and then the end is the new claim's alone.
+        // Full: raised through the token while any can still hold the key (the end never earlier);
+        // replaced once stale, and then the end is the new claim's alone.
         let full = Seen {
             full: true,
             ..later
         };
         assert!(matches!(
             mark(full, 20_000, hold),
-            crate::store::Change::MarkReleased { replace: false, .. }
+            crate::store::Change::MarkReleased {
+                released_until_ms: 20_000,
+                marking: Marking::Through,
+                ..
+            }
+        ));
+        // Tokens whose end was never kept are never judged stale.
+        let unknown = Seen {
+            until_ms: None,
+            ..full
+        };
+        assert!(matches!(
+            mark(unknown, u64::MAX, hold),
+            crate::store::Change::MarkReleased {
+                marking: Marking::Through,
+                ..
+            }
         ));
         assert!(matches!(
             mark(full, 20_001, 25_000),
             crate::store::Change::MarkReleased {
                 released_until_ms: 25_000,
-                replace: true,
+                marking: Marking::Replace,
                 ..
             }
         ));

@@ -440,6 +440,7 @@ mod examine_order {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
         };
         let call = Call::new("ns");
         let found = examine(&call, &record, "ours", Some("our-payload"), 1_001_000);
@@ -480,6 +481,7 @@ mod decision {
             released: Vec::new(),
             released_until_ms: None,
             steps: None,
+            released_through: None,
         }
     }
 

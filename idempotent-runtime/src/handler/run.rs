@@ -121,10 +121,12 @@ pub(super) enum Claimed<'a> {
     Failed(Error, Outcome),
 }
 
-/// A new fencing token, written into `buffer`.
+/// A new fencing token, written into `buffer`: a UUID of version 7, so that tokens sort in the order
+/// they were made (by the millisecond, and within one process exactly), which a release that finds a
+/// record's released tokens full relies on ([`Record::released_through`](crate::Record::released_through)).
 #[inline(never)]
 fn new_token(buffer: &mut [u8]) -> &str {
-    uuid::Uuid::new_v4().hyphenated().encode_lower(buffer)
+    uuid::Uuid::now_v7().hyphenated().encode_lower(buffer)
 }
 
 /// The claim phase of a call: claims the key (or finds its answer), releases a claim whose answer never

@@ -60,7 +60,8 @@ pub(super) enum Written {
 /// What ended a run of attempts at a transition.
 pub(super) enum Stored {
     Applied,
-    Rejected(Option<Record>),
+    /// Boxed: a rejection is rare, and the record would make every `Stored` its size.
+    Rejected(Option<Box<Record>>),
     /// A business condition (or another reason that does not pass) canceled the transaction.
     Canceled(Vec<CancellationReason>),
     /// The transaction was refused as a whole, before any condition.
@@ -135,7 +136,7 @@ impl Held<'_> {
         loop {
             let last = match self.write_once(transition, writes).await {
                 Ok(Written::Applied) => return Stored::Applied,
-                Ok(Written::Rejected(record)) => return Stored::Rejected(record),
+                Ok(Written::Rejected(record)) => return Stored::Rejected(record.map(Box::new)),
                 Ok(Written::Canceled(reasons))
                     if crate::error::transient_cancellation(&reasons) =>
                 {
@@ -295,7 +296,7 @@ impl Held<'_> {
         }
         match self.store(&transition, &writes, persist).await {
             Stored::Applied => {}
-            Stored::Rejected(record) => self.settle(record.as_ref())?,
+            Stored::Rejected(record) => self.settle(record.as_deref())?,
             Stored::Canceled(reasons) => {
                 let error = Error::TransactionCanceled {
                     namespace: namespace.to_owned(),
@@ -464,7 +465,7 @@ impl Held<'_> {
                 Stored::Applied => return,
                 Stored::Rejected(record) => {
                     match decide::after_rejected_fail(
-                        record.as_ref(),
+                        record.as_deref(),
                         self.token,
                         !writes.is_empty(),
                     ) {

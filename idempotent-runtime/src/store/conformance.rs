@@ -64,7 +64,7 @@
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `a_release_before_its_claim_landed_refuses_that_claim` | [`Change::Release`] on an absent key writes a FAILED mark under the token; that token's claim, landing late, is refused by it (returned as blocking), another token's claim takes the key at once; any record at all rejects the mark, returned as it is |
-//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim, no record and a full record (`MAX_RELEASED`) whose tokens can still hold the key reject it; on a full record whose tokens' end has passed, the token replaces them |
+//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim and no record reject it; on a full record (`MAX_RELEASED`) whose tokens can still hold the key, the token becomes its `released_through` if greater (every claim under a token up to it refused; kept by a claim, removed by a completion); on a full record whose tokens' end has passed, the token replaces them and removes `released_through` |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
@@ -1509,44 +1509,56 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         revived.expires_at_s == until_5.div_ceil(1000) && revived.released == ["t5"],
         "the record's expiry reaches the claim's end, got {revived:?}"
     );
-    // At most MAX_RELEASED tokens while any of them can still hold the key; once all of them are
-    // stale, a mark replaces them.
-    c.pending("full", "owner").await?;
-    for i in 0..crate::MAX_RELEASED {
-        let seen = c.record("full").await?;
-        c.store
-            .transition(&mark_released(
-                "full",
-                &format!("r{i}"),
-                NOW,
-                Some(&seen),
-                until_1,
-            ))
-            .await?;
-    }
-    let full = c.record("full").await?;
-    ensure_eq!(full.released.len(), crate::MAX_RELEASED, "{full:?}");
+    // A record holding MAX_RELEASED tokens, some of which can still hold the key, takes one more as
+    // its `released_through` (every token up to it refused), which only rises; once all of them are
+    // stale, a mark replaces them and removes it.
+    let full = fill_released(&c, "full", false).await?;
     ensure_eq!(
         c.store
-            .transition(&mark_released(
-                "full",
-                "one-more",
-                NOW,
-                Some(&full),
-                until_1
-            ))
+            .transition(&mark_released("full", "r20", NOW, Some(&full), until_4))
             .await?,
-        WriteOutcome::Rejected(Some(full.clone())),
-        "a record holding MAX_RELEASED tokens that can still hold the key rejects one more"
+        WriteOutcome::Applied,
+        "a record holding MAX_RELEASED tokens that can still hold the key takes one more as its \
+         released_through"
     );
-    let stale_ms = until_1 + 1;
+    let through = c.record("full").await?;
+    let mut expected = full.clone();
+    expected.released_through = Some("r20".to_owned());
+    expected.released_until_ms = Some(until_4);
+    expected.expires_at_s = full.expires_at_s.max(until_4.div_ceil(1000));
+    ensure_eq!(
+        through,
+        expected,
+        "a raise of released_through changes nothing else"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("full", "r19", NOW, Some(&through), until_4))
+            .await?,
+        WriteOutcome::Rejected(Some(through.clone())),
+        "a token no greater than released_through is refused already: no mark lowers it"
+    );
+    ensure_eq!(
+        c.store
+            .transition(&mark_released("full", "r25", NOW, Some(&through), until_4))
+            .await?,
+        WriteOutcome::Applied,
+        "a greater token raises released_through"
+    );
+    let raised = c.record("full").await?;
+    ensure!(
+        raised.released_through.as_deref() == Some("r25")
+            && raised.released.len() == crate::MAX_RELEASED,
+        "released_through raised to the greater token, the tokens kept, got {raised:?}"
+    );
+    let stale_ms = until_4 + 1;
     ensure_eq!(
         c.store
             .transition(&mark_released(
                 "full",
                 "one-more",
                 stale_ms,
-                Some(&full),
+                Some(&raised),
                 stale_ms + LEASE
             ))
             .await?,
@@ -1555,8 +1567,10 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     );
     let replaced = c.record("full").await?;
     ensure!(
-        replaced.released == ["one-more"] && replaced.released_until_ms == Some(stale_ms + LEASE),
-        "the stale tokens replaced by the new one, got {replaced:?}"
+        replaced.released == ["one-more"]
+            && replaced.released_until_ms == Some(stale_ms + LEASE)
+            && replaced.released_through.is_none(),
+        "the stale tokens and released_through replaced by the new token, got {replaced:?}"
     );
     let late = c
         .store
@@ -1566,7 +1580,66 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "owner"),
         "a claim under the new token is refused, got {late:?}"
     );
+    // On a claimable record: a claim under any token up to released_through is refused, a greater
+    // one claims it and keeps it; a completion removes it.
+    let full = fill_released(&c, "through", true).await?;
+    c.store
+        .transition(&mark_released("through", "r20", NOW, Some(&full), until_1))
+        .await?;
+    for token in ["r00", "r18", "r20"] {
+        let late = c.store.claim(&claim("through", token, NOW)).await?;
+        ensure!(
+            matches!(&late, ClaimOutcome::Existing(r) if r.token == "owner" && r.status == Status::Failed),
+            "a claim under `{token}`, no greater than released_through `r20`, must be refused, got {late:?}"
+        );
+    }
+    c.pending("through", "r21").await?;
+    let claimed = c.record("through").await?;
+    ensure!(
+        claimed.released_through.as_deref() == Some("r20")
+            && claimed.released.len() == crate::MAX_RELEASED,
+        "a claim keeps released_through and the released tokens, got {claimed:?}"
+    );
+    c.store
+        .transition(&complete("through", "r21", b"{}", NOW / 1000 + 60))
+        .await?;
+    let completed = c.record("through").await?;
+    ensure!(
+        completed.released.is_empty()
+            && completed.released_until_ms.is_none()
+            && completed.released_through.is_none(),
+        "a completion removes released_through with the tokens, got {completed:?}"
+    );
     Ok(())
+}
+
+/// Claims `key` under `owner` (and fails it if `failed`), then leaves [`MAX_RELEASED`](crate::MAX_RELEASED)
+/// released tokens on it (`r00` to `r15`, each a claim that can hold the key until a lease after
+/// [`NOW`]), and returns the record.
+async fn fill_released<S: Store>(
+    c: &Context<S>,
+    key: &str,
+    failed: bool,
+) -> Result<Record, Violation> {
+    c.pending(key, "owner").await?;
+    if failed {
+        c.store.transition(&fail(key, "owner")).await?;
+    }
+    for i in 0..crate::MAX_RELEASED {
+        let seen = c.record(key).await?;
+        c.store
+            .transition(&mark_released(
+                key,
+                &format!("r{i:02}"),
+                NOW,
+                Some(&seen),
+                NOW + LEASE,
+            ))
+            .await?;
+    }
+    let full = c.record(key).await?;
+    ensure_eq!(full.released.len(), crate::MAX_RELEASED, "{full:?}");
+    Ok(full)
 }
 
 async fn of_32_racing_claims_exactly_one_wins<S: Store>(c: Context<S>) -> Result<(), Violation> {

@@ -12,7 +12,8 @@ use super::TransactOutcome;
 #[cfg(feature = "emulator")]
 use super::Writes;
 use super::{
-    Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
+    Change, ClaimOutcome, ClaimRequest, Marking, StepsClaim, Store, StoreError, Transition,
+    WriteOutcome,
 };
 #[cfg(feature = "emulator")]
 use crate::CancellationReason;
@@ -273,6 +274,7 @@ pub(crate) fn claimed<'r>(
         // of them may land later.
         released: old.map(|o| o.released.clone()).unwrap_or_default(),
         released_until_ms: old.and_then(|o| o.released_until_ms),
+        released_through: old.and_then(|o| o.released_through.clone()),
     })
 }
 
@@ -292,7 +294,7 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 /// failure that releases claim-time writes (its compensation) also needs them still in effect, and a
 /// step's write the steps it extends (its `previous`), so that a late copy of an earlier one is
 /// refused. The exceptions: a release mark needs no record at all, and a [`Change::MarkReleased`] any
-/// record *not* PENDING under the token nor COMPLETED and live, with room for one more released token.
+/// record *not* PENDING under the token nor COMPLETED and live that its [`Marking`] fits.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     let held = record.status == Status::Pending && record.token == transition.token;
     match transition.change {
@@ -301,17 +303,25 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
             now_ms,
             seen_until_ms,
             seen_expires_at_s,
-            replace,
+            marking,
             ..
         } => {
             !held
                 && (record.status != Status::Completed || record.is_expired(now_ms))
                 && record.released_until_ms == seen_until_ms
                 && record.expires_at_s == seen_expires_at_s
-                && if replace {
-                    record.released_until_ms.is_some_and(|until| until < now_ms)
-                } else {
-                    record.released.len() < crate::MAX_RELEASED
+                && match marking {
+                    Marking::Join => record.released.len() < crate::MAX_RELEASED,
+                    Marking::Replace => {
+                        record.released_until_ms.is_some_and(|until| until < now_ms)
+                    }
+                    Marking::Through => {
+                        record.released.len() >= crate::MAX_RELEASED
+                            && record
+                                .released_through
+                                .as_deref()
+                                .is_none_or(|through| through < transition.token)
+                    }
                 }
         }
         Change::Fail {
@@ -350,6 +360,7 @@ pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
         steps: None,
         released: vec![transition.token.to_owned()],
         released_until_ms: Some(released_until_ms),
+        released_through: None,
     }
 }
 
@@ -382,19 +393,26 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             // Final until it expires: no claim lands on it, released or not.
             record.released.clear();
             record.released_until_ms = None;
+            record.released_through = None;
         }
         // Never applied to a record ([`fenced`]): written where there is none ([`tombstone`]).
         Change::Release { .. } => {}
         Change::MarkReleased {
             released_until_ms,
             expires_at_s,
-            replace,
+            marking,
             ..
         } => {
-            if replace {
-                record.released.clear();
+            match marking {
+                Marking::Join => {}
+                Marking::Replace => {
+                    record.released.clear();
+                    record.released_through = None;
+                }
+                Marking::Through => record.released_through = Some(transition.token.to_owned()),
             }
-            if !record.released.iter().any(|t| t == transition.token) {
+            if marking != Marking::Through && !record.released.iter().any(|t| t == transition.token)
+            {
                 record.released.push(transition.token.to_owned());
             }
             record.released_until_ms = Some(released_until_ms);

@@ -207,9 +207,12 @@ pub enum Change<'a> {
     /// as it is.
     ///
     /// The caller computed both from the record it read: the mark is made only on a record that still
-    /// holds `seen_until_ms` and `seen_expires_at_s`. With `replace`, the token *replaces* the released
-    /// ones, on a record whose `released_until_ms` is before `now_ms` (every one of them stale);
-    /// without, it joins them, on a record holding fewer than [`MAX_RELEASED`](crate::MAX_RELEASED).
+    /// holds `seen_until_ms` and `seen_expires_at_s`. How the token is marked is the `marking`'s
+    /// ([`Marking`]): it joins the released tokens on a record holding fewer than
+    /// [`MAX_RELEASED`](crate::MAX_RELEASED), replaces them on a record whose `released_until_ms` is
+    /// before `now_ms` (every one of them stale), or, on a record holding
+    /// [`MAX_RELEASED`](crate::MAX_RELEASED), becomes its
+    /// [`released_through`](Record::released_through) if greater than it (or it has none).
     /// Any other record, one PENDING under the token (the claim landed: it is given up with a
     /// [`Fail`](Self::Fail)), a live COMPLETED one (final: no claim lands on it before it expires) and
     /// no record at all (a [`Release`](Self::Release) marks that) reject it, returned as they are.
@@ -226,8 +229,8 @@ pub enum Change<'a> {
         seen_until_ms: Option<u64>,
         /// The record's expiry as the caller read it.
         seen_expires_at_s: u64,
-        /// The token replaces the stale released ones instead of joining them.
-        replace: bool,
+        /// How the token is marked.
+        marking: Marking,
     },
     /// PENDING stays PENDING with a later lease (a heartbeat).
     ExtendLease {
@@ -236,6 +239,22 @@ pub enum Change<'a> {
         /// New expiry (epoch seconds).
         expires_at_s: u64,
     },
+}
+
+/// How a [`Change::MarkReleased`] marks its token on a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marking {
+    /// The token joins the record's [`released`](Record::released) tokens: the record holds fewer
+    /// than [`MAX_RELEASED`](crate::MAX_RELEASED).
+    Join,
+    /// The token replaces the released tokens, and removes the record's
+    /// [`released_through`](Record::released_through): every one of them is stale (the record's
+    /// `released_until_ms` is before the change's `now_ms`).
+    Replace,
+    /// The record's [`released_through`](Record::released_through) becomes the token: the record
+    /// holds [`MAX_RELEASED`](crate::MAX_RELEASED) tokens, and its `released_through`, if any, is less
+    /// than the token.
+    Through,
 }
 
 impl Change<'_> {

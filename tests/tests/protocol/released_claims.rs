@@ -740,9 +740,7 @@ async fn a_claim_landing_between_the_releases_writes_is_failed(backend: Backend)
 }
 
 idempotent_tests::on_both_stores!(
-    #[ignore = "reproduces: a 17th release within a lease of 16 others leaves no mark; its late claim holds the key"]
     the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key,
-    #[ignore = "reproduces: 16 lost claim answers within a lease fill the released set; a release then leaves no mark"]
     a_burst_of_lost_answers_does_not_disarm_the_next_release,
     a_release_on_a_full_record_of_stale_tokens_replaces_them,
     a_claim_with_writes_given_up_in_flight_reserves_nothing,

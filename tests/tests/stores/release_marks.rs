@@ -14,7 +14,8 @@ use idempotent_runtime::store::conformance::{
     self, BusinessTable, Delegating, Override, Report, Subject,
 };
 use idempotent_runtime::store::{
-    Change, ClaimOutcome, ClaimRequest, Store, TransactOutcome, Transition, WriteOutcome, Writes,
+    Change, ClaimOutcome, ClaimRequest, Marking, Store, TransactOutcome, Transition, WriteOutcome,
+    Writes,
 };
 use idempotent_runtime::{
     Error, Idempotency, ManualClock, MemoryStore, Record, Status, StoreError,
@@ -61,7 +62,7 @@ fn mark_on(seen: &Record, now_ms: u64, hold_until_ms: u64) -> Change<'static> {
         expires_at_s: seen.expires_at_s.max(hold_until_ms.div_ceil(1000)),
         seen_until_ms: seen.released_until_ms,
         seen_expires_at_s: seen.expires_at_s,
-        replace: false,
+        marking: Marking::Join,
     }
 }
 
@@ -166,7 +167,7 @@ impl Override<MemoryStore> for MarkIgnoresTheSeenExpiry {
             released_until_ms,
             expires_at_s,
             seen_until_ms,
-            replace,
+            marking,
             ..
         } = transition.change
         else {
@@ -180,7 +181,7 @@ impl Override<MemoryStore> for MarkIgnoresTheSeenExpiry {
             expires_at_s,
             seen_until_ms,
             seen_expires_at_s: current.as_ref().map_or(0, |r| r.expires_at_s),
-            replace,
+            marking,
         };
         inner.transition(&unchecked).await
     }
@@ -512,5 +513,115 @@ async fn the_suite_fails_a_store_whose_mark_forgets_claim_writes() {
     assert!(
         !failed(&report).is_empty(),
         "a store whose mark clears claim writes in effect passed: {report}"
+    );
+}
+
+/// Breaks "a claim under any token up to `released_through` is refused": the store's claims check the
+/// released tokens alone, as a store written before `released_through` was part of a record would.
+#[derive(Debug, Default)]
+struct ClaimIgnoresReleasedThrough;
+
+#[async_trait::async_trait]
+impl Override<MemoryStore> for ClaimIgnoresReleasedThrough {
+    fn kind(&self) -> &'static str {
+        "claim-ignores-released-through"
+    }
+
+    async fn claim(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if let Some(mut record) = inner.get(request.key).await?
+            && let Some(through) = record.released_through.take()
+        {
+            // Claimed as if it were not there, and kept on the record.
+            inner.insert(record);
+            let outcome = inner.claim(request).await?;
+            if let Some(mut after) = inner.get(request.key).await? {
+                after.released_through = Some(through);
+                inner.insert(after);
+            }
+            return Ok(outcome);
+        }
+        inner.claim(request).await
+    }
+}
+
+/// The handler's path past [`MAX_RELEASED`](idempotent_runtime::MAX_RELEASED) releases within one
+/// lease: sixteen calls released their claims on `owner`'s FAILED record, and a seventeenth, `r20`,
+/// found the set full and raised `released_through` to its token. Returns what `r20`'s late claim got.
+async fn a_late_claim_past_a_full_set(store: &impl Store) -> ClaimOutcome {
+    let hold_until = T0 + LEASE;
+    assert_eq!(
+        store.claim(&claim("k", "owner", T0)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let fail = Change::Fail {
+        error: "boom",
+        expires_at_s: T0 / 1000 + 10,
+        release_claim_writes: false,
+    };
+    store
+        .transition(&Transition::new("k", "owner", fail))
+        .await
+        .unwrap();
+    for i in 0..idempotent_runtime::MAX_RELEASED {
+        let seen = store.get("k").await.unwrap().unwrap();
+        let token = format!("r{i:02}");
+        let change = mark_on(&seen, T0 + 1, hold_until);
+        store
+            .transition(&Transition::new("k", &token, change))
+            .await
+            .unwrap();
+    }
+    let full = store.get("k").await.unwrap().unwrap();
+    let Change::MarkReleased {
+        now_ms,
+        released_until_ms,
+        expires_at_s,
+        seen_until_ms,
+        seen_expires_at_s,
+        ..
+    } = mark_on(&full, T0 + 2, hold_until)
+    else {
+        unreachable!("a mark")
+    };
+    let through = Change::MarkReleased {
+        now_ms,
+        released_until_ms,
+        expires_at_s,
+        seen_until_ms,
+        seen_expires_at_s,
+        marking: Marking::Through,
+    };
+    assert_eq!(
+        store
+            .transition(&Transition::new("k", "r20", through))
+            .await
+            .unwrap(),
+        WriteOutcome::Applied,
+        "the seventeenth release raises released_through"
+    );
+    store.claim(&claim("k", "r20", T0 + 3)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_ignores_released_through_holds_the_key_for_a_call_that_gave_up() {
+    let kept = a_late_claim_past_a_full_set(&MemoryStore::new()).await;
+    assert!(
+        matches!(&kept, ClaimOutcome::Existing(r) if r.token == "owner" && r.status == Status::Failed),
+        "{kept:?}"
+    );
+    let landed = a_late_claim_past_a_full_set(&broken(ClaimIgnoresReleasedThrough)).await;
+    assert_eq!(landed, ClaimOutcome::Claimed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_suite_fails_a_store_whose_claims_ignore_released_through() {
+    let report = conformance::check(|| async { broken(ClaimIgnoresReleasedThrough) }).await;
+    assert!(
+        failed(&report).contains(&"a_token_released_on_a_record_is_refused_by_it"),
+        "a store whose claims ignore released_through passed: {report}"
     );
 }

@@ -9,7 +9,8 @@
 //! fingerprint, `#rs` response, `#er` error, `#ru` replay end, `#cw` claim-time writes in effect, `#ci`
 //! the region that completed the record, `#sp` the finished steps of an operation run with steps, `#rl`
 //! the tokens of calls that released their claim before it landed, `#rd` until when their claims can
-//! hold the key. Values: `:pending`, `:completed`, `:failed` (the [`Status`]
+//! hold the key, `#rt` the greatest token released by a release that found them full (every token up
+//! to it is released). Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
 //! store's region), `:sp` (the steps), `:prev` (the steps a step's write extends), `:tks` (a set
@@ -27,7 +28,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::AttributeNames;
 use crate::record::Status;
-use crate::store::{Change, ClaimRequest, StepsClaim, Transition};
+use crate::store::{Change, ClaimRequest, Marking, StepsClaim, Transition};
 
 /// The claim's condition: the record is absent, expired, FAILED, or a PENDING claim whose lease ran out
 /// (the rule of [`Record::is_claimable`](crate::Record::is_claimable)).
@@ -62,9 +63,9 @@ pub const HELD_WITH_STEPS: &str = "#st = :pending AND #tk = :tk AND #sp = :prev"
 
 /// What every claim adds to its condition: the record is not a FAILED one under the claim's own token,
 /// which only the claim's own call writes when it gives the claim up ([`RELEASE`]), and does not hold
-/// that token among its released ones ([`MARK_RELEASED`]), so that a claim of that call that lands
-/// after its release is refused (the rule of [`Record::released_token`](crate::Record::released_token)).
-pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk) AND NOT contains(#rl, :tk)";
+/// that token among its released ones ([`MARK_RELEASED`]) nor a `released_through` token no less than
+/// it ([`MARK_RELEASED_THROUGH`]), so that a claim of that call that lands after its release is refused (the rule of [`Record::released_token`](crate::Record::released_token)).
+pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk) AND NOT contains(#rl, :tk) AND (attribute_not_exists(#rt) OR #rt < :tk)";
 
 /// The condition of a release's mark ([`Change::Release`]): no record at all (the call's claim has not
 /// landed).
@@ -95,8 +96,22 @@ pub const REPLACEABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND
 /// caller's (never earlier than the ones it read); nothing else changes.
 pub const MARK_RELEASED: &str = "ADD #rl :tks SET #rd = :rd, #ex = :ex";
 
-/// A [`Change::MarkReleased`]'s update that replaces the stale released tokens with the caller's.
-pub const REPLACE_RELEASED: &str = "SET #rl = :tks, #rd = :rd, #ex = :ex";
+/// A [`Change::MarkReleased`]'s update that replaces the stale released tokens with the caller's
+/// (and removes the record's `released_through`, as stale as they are).
+pub const REPLACE_RELEASED: &str = "SET #rl = :tks, #rd = :rd, #ex = :ex REMOVE #rt";
+
+/// The condition of a [`Change::MarkReleased`] that raises `released_through` to the caller's token:
+/// as [`MARKABLE`], on a record holding `:max` released tokens whose `released_through`, if any, is
+/// less than the token.
+pub const THROUGHABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND attribute_not_exists(#rd) AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
+
+/// [`THROUGHABLE`] for a record whose `released_until` the caller read (`:seen_rd`).
+pub const THROUGHABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
+
+/// A [`Change::MarkReleased`]'s update that raises `released_through` to the caller's token (`:tk`):
+/// every token up to it is refused; the released tokens' end and the record's expiry become the
+/// caller's, as [`MARK_RELEASED`]'s.
+pub const MARK_RELEASED_THROUGH: &str = "SET #rt = :tk, #rd = :rd, #ex = :ex";
 
 /// The heartbeat's update: a later lease end and expiry.
 pub const EXTEND_LEASE: &str = "SET #lu = :lu, #ex = :ex";
@@ -167,26 +182,28 @@ pub const fn claim_update(fingerprint: bool, claim_writes: bool) -> &'static str
 pub const fn complete_update(response: bool, replay_until: bool, region: bool) -> &'static str {
     match (response, replay_until, region) {
         (true, false, false) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #rs = :rs REMOVE #lu, #sp, #rl, #rd, #rt"
         }
         (true, true, false) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru REMOVE #lu, #sp, #rl, #rd, #rt"
         }
-        (false, false, false) => "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp, #rl, #rd",
+        (false, false, false) => {
+            "SET #st = :completed, #ex = :ex REMOVE #lu, #rs, #sp, #rl, #rd, #rt"
+        }
         (false, true, false) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #ru = :ru REMOVE #lu, #rs, #sp, #rl, #rd, #rt"
         }
         (true, false, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ci = :ci REMOVE #lu, #sp, #rl, #rd, #rt"
         }
         (true, true, true) => {
-            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #rs = :rs, #ru = :ru, #ci = :ci REMOVE #lu, #sp, #rl, #rd, #rt"
         }
         (false, false, true) => {
-            "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd, #rt"
         }
         (false, true, true) => {
-            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd"
+            "SET #st = :completed, #ex = :ex, #ru = :ru, #ci = :ci REMOVE #lu, #rs, #sp, #rl, #rd, #rt"
         }
     }
 }
@@ -243,33 +260,37 @@ fn mark_values<'n>(
         expires_at_s,
         seen_until_ms,
         seen_expires_at_s,
-        replace,
+        marking,
     } = transition.change
     else {
         unreachable!("called for a mark only")
     };
     values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
     values.insert(":now_s".to_owned(), n(now_ms / 1000));
-    values.insert(
-        ":tks".to_owned(),
-        AttributeValue::Ss(vec![transition.token.to_owned()]),
-    );
+    if marking != Marking::Through {
+        values.insert(
+            ":tks".to_owned(),
+            AttributeValue::Ss(vec![transition.token.to_owned()]),
+        );
+    }
     values.insert(":rd".to_owned(), n(released_until_ms));
     values.insert(":ex".to_owned(), n(expires_at_s));
     values.insert(":seen_ex".to_owned(), n(seen_expires_at_s));
-    if replace {
+    if marking == Marking::Replace {
         values.insert(":now_ms".to_owned(), n(now_ms));
         // A replacement of tokens whose end was never read holds for no record.
         values.insert(":seen_rd".to_owned(), n(seen_until_ms.unwrap_or(u64::MAX)));
         return (REPLACE_RELEASED, &names.replace_released);
     }
     values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
-    match seen_until_ms {
-        Some(seen) => {
-            values.insert(":seen_rd".to_owned(), n(seen));
-            (MARK_RELEASED, &names.mark_released_seen)
-        }
-        None => (MARK_RELEASED, &names.mark_released),
+    if let Some(seen) = seen_until_ms {
+        values.insert(":seen_rd".to_owned(), n(seen));
+    }
+    match (marking, seen_until_ms) {
+        (Marking::Through, Some(_)) => (MARK_RELEASED_THROUGH, &names.mark_through_seen),
+        (Marking::Through, None) => (MARK_RELEASED_THROUGH, &names.mark_through),
+        (_, Some(_)) => (MARK_RELEASED, &names.mark_released_seen),
+        (_, None) => (MARK_RELEASED, &names.mark_released),
     }
 }
 
@@ -291,6 +312,7 @@ fn attribute<'n>(names: &'n AttributeNames, placeholder: &str) -> &'n str {
         "#sp" => &names.steps,
         "#rl" => &names.released,
         "#rd" => &names.released_until,
+        "#rt" => &names.released_through,
         other => panic!("`{other}` is not a placeholder of the DynamoDB store's expressions"),
     }
 }
@@ -453,12 +475,17 @@ impl RecordUpdate {
                 ..
             } => HELD_WITH_CLAIM_WRITES,
             Change::Release { .. } => RELEASABLE,
-            Change::MarkReleased { replace: true, .. } => REPLACEABLE,
             Change::MarkReleased {
-                seen_until_ms: Some(_),
+                marking,
+                seen_until_ms,
                 ..
-            } => MARKABLE_SEEN,
-            Change::MarkReleased { .. } => MARKABLE,
+            } => match (marking, seen_until_ms.is_some()) {
+                (Marking::Replace, _) => REPLACEABLE,
+                (Marking::Through, true) => THROUGHABLE_SEEN,
+                (Marking::Through, false) => THROUGHABLE,
+                (Marking::Join, true) => MARKABLE_SEEN,
+                (Marking::Join, false) => MARKABLE,
+            },
             Change::SaveSteps { .. } => HELD_WITH_STEPS,
             _ => HELD_BY_TOKEN,
         };
@@ -613,6 +640,8 @@ pub(super) struct PreparedNames {
     mark_released: HashMap<String, String>,
     mark_released_seen: HashMap<String, String>,
     replace_released: HashMap<String, String>,
+    mark_through: HashMap<String, String>,
+    mark_through_seen: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -630,6 +659,8 @@ impl PreparedNames {
             mark_released: attribute_names(names, &[MARK_RELEASED, MARKABLE]),
             mark_released_seen: attribute_names(names, &[MARK_RELEASED, MARKABLE_SEEN]),
             replace_released: attribute_names(names, &[REPLACE_RELEASED, REPLACEABLE]),
+            mark_through: attribute_names(names, &[MARK_RELEASED_THROUGH, THROUGHABLE]),
+            mark_through_seen: attribute_names(names, &[MARK_RELEASED_THROUGH, THROUGHABLE_SEEN]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -817,14 +848,20 @@ mod tests {
                 released_until_ms: 3,
             },
         ];
-        for (seen_until_ms, replace) in [(None, false), (Some(4), false), (Some(4), true)] {
+        for (seen_until_ms, marking) in [
+            (None, Marking::Join),
+            (Some(4), Marking::Join),
+            (Some(4), Marking::Replace),
+            (None, Marking::Through),
+            (Some(4), Marking::Through),
+        ] {
             changes.push(Change::MarkReleased {
                 now_ms: 1_000,
                 released_until_ms: 5,
                 expires_at_s: 6,
                 seen_until_ms,
                 seen_expires_at_s: 2,
-                replace,
+                marking,
             });
         }
         for release_claim_writes in [false, true] {

@@ -177,6 +177,7 @@ pub(crate) fn parse_record(
         steps: item.binary(&names.steps)?,
         released: item.string_set(&names.released)?,
         released_until_ms: item.number(&names.released_until)?,
+        released_through: item.string(&names.released_through)?,
     })
 }
 
@@ -213,6 +214,7 @@ mod tests {
             steps: "sp".into(),
             released: "rl".into(),
             released_until: "rd".into(),
+            released_through: "rt".into(),
         }
     }
 
@@ -236,6 +238,7 @@ mod tests {
                 AttributeValue::Ss(vec!["t-0".into()]),
             ),
             (names.released_until.clone(), n(7_000)),
+            (names.released_through.clone(), s("t-9")),
             // Not the record's: ignored.
             ("status".to_owned(), s("FAILED")),
             ("business".to_owned(), n(1)),
@@ -280,6 +283,7 @@ mod tests {
                 steps: Some(b"steps".to_vec()),
                 released: vec!["t-0".into()],
                 released_until_ms: Some(7_000),
+                released_through: Some("t-9".into()),
             }
         );
         // The tenant layout joins the two key attributes.

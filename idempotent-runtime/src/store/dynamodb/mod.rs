@@ -18,10 +18,11 @@
 //! same in seconds, so no caller whose clock runs ahead by less than the margin takes over a live claim or
 //! treats a live record as expired. The exact text of every expression, as sent, is in [`expression`].
 //!
-//! Every claim's condition below also ends `AND NOT (#st = FAILED AND #tk = :tk) AND NOT contains(#rl, :tk)`
-//! ([`NOT_RELEASED`](expression::NOT_RELEASED)): a record its own call released, or that holds the
-//! call's token among its released ones (`#rl`, a string set), refuses that call's claim when it lands
-//! late.
+//! Every claim's condition below also ends `AND NOT (#st = FAILED AND #tk = :tk) AND NOT contains(#rl, :tk)
+//! AND (attribute_not_exists(#rt) OR #rt < :tk)` ([`NOT_RELEASED`](expression::NOT_RELEASED)): a
+//! record its own call released, that holds the call's token among its released ones (`#rl`, a string
+//! set), or whose `released_through` (`#rt`) is no less than the token refuses that call's claim when
+//! it lands late.
 //!
 //! | request | update | condition |
 //! |---|---|---|
@@ -36,7 +37,7 @@
 //! | fail | `SET #st = FAILED, #er = :er, #ex = now + failed_ttl REMOVE #lu[, #cw]` (`#cw` when compensating writes go with it; `now + ttl [+ retain]` when claim-time writes stay in effect, or steps are kept for a resume) | `#st = PENDING AND #tk = :tk[ AND attribute_exists(#cw)]` (with compensating writes) |
 //! | heartbeat | `SET #lu = now + lease, #ex = now + lease + ttl` | `#st = PENDING AND #tk = :tk` |
 //! | operator's release of a record with steps (`idempotent key release`) | `SET #lu = 0, #ex = :ex` (the lease lapses; the record stays PENDING with its steps) | `#st = PENDING AND #tk = :tk` |
-//! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0, #rl = {:tk}, #rd = now + lease + margin`; on any other item (the fail applied, or another call's record), the token left on it, with `#rd` and `#ex` made no earlier than the claim's end: `ADD #rl {:tk} SET #rd = :rd, #ex = :ex`, or, on a full set whose `#rd` has passed, `SET #rl = {:tk}, #rd = :rd, #ex = :ex` | the fail's; the mark's `attribute_not_exists(#pk)`; the token's `attribute_exists(#pk) AND NOT (#st = PENDING AND #tk = :tk) AND (#st <> COMPLETED OR #ex < :now_s) AND #ex = :seen_ex AND (attribute_not_exists(#rd) OR #rd = :seen_rd) AND (attribute_not_exists(#rl) OR size(#rl) < 16)` (the replacement: `.. AND #rd = :seen_rd AND #rd < :now_ms`) |
+//! | release (a call dropped while claiming, or whose claim's answer never came) | first the fail above (`released: ..`); where it finds no item, a mark: `SET #st = FAILED, #tk = :tk, #er = :er, #ex = now + lease + ttl, #at = 0, #rl = {:tk}, #rd = now + lease + margin`; on any other item (the fail applied, or another call's record), the token left on it, with `#rd` and `#ex` made no earlier than the claim's end: `ADD #rl {:tk} SET #rd = :rd, #ex = :ex`, or, on a full set whose `#rd` has passed, `SET #rl = {:tk}, #rd = :rd, #ex = :ex REMOVE #rt`, or, on a full set whose `#rd` has not, `SET #rt = :tk, #rd = :rd, #ex = :ex` (every token up to the call's is refused) | the fail's; the mark's `attribute_not_exists(#pk)`; the token's `attribute_exists(#pk) AND NOT (#st = PENDING AND #tk = :tk) AND (#st <> COMPLETED OR #ex < :now_s) AND #ex = :seen_ex AND (attribute_not_exists(#rd) OR #rd = :seen_rd) AND (attribute_not_exists(#rl) OR size(#rl) < 16)` (the replacement: `.. AND #rd = :seen_rd AND #rd < :now_ms`; the raise: `.. AND size(#rl) >= 16 AND (attribute_not_exists(#rt) OR #rt < :tk)`) |
 //! | wait | consistent `GetItem` | — |
 //!
 //! Every request names its item by the full primary key of the store's [`Layout`]: `pk` = the record

@@ -61,9 +61,10 @@ const REPLAY_UNTIL: u8 = 1 << 5;
 const COMPLETED_IN: u8 = 1 << 7;
 /// In the first byte, beside the status: the record holds an operation's finished steps.
 const STEPS: u8 = 1 << 6;
-/// In the first byte, beside the status: the record holds released tokens or their
-/// `released_until_ms` (in one part: that time as a varint, 0 for none, else one more; then each
-/// token length-prefixed).
+/// In the first byte, beside the status: the record holds released tokens, their
+/// `released_until_ms` or a `released_through` (in one part: that time as a varint, 0 for none, else
+/// one more; `released_through` as a varint 0 for none, else 1 and the token length-prefixed; then
+/// each released token length-prefixed).
 const RELEASED: u8 = 1 << 5;
 /// The token is a lowercase hyphenated UUID (every token this crate makes), held as its 16 bytes.
 const TOKEN_UUID: u8 = 1 << 6;
@@ -96,6 +97,7 @@ impl Packed {
             steps,
             released,
             released_until_ms,
+            released_through,
         } = record;
         let mut flags = 0;
         for (present, flag) in [
@@ -126,20 +128,8 @@ impl Packed {
         }
         let completed_in_flag = u8::from(completed_in.is_some()) * COMPLETED_IN;
         let steps_flag = u8::from(steps.is_some()) * STEPS;
-        let released_flag =
-            u8::from(!released.is_empty() || released_until_ms.is_some()) * RELEASED;
-        // Until when they can hold the key first (0: not known, else one more), then the tokens.
-        let released = (released_flag != 0).then(|| {
-            let mut out = Vec::new();
-            put_varint(
-                &mut out,
-                released_until_ms.map_or(0, |until| until.saturating_add(1)),
-            );
-            for token in &released {
-                put_bytes(&mut out, token.as_bytes());
-            }
-            out
-        });
+        let released = pack_released(&released, released_until_ms, released_through.as_deref());
+        let released_flag = u8::from(released.is_some()) * RELEASED;
         let token: &[u8] = token_uuid
             .as_ref()
             .map_or(token.as_bytes(), |uuid| uuid.as_bytes());
@@ -226,9 +216,13 @@ impl Packed {
         let steps = (status & STEPS != 0).then(|| reader.bytes().to_vec());
         let mut released = Vec::new();
         let mut released_until_ms = None;
+        let mut released_through = None;
         if status & RELEASED != 0 {
             let mut tokens = Reader(reader.bytes());
             released_until_ms = tokens.varint().checked_sub(1);
+            if tokens.varint() != 0 {
+                released_through = Some(text(tokens.bytes()).to_owned());
+            }
             while !tokens.0.is_empty() {
                 released.push(text(tokens.bytes()).to_owned());
             }
@@ -249,8 +243,35 @@ impl Packed {
             steps,
             released,
             released_until_ms,
+            released_through,
         }
     }
+}
+
+/// The part of a record that says what its releases left ([`RELEASED`]), if any: until when the
+/// released tokens can hold the key (0: not known, else one more), `released_through` (0: none, else 1
+/// and the token), then the tokens.
+fn pack_released(
+    released: &[String],
+    released_until_ms: Option<u64>,
+    released_through: Option<&str>,
+) -> Option<Vec<u8>> {
+    if released.is_empty() && released_until_ms.is_none() && released_through.is_none() {
+        return None;
+    }
+    let mut out = Vec::new();
+    put_varint(
+        &mut out,
+        released_until_ms.map_or(0, |until| until.saturating_add(1)),
+    );
+    put_varint(&mut out, u64::from(released_through.is_some()));
+    if let Some(through) = released_through {
+        put_bytes(&mut out, through.as_bytes());
+    }
+    for token in released {
+        put_bytes(&mut out, token.as_bytes());
+    }
+    Some(out)
 }
 
 fn status_byte(status: Status) -> u8 {
@@ -375,6 +396,7 @@ mod tests {
                 "not a uuid".to_owned(),
             ],
             released_until_ms: Some(1_900_000_000_123),
+            released_through: Some("0190a4c2-7b1e-7000-8000-000000000000".to_owned()),
         }
     }
 
@@ -392,8 +414,16 @@ mod tests {
             steps: None,
             released: Vec::new(),
             released_until_ms: None,
+            released_through: None,
             attempt: u64::MAX,
             expires_at_s: 0,
+            ..record()
+        };
+        // Only a `released_through`, and an empty one.
+        let through_only = Record {
+            released: Vec::new(),
+            released_until_ms: None,
+            released_through: Some(String::new()),
             ..record()
         };
         let failed = Record {
@@ -415,7 +445,7 @@ mod tests {
             fingerprint: Some("abc".to_owned()),
             ..record()
         };
-        for r in [full, pending, failed, foreign, odd] {
+        for r in [full, pending, through_only, failed, foreign, odd] {
             let packed = Packed::pack(r.clone());
             assert_eq!(packed.key(), r.key);
             assert_eq!(packed.unpack_at(&r.key), r);

@@ -291,6 +291,7 @@ fn failed_record(writes_in_effect: bool) -> Record {
         steps: None,
         released: Vec::new(),
         released_until_ms: None,
+        released_through: None,
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Row {
     pub released: Vec<String>,
     /// Until when a claim under a released token can hold the key (epoch milliseconds).
     pub released_until_ms: Option<u64>,
+    /// Every token up to this one is released.
+    pub released_through: Option<String>,
 }
 
 impl Row {
@@ -70,6 +72,7 @@ impl Row {
             steps: record.steps,
             released: record.released,
             released_until_ms: record.released_until_ms,
+            released_through: record.released_through,
         }
     }
 
@@ -93,6 +96,7 @@ impl Row {
         record.steps = self.steps;
         record.released = self.released;
         record.released_until_ms = self.released_until_ms;
+        record.released_through = self.released_through;
         Ok(record)
     }
 }
