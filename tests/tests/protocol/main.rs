@@ -15,6 +15,7 @@ mod coalescing;
 mod deadline_bound;
 mod faults;
 mod flaky;
+mod given_up_claims;
 mod hostile_input;
 mod interruptions;
 mod late_requests;
