@@ -342,6 +342,128 @@ async fn a_release_racing_other_releases_still_leaves_its_mark(backend: Backend)
     assert_eq!(runs.count(), 2);
 }
 
+/// A store whose claims are applied `late_ms` after they were sent (none while it is 0), and which
+/// says when such a claim has been sent.
+#[derive(Debug, Default)]
+struct LateOnCue {
+    late_ms: std::sync::atomic::AtomicU64,
+    sent: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Override<Forward> for LateOnCue {
+    fn kind(&self) -> &'static str {
+        "late-on-cue"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let late = self.late_ms.load(Ordering::SeqCst);
+        if late == 0 {
+            return inner.claim(request).await;
+        }
+        self.sent.notify_one();
+        ClaimAppliedLate(Duration::from_millis(late))
+            .claim(inner, request)
+            .await
+    }
+}
+
+/// A call that waits for another caller's claim (`wait`), so that its token is older than the
+/// claims it sends. While it waits, seventeen calls on a slow store give up on the holder's record:
+/// sixteen fill the released tokens, the seventeenth raises `released_through` to its token,
+/// greater than the waiting call's. The holder fails 58 s later; the waiting call claims, and gives
+/// up while that claim is on the wire. Its release finds its token already refused (no greater than
+/// `released_through`: `decide::after_release` returns `None`) and writes nothing, so the record's
+/// `released_until_ms` still ends with the seventeen calls' claims, not with its own (sent 58 s
+/// later). Once that end has passed, another release finds every token stale and replaces them,
+/// removing `released_through`; the waiting call's claim then lands and holds the key for its lease
+/// with no body running.
+async fn a_release_already_refused_by_released_through_keeps_its_claim_out(backend: Backend) {
+    let store = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = spawn_holder(&direct, &runs, &go, false);
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cued = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        LateOnCue::default(),
+    ));
+    let cue = &cued.with;
+    let waiting_idem = Idempotency::builder_arc(cued.clone())
+        .clock(clock.clone())
+        .build();
+    let waiting = tokio::spawn({
+        let (idem, runs) = (waiting_idem.clone(), runs.clone());
+        async move {
+            idem.operation(NAMESPACE, KEY)
+                .lease(LEASE)
+                .wait(Duration::from_mins(1))
+                .run(|_| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    for _ in 0..=idempotent_runtime::MAX_RELEASED {
+        give_up(&slow, &runs).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let full = record(&*store).await.unwrap();
+    assert_eq!(
+        (
+            full.status,
+            full.released.len(),
+            full.released_through.is_some()
+        ),
+        (Status::Pending, idempotent_runtime::MAX_RELEASED, true),
+        "{full:?}"
+    );
+    // The holder fails; the waiting call's next claim is on the wire for three seconds.
+    clock.advance(Duration::from_secs(58));
+    cue.late_ms.store(3_000, Ordering::SeqCst);
+    go.add_permits(1);
+    assert!(matches!(holder.await.unwrap(), Err(BodyError::Failed)));
+    tokio::time::timeout(Duration::from_secs(20), cue.sent.notified())
+        .await
+        .expect("the waiting call claims once the holder failed");
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    waiting_idem.drain(Duration::from_secs(10)).await;
+    let after_release = record(&*store).await.unwrap();
+    // The seventeen calls' claims are stale now; another call gives up and its release replaces them.
+    clock.advance(Duration::from_secs(6));
+    give_up(&slow, &runs).await;
+    let replaced = record(&*store).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let landed = record(&*store).await.unwrap();
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
+        matches!(answer, Ok(2)),
+        "the key must be free after the holder failed, not held by a call that gave up: {answer:?}; \
+         after the waiting call's release: {after_release:?}; after the replacing release: \
+         {replaced:?}; after the late claim: {landed:?}"
+    );
+    assert_eq!(runs.count(), 2);
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
@@ -349,4 +471,6 @@ idempotent_tests::on_both_stores!(
     a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease,
     #[ignore = "reproduces: a release that loses six races to other releases leaves no mark"]
     a_release_racing_other_releases_still_leaves_its_mark,
+    #[ignore = "reproduces: a release already refused by released_through does not extend its end"]
+    a_release_already_refused_by_released_through_keeps_its_claim_out,
 );
