@@ -464,6 +464,44 @@ async fn a_release_already_refused_by_released_through_keeps_its_claim_out(backe
     assert_eq!(runs.count(), 2);
 }
 
+/// An operation completed with a `ttl` of 5 s, and its record expired (not yet deleted by TTL): the
+/// key is a new operation. A duplicate on a slow store gives up its claim; its release marks the
+/// expired record (`markable`: an expired COMPLETED one takes marks) and moves its expiry to the end
+/// of the given-up claim, a minute away, which makes the COMPLETED record live again. The next
+/// caller gets the expired operation's response replayed instead of running a new operation, and
+/// does so for the whole lease.
+async fn a_release_on_an_expired_completion_does_not_revive_it(backend: Backend) {
+    let store = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    assert_eq!(charge(&direct, &runs, SHORT_TTL).await.unwrap(), 1);
+    clock.advance(SHORT_TTL + Duration::from_secs(3));
+    let expired = record(&*store).await.unwrap();
+    assert!(expired.is_expired(clock.now_ms()), "{expired:?}");
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    give_up(&slow, &runs).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let marked = record(&*store).await.unwrap();
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
+        matches!(answer, Ok(2)),
+        "an expired operation's key is a new operation, whose body runs: {answer:?}; \
+         expired record: {expired:?}; after the release: {marked:?}"
+    );
+    assert_eq!(runs.count(), 2);
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
@@ -473,4 +511,6 @@ idempotent_tests::on_both_stores!(
     a_release_racing_other_releases_still_leaves_its_mark,
     #[ignore = "reproduces: a release already refused by released_through does not extend its end"]
     a_release_already_refused_by_released_through_keeps_its_claim_out,
+    #[ignore = "reproduces: a release mark revives an expired COMPLETED record"]
+    a_release_on_an_expired_completion_does_not_revive_it,
 );
