@@ -502,6 +502,88 @@ async fn a_release_on_an_expired_completion_does_not_revive_it(backend: Backend)
     assert_eq!(runs.count(), 2);
 }
 
+/// A store on which each claim is sent twice, as the SDK does when an attempt times out: the first
+/// copy is held up on the wire and applied `late`, the second is applied at once and its answer is
+/// the one the call reads.
+#[derive(Debug)]
+struct FirstCopyLate(Duration);
+
+#[async_trait::async_trait]
+impl Override<Forward> for FirstCopyLate {
+    fn kind(&self) -> &'static str {
+        "first-copy-late"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let store = inner.0.clone();
+        let (key, token) = (request.key.to_owned(), request.token.to_owned());
+        let (attempt, now_ms, lease_until_ms, expires_at_s) = (
+            request.attempt,
+            request.now_ms,
+            request.lease_until_ms,
+            request.expires_at_s,
+        );
+        let late = self.0;
+        tokio::spawn(async move {
+            tokio::time::sleep(late).await;
+            let mut request = ClaimRequest::new(&key, &token, now_ms, lease_until_ms, expires_at_s);
+            request.attempt = attempt;
+            let _ = store.claim(&request).await;
+        });
+        inner.claim(request).await
+    }
+}
+
+/// A duplicate arrives while another caller holds the key. Its claim's first copy is held up on
+/// the wire; the SDK's second copy is refused by the holder's claim, and the call returns
+/// `InProgress` (retryable, nothing charged), leaving nothing behind: a refused claim moves the call
+/// to its waiting stage, which releases nothing (`decide::on_drop`, `after_claim_error`). The holder
+/// fails, and the first copy lands on the FAILED record: the key is PENDING for a whole lease under
+/// a call that returned long ago.
+async fn a_call_answered_in_progress_leaves_no_claim_in_flight(backend: Backend) {
+    let store = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = spawn_holder(&direct, &runs, &go, false);
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let twice = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        FirstCopyLate(Duration::from_millis(500)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let duplicate = charge(&twice, &runs, SHORT_TTL).await;
+    assert!(
+        matches!(duplicate, Err(Error::InProgress { .. })),
+        "{duplicate:?}"
+    );
+    twice.drain(Duration::from_secs(10)).await;
+    go.add_permits(1);
+    assert!(matches!(holder.await.unwrap(), Err(BodyError::Failed)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let landed = record(&*store).await.unwrap();
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
+        matches!(answer, Ok(2)),
+        "the key must be free after the holder failed, not held by a call that returned: \
+         {answer:?}; record: {landed:?}"
+    );
+    assert_eq!(runs.count(), 2);
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
@@ -513,4 +595,6 @@ idempotent_tests::on_both_stores!(
     a_release_already_refused_by_released_through_keeps_its_claim_out,
     #[ignore = "reproduces: a release mark revives an expired COMPLETED record"]
     a_release_on_an_expired_completion_does_not_revive_it,
+    #[ignore = "reproduces: a claim copy in flight outlives a call answered InProgress"]
+    a_call_answered_in_progress_leaves_no_claim_in_flight,
 );
