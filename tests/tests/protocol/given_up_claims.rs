@@ -19,6 +19,8 @@ use idempotent_runtime::{
 };
 use idempotent_tests::{Backend, ClaimAppliedLate, Forward, Runs, dynamodb_store};
 
+use super::released_claims::{Stock, TransactionAppliedLate};
+
 const NAMESPACE: &str = "given_up_claims::charge";
 const KEY: &str = "order-1";
 const LEASE: Duration = Duration::from_mins(1);
@@ -584,6 +586,79 @@ async fn a_call_answered_in_progress_leaves_no_claim_in_flight(backend: Backend)
     assert_eq!(runs.count(), 2);
 }
 
+/// The operation under test with one unit reserved at claim time, a one-minute lease and a `ttl` of
+/// [`SHORT_TTL`]; its body fails when `fail` says so.
+async fn reserve(
+    idem: &Idempotency,
+    stock: &Stock,
+    runs: &Runs,
+    fail: bool,
+) -> Result<usize, BodyError> {
+    idem.operation(NAMESPACE, KEY)
+        .lease(LEASE)
+        .ttl(SHORT_TTL)
+        .claim_with([stock.reserve()])
+        .run(|_| async {
+            let run = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
+            if fail {
+                Err(BodyError::Failed)
+            } else {
+                Ok(run)
+            }
+        })
+        .await
+}
+
+/// A call with a claim-time reservation fails (no compensation: its unit stays reserved) and its
+/// record, kept for the operation's lifetime, expires: the key is a new operation, whose claim must
+/// reserve again. A duplicate on a slow store gives up first; its release marks the expired record
+/// and moves its expiry a minute ahead, so the record, with its claim-time writes in effect, is live
+/// again. The next call is taken for a retry of the expired operation: its claim keeps the old
+/// writes instead of applying its own, and its body runs with no unit reserved for it.
+async fn a_release_on_an_expired_failure_does_not_skip_the_next_reservation(backend: Backend) {
+    let (store, stock) = Stock::new(backend, 5).await;
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    assert!(matches!(
+        reserve(&direct, &stock, &runs, true).await,
+        Err(BodyError::Failed)
+    ));
+    assert_eq!(stock.available().await, 4);
+    let failed = record(&*store).await.unwrap();
+    clock.advance(LEASE + SHORT_TTL + Duration::from_secs(5));
+    assert!(failed.is_expired(clock.now_ms()), "{failed:?}");
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        TransactionAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        reserve(&slow, &stock, &runs, false),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let marked = record(&*store).await.unwrap();
+    assert_eq!(
+        stock.available().await,
+        4,
+        "the late claim reserved nothing"
+    );
+    assert_eq!(reserve(&direct, &stock, &runs, false).await.unwrap(), 2);
+    assert_eq!(
+        stock.available().await,
+        3,
+        "the new operation's claim reserves its own unit; expired record: {failed:?}; \
+         after the release: {marked:?}"
+    );
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
@@ -597,4 +672,6 @@ idempotent_tests::on_both_stores!(
     a_release_on_an_expired_completion_does_not_revive_it,
     #[ignore = "reproduces: a claim copy in flight outlives a call answered InProgress"]
     a_call_answered_in_progress_leaves_no_claim_in_flight,
+    #[ignore = "reproduces: a release mark revives an expired record's claim-time writes"]
+    a_release_on_an_expired_failure_does_not_skip_the_next_reservation,
 );

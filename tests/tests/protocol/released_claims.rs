@@ -197,7 +197,7 @@ async fn a_burst_of_lost_answers_does_not_disarm_the_next_release(backend: Backe
 /// A claim with business writes the store applies `after` it was sent, whether or not its caller is
 /// still there; plain claims go through at once.
 #[derive(Debug)]
-struct TransactionAppliedLate(Duration);
+pub(super) struct TransactionAppliedLate(pub(super) Duration);
 
 #[async_trait::async_trait]
 impl Override<Forward> for TransactionAppliedLate {
@@ -244,7 +244,7 @@ impl Override<Forward> for TransactionAppliedLate {
 }
 
 /// A business table with one item, `sku-1`, whose `available` a claim reserves from.
-struct Stock {
+pub(super) struct Stock {
     table: String,
     memory: Option<Arc<MemoryStore>>,
     client: Option<Client>,
@@ -252,7 +252,7 @@ struct Stock {
 
 impl Stock {
     /// The store a test runs on, and its stock of `available` units.
-    async fn new(backend: Backend, available: u64) -> (Arc<dyn Store>, Self) {
+    pub(super) async fn new(backend: Backend, available: u64) -> (Arc<dyn Store>, Self) {
         let item = std::collections::HashMap::from([
             ("pk".to_owned(), AttributeValue::S("sku-1".into())),
             (
@@ -294,7 +294,7 @@ impl Stock {
         }
     }
 
-    async fn available(&self) -> u64 {
+    pub(super) async fn available(&self) -> u64 {
         let key =
             std::collections::HashMap::from([("pk".to_owned(), AttributeValue::S("sku-1".into()))]);
         let item = match (&self.memory, &self.client) {
@@ -315,7 +315,7 @@ impl Stock {
     }
 
     /// `available -= 1` if any is left.
-    fn reserve(&self) -> TransactWriteItem {
+    pub(super) fn reserve(&self) -> TransactWriteItem {
         let update = Update::builder()
             .table_name(&self.table)
             .key("pk", AttributeValue::S("sku-1".into()))
