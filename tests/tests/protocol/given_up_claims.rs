@@ -659,6 +659,83 @@ async fn a_release_on_an_expired_failure_does_not_skip_the_next_reservation(back
     );
 }
 
+/// A claim applied at once whose answer is lost; the request is sent again (as the SDK does) only
+/// once `resend` has a permit, and the call reads the second copy's answer.
+#[derive(Debug)]
+struct ResentOnCue {
+    resend: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl Override<Forward> for ResentOnCue {
+    fn kind(&self) -> &'static str {
+        "resent-on-cue"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        inner.claim(request).await?;
+        self.resend.acquire().await.unwrap().forget();
+        inner.claim(request).await
+    }
+}
+
+/// A call's claim lands but its answer is lost; while the SDK waits to send it again, seventeen
+/// calls give up on the record the claim holds, and the last raises `released_through` above the
+/// holder's token. The copy sent again is refused by `released_through`, and the record it returns
+/// is the call's own live claim: the call runs its body, once, and completes.
+async fn a_claim_sent_again_after_released_through_rose_above_it_still_runs(backend: Backend) {
+    let store = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let resent = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ResentOnCue {
+            resend: tokio::sync::Semaphore::new(0),
+        },
+    ));
+    let holder_idem = Idempotency::builder_arc(resent.clone())
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let holder = tokio::spawn({
+        let (idem, runs) = (holder_idem.clone(), runs.clone());
+        async move { charge(&idem, &runs, SHORT_TTL).await }
+    });
+    while record(&*store).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(150)),
+    )))
+    .clock(clock.clone())
+    .build();
+    for _ in 0..=idempotent_runtime::MAX_RELEASED {
+        give_up(&slow, &runs).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let full = record(&*store).await.unwrap();
+    assert!(
+        full.status == Status::Pending
+            && full
+                .released_through
+                .as_deref()
+                .is_some_and(|through| full.token.as_str() < through),
+        "{full:?}"
+    );
+    resent.with.resend.add_permits(1);
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    assert_eq!(runs.count(), 1);
+    let done = record(&*store).await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
@@ -674,4 +751,5 @@ idempotent_tests::on_both_stores!(
     a_call_answered_in_progress_leaves_no_claim_in_flight,
     #[ignore = "reproduces: a release mark revives an expired record's claim-time writes"]
     a_release_on_an_expired_failure_does_not_skip_the_next_reservation,
+    a_claim_sent_again_after_released_through_rose_above_it_still_runs,
 );
