@@ -1,8 +1,9 @@
 //! What a call that gave up its claim leaves on the record, against what can happen to the record
-//! while that claim is still on the wire: a completion whose `ttl` is shorter than the lease, other
-//! calls giving up at the same moment, a record whose marks already refuse the call's token. Each
-//! test ends with the next caller, who must find the key free (or replayed), never held for a lease
-//! by a call that returned.
+//! while that claim is still on the wire: a completion whose `ttl` is shorter than the lease, an
+//! expired record, other calls giving up at the same moment, a record whose marks already refuse
+//! the call's token, a copy of the claim sent twice. Most tests end with the next caller, who must
+//! find the key free (or a new operation), never held for a lease by a call that returned; the last
+//! checks that a holder's own claim, sent again above a raised `released_through`, still runs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -684,7 +685,8 @@ impl Override<Forward> for ResentOnCue {
 }
 
 /// A call's claim lands but its answer is lost; while the SDK waits to send it again, seventeen
-/// calls give up on the record the claim holds, and the last raises `released_through` above the
+/// calls give up on the record the claim holds (their claims land 600 ms late, well after they give
+/// up at 50 ms even on a loaded machine), and the last raises `released_through` above the
 /// holder's token. The copy sent again is refused by `released_through`, and the record it returns
 /// is the call's own live claim: the call runs its body, once, and completes.
 async fn a_claim_sent_again_after_released_through_rose_above_it_still_runs(backend: Backend) {
@@ -712,13 +714,13 @@ async fn a_claim_sent_again_after_released_through_rose_above_it_still_runs(back
     }
     let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
         Forward(store.clone()),
-        ClaimAppliedLate(Duration::from_millis(150)),
+        ClaimAppliedLate(Duration::from_millis(600)),
     )))
     .clock(clock.clone())
     .build();
     for _ in 0..=idempotent_runtime::MAX_RELEASED {
         give_up(&slow, &runs).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
     }
     let full = record(&*store).await.unwrap();
     assert!(
