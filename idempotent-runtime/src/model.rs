@@ -2065,8 +2065,21 @@ impl Protocol {
             // A rejected write returns the record; an applied one returns nothing, and the
             // handler then knows only what its own failure wrote.
             let found = if applied { None } else { state.record.as_ref() };
-            seen = decide::seen_after(sent, applied, found, handler::expiry_s(now_ms, lifetime));
-            step = decide::after_release(sent, applied, found, &token, judged);
+            seen = decide::seen_after(
+                sent,
+                applied,
+                found,
+                &token,
+                handler::expiry_s(now_ms, lifetime),
+            );
+            step = decide::after_release(
+                sent,
+                applied,
+                found,
+                &token,
+                judged,
+                lifetimes.hold_until_ms,
+            );
         }
         state.workers[worker].phase = Phase::Done(Outcome::Released);
     }

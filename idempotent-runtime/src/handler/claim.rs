@@ -399,13 +399,20 @@ pub(super) fn release(
                     return;
                 }
             };
-            seen = decide::seen_after(sent, applied, found.as_ref(), expiry_s(now_ms, lifetime));
+            seen = decide::seen_after(
+                sent,
+                applied,
+                found.as_ref(),
+                &token,
+                expiry_s(now_ms, lifetime),
+            );
             step = decide::after_release(
                 sent,
                 applied,
                 found.as_ref(),
                 &token,
                 judged_ms(now_ms, margin),
+                hold_until_ms,
             );
         }
         tracing::debug!(namespace, "the claim of a call that gave it up is released");
@@ -439,6 +446,7 @@ pub(crate) fn release_change(
             release_claim_writes: false,
         },
         decide::ReleaseStep::Mark => Change::Release {
+            now_ms: judged_ms(now_ms, margin),
             error: RELEASED,
             expires_at_s: expiry_s(now_ms, lifetimes.mark_lifetime),
             released_until_ms: lifetimes.hold_until_ms,

@@ -204,18 +204,22 @@ pub(crate) enum ReleaseStep {
 }
 
 /// What a release under `token` does after `step` was `applied`, or rejected with the record it
-/// `found` (`None`: no record), judged at `now_ms` (the caller's clock less its margin). A release ends
-/// with the token among the record's released ones (a mark where there was no record holds it too): a
-/// FAILED record under the token alone does not keep the claim out once another call has claimed and
-/// failed it. Each rejection means the record changed since the last write (or refuses every mark): the
-/// next write is the one that record calls for, and none on a record that refuses every mark
-/// ([`markable`]).
+/// `found` (`None`: no record), judged at `now_ms` (the caller's clock less its margin), for a claim
+/// that can hold the key until `hold_until_ms`. A release ends with the token among the record's
+/// released ones (a mark where there was no record holds it too), or no greater than its
+/// [`released_through`](Record::released_through), and with the record's released tokens' end and
+/// expiry no earlier than the claim's end: a FAILED record under the token alone does not keep the
+/// claim out once another call has claimed and failed it, and a record that TTL deletes does not keep
+/// it out at all. Each rejection means the record changed since the last write (or refuses every
+/// mark): the next write is the one that record calls for, and none on a record that refuses every
+/// mark ([`markable`]).
 pub(crate) fn after_release(
     step: ReleaseStep,
     applied: bool,
     found: Option<&Record>,
     token: &str,
     now_ms: u64,
+    hold_until_ms: u64,
 ) -> Option<ReleaseStep> {
     if applied {
         return (step == ReleaseStep::Fail).then_some(ReleaseStep::MarkRecord);
@@ -229,10 +233,16 @@ pub(crate) fn after_release(
         {
             Some(ReleaseStep::Fail)
         }
-        // No record: the claim has not landed (or never will); leave the mark it must respect.
+        // No record, or an expired one (which counts as absent, and which a mark must not bring
+        // back: a new operation would find the old one's response, steps or claim-time writes): the
+        // claim has not landed (or never will); leave the mark it must respect in its place.
         None => Some(ReleaseStep::Mark),
-        // Already refuses the claim: our token is on it, or no greater than its `released_through`.
-        Some(record) if record.marks_released(token) => None,
+        Some(record) if record.is_expired(now_ms) => Some(ReleaseStep::Mark),
+        // Already refuses the claim (our token is on it, or no greater than its `released_through`)
+        // until the claim's end: done. Not until then: the end and the expiry are raised.
+        Some(record) if record.marks_released(token) => {
+            (!holds_until(record, hold_until_ms)).then_some(ReleaseStep::MarkRecord)
+        }
         // Another call's record, which the claim may still land on once it is claimable (or one whose
         // end or expiry changed since the mark was computed).
         Some(record) if markable(record, now_ms) => Some(ReleaseStep::MarkRecord),
@@ -241,15 +251,26 @@ pub(crate) fn after_release(
     }
 }
 
-/// Whether a release may leave its token on `record` at `now_ms`: any record but a live COMPLETED
-/// one (final: no claim lands on it before it expires). One holding
-/// [`MAX_RELEASED`](crate::MAX_RELEASED) tokens takes the mark too ([`mark`]).
-pub(crate) fn markable(record: &Record, now_ms: u64) -> bool {
-    record.status != Status::Completed || record.is_expired(now_ms)
+/// Whether `record`'s release marks last until `hold_until_ms`: their end is no earlier, and TTL
+/// deletes the record no earlier.
+fn holds_until(record: &Record, hold_until_ms: u64) -> bool {
+    record
+        .released_until_ms
+        .is_some_and(|until| until >= hold_until_ms)
+        && record.expires_at_s >= hold_until_ms.div_ceil(1000)
 }
 
-/// What a release read of the record it marks: until when its released tokens hold, its expiry, and
-/// whether it holds all the released tokens it may.
+/// Whether a release may leave its token on `record` at `now_ms`: any live record but a COMPLETED
+/// one (final: no claim lands on it before it expires). One holding
+/// [`MAX_RELEASED`](crate::MAX_RELEASED) tokens takes the mark too ([`mark`]). An expired record
+/// takes none: a release's mark replaces it ([`ReleaseStep::Mark`]).
+pub(crate) fn markable(record: &Record, now_ms: u64) -> bool {
+    record.status != Status::Completed && !record.is_expired(now_ms)
+}
+
+/// What a release read of the record it marks: until when its released tokens hold, its expiry,
+/// whether it holds all the released tokens it may, and whether it already refuses the release's
+/// token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Seen {
     /// [`Record::released_until_ms`].
@@ -258,6 +279,8 @@ pub(crate) struct Seen {
     pub(crate) expires_at_s: u64,
     /// [`MAX_RELEASED`](crate::MAX_RELEASED) tokens.
     pub(crate) full: bool,
+    /// [`Record::marks_released`] the token.
+    pub(crate) refuses: bool,
 }
 
 impl Seen {
@@ -267,14 +290,16 @@ impl Seen {
         until_ms: None,
         expires_at_s: 0,
         full: false,
+        refuses: false,
     };
 
-    /// What `record` says.
-    pub(crate) fn of(record: &Record) -> Self {
+    /// What `record` says to a release under `token`.
+    pub(crate) fn of(record: &Record, token: &str) -> Self {
         Self {
             until_ms: record.released_until_ms,
             expires_at_s: record.expires_at_s,
             full: record.released.len() >= crate::MAX_RELEASED,
+            refuses: record.marks_released(token),
         }
     }
 }
@@ -287,21 +312,24 @@ pub(crate) fn seen_after(
     step: ReleaseStep,
     applied: bool,
     found: Option<&Record>,
+    token: &str,
     failed_expires_at_s: u64,
 ) -> Option<Seen> {
     match found {
-        Some(record) => Some(Seen::of(record)),
+        Some(record) => Some(Seen::of(record, token)),
         None if applied && step == ReleaseStep::Fail => Some(Seen {
             until_ms: None,
             expires_at_s: failed_expires_at_s,
             full: false,
+            refuses: false,
         }),
         None => None,
     }
 }
 
 /// The mark a release makes at `now_ms` (judged) on the record it read (`seen`), for a claim that can
-/// hold the key until `hold_until_ms` at most: its token joins the released ones; when the set is
+/// hold the key until `hold_until_ms` at most: on a record that refuses the token already, only the end
+/// and the expiry are raised; otherwise its token joins the released ones; when the set is
 /// full, it replaces them if every one is stale, and otherwise becomes the record's
 /// [`released_through`](Record::released_through) (every token up to it refused: tokens are ordered by
 /// when they were made). The released tokens' end and the record's expiry become no earlier than the
@@ -310,6 +338,7 @@ pub(crate) fn seen_after(
 pub(crate) fn mark(seen: Seen, now_ms: u64, hold_until_ms: u64) -> crate::store::Change<'static> {
     use crate::store::Marking;
     let marking = match (seen.full, seen.until_ms) {
+        _ if seen.refuses => Marking::Extend,
         (false, _) => Marking::Join,
         (true, Some(until)) if until < now_ms => Marking::Replace,
         (true, _) => Marking::Through,
@@ -857,7 +886,7 @@ mod tests {
         let ours = record(Status::Pending, Some(10));
         let released = Record {
             released: vec!["t".into()],
-            released_until_ms: None,
+            released_until_ms: Some(5_000),
             released_through: None,
             ..record(Status::Failed, None)
         };
@@ -873,42 +902,48 @@ mod tests {
         };
         let marked = Record {
             released: vec!["t".into()],
-            released_until_ms: None,
+            released_until_ms: Some(5_000),
             released_through: None,
             ..theirs.clone()
         };
-        assert_eq!(after_release(Fail, true, None, "t", 0), Some(MarkRecord));
+        assert_eq!(after_release(Fail, true, None, "t", 0, 0), Some(MarkRecord));
         assert_eq!(
-            after_release(Fail, false, Some(&failed), "t", 0),
+            after_release(Fail, false, Some(&failed), "t", 0, 0),
             Some(MarkRecord)
         );
         for step in [Mark, MarkRecord] {
-            assert_eq!(after_release(step, true, None, "t", 0), None, "{step:?}");
+            assert_eq!(after_release(step, true, None, "t", 0, 0), None, "{step:?}");
         }
         for step in [Fail, Mark, MarkRecord] {
             // Our token on our released record, or on another record: the claim is refused already.
-            assert_eq!(after_release(step, false, Some(&released), "t", 0), None);
-            assert_eq!(after_release(step, false, Some(&marked), "t", 0), None);
+            assert_eq!(after_release(step, false, Some(&released), "t", 0, 0), None);
+            assert_eq!(after_release(step, false, Some(&marked), "t", 0, 0), None);
         }
-        assert_eq!(after_release(Fail, false, None, "t", 0), Some(Mark));
-        assert_eq!(after_release(MarkRecord, false, None, "t", 0), Some(Mark));
-        assert_eq!(after_release(Mark, false, Some(&ours), "t", 0), Some(Fail));
+        assert_eq!(after_release(Fail, false, None, "t", 0, 0), Some(Mark));
         assert_eq!(
-            after_release(MarkRecord, false, Some(&ours), "t", 0),
+            after_release(MarkRecord, false, None, "t", 0, 0),
+            Some(Mark)
+        );
+        assert_eq!(
+            after_release(Mark, false, Some(&ours), "t", 0, 0),
+            Some(Fail)
+        );
+        assert_eq!(
+            after_release(MarkRecord, false, Some(&ours), "t", 0, 0),
             Some(Fail)
         );
         for other in [&theirs, &lapsed] {
             assert_eq!(
-                after_release(Fail, false, Some(other), "t", 0),
+                after_release(Fail, false, Some(other), "t", 0, 0),
                 Some(MarkRecord)
             );
             assert_eq!(
-                after_release(Mark, false, Some(other), "t", 0),
+                after_release(Mark, false, Some(other), "t", 0, 0),
                 Some(MarkRecord)
             );
             // Rejected by a record that changed since it was read: marked again from the new one.
             assert_eq!(
-                after_release(MarkRecord, false, Some(other), "t", 0),
+                after_release(MarkRecord, false, Some(other), "t", 0, 0),
                 Some(MarkRecord)
             );
         }
@@ -962,25 +997,30 @@ mod tests {
             // Full, some of them can still land, or all stale: marked (through, or replaced).
             for now_ms in [5_000, 5_001] {
                 assert_eq!(
-                    after_release(step, false, Some(&full), "t", now_ms),
+                    after_release(step, false, Some(&full), "t", now_ms, 0),
                     Some(MarkRecord)
                 );
             }
             // Already refused by its `released_through`; a greater token is not.
-            assert_eq!(after_release(step, false, Some(&through), "t4", 0), None);
-            assert_eq!(after_release(step, false, Some(&through), "t5", 0), None);
+            assert_eq!(after_release(step, false, Some(&through), "t4", 0, 0), None);
+            assert_eq!(after_release(step, false, Some(&through), "t5", 0, 0), None);
             assert_eq!(
-                after_release(step, false, Some(&through), "t6", 0),
+                after_release(step, false, Some(&through), "t6", 0, 0),
                 Some(MarkRecord)
             );
-            // Live COMPLETED: final; expired: marked.
+            // ... until the claim's end: past it, the end and the expiry are raised.
             assert_eq!(
-                after_release(step, false, Some(&completed), "t", 9_999),
+                after_release(step, false, Some(&through), "t4", 0, 5_001),
+                Some(MarkRecord)
+            );
+            // Live COMPLETED: final; expired: replaced by a mark.
+            assert_eq!(
+                after_release(step, false, Some(&completed), "t", 9_999, 0),
                 None
             );
             assert_eq!(
-                after_release(step, false, Some(&completed), "t", 11_000),
-                Some(MarkRecord)
+                after_release(step, false, Some(&completed), "t", 11_000, 0),
+                Some(Mark)
             );
         }
     }
@@ -994,6 +1034,7 @@ mod tests {
             until_ms: Some(12_000),
             expires_at_s: 11,
             full: false,
+            refuses: false,
         };
         let crate::store::Change::MarkReleased {
             released_until_ms,
@@ -1016,6 +1057,7 @@ mod tests {
             until_ms: Some(20_000),
             expires_at_s: 30,
             full: false,
+            refuses: false,
         };
         assert!(matches!(
             mark(later, 10_000, hold),

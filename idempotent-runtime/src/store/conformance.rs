@@ -64,7 +64,7 @@
 //! | `a_claim_that_starts_a_new_operation_removes_its_steps` | a claim without steps ([`StepsClaim::Untouched`]) is refused by a record whose steps live on (not expired), and removes those of an expired one (a new operation), as every claim that starts afresh does |
 //! | `a_resume_needs_exactly_the_steps_it_read` | a resume ([`StepsClaim::Resume`]) is made only while the record is unexpired and holds exactly the steps given, and keeps them; one that restarts after a failure is refused by a FAILED record and made on a lapsed PENDING one; an absent key is [`StoreError::Corrupt`], nothing written |
 //! | `a_release_before_its_claim_landed_refuses_that_claim` | [`Change::Release`] on an absent key writes a FAILED mark under the token; that token's claim, landing late, is refused by it (returned as blocking), another token's claim takes the key at once; any record at all rejects the mark, returned as it is |
-//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim and no record reject it; on a full record (`MAX_RELEASED`) whose tokens can still hold the key, the token becomes its `released_through` if greater (every claim under a token up to it refused; kept by a claim, removed by a completion); on a full record whose tokens' end has passed, the token replaces them and removes `released_through` |
+//! | `a_token_released_on_a_record_is_refused_by_it` | [`Change::MarkReleased`] adds the token to a record not PENDING under it (FAILED, another call's live claim, an expired COMPLETED one), sets their end and the record's expiry as given and changes nothing else; an expired record takes no mark, and a release replaces it with its own, nothing of the old record left; every claim under a released token is refused, other claims keep the tokens and their end, a completion removes both; a mark computed from a record that changed since, a live COMPLETED record, the token's own claim and no record reject it; on a full record (`MAX_RELEASED`) whose tokens can still hold the key, the token becomes its `released_through` if greater (every claim under a token up to it refused; kept by a claim, removed by a completion); on a full record whose tokens' end has passed, the token replaces them and removes `released_through` |
 //! | `of_32_racing_claims_exactly_one_wins` | linearizable claims: five rounds of 32 concurrent claims, one winner each |
 //!
 //! # Transactions: [`TRANSACTION_CASES`]
@@ -122,7 +122,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::{
-    Change, ClaimOutcome, ClaimRequest, StepsClaim, Store, StoreError, Transition, WriteOutcome,
+    Change, ClaimOutcome, ClaimRequest, Marking, StepsClaim, Store, StoreError, Transition,
+    WriteOutcome,
 };
 use crate::record::{Record, Status};
 use request::{LEASE, NOW, claim, complete, extend, fail, mark_released, release};
@@ -1487,8 +1488,9 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         WriteOutcome::Rejected(None),
         "no record: a release mark is written instead"
     );
-    // An expired COMPLETED record takes it (its claim may land at once), and lives until the
-    // claim's end: TTL does not delete it before the claim could land on nothing.
+    // An expired record takes no mark (raising its expiry would bring it back: a new operation
+    // would find the old response): a release replaces it, as where there is none, with nothing of
+    // the old record left.
     let expired_ms = (NOW / 1000 + 61) * 1000;
     let until_5 = expired_ms + LEASE;
     ensure_eq!(
@@ -1501,13 +1503,39 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
                 until_5
             ))
             .await?,
-        WriteOutcome::Applied,
-        "an expired COMPLETED record takes a released token"
+        WriteOutcome::Rejected(Some(completed.clone())),
+        "an expired COMPLETED record takes no released token"
     );
-    let revived = c.record("failed").await?;
-    ensure!(
-        revived.expires_at_s == until_5.div_ceil(1000) && revived.released == ["t5"],
-        "the record's expiry reaches the claim's end, got {revived:?}"
+    let release = Transition::new(
+        "failed",
+        "t5",
+        Change::Release {
+            now_ms: expired_ms,
+            error: "released",
+            expires_at_s: until_5.div_ceil(1000) + 60,
+            released_until_ms: until_5,
+        },
+    );
+    ensure_eq!(
+        c.store.transition(&release).await?,
+        WriteOutcome::Applied,
+        "a release replaces an expired COMPLETED record"
+    );
+    let replaced = c.record("failed").await?;
+    let mut expected = Record::new("failed", Status::Failed, "t5", until_5.div_ceil(1000) + 60);
+    expected.attempt = 0;
+    expected.error = Some("released".to_owned());
+    expected.released = vec!["t5".to_owned()];
+    expected.released_until_ms = Some(until_5);
+    ensure_eq!(
+        replaced,
+        expected,
+        "the release's mark in place of the expired record, nothing of it left"
+    );
+    ensure_eq!(
+        c.store.transition(&release).await?,
+        WriteOutcome::Rejected(Some(replaced.clone())),
+        "a live record rejects a release"
     );
     // A record holding MAX_RELEASED tokens, some of which can still hold the key, takes one more as
     // its `released_through` (every token up to it refused), which only rises; once all of them are
@@ -1531,9 +1559,28 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         expected,
         "a raise of released_through changes nothing else"
     );
+    let Change::MarkReleased {
+        now_ms,
+        released_until_ms,
+        expires_at_s,
+        seen_until_ms,
+        seen_expires_at_s,
+        ..
+    } = mark_released("full", "r19", NOW, Some(&through), until_4).change
+    else {
+        unreachable!("a mark")
+    };
+    let lower = Change::MarkReleased {
+        now_ms,
+        released_until_ms,
+        expires_at_s,
+        seen_until_ms,
+        seen_expires_at_s,
+        marking: Marking::Through,
+    };
     ensure_eq!(
         c.store
-            .transition(&mark_released("full", "r19", NOW, Some(&through), until_4))
+            .transition(&Transition::new("full", "r19", lower))
             .await?,
         WriteOutcome::Rejected(Some(through.clone())),
         "a token no greater than released_through is refused already: no mark lowers it"
@@ -1551,12 +1598,13 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
             && raised.released.len() == crate::MAX_RELEASED,
         "released_through raised to the greater token, the tokens kept, got {raised:?}"
     );
+    // A token greater than released_through (one no greater is refused already: its end is raised).
     let stale_ms = until_4 + 1;
     ensure_eq!(
         c.store
             .transition(&mark_released(
                 "full",
-                "one-more",
+                "s-more",
                 stale_ms,
                 Some(&raised),
                 stale_ms + LEASE
@@ -1567,14 +1615,14 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     );
     let replaced = c.record("full").await?;
     ensure!(
-        replaced.released == ["one-more"]
+        replaced.released == ["s-more"]
             && replaced.released_until_ms == Some(stale_ms + LEASE)
             && replaced.released_through.is_none(),
         "the stale tokens and released_through replaced by the new token, got {replaced:?}"
     );
     let late = c
         .store
-        .claim(&claim("full", "one-more", stale_ms + 1))
+        .claim(&claim("full", "s-more", stale_ms + 1))
         .await?;
     ensure!(
         matches!(&late, ClaimOutcome::Existing(r) if r.token == "owner"),
@@ -1593,6 +1641,27 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
             "a claim under `{token}`, no greater than released_through `r20`, must be refused, got {late:?}"
         );
     }
+    // A release whose token the record refuses already, but not until its claim's end, raises the
+    // end and the expiry alone.
+    let raised = c.record("through").await?;
+    ensure_eq!(
+        c.store
+            .transition(&mark_released(
+                "through",
+                "r18",
+                NOW,
+                Some(&raised),
+                until_4
+            ))
+            .await?,
+        WriteOutcome::Applied,
+        "a token refused already raises the end and the expiry"
+    );
+    let extended = c.record("through").await?;
+    let mut expected = raised.clone();
+    expected.released_until_ms = Some(until_4);
+    expected.expires_at_s = raised.expires_at_s.max(until_4.div_ceil(1000));
+    ensure_eq!(extended, expected, "raising the end changes nothing else");
     c.pending("through", "r21").await?;
     let claimed = c.record("through").await?;
     ensure!(

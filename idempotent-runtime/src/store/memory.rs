@@ -293,12 +293,13 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 /// Whether the transition may be made on `record`: it is PENDING under the transition's token; a
 /// failure that releases claim-time writes (its compensation) also needs them still in effect, and a
 /// step's write the steps it extends (its `previous`), so that a late copy of an earlier one is
-/// refused. The exceptions: a release mark needs no record at all, and a [`Change::MarkReleased`] any
-/// record *not* PENDING under the token nor COMPLETED and live that its [`Marking`] fits.
+/// refused. The exceptions: a release mark needs no record, or an expired one, and a
+/// [`Change::MarkReleased`] any live record *not* PENDING under the token nor COMPLETED that its
+/// [`Marking`] fits.
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     let held = record.status == Status::Pending && record.token == transition.token;
     match transition.change {
-        Change::Release { .. } => false,
+        Change::Release { now_ms, .. } => record.is_expired(now_ms),
         Change::MarkReleased {
             now_ms,
             seen_until_ms,
@@ -307,7 +308,8 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
             ..
         } => {
             !held
-                && (record.status != Status::Completed || record.is_expired(now_ms))
+                && record.status != Status::Completed
+                && !record.is_expired(now_ms)
                 && record.released_until_ms == seen_until_ms
                 && record.expires_at_s == seen_expires_at_s
                 && match marking {
@@ -322,6 +324,7 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
                                 .as_deref()
                                 .is_none_or(|through| through < transition.token)
                     }
+                    Marking::Extend => record.marks_released(transition.token),
                 }
         }
         Change::Fail {
@@ -333,13 +336,14 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     }
 }
 
-/// The record a [`Change::Release`] writes where there was none: FAILED under the releasing call's
-/// token, so that the call's own claim, if it lands later, is refused by it.
+/// The record a [`Change::Release`] writes where there was none (or an expired one): FAILED under the
+/// releasing call's token, so that the call's own claim, if it lands later, is refused by it.
 pub(crate) fn tombstone(transition: &Transition<'_>) -> Record {
     let Change::Release {
         error,
         expires_at_s,
         released_until_ms,
+        ..
     } = transition.change
     else {
         unreachable!("only a release writes a record where there is none")
@@ -395,8 +399,8 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.released_until_ms = None;
             record.released_through = None;
         }
-        // Never applied to a record ([`fenced`]): written where there is none ([`tombstone`]).
-        Change::Release { .. } => {}
+        // On an expired record: replaced, as where there is none.
+        Change::Release { .. } => return tombstone(transition),
         Change::MarkReleased {
             released_until_ms,
             expires_at_s,
@@ -404,14 +408,15 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             ..
         } => {
             match marking {
-                Marking::Join => {}
+                Marking::Join | Marking::Extend => {}
                 Marking::Replace => {
                     record.released.clear();
                     record.released_through = None;
                 }
                 Marking::Through => record.released_through = Some(transition.token.to_owned()),
             }
-            if marking != Marking::Through && !record.released.iter().any(|t| t == transition.token)
+            if matches!(marking, Marking::Join | Marking::Replace)
+                && !record.released.iter().any(|t| t == transition.token)
             {
                 record.released.push(transition.token.to_owned());
             }

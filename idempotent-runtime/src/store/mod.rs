@@ -181,14 +181,18 @@ pub enum Change<'a> {
         /// The steps the record holds before this write, as stored.
         previous: &'a [u8],
     },
-    /// Where there is **no record**, a FAILED record under the token (a mark) whose only
-    /// [`released`](Record::released) token is that one: the call holding the token gave up a claim
-    /// whose request is still in flight (dropped, or its answer never came), and that claim, if it
-    /// lands later, finds the mark and does not overwrite it (every claim is refused under a released
-    /// token; another call's claim of the mark keeps it). Any record at all rejects it, returned as it
-    /// is. (A claim that has landed is given up with a [`Fail`](Self::Fail) first, and its token then
+    /// Where there is **no record, or one expired at `now_ms`**, a FAILED record under the token (a
+    /// mark) whose only [`released`](Record::released) token is that one, and nothing else (an expired
+    /// record's response, steps, claim-time writes and release marks are gone with it, as a new
+    /// operation finds them): the call holding the token gave up a claim whose request is still in
+    /// flight (dropped, or its answer never came), and that claim, if it lands later, finds the mark
+    /// and does not overwrite it (every claim is refused under a released token; another call's claim
+    /// of the mark keeps it). Any live record rejects it, returned as it is. (A claim that has landed is given up with a [`Fail`](Self::Fail) first, and its token then
     /// left on the record with a [`MarkReleased`](Self::MarkReleased).)
     Release {
+        /// The caller's time, less its clock-skew margin, as a claim's
+        /// ([`ClaimRequest::now_ms`]): whether the record there has expired.
+        now_ms: u64,
         /// Why, for operators.
         error: &'a str,
         /// The record's new expiry (epoch seconds).
@@ -197,8 +201,8 @@ pub enum Change<'a> {
         /// [`released_until_ms`](Record::released_until_ms)).
         released_until_ms: u64,
     },
-    /// On a record that is **not PENDING under the token**, and not COMPLETED unless expired at
-    /// `now_ms`, the token is added to the record's [`released`](Record::released) ones: the call holding
+    /// On a **live** record (not expired at `now_ms`) that is **not PENDING under the token** nor
+    /// COMPLETED, the token is added to the record's [`released`](Record::released) ones: the call holding
     /// the token gave up a claim whose request is still in flight and found another record there (a
     /// FAILED one, a lapsed or live claim of another call, an expired one), and that claim, if it lands
     /// later, is refused by it (every claim is refused under a released token). The record's
@@ -212,14 +216,16 @@ pub enum Change<'a> {
     /// [`MAX_RELEASED`](crate::MAX_RELEASED), replaces them on a record whose `released_until_ms` is
     /// before `now_ms` (every one of them stale), or, on a record holding
     /// [`MAX_RELEASED`](crate::MAX_RELEASED), becomes its
-    /// [`released_through`](Record::released_through) if greater than it (or it has none).
+    /// [`released_through`](Record::released_through) if greater than it (or it has none); on a
+    /// record that already refuses the token, only the end and the expiry change.
     /// Any other record, one PENDING under the token (the claim landed: it is given up with a
-    /// [`Fail`](Self::Fail)), a live COMPLETED one (final: no claim lands on it before it expires) and
-    /// no record at all (a [`Release`](Self::Release) marks that) reject it, returned as they are.
+    /// [`Fail`](Self::Fail)), a COMPLETED one (final: no claim lands on it before it expires), an
+    /// expired one and no record at all (a [`Release`](Self::Release) marks those) reject it,
+    /// returned as they are.
     MarkReleased {
         /// The caller's time, less its clock-skew margin, as a claim's
-        /// ([`ClaimRequest::now_ms`]): whether a COMPLETED record has expired, and whether the released
-        /// tokens are stale.
+        /// ([`ClaimRequest::now_ms`]): whether the record has expired, and whether the released tokens
+        /// are stale.
         now_ms: u64,
         /// The record's new [`released_until_ms`](Record::released_until_ms).
         released_until_ms: u64,
@@ -255,6 +261,10 @@ pub enum Marking {
     /// holds [`MAX_RELEASED`](crate::MAX_RELEASED) tokens, and its `released_through`, if any, is less
     /// than the token.
     Through,
+    /// Only the record's `released_until_ms` and expiry change: the record already refuses the token
+    /// (among its [`released`](Record::released) tokens, or no greater than its
+    /// [`released_through`](Record::released_through)) but not until the token's claim's end.
+    Extend,
 }
 
 impl Change<'_> {

@@ -745,13 +745,10 @@ idempotent_tests::on_both_stores!(
     a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease,
     #[ignore = "reproduces: a release that loses six races to other releases leaves no mark"]
     a_release_racing_other_releases_still_leaves_its_mark,
-    #[ignore = "reproduces: a release already refused by released_through does not extend its end"]
     a_release_already_refused_by_released_through_keeps_its_claim_out,
-    #[ignore = "reproduces: a release mark revives an expired COMPLETED record"]
     a_release_on_an_expired_completion_does_not_revive_it,
     #[ignore = "reproduces: a claim copy in flight outlives a call answered InProgress"]
     a_call_answered_in_progress_leaves_no_claim_in_flight,
-    #[ignore = "reproduces: a release mark revives an expired record's claim-time writes"]
     a_release_on_an_expired_failure_does_not_skip_the_next_reservation,
     a_claim_sent_again_after_released_through_rose_above_it_still_runs,
 );

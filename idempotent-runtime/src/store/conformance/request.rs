@@ -46,13 +46,20 @@ pub fn complete<'a>(
     )
 }
 
-/// Releases `key` for `token` (kept a minute after [`NOW`]): see [`Change::Release`].
+/// Releases `key` for `token` at [`NOW`] (kept a minute after it): see [`Change::Release`].
 #[must_use]
 pub fn release<'a>(key: &'a str, token: &'a str) -> Transition<'a> {
+    release_at(key, token, NOW)
+}
+
+/// Releases `key` for `token` at `now_ms` (kept a minute after [`NOW`]): see [`Change::Release`].
+#[must_use]
+pub fn release_at<'a>(key: &'a str, token: &'a str, now_ms: u64) -> Transition<'a> {
     Transition::new(
         key,
         token,
         Change::Release {
+            now_ms,
             error: "released",
             expires_at_s: NOW / 1000 + 60,
             released_until_ms: NOW + LEASE,
@@ -72,10 +79,9 @@ pub fn mark_released<'a>(
     seen: Option<&Record>,
     until_ms: u64,
 ) -> Transition<'a> {
-    let seen = seen.map_or(
-        crate::handler::decide::Seen::NOTHING,
-        crate::handler::decide::Seen::of,
-    );
+    let seen = seen.map_or(crate::handler::decide::Seen::NOTHING, |record| {
+        crate::handler::decide::Seen::of(record, token)
+    });
     Transition::new(
         key,
         token,

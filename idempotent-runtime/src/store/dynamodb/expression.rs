@@ -69,27 +69,26 @@ pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk) AND NOT contai
 
 /// The condition of a release's mark ([`Change::Release`]): no record at all (the call's claim has not
 /// landed).
-pub const RELEASABLE: &str = "attribute_not_exists(#pk)";
+pub const RELEASABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s";
 
 /// A release mark's item: FAILED under the caller's token, which is also its only released one (a
 /// claim that takes the mark over keeps it), no claim attempt made (`#at` 0).
-pub const RELEASE: &str =
-    "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero, #rl = :tks, #rd = :rd";
+pub const RELEASE: &str = "SET #st = :failed, #tk = :tk, #er = :er, #ex = :ex, #at = :zero, #rl = :tks, #rd = :rd REMOVE #lu, #fp, #rs, #ru, #cw, #ci, #sp, #rt";
 
-/// The condition of a [`Change::MarkReleased`] that adds the caller's token: a record that is not
-/// PENDING under the caller's token (the call's claim has not landed) nor COMPLETED and live (final
-/// until it expires), still holding the expiry the caller read (`:seen_ex`) and no
+/// The condition of a [`Change::MarkReleased`] that adds the caller's token: a live record (not
+/// expired: an expired one is replaced by a [`RELEASE`]) that is not PENDING under the caller's token
+/// (the call's claim has not landed) nor COMPLETED (final until it expires), still holding the expiry the caller read (`:seen_ex`) and no
 /// `released_until` (it was never marked, or marked before it was kept), with fewer than `:max`
 /// released tokens.
-pub const MARKABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND attribute_not_exists(#rd) AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
+pub const MARKABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND attribute_not_exists(#rd) AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
 
 /// [`MARKABLE`] for a record whose `released_until` the caller read (`:seen_rd`).
-pub const MARKABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
+pub const MARKABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND #rd = :seen_rd AND (attribute_not_exists(#rl) OR size(#rl) < :max)";
 
 /// The condition of a [`Change::MarkReleased`] that replaces the released tokens: as
 /// [`MARKABLE_SEEN`], but for a record whose released tokens are all stale (`#rd` before `:now_ms`),
 /// however many it holds.
-pub const REPLACEABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND #rd < :now_ms";
+pub const REPLACEABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND #rd = :seen_rd AND #rd < :now_ms";
 
 /// A [`Change::MarkReleased`]'s update that adds the token: the caller's token (`:tks`, a set of one)
 /// joins the record's released tokens, whose `released_until` and the record's expiry become the
@@ -103,10 +102,22 @@ pub const REPLACE_RELEASED: &str = "SET #rl = :tks, #rd = :rd, #ex = :ex REMOVE 
 /// The condition of a [`Change::MarkReleased`] that raises `released_through` to the caller's token:
 /// as [`MARKABLE`], on a record holding `:max` released tokens whose `released_through`, if any, is
 /// less than the token.
-pub const THROUGHABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND attribute_not_exists(#rd) AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
+pub const THROUGHABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND attribute_not_exists(#rd) AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
 
 /// [`THROUGHABLE`] for a record whose `released_until` the caller read (`:seen_rd`).
-pub const THROUGHABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND (#st <> :completed OR #ex < :now_s) AND #ex = :seen_ex AND #rd = :seen_rd AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
+pub const THROUGHABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND #rd = :seen_rd AND size(#rl) >= :max AND (attribute_not_exists(#rt) OR #rt < :tk)";
+
+/// The condition of a [`Change::MarkReleased`] that only raises the end and the expiry: as
+/// [`MARKABLE`], on a record that already refuses the token (among its released tokens, or no
+/// greater than its `released_through`).
+pub const EXTENDABLE: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND attribute_not_exists(#rd) AND (contains(#rl, :tk) OR #rt >= :tk)";
+
+/// [`EXTENDABLE`] for a record whose `released_until` the caller read (`:seen_rd`).
+pub const EXTENDABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending AND #tk = :tk) AND #st <> :completed AND #ex >= :now_s AND #ex = :seen_ex AND #rd = :seen_rd AND (contains(#rl, :tk) OR #rt >= :tk)";
+
+/// A [`Change::MarkReleased`]'s update that only raises the released tokens' end and the record's
+/// expiry.
+pub const MARK_EXTENDED: &str = "SET #rd = :rd, #ex = :ex";
 
 /// A [`Change::MarkReleased`]'s update that raises `released_through` to the caller's token (`:tk`):
 /// every token up to it is refused; the released tokens' end and the record's expiry become the
@@ -248,6 +259,34 @@ pub fn attribute_names(names: &AttributeNames, expressions: &[&str]) -> HashMap<
     map
 }
 
+/// The values of a [`Change::Release`], and its update and names.
+fn release_values<'n>(
+    names: &'n PreparedNames,
+    transition: &Transition<'_>,
+    values: &mut HashMap<String, AttributeValue>,
+) -> (&'static str, &'n HashMap<String, String>) {
+    let Change::Release {
+        now_ms,
+        error,
+        expires_at_s,
+        released_until_ms,
+    } = transition.change
+    else {
+        unreachable!("called for a release only")
+    };
+    values.insert(":now_s".to_owned(), n(now_ms / 1000));
+    values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
+    values.insert(":er".to_owned(), s(error));
+    values.insert(":ex".to_owned(), n(expires_at_s));
+    values.insert(":rd".to_owned(), n(released_until_ms));
+    values.insert(":zero".to_owned(), n(0));
+    values.insert(
+        ":tks".to_owned(),
+        AttributeValue::Ss(vec![transition.token.to_owned()]),
+    );
+    (RELEASE, &names.release)
+}
+
 /// The values of a [`Change::MarkReleased`], and its update and names.
 fn mark_values<'n>(
     names: &'n PreparedNames,
@@ -267,7 +306,7 @@ fn mark_values<'n>(
     };
     values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
     values.insert(":now_s".to_owned(), n(now_ms / 1000));
-    if marking != Marking::Through {
+    if matches!(marking, Marking::Join | Marking::Replace) {
         values.insert(
             ":tks".to_owned(),
             AttributeValue::Ss(vec![transition.token.to_owned()]),
@@ -282,13 +321,17 @@ fn mark_values<'n>(
         values.insert(":seen_rd".to_owned(), n(seen_until_ms.unwrap_or(u64::MAX)));
         return (REPLACE_RELEASED, &names.replace_released);
     }
-    values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
+    if marking != Marking::Extend {
+        values.insert(":max".to_owned(), n(crate::MAX_RELEASED as u64));
+    }
     if let Some(seen) = seen_until_ms {
         values.insert(":seen_rd".to_owned(), n(seen));
     }
     match (marking, seen_until_ms) {
         (Marking::Through, Some(_)) => (MARK_RELEASED_THROUGH, &names.mark_through_seen),
         (Marking::Through, None) => (MARK_RELEASED_THROUGH, &names.mark_through),
+        (Marking::Extend, Some(_)) => (MARK_EXTENDED, &names.mark_extended_seen),
+        (Marking::Extend, None) => (MARK_EXTENDED, &names.mark_extended),
         (_, Some(_)) => (MARK_RELEASED, &names.mark_released_seen),
         (_, None) => (MARK_RELEASED, &names.mark_released),
     }
@@ -443,22 +486,7 @@ impl RecordUpdate {
                 );
                 (SAVE_STEPS, &names.save_steps)
             }
-            Change::Release {
-                error,
-                expires_at_s,
-                released_until_ms,
-            } => {
-                values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
-                values.insert(":er".to_owned(), s(error));
-                values.insert(":ex".to_owned(), n(expires_at_s));
-                values.insert(":rd".to_owned(), n(released_until_ms));
-                values.insert(":zero".to_owned(), n(0));
-                values.insert(
-                    ":tks".to_owned(),
-                    AttributeValue::Ss(vec![transition.token.to_owned()]),
-                );
-                (RELEASE, &names.release)
-            }
+            Change::Release { .. } => release_values(names, transition, &mut values),
             Change::MarkReleased { .. } => mark_values(names, transition, &mut values),
             Change::ExtendLease {
                 lease_until_ms,
@@ -483,6 +511,8 @@ impl RecordUpdate {
                 (Marking::Replace, _) => REPLACEABLE,
                 (Marking::Through, true) => THROUGHABLE_SEEN,
                 (Marking::Through, false) => THROUGHABLE,
+                (Marking::Extend, true) => EXTENDABLE_SEEN,
+                (Marking::Extend, false) => EXTENDABLE,
                 (Marking::Join, true) => MARKABLE_SEEN,
                 (Marking::Join, false) => MARKABLE,
             },
@@ -642,6 +672,8 @@ pub(super) struct PreparedNames {
     replace_released: HashMap<String, String>,
     mark_through: HashMap<String, String>,
     mark_through_seen: HashMap<String, String>,
+    mark_extended: HashMap<String, String>,
+    mark_extended_seen: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -661,6 +693,8 @@ impl PreparedNames {
             replace_released: attribute_names(names, &[REPLACE_RELEASED, REPLACEABLE]),
             mark_through: attribute_names(names, &[MARK_RELEASED_THROUGH, THROUGHABLE]),
             mark_through_seen: attribute_names(names, &[MARK_RELEASED_THROUGH, THROUGHABLE_SEEN]),
+            mark_extended: attribute_names(names, &[MARK_EXTENDED, EXTENDABLE]),
+            mark_extended_seen: attribute_names(names, &[MARK_EXTENDED, EXTENDABLE_SEEN]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -843,6 +877,7 @@ mod tests {
                 previous: b"{ }",
             },
             Change::Release {
+                now_ms: 1_000,
                 error: "released",
                 expires_at_s: 2,
                 released_until_ms: 3,
@@ -854,6 +889,8 @@ mod tests {
             (Some(4), Marking::Replace),
             (None, Marking::Through),
             (Some(4), Marking::Through),
+            (None, Marking::Extend),
+            (Some(4), Marking::Extend),
         ] {
             changes.push(Change::MarkReleased {
                 now_ms: 1_000,

@@ -442,6 +442,7 @@ fn a_release_mark_is_written_only_where_there_is_no_record() {
         key: KEY,
         token: "gone",
         change: Change::Release {
+            now_ms: NOW_MS,
             error: "released",
             expires_at_s: NOW_MS / 1000 + 60,
             released_until_ms: NOW_MS + 30_000,
