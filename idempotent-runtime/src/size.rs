@@ -42,7 +42,8 @@ fn record_overhead(names: &AttributeNames, key: &str, fingerprint: Option<&str>)
 /// FAILED record for `key` fits in one item: the limit minus every other attribute such a record
 /// holds, names included (counted generously): a lease, a failure's error text (up to
 /// [`MAX_ERROR_BYTES`]), the released tokens (up to [`MAX_RELEASED`](crate::MAX_RELEASED) of this
-/// crate's tokens) and until when they hold, and the steps attribute's own name.
+/// crate's tokens), until when they hold and the token they are released through, and the steps
+/// attribute's own name.
 pub(crate) fn steps_budget(names: &AttributeNames, key: &str, fingerprint: Option<&str>) -> usize {
     let overhead = record_overhead(names, key, fingerprint)
         + names.lease_until.len()
@@ -53,6 +54,8 @@ pub(crate) fn steps_budget(names: &AttributeNames, key: &str, fingerprint: Optio
         + crate::MAX_RELEASED * TOKEN_BYTES
         + names.released_until.len()
         + MAX_NUMBER_BYTES
+        + names.released_through.len()
+        + TOKEN_BYTES
         + names.steps.len();
     MAX_ITEM_BYTES.saturating_sub(overhead)
 }
