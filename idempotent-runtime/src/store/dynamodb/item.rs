@@ -148,6 +148,14 @@ pub(crate) fn parse_record(
     mut item: Item<'_>,
 ) -> Result<Record, StoreError> {
     let status = item.status(&names.status)?;
+    let key = layout.record_key(names, &mut item)?;
+    let token = required(item.string(&names.token)?, &names.token)?;
+    let attempt = item.number(&names.attempt)?.unwrap_or(0);
+    let expires_at_s = required(item.number(&names.expires_at)?, &names.expires_at)?;
+    let fingerprint = item.string(&names.fingerprint)?;
+    let response = item.binary(&names.response)?;
+    // Read after the attributes a completed record holds: a completed record has no lease, and its
+    // owned item is empty by now, so looking for one costs nothing.
     let lease_until_ms = item.number(&names.lease_until)?;
     if status == Status::Pending && lease_until_ms.is_none() {
         return Err(StoreError::Corrupt(format!(
@@ -155,12 +163,6 @@ pub(crate) fn parse_record(
             names.lease_until
         )));
     }
-    let key = layout.record_key(names, &mut item)?;
-    let token = required(item.string(&names.token)?, &names.token)?;
-    let attempt = item.number(&names.attempt)?.unwrap_or(0);
-    let expires_at_s = required(item.number(&names.expires_at)?, &names.expires_at)?;
-    let fingerprint = item.string(&names.fingerprint)?;
-    let response = item.binary(&names.response)?;
     Ok(Record {
         key,
         status,
