@@ -18,7 +18,7 @@ pub(crate) enum Item<'a> {
     Borrowed(&'a HashMap<String, AttributeValue>),
     /// Taken apart as it is read: its attributes moved out of the map into a list, once, and each found
     /// there by comparing names. A record's item has a handful of attributes, and a look-up in the SDK's
-    /// map hashes the name with SipHash first, several times the cost of the comparisons.
+    /// map hashes the name with `SipHash` first, several times the cost of the comparisons.
     Owned(Vec<(String, AttributeValue)>),
 }
 
