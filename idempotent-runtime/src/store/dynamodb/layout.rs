@@ -215,7 +215,7 @@ mod tests {
             assert_eq!(item.len(), if layout.has_sort_key() { 2 } else { 1 });
             let borrowed = layout.record_key(&names, &mut Item::Borrowed(&item));
             assert_eq!(borrowed.unwrap(), KEY, "{layout}");
-            let mut owned = Item::Owned(item.clone());
+            let mut owned = Item::owned(item.clone());
             assert_eq!(
                 layout.record_key(&names, &mut owned).unwrap(),
                 KEY,

@@ -147,7 +147,7 @@ impl Inner {
     /// The record of an item the store was handed back, taken apart as it is read when the names allow.
     fn parse_owned(&self, item: HashMap<String, AttributeValue>) -> Result<Record, StoreError> {
         if self.distinct_names {
-            parse_record(&self.names, &self.layout, Item::Owned(item))
+            parse_record(&self.names, &self.layout, Item::owned(item))
         } else {
             parse_record(&self.names, &self.layout, Item::Borrowed(&item))
         }
