@@ -1554,11 +1554,12 @@ impl Protocol {
         let Some(new) = transitioned(state.record.as_ref(), &transition) else {
             return false;
         };
-        // A release where there is no record writes its mark there: no one's claim is overwritten,
-        // and the key (its record gone) is a new operation.
+        // A release where there is no record, or an expired one (which counts as absent), writes its
+        // mark there: no one's claim is overwritten, and the key (its record gone) is a new
+        // operation.
         if matches!(change, Change::MarkReleased { .. }) {
             // A token left on another call's record: its owner and outcome stay as they are.
-        } else if state.record.is_none() {
+        } else if state.record.is_none() || matches!(change, Change::Release { .. }) {
             Self::new_operation(&mut state.ghost);
         } else if state.ghost.owner != Some(worker) {
             state.ghost.zombie_landed = true;
