@@ -134,6 +134,16 @@ pub(crate) fn decode_within<T: DeserializeOwned>(
     serde_json::from_slice(&unpack(bytes, limit)?).map_err(DecodeError::Json)
 }
 
+/// A stored response's JSON (at most `limit` bytes, as [`decode_within`]) handed to `parse`, which
+/// makes the value of its own type: the only part of a replay made for each type. Not generic.
+pub(crate) fn decode_with(
+    bytes: &[u8],
+    limit: usize,
+    parse: &mut dyn FnMut(&[u8]) -> Result<(), serde_json::Error>,
+) -> Result<(), DecodeError> {
+    parse(&unpack(bytes, limit)?).map_err(DecodeError::Json)
+}
+
 /// The JSON of a stored response ([`decode_within`]), inflated when compressed. Not generic: only
 /// parsing the JSON is made for each type.
 fn unpack(bytes: &[u8], limit: usize) -> Result<Cow<'_, [u8]>, DecodeError> {

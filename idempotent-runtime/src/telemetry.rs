@@ -158,6 +158,67 @@ pub(crate) fn call_span(namespace: &'static str, key: &str) -> tracing::Span {
     )
 }
 
+pin_project_lite::pin_project! {
+    /// A call's state machine in the call's span: entered while it is polled and while it is dropped
+    /// (what a dropped call logs belongs to the call), as `tracing`'s `Instrumented` does, but with the
+    /// entering and leaving out of line ([`in_span`]), compiled once rather than into each function's
+    /// poll and drop.
+    pub(crate) struct InSpan<F> {
+        #[pin]
+        future: Option<F>,
+        span: tracing::Span,
+    }
+
+    impl<F> PinnedDrop for InSpan<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let mut future = this.future;
+            in_span(this.span, &mut || future.set(None));
+        }
+    }
+}
+
+impl<F> InSpan<F> {
+    /// `future`, run in `span`.
+    pub(crate) fn new(future: F, span: tracing::Span) -> Self {
+        Self {
+            future: Some(future),
+            span,
+        }
+    }
+
+    /// The span.
+    pub(crate) fn span(self: std::pin::Pin<&mut Self>) -> &tracing::Span {
+        self.project().span
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let mut future = this.future;
+        let mut polled = std::task::Poll::Pending;
+        in_span(this.span, &mut || {
+            if let Some(future) = future.as_mut().as_pin_mut() {
+                polled = future.poll(cx);
+            }
+        });
+        polled
+    }
+}
+
+/// `f`, run inside `span`.
+#[inline(never)]
+fn in_span(span: &tracing::Span, f: &mut dyn FnMut()) {
+    let _entered = span.enter();
+    f();
+}
+
 /// Closes a call: its span's `outcome`, and the call counter.
 pub(crate) fn finish(span: &tracing::Span, namespace: &'static str, outcome: Outcome) {
     span.record("outcome", outcome.as_str());
