@@ -15,6 +15,8 @@
 //! | `dynamo_cross_region_duplicate_detected_total` | `home`, `completed_in` | a [`RoutedStore`](crate::RoutedStore)'s claim found its key COMPLETED by another region than the key's home: a claim was decided outside home-region routing (failover, a process with other regions, or one without routing) |
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Instant;
 
 use crate::error::Error;
@@ -172,8 +174,7 @@ pin_project_lite::pin_project! {
     impl<F> PinnedDrop for InSpan<F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            let mut future = this.future;
-            in_span(this.span, &mut || future.set(None));
+            in_span(this.span, &mut Dropping(this.future));
         }
     }
 }
@@ -188,35 +189,61 @@ impl<F> InSpan<F> {
     }
 
     /// The span.
-    pub(crate) fn span(self: std::pin::Pin<&mut Self>) -> &tracing::Span {
+    pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
         self.project().span
     }
 }
 
-impl<F: std::future::Future> std::future::Future for InSpan<F> {
+impl<F: Future> Future for InSpan<F> {
     type Output = F::Output;
 
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let mut future = this.future;
-        let mut polled = std::task::Poll::Pending;
-        in_span(this.span, &mut || {
-            if let Some(future) = future.as_mut().as_pin_mut() {
-                polled = future.poll(cx);
-            }
-        });
-        polled
+        let mut polling = Polling {
+            future: this.future,
+            cx,
+            polled: Poll::Pending,
+        };
+        in_span(this.span, &mut polling);
+        polling.polled
     }
 }
 
-/// `f`, run inside `span`.
+/// What [`in_span`] runs: a trait of one method rather than a `dyn FnMut`, whose vtable would carry a
+/// `call_once` shim for every future.
+trait InSpanDo {
+    fn run(&mut self);
+}
+
+/// [`InSpan`]'s poll, inside the span.
+struct Polling<'a, 'b, 'c, F: Future> {
+    future: Pin<&'a mut Option<F>>,
+    cx: &'b mut std::task::Context<'c>,
+    polled: Poll<F::Output>,
+}
+
+impl<F: Future> InSpanDo for Polling<'_, '_, '_, F> {
+    fn run(&mut self) {
+        if let Some(future) = self.future.as_mut().as_pin_mut() {
+            self.polled = future.poll(self.cx);
+        }
+    }
+}
+
+/// [`InSpan`]'s drop of its future, inside the span.
+struct Dropping<'a, F>(Pin<&'a mut Option<F>>);
+
+impl<F> InSpanDo for Dropping<'_, F> {
+    fn run(&mut self) {
+        self.0.set(None);
+    }
+}
+
+/// `work`, run inside `span`.
 #[inline(never)]
-fn in_span(span: &tracing::Span, f: &mut dyn FnMut()) {
+fn in_span(span: &tracing::Span, work: &mut dyn InSpanDo) {
     let _entered = span.enter();
-    f();
+    work.run();
 }
 
 /// Closes a call: its span's `outcome`, and the call counter.

@@ -136,7 +136,7 @@ impl Replay<'_> {
         self,
         idem: &Idempotency,
         plan: &Plan<'_>,
-        parse: &mut dyn FnMut(&[u8]) -> Result<(), serde_json::Error>,
+        parse: &mut dyn codec::Parse,
     ) -> Result<(), Error> {
         let namespace = plan.call.namespace;
         match self {

@@ -401,7 +401,7 @@ fn replay(
     namespace: &str,
     response: &[u8],
     limit: usize,
-    parse: &mut dyn FnMut(&[u8]) -> Result<(), serde_json::Error>,
+    parse: &mut dyn codec::Parse,
 ) -> Result<(), Error> {
     codec::decode_with(response, limit, parse).map_err(|e| undecodable(namespace, e))
 }

@@ -189,22 +189,32 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
 }
 
 /// The answer of a call that found one stored: the response decoded, or why it does not decode. Only
-/// parsing the JSON into `T` is made here for each function ([`replayed_with`] does the rest).
+/// parsing the JSON into `T` ([`Parsed`]) is made here for each function; [`replayed_with`] does the
+/// rest.
 fn replayed<T: DeserializeOwned, E: From<Error>>(
     idem: &Idempotency,
     plan: &Plan<'_>,
     replay: Replay<'_>,
     outcome: Outcome,
 ) -> (Result<T, E>, Outcome) {
-    let mut value = None;
-    let decoded = replayed_with(idem, plan, replay, outcome, &mut |json| {
-        value = Some(serde_json::from_slice::<T>(json)?);
-        Ok(())
-    });
-    match (decoded, value) {
+    let mut value = Parsed(None);
+    match (
+        replayed_with(idem, plan, replay, outcome, &mut value),
+        value.0,
+    ) {
         (Ok(outcome), Some(value)) => (Ok(value), outcome),
         (Err((e, outcome)), _) => (Err(e.into()), outcome),
         (Ok(_), None) => unreachable!("a replay that decoded has its value"),
+    }
+}
+
+/// A replayed value, once its JSON is parsed ([`codec::Parse`]).
+struct Parsed<T>(Option<T>);
+
+impl<T: DeserializeOwned> codec::Parse for Parsed<T> {
+    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
+        self.0 = Some(serde_json::from_slice(json)?);
+        Ok(())
     }
 }
 
@@ -216,7 +226,7 @@ fn replayed_with(
     plan: &Plan<'_>,
     replay: Replay<'_>,
     outcome: Outcome,
-    parse: &mut dyn FnMut(&[u8]) -> Result<(), serde_json::Error>,
+    parse: &mut dyn codec::Parse,
 ) -> Result<Outcome, (Error, Outcome)> {
     match replay.decode(idem, plan, parse) {
         Ok(()) => {
@@ -490,28 +500,15 @@ impl<F: Future> Future for CatchUnwind<F> {
     type Output = Result<F::Output, Panic>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let mut future = self.project().future;
-        let mut output = None;
+        let future = self.project().future;
         // Unwind safety: after a panic the body's future is never polled again, only dropped; what
         // the call does next (record FAILED, resume the panic) touches none of its state.
-        let polled = caught(&mut || {
-            if let Poll::Ready(out) = future.as_mut().poll(cx) {
-                output = Some(out);
-            }
-        });
-        match (polled, output) {
-            (Ok(()), Some(output)) => Poll::Ready(Ok(output)),
-            (Ok(()), None) => Poll::Pending,
-            (Err(panic), _) => Poll::Ready(Err(panic)),
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
         }
     }
-}
-
-/// `f` run with its panic caught. Not generic, so that each function's code only calls it: the
-/// unwinding machinery of `catch_unwind` is compiled once.
-#[inline(never)]
-pub(super) fn caught(f: &mut dyn FnMut()) -> Result<(), Panic> {
-    std::panic::catch_unwind(AssertUnwindSafe(f))
 }
 
 /// The text stored for a body that panicked: `panicked: <message>` (a payload that is not a string, as
@@ -557,19 +554,10 @@ where
             }
             // A panic in the error's text (its `Display`) is a failure like a panicking body's:
             // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
-            Ok(Err(err)) => {
-                let mut describe = Some(describe);
-                let mut text = String::new();
-                let described = caught(&mut || {
-                    if let Some(describe) = describe.take() {
-                        text = describe(&err);
-                    }
-                });
-                match described {
-                    Ok(()) => (Ending::Failed(text), Some(Err(err))),
-                    Err(panic) => (Ending::Panicked { panic, body: false }, None),
-                }
-            }
+            Ok(Err(err)) => match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                Ok(text) => (Ending::Failed(text), Some(Err(err))),
+                Err(panic) => (Ending::Panicked { panic, body: false }, None),
+            },
             Err(panic) => (Ending::Panicked { panic, body: true }, None),
         };
         // Boxed, and not generic: each function's code only polls it (see `future_size`).

@@ -202,11 +202,10 @@ impl Held<'_> {
         &self,
         value: &T,
     ) -> (Encoded, Option<Panic>) {
-        let mut json = Ok(Vec::new());
         // Unwind safety: after a panic only the value's reference was touched, and the value is
         // handed back (or dropped) untouched by this call.
-        let caught = super::run::caught(&mut || json = json_of(value));
-        self.encoded(caught.map(|()| json))
+        let json = std::panic::catch_unwind(AssertUnwindSafe(|| json_of(value)));
+        self.encoded(json)
     }
 
     /// The response as stored, from the value's JSON (or why there is none).
