@@ -134,6 +134,26 @@ pub(crate) fn decode_within<T: DeserializeOwned>(
     serde_json::from_slice(&unpack(bytes, limit)?).map_err(DecodeError::Json)
 }
 
+/// What makes a value of its own type from a stored response's JSON, and keeps it: the only part of a
+/// replay made for each type. A trait of one method rather than a `dyn FnMut`, whose vtable would
+/// carry a `call_once` shim for every type.
+pub(crate) trait Parse {
+    /// Parses `json`.
+    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error>;
+}
+
+/// A stored response's JSON (at most `limit` bytes, as [`decode_within`]) handed to `parse`. Not
+/// generic.
+pub(crate) fn decode_with(
+    bytes: &[u8],
+    limit: usize,
+    parse: &mut dyn Parse,
+) -> Result<(), DecodeError> {
+    parse
+        .parse(&unpack(bytes, limit)?)
+        .map_err(DecodeError::Json)
+}
+
 /// The JSON of a stored response ([`decode_within`]), inflated when compressed. Not generic: only
 /// parsing the JSON is made for each type.
 fn unpack(bytes: &[u8], limit: usize) -> Result<Cow<'_, [u8]>, DecodeError> {

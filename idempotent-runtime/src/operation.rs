@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::Instrument as _;
 
 use crate::call::{Call, MissingKey};
 use crate::handler::{self, Detach, Inline, Runner};
@@ -638,10 +637,9 @@ impl<H> Operation<'_, H> {
             }
         };
         let namespace = parts.call.namespace;
-        let run = handler::run(parts, describe, body, runner).instrument(span.clone());
+        let run = telemetry::InSpan::new(handler::run(parts, describe, body, runner), span);
         Drive::Run {
             run,
-            span,
             namespace,
             on_replay: Some(on_replay),
         }
@@ -920,8 +918,7 @@ pin_project_lite::pin_project! {
         /// value is a replay, for `on_replay`.
         Run {
             #[pin]
-            run: R,
-            span: tracing::Span,
+            run: telemetry::InSpan<R>,
             namespace: &'static str,
             on_replay: Option<H>,
         },
@@ -952,13 +949,12 @@ where
         use std::task::{Poll, ready};
         match self.project() {
             DriveProj::Run {
-                run,
-                span,
+                mut run,
                 namespace,
                 on_replay,
             } => {
-                let (result, outcome) = ready!(run.poll(cx));
-                telemetry::finish(span, namespace, outcome);
+                let (result, outcome) = ready!(run.as_mut().poll(cx));
+                telemetry::finish(run.span(), namespace, outcome);
                 // A value is a replay when the call's outcome says so: the state machine returns
                 // `Ok` with `Replayed` or `Cached` only for a stored value it decoded.
                 Poll::Ready(match result {

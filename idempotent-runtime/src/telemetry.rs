@@ -15,6 +15,8 @@
 //! | `dynamo_cross_region_duplicate_detected_total` | `home`, `completed_in` | a [`RoutedStore`](crate::RoutedStore)'s claim found its key COMPLETED by another region than the key's home: a claim was decided outside home-region routing (failover, a process with other regions, or one without routing) |
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Instant;
 
 use crate::error::Error;
@@ -156,6 +158,92 @@ pub(crate) fn call_span(namespace: &'static str, key: &str) -> tracing::Span {
         attempt = tracing::field::Empty,
         outcome = tracing::field::Empty,
     )
+}
+
+pin_project_lite::pin_project! {
+    /// A call's state machine in the call's span: entered while it is polled and while it is dropped
+    /// (what a dropped call logs belongs to the call), as `tracing`'s `Instrumented` does, but with the
+    /// entering and leaving out of line ([`in_span`]), compiled once rather than into each function's
+    /// poll and drop.
+    pub(crate) struct InSpan<F> {
+        #[pin]
+        future: Option<F>,
+        span: tracing::Span,
+    }
+
+    impl<F> PinnedDrop for InSpan<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            in_span(this.span, &mut Dropping(this.future));
+        }
+    }
+}
+
+impl<F> InSpan<F> {
+    /// `future`, run in `span`.
+    pub(crate) fn new(future: F, span: tracing::Span) -> Self {
+        Self {
+            future: Some(future),
+            span,
+        }
+    }
+
+    /// The span.
+    pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
+        self.project().span
+    }
+}
+
+impl<F: Future> Future for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let mut polling = Polling {
+            future: this.future,
+            cx,
+            polled: Poll::Pending,
+        };
+        in_span(this.span, &mut polling);
+        polling.polled
+    }
+}
+
+/// What [`in_span`] runs: a trait of one method rather than a `dyn FnMut`, whose vtable would carry a
+/// `call_once` shim for every future.
+trait InSpanDo {
+    fn run(&mut self);
+}
+
+/// [`InSpan`]'s poll, inside the span.
+struct Polling<'a, 'b, 'c, F: Future> {
+    future: Pin<&'a mut Option<F>>,
+    cx: &'b mut std::task::Context<'c>,
+    polled: Poll<F::Output>,
+}
+
+impl<F: Future> InSpanDo for Polling<'_, '_, '_, F> {
+    fn run(&mut self) {
+        if let Some(future) = self.future.as_mut().as_pin_mut() {
+            self.polled = future.poll(self.cx);
+        }
+    }
+}
+
+/// [`InSpan`]'s drop of its future, inside the span.
+struct Dropping<'a, F>(Pin<&'a mut Option<F>>);
+
+impl<F> InSpanDo for Dropping<'_, F> {
+    fn run(&mut self) {
+        self.0.set(None);
+    }
+}
+
+/// `work`, run inside `span`.
+#[inline(never)]
+fn in_span(span: &tracing::Span, work: &mut dyn InSpanDo) {
+    let _entered = span.enter();
+    work.run();
 }
 
 /// Closes a call: its span's `outcome`, and the call counter.

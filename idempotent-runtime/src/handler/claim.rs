@@ -128,21 +128,26 @@ impl Replay<'_> {
     /// to the local cache and to the calls following this one. A response that does not decode goes to
     /// neither.
     ///
+    /// `parse` makes the value from the response's JSON: the only part made for each value type.
+    ///
     /// # Errors
     /// [`Error::Deserialize`], [`Error::CorruptRecord`] or [`Error::ResponseNotSerialized`].
-    pub(crate) fn decode<T: DeserializeOwned>(
+    pub(crate) fn decode(
         self,
         idem: &Idempotency,
         plan: &Plan<'_>,
-    ) -> Result<T, Error> {
+        parse: &mut dyn codec::Parse,
+    ) -> Result<(), Error> {
         let namespace = plan.call.namespace;
         match self {
-            Replay::Shared(response) => replay(namespace, &response, idem.max_response_bytes()),
+            Replay::Shared(response) => {
+                replay(namespace, &response, idem.max_response_bytes(), parse)
+            }
             Replay::Record { record, lead } => {
                 let response = record.response.as_deref().unwrap_or_default();
-                let value = replay(namespace, response, idem.max_response_bytes())?;
+                replay(namespace, response, idem.max_response_bytes(), parse)?;
                 keep_replayed(idem, plan, record, lead.as_ref());
-                Ok(value)
+                Ok(())
             }
         }
     }

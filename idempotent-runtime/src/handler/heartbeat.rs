@@ -80,15 +80,25 @@ impl<F: Future> Future for WithHeartbeat<'_, F> {
         if let std::task::Poll::Ready(out) = this.work.poll(cx) {
             return std::task::Poll::Ready(out);
         }
-        let heartbeat = *this.heartbeat;
-        if !heartbeat.idem.heartbeat() {
-            return std::task::Poll::Pending;
-        }
-        let beat = this.beat.get_or_insert_with(|| heartbeat.start());
-        // The heartbeat never finishes; polled here to arm its timer and send its requests.
-        let _ = beat.as_mut().poll(cx);
+        beat(this.beat, *this.heartbeat, cx);
         std::task::Poll::Pending
     }
+}
+
+/// The heartbeat's part of [`WithHeartbeat`]'s poll, while the work is pending: started when first
+/// needed, then polled. Not generic, and out of line: compiled once, not into each function's poll.
+#[inline(never)]
+fn beat<'a>(
+    beat: &mut Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    heartbeat: Heartbeat<'a>,
+    cx: &mut std::task::Context<'_>,
+) {
+    if !heartbeat.idem.heartbeat() {
+        return;
+    }
+    let beat = beat.get_or_insert_with(|| heartbeat.start());
+    // The heartbeat never finishes; polled here to arm its timer and send its requests.
+    let _ = beat.as_mut().poll(cx);
 }
 
 /// Extends the lease every third of it, counted from when the previous request that set it was sent

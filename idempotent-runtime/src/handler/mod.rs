@@ -395,9 +395,15 @@ fn remember(
     }
 }
 
-/// Decodes a stored response, inflating at most `limit` bytes (the handle's `max_response_bytes`).
-fn replay<T: DeserializeOwned>(namespace: &str, response: &[u8], limit: usize) -> Result<T, Error> {
-    codec::decode_within(response, limit).map_err(|e| undecodable(namespace, e))
+/// Decodes a stored response with `parse` (the value's own type's part), inflating at most `limit`
+/// bytes (the handle's `max_response_bytes`).
+fn replay(
+    namespace: &str,
+    response: &[u8],
+    limit: usize,
+    parse: &mut dyn codec::Parse,
+) -> Result<(), Error> {
+    codec::decode_with(response, limit, parse).map_err(|e| undecodable(namespace, e))
 }
 
 /// The error of a stored response that does not decode.

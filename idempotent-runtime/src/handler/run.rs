@@ -56,7 +56,6 @@ where
             Claimed::Failed(e, outcome) => return (Err(e.into()), outcome),
         };
         let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
-        let call = plan.call;
         // The lead goes with the claim into the boxed work (or the detached body's task): a call's
         // future does not carry it past its claim.
         let mut claim = Held {
@@ -80,8 +79,7 @@ where
             drop(tracked);
             // From here on the body's end does not depend on the caller.
             attempt.stage.set(Stage::Done);
-            // Boxed: every call's future would carry the wait for the task otherwise.
-            Box::pin(joined(call.namespace, task)).await
+            task.await
         } else {
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
@@ -192,21 +190,54 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
     }
 }
 
-/// The answer of a call that found one stored: the response decoded, or why it does not decode.
+/// The answer of a call that found one stored: the response decoded, or why it does not decode. Only
+/// parsing the JSON into `T` ([`Parsed`]) is made here for each function; [`replayed_with`] does the
+/// rest.
 fn replayed<T: DeserializeOwned, E: From<Error>>(
     idem: &Idempotency,
     plan: &Plan<'_>,
     replay: Replay<'_>,
     outcome: Outcome,
 ) -> (Result<T, E>, Outcome) {
-    match replay.decode(idem, plan) {
-        Ok(value) => {
+    let mut value = Parsed(None);
+    match (
+        replayed_with(idem, plan, replay, outcome, &mut value),
+        value.0,
+    ) {
+        (Ok(outcome), Some(value)) => (Ok(value), outcome),
+        (Err((e, outcome)), _) => (Err(e.into()), outcome),
+        (Ok(_), None) => unreachable!("a replay that decoded has its value"),
+    }
+}
+
+/// A replayed value, once its JSON is parsed ([`codec::Parse`]).
+struct Parsed<T>(Option<T>);
+
+impl<T: DeserializeOwned> codec::Parse for Parsed<T> {
+    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
+        self.0 = Some(serde_json::from_slice(json)?);
+        Ok(())
+    }
+}
+
+/// [`replayed`]'s part that is not generic: the response unpacked and handed to `parse`, then kept
+/// (cache, flight) and counted; or the error and its outcome.
+#[inline(never)]
+fn replayed_with(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    replay: Replay<'_>,
+    outcome: Outcome,
+    parse: &mut dyn codec::Parse,
+) -> Result<Outcome, (Error, Outcome)> {
+    match replay.decode(idem, plan, parse) {
+        Ok(()) => {
             crate::execution::record(crate::Execution::Replayed);
-            (Ok(value), outcome)
+            Ok(outcome)
         }
         Err(e) => {
             let outcome = Outcome::of(&e);
-            (Err(e.into()), outcome)
+            Err((e, outcome))
         }
     }
 }
@@ -245,8 +276,12 @@ pub(crate) trait Runner<T, E, F, D> {
     /// See [`Tracked`](Self::Tracked).
     fn track(tasks: &tokio_util::task::TaskTracker) -> Self::Tracked;
 
+    /// What the caller of a detached body awaits: the body's task's end. A type of the runner's, so
+    /// that a body run in place compiles no wait for a task (`Pending`, never awaited).
+    type Join: Future<Output = Finished<T, E>>;
+
     /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
-    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>>;
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> Self::Join;
 
     /// The body of a call with no record (the kill switch is on, or a missing key under
     /// [`MissingKey::Skip`](crate::MissingKey::Skip)): in place, or on a task of its own (tracked by `tasks` when the handle is
@@ -277,7 +312,9 @@ where
 
     fn track(_: &tokio_util::task::TaskTracker) {}
 
-    fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+    type Join = std::future::Pending<Finished<T, E>>;
+
+    fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> Self::Join {
         unreachable!("an inline call runs its body in place")
     }
 
@@ -309,8 +346,12 @@ where
         tasks.token()
     }
 
-    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> tokio::task::JoinHandle<Finished<T, E>> {
+    /// Boxed: every call's future would carry the wait for the task otherwise.
+    type Join = Pin<Box<Joined<T, E>>>;
+
+    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> Self::Join {
         use tracing::Instrument as _;
+        let namespace = claim.plan.call.namespace;
         let owned = OwnedClaim::of(claim);
         let mut held_lead = work.lead;
         let task = async move {
@@ -342,10 +383,11 @@ where
             with_heartbeat(heartbeat, finished).await
         };
         // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
-        claim
+        let task = claim
             .idem
             .tasks()
-            .spawn(task.instrument(tracing::Span::current()))
+            .spawn(task.instrument(tracing::Span::current()));
+        Box::pin(Joined { namespace, task })
     }
 
     type Alone = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -377,23 +419,30 @@ where
     }
 }
 
-/// The end of a detached body's task, for its caller.
-pub(super) async fn joined<T, E: From<Error>>(
+/// The end of a detached body's task, for its caller ([`Detach`]'s `Join`).
+pub(crate) struct Joined<T, E> {
     namespace: &'static str,
     task: tokio::task::JoinHandle<Finished<T, E>>,
-) -> Finished<T, E> {
-    match task.await {
-        Ok(finished) => finished,
-        Err(e) if e.is_panic() => Err(e.into_panic()),
-        // The runtime shut down under the task: like a crash, the claim lapses with its lease.
-        Err(_) => {
-            let error = Error::ResultNotStored {
-                namespace: namespace.to_owned(),
-                source: "the runtime shut down before the detached body finished".into(),
-            };
-            let outcome = Outcome::of(&error);
-            Ok((Err(error.into()), outcome))
-        }
+}
+
+impl<T, E: From<Error>> Future for Joined<T, E> {
+    type Output = Finished<T, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Finished<T, E>> {
+        let namespace = self.namespace;
+        Poll::Ready(match std::task::ready!(Pin::new(&mut self.task).poll(cx)) {
+            Ok(finished) => finished,
+            Err(e) if e.is_panic() => Err(e.into_panic()),
+            // The runtime shut down under the task: like a crash, the claim lapses with its lease.
+            Err(_) => {
+                let error = Error::ResultNotStored {
+                    namespace: namespace.to_owned(),
+                    source: "the runtime shut down before the detached body finished".into(),
+                };
+                let outcome = Outcome::of(&error);
+                Ok((Err(error.into()), outcome))
+            }
+        })
     }
 }
 
@@ -513,8 +562,8 @@ where
             },
             Err(panic) => (Ending::Panicked { panic, body: true }, None),
         };
-        // Held in place: it boxes its writes, each on its own path (see `future_size`).
-        let ending = store_ending(claim, ending, lease, lease_until_ms, took_over).await;
+        // Boxed, and not generic: each function's code only polls it (see `future_size`).
+        let ending = stored(claim, ending, lease, lease_until_ms, took_over).await;
         match (ending, kept) {
             (Settled::Own(outcome), Some(result)) => Ok((result, outcome)),
             (Settled::Instead(e), _) => {
@@ -553,54 +602,79 @@ pub(super) enum Settled {
     Panic(Panic),
 }
 
+/// [`store_ending`], boxed: built out of line, so that each function's [`finish`] only polls and drops
+/// it through its vtable.
+#[inline(never)]
+fn stored<'a>(
+    claim: Held<'a>,
+    ending: Ending,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> Pin<Box<dyn Future<Output = Settled> + Send + 'a>> {
+    Box::pin(store_ending(
+        claim,
+        ending,
+        lease,
+        lease_until_ms,
+        took_over,
+    ))
+}
+
 /// Stores how the body ended: COMPLETED with its value, or FAILED with its error's text or its panic's
 /// message, retried while the lease allows.
-pub(super) async fn store_ending(
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the ending twice (see `future_size`)"
+)]
+pub(super) fn store_ending(
     claim: Held<'_>,
     ending: Ending,
     lease: Duration,
     lease_until_ms: u64,
     took_over: bool,
-) -> Settled {
-    let idem = claim.idem;
-    // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
-    // extend it, so a whole lease from now; without them, what is left of it).
-    let window = if idem.heartbeat() {
-        lease
-    } else {
-        Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
-    };
-    let mut persist = Persist::new(window);
-    match ending {
-        // Each boxed on its own, so that no box of a call is above the allocator's small sizes
-        // (see `future_size`).
-        Ending::Value { encoded, thrown } => {
-            let completed = Box::pin(claim.complete(encoded, &mut persist)).await;
-            // The value's `Serialize` panicked: the success is stored as final all the same
-            // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
-            if let Some(panic) = thrown {
-                return Settled::Panic(panic);
+) -> impl Future<Output = Settled> + Send + '_ {
+    async move {
+        let idem = claim.idem;
+        // Retries of the writes that store the outcome: for as long as the lease allows (heartbeats
+        // extend it, so a whole lease from now; without them, what is left of it).
+        let window = if idem.heartbeat() {
+            lease
+        } else {
+            Duration::from_millis(lease_until_ms.saturating_sub(idem.clock().now_ms()))
+        };
+        let mut persist = Persist::new(window);
+        match ending {
+            // Held in place: this future is boxed on its own ([`stored`]), and stays under the
+            // allocator's small sizes with any one of them (see `future_size`).
+            Ending::Value { encoded, thrown } => {
+                let completed = claim.complete(encoded, &mut persist).await;
+                // The value's `Serialize` panicked: the success is stored as final all the same
+                // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
+                if let Some(panic) = thrown {
+                    return Settled::Panic(panic);
+                }
+                match completed {
+                    Ok(()) if took_over => Settled::Own(Outcome::TakenOver),
+                    Ok(()) => Settled::Own(Outcome::Executed),
+                    Err(e) => Settled::Instead(e),
+                }
             }
-            match completed {
-                Ok(()) if took_over => Settled::Own(Outcome::TakenOver),
-                Ok(()) => Settled::Own(Outcome::Executed),
-                Err(e) => Settled::Instead(e),
+            Ending::Failed(text) => {
+                claim.fail(&text, &mut persist).await;
+                Settled::Own(Outcome::Failed)
             }
-        }
-        Ending::Failed(text) => {
-            Box::pin(claim.fail(&text, &mut persist)).await;
-            Settled::Own(Outcome::Failed)
-        }
-        // A panic is a failure: recorded as one, so that the key is free at once.
-        Ending::Panicked { panic, body } => {
-            if body {
-                tracing::warn!(
-                    namespace = claim.namespace(),
-                    "the body panicked; recording the failure"
-                );
+            // A panic is a failure: recorded as one, so that the key is free at once.
+            Ending::Panicked { panic, body } => {
+                if body {
+                    tracing::warn!(
+                        namespace = claim.namespace(),
+                        "the body panicked; recording the failure"
+                    );
+                }
+                claim.fail(&panicked(&*panic), &mut persist).await;
+                Settled::Panic(panic)
             }
-            Box::pin(claim.fail(&panicked(&*panic), &mut persist)).await;
-            Settled::Panic(panic)
         }
     }
 }
@@ -637,7 +711,7 @@ mod future_size {
         // A body holding a request of about the bench's size.
         let request = [7_u8; 96];
         let body = async move { Ok::<u32, Error>(u32::from(request[0])) };
-        let instrumented = tracing::Instrument::instrument(
+        let instrumented = crate::telemetry::InSpan::new(
             run(parts(&idem), |e: &Error| e.to_string(), body, Inline),
             tracing::Span::none(),
         );
@@ -686,10 +760,19 @@ mod future_size {
         };
         // A value of the bench's receipt's size (three strings and a number): the completion holds it.
         let receipt = || (String::new(), 0, String::new(), String::new());
-        let mut persist = Persist::new(Duration::ZERO);
         let (encoded, _) = held.encode(&receipt());
-        let complete = std::mem::size_of_val(&held.complete(encoded, &mut persist));
-        let fail = std::mem::size_of_val(&held.fail("declined", &mut persist));
+        // The boxed ending holds the completion or the failure in place.
+        let ending = Ending::Value {
+            encoded,
+            thrown: None,
+        };
+        let complete = std::mem::size_of_val(&store_ending(
+            Held { lead: None, ..held },
+            ending,
+            Duration::ZERO,
+            0,
+            false,
+        ));
         // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
         // the heartbeat beside them.
         let body = async move {
@@ -718,8 +801,7 @@ mod future_size {
         };
         let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
         for (part, size) in [
-            ("completion", complete),
-            ("failure", fail),
+            ("ending (completion or failure)", complete),
             ("body with its heartbeat", heartbeat),
         ] {
             assert!(size <= 1024, "the boxed {part} is {size} bytes");
