@@ -48,8 +48,8 @@ async fn give_up_while_claiming(slow: &Idempotency, runs: &Runs) {
 /// A store slow enough that every claim is still on the wire when its caller hangs up (a latency
 /// spike, clients with short timeouts that retry): each dropped call's release leaves its token on
 /// the key's record. The first sixteen are kept and their late claims refused; the seventeenth finds
-/// the record full, leaves no mark, and its late claim lands: the key is PENDING under a call that
-/// returned long ago, and the next caller is refused for the whole lease.
+/// the record full and raises its `released_through` to its own token, so its late claim is refused
+/// too: the next caller runs at once rather than being refused for the late claim's whole lease.
 async fn the_seventeenth_call_given_up_on_a_slow_store_does_not_hold_the_key(backend: Backend) {
     let store = backing(backend).await;
     let late = Arc::new(Delegating::new(
