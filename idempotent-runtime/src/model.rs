@@ -2059,7 +2059,7 @@ impl Protocol {
         let mut step = Some(decide::ReleaseStep::Fail);
         let mut seen = None;
         // As many writes as the handler's release makes at most.
-        for _ in 0..6 {
+        for _ in 0..decide::RELEASE_WRITES {
             let Some(sent) = step else { break };
             let change = handler::release_change(sent, now_ms, self.margin, lifetimes, seen);
             let applied = self.transition(state, worker, change);

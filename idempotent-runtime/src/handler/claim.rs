@@ -361,14 +361,13 @@ pub(super) fn release(
         // A fenced failure of the claim if it landed; where it has not (the claim still in flight), a
         // mark that the claim, landing later, respects: a FAILED record under the call's token where
         // there is none, else the token left on the record there ([`decide::after_release`]). Each
-        // rejection means the record changed in between; six writes cover every order in which the
-        // claim can land and the record appear or vanish.
+        // rejection means the record changed in between ([`decide::RELEASE_WRITES`]).
         let margin = idem.clock_skew_margin();
         let hold_until_ms = decide::release_hold_until(idem.clock().now_ms(), lease, margin);
         let mut step = Some(decide::ReleaseStep::Fail);
         // The record the next mark is computed from: the one the last rejection returned.
         let mut seen = None;
-        for _ in 0..6 {
+        for _ in 0..decide::RELEASE_WRITES {
             let Some(sent) = step else { break };
             let now_ms = idem.clock().now_ms();
             let change = release_change(
@@ -420,7 +419,16 @@ pub(super) fn release(
                 hold_until_ms,
             );
         }
-        tracing::debug!(namespace, "the claim of a call that gave it up is released");
+        if step.is_some() {
+            tracing::warn!(
+                namespace,
+                "the claim of a call that gave it up is not released after {} writes, each lost to \
+                 another write on its record; it lapses with its lease",
+                decide::RELEASE_WRITES
+            );
+        } else {
+            tracing::debug!(namespace, "the claim of a call that gave it up is released");
+        }
     };
     runtime.spawn(tasks.track_future(release));
 }

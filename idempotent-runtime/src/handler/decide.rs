@@ -203,6 +203,12 @@ pub(crate) enum ReleaseStep {
     MarkRecord,
 }
 
+/// The most writes a release makes. Each rejection means the record changed since the release last
+/// read it: six cover every order in which its own claim can land and the record appear or vanish,
+/// and the rest the marks of other calls' releases landing in between (a burst of callers giving up
+/// at once on a slow store), two for each call whose token a record can hold.
+pub(crate) const RELEASE_WRITES: usize = 6 + 2 * crate::MAX_RELEASED;
+
 /// What a release under `token` does after `step` was `applied`, or rejected with the record it
 /// `found` (`None`: no record), judged at `now_ms` (the caller's clock less its margin), for a claim
 /// that can hold the key until `hold_until_ms`. A release ends with the token among the record's

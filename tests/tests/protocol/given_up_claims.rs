@@ -301,10 +301,10 @@ impl Override<Forward> for RivalReleases {
 
 /// Six calls give up their claims at once on a key another caller holds (a burst of client
 /// timeouts on a slow store). Each release reads the record and marks it on the condition that it
-/// is unchanged; five of them win the races, and the sixth, whose every mark finds the record
-/// changed by another, stops after six writes (`handler/claim.rs`: `release`'s loop) without
-/// leaving its token. The holder fails; the sixth call's late claim lands on the FAILED record and
-/// holds the key for its lease with no body running.
+/// is unchanged; five of them win the races, and the sixth finds the record changed by another at
+/// each of its first five marks. It must still leave its token (`handler/claim.rs`: `release`'s
+/// loop, `decide::RELEASE_WRITES`): the holder fails, and the sixth call's late claim, landing on the
+/// FAILED record, must be refused rather than hold the key for its lease with no body running.
 async fn a_release_racing_other_releases_still_leaves_its_mark(backend: Backend) {
     let store = match backend {
         Backend::Memory => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
@@ -743,7 +743,6 @@ idempotent_tests::on_both_stores!(
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
     #[ignore = "reproduces: a completion with a ttl shorter than the lease drops the marks"]
     a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease,
-    #[ignore = "reproduces: a release that loses six races to other releases leaves no mark"]
     a_release_racing_other_releases_still_leaves_its_mark,
     a_release_already_refused_by_released_through_keeps_its_claim_out,
     a_release_on_an_expired_completion_does_not_revive_it,
