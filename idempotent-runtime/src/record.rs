@@ -193,6 +193,17 @@ impl Record {
                 .is_some_and(|through| token <= through)
     }
 
+    /// The earliest expiry (epoch seconds), no earlier than `expires_at_s`, that a transition out of
+    /// (or within) PENDING may give this record: no earlier than the end of its released tokens
+    /// ([`released_until_ms`](Self::released_until_ms)), so that TTL never deletes the record, and
+    /// with it the marks, while a claim they keep out could still land. A completion with a `ttl`
+    /// shorter than that (or a failure with a short `failed_ttl`) keeps the record that much longer.
+    #[must_use]
+    pub fn outlives_released(&self, expires_at_s: u64) -> u64 {
+        self.released_until_ms
+            .map_or(expires_at_s, |until| expires_at_s.max(until.div_ceil(1000)))
+    }
+
     /// Whether a new claim may take this key at `now_ms`: the record expired, failed, or is a PENDING claim
     /// whose lease ran out. This is the single rule behind the stores' claim conditions.
     #[must_use]

@@ -507,6 +507,7 @@ impl Baseline {
             (":pending".to_owned(), s("PENDING")),
             (":tk".to_owned(), s(token)),
             (":ex".to_owned(), n(expires)),
+            (":ex_ms".to_owned(), n(expires * 1000)),
         ]);
         let update = if ok {
             values.insert(":completed".to_owned(), s("COMPLETED"));

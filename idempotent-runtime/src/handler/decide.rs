@@ -252,8 +252,12 @@ pub(crate) fn after_release(
         // Another call's record, which the claim may still land on once it is claimable (or one whose
         // end or expiry changed since the mark was computed).
         Some(record) if markable(record, now_ms) => Some(ReleaseStep::MarkRecord),
-        // A live COMPLETED record: no claim lands on it.
-        Some(_) => None,
+        // A live COMPLETED record: no claim lands on it while it lives. One that expires before the
+        // claim's end is kept until then (its expiry raised, `Marking::KeepCompleted`): once expired,
+        // or deleted by TTL, it would let the claim land and hold the key with no body running.
+        Some(record) => {
+            (record.expires_at_s < hold_until_ms.div_ceil(1000)).then_some(ReleaseStep::MarkRecord)
+        }
     }
 }
 
@@ -287,6 +291,8 @@ pub(crate) struct Seen {
     pub(crate) full: bool,
     /// [`Record::marks_released`] the token.
     pub(crate) refuses: bool,
+    /// COMPLETED: it refuses every claim while it lives, and takes no token.
+    pub(crate) completed: bool,
 }
 
 impl Seen {
@@ -297,6 +303,7 @@ impl Seen {
         expires_at_s: 0,
         full: false,
         refuses: false,
+        completed: false,
     };
 
     /// What `record` says to a release under `token`.
@@ -306,6 +313,7 @@ impl Seen {
             expires_at_s: record.expires_at_s,
             full: record.released.len() >= crate::MAX_RELEASED,
             refuses: record.marks_released(token),
+            completed: record.status == Status::Completed,
         }
     }
 }
@@ -328,13 +336,15 @@ pub(crate) fn seen_after(
             expires_at_s: failed_expires_at_s,
             full: false,
             refuses: false,
+            completed: false,
         }),
         None => None,
     }
 }
 
 /// The mark a release makes at `now_ms` (judged) on the record it read (`seen`), for a claim that can
-/// hold the key until `hold_until_ms` at most: on a record that refuses the token already, only the end
+/// hold the key until `hold_until_ms` at most: on a COMPLETED record (which refuses every claim while
+/// it lives) only the expiry is raised; on a record that refuses the token already, only the end
 /// and the expiry are raised; otherwise its token joins the released ones; when the set is
 /// full, it replaces them if every one is stale, and otherwise becomes the record's
 /// [`released_through`](Record::released_through) (every token up to it refused: tokens are ordered by
@@ -344,6 +354,7 @@ pub(crate) fn seen_after(
 pub(crate) fn mark(seen: Seen, now_ms: u64, hold_until_ms: u64) -> crate::store::Change<'static> {
     use crate::store::Marking;
     let marking = match (seen.full, seen.until_ms) {
+        _ if seen.completed => Marking::KeepCompleted,
         _ if seen.refuses => Marking::Extend,
         (false, _) => Marking::Join,
         (true, Some(until)) if until < now_ms => Marking::Replace,
@@ -1019,10 +1030,15 @@ mod tests {
                 after_release(step, false, Some(&through), "t4", 0, 5_001),
                 Some(MarkRecord)
             );
-            // Live COMPLETED: final; expired: replaced by a mark.
+            // Live COMPLETED: final while it outlives the claim; kept until the claim's end when it
+            // would expire before (its expiry raised); expired: replaced by a mark.
             assert_eq!(
-                after_release(step, false, Some(&completed), "t", 9_999, 0),
+                after_release(step, false, Some(&completed), "t", 9_999, 10_000),
                 None
+            );
+            assert_eq!(
+                after_release(step, false, Some(&completed), "t", 9_999, 10_001),
+                Some(MarkRecord)
             );
             assert_eq!(
                 after_release(step, false, Some(&completed), "t", 11_000, 0),
@@ -1041,6 +1057,7 @@ mod tests {
             expires_at_s: 11,
             full: false,
             refuses: false,
+            completed: false,
         };
         let crate::store::Change::MarkReleased {
             released_until_ms,
@@ -1064,6 +1081,7 @@ mod tests {
             expires_at_s: 30,
             full: false,
             refuses: false,
+            completed: false,
         };
         assert!(matches!(
             mark(later, 10_000, hold),
@@ -1105,6 +1123,23 @@ mod tests {
             crate::store::Change::MarkReleased {
                 released_until_ms: 25_000,
                 marking: Marking::Replace,
+                ..
+            }
+        ));
+        // A COMPLETED record only has its expiry raised to the claim's end.
+        let completed = Seen {
+            until_ms: None,
+            expires_at_s: 11,
+            full: false,
+            refuses: false,
+            completed: true,
+        };
+        assert!(matches!(
+            mark(completed, 10_000, hold),
+            crate::store::Change::MarkReleased {
+                expires_at_s: 14,
+                seen_expires_at_s: 11,
+                marking: Marking::KeepCompleted,
                 ..
             }
         ));

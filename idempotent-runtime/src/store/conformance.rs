@@ -493,6 +493,8 @@ pub const RECORD_CASES: &[&str] = &[
     "a_resume_needs_exactly_the_steps_it_read",
     "a_release_before_its_claim_landed_refuses_that_claim",
     "a_token_released_on_a_record_is_refused_by_it",
+    "transitions_keep_the_record_until_its_released_tokens_end",
+    "a_completed_record_is_kept_until_a_released_claims_end",
     "of_32_racing_claims_exactly_one_wins",
 ];
 
@@ -520,6 +522,8 @@ dispatch!(
     a_resume_needs_exactly_the_steps_it_read,
     a_release_before_its_claim_landed_refuses_that_claim,
     a_token_released_on_a_record_is_refused_by_it,
+    transitions_keep_the_record_until_its_released_tokens_end,
+    a_completed_record_is_kept_until_a_released_claims_end,
     of_32_racing_claims_exactly_one_wins,
 );
 
@@ -539,6 +543,7 @@ pub const TRANSACTION_CASES: &[&str] = &[
     "released_claim_writes_are_applied_by_the_next_claim",
     "a_claim_keeping_writes_needs_them_in_effect",
     "a_compensation_needs_the_claim_writes_in_effect",
+    "a_transaction_keeps_the_record_until_its_released_tokens_end",
 ];
 
 /// One case's store and business table.
@@ -1454,23 +1459,30 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
         .await?;
     let completed = c.record("failed").await?;
     ensure!(
-        completed.released.is_empty() && completed.released_until_ms.is_none(),
-        "a completion removes the released tokens and their end, got {completed:?}"
+        completed.released.is_empty()
+            && completed.released_until_ms.is_none()
+            && completed.expires_at_s == until_4.div_ceil(1000),
+        "a completion removes the released tokens and their end, and keeps the record until that \
+         end, got {completed:?}"
     );
-    // Rejected, returned as they are: a live COMPLETED record, a claim under the token itself, no
-    // record.
+    // Rejected, returned as they are: a token on a live COMPLETED record, a claim under the token
+    // itself, no record.
+    let joining = Transition::new(
+        "failed",
+        "t5",
+        Change::MarkReleased {
+            now_ms: NOW,
+            released_until_ms: until_1,
+            expires_at_s: completed.expires_at_s,
+            seen_until_ms: None,
+            seen_expires_at_s: completed.expires_at_s,
+            marking: Marking::Join,
+        },
+    );
     ensure_eq!(
-        c.store
-            .transition(&mark_released(
-                "failed",
-                "t5",
-                NOW,
-                Some(&completed),
-                until_1
-            ))
-            .await?,
+        c.store.transition(&joining).await?,
         WriteOutcome::Rejected(Some(completed.clone())),
-        "a live COMPLETED record is final"
+        "a live COMPLETED record is final: it takes no released token"
     );
     c.pending("mine", "t1").await?;
     let mine = c.record("mine").await?;
@@ -1491,7 +1503,7 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     // An expired record takes no mark (raising its expiry would bring it back: a new operation
     // would find the old response): a release replaces it, as where there is none, with nothing of
     // the old record left.
-    let expired_ms = (NOW / 1000 + 61) * 1000;
+    let expired_ms = (completed.expires_at_s + 1) * 1000;
     let until_5 = expired_ms + LEASE;
     ensure_eq!(
         c.store
@@ -1678,6 +1690,206 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
             && completed.released_until_ms.is_none()
             && completed.released_through.is_none(),
         "a completion removes released_through with the tokens, got {completed:?}"
+    );
+    Ok(())
+}
+
+/// A heartbeat, a failure and a completion each give the record an expiry no earlier than the end of
+/// its released tokens, though they ask for an earlier one (a short `failed_ttl`, a `ttl` shorter than
+/// a lease): TTL must not delete the record, and with it the marks, while a claim they keep out could
+/// still land. A completion drops the marks (a live COMPLETED record refuses every claim) and keeps
+/// that expiry.
+async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let until = NOW + 2 * LEASE;
+    let outliving = until.div_ceil(1000);
+    c.pending("k", "t1").await?;
+    let seen = c.record("k").await?;
+    c.store
+        .transition(&mark_released("k", "r1", NOW, Some(&seen), until))
+        .await?;
+    let short = NOW / 1000 + 5;
+    let heartbeat = Transition::new(
+        "k",
+        "t1",
+        Change::ExtendLease {
+            lease_until_ms: NOW + LEASE,
+            expires_at_s: short,
+        },
+    );
+    ensure_eq!(
+        c.store.transition(&heartbeat).await?,
+        WriteOutcome::Applied,
+        "a heartbeat whose expiry is before the released tokens' end"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.lease_until_ms, r.expires_at_s, r.released_until_ms),
+        (Some(NOW + LEASE), outliving, Some(until)),
+        "a heartbeat keeps the record until its released tokens' end"
+    );
+    let failure = Transition::new(
+        "k",
+        "t1",
+        Change::Fail {
+            error: "declined",
+            expires_at_s: short,
+            release_claim_writes: false,
+        },
+    );
+    ensure_eq!(
+        c.store.transition(&failure).await?,
+        WriteOutcome::Applied,
+        "a failure whose expiry is before the released tokens' end"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.expires_at_s, r.released.clone()),
+        (Status::Failed, outliving, vec!["r1".to_owned()]),
+        "a failure keeps the record, and the released token, until their end"
+    );
+    c.pending("k", "t2").await?;
+    ensure_eq!(
+        c.store
+            .transition(&complete("k", "t2", b"{}", short))
+            .await?,
+        WriteOutcome::Applied,
+        "a completion whose expiry is before the released tokens' end"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (
+            r.status,
+            r.expires_at_s,
+            r.released.len(),
+            r.released_until_ms
+        ),
+        (Status::Completed, outliving, 0, None),
+        "a completion drops the released tokens and keeps the record until their end"
+    );
+    // An expiry already past the end is kept as asked.
+    c.pending("later", "t1").await?;
+    let seen = c.record("later").await?;
+    c.store
+        .transition(&mark_released("later", "r1", NOW, Some(&seen), until))
+        .await?;
+    ensure_eq!(
+        c.store
+            .transition(&complete("later", "t1", b"{}", outliving + 600))
+            .await?,
+        WriteOutcome::Applied,
+        "a completion that outlives the released tokens"
+    );
+    ensure_eq!(
+        c.record("later").await?.expires_at_s,
+        outliving + 600,
+        "the completion's own expiry, later than the end"
+    );
+    // The rule does not let another token through.
+    c.pending("other", "t1").await?;
+    let seen = c.record("other").await?;
+    c.store
+        .transition(&mark_released("other", "r1", NOW, Some(&seen), until))
+        .await?;
+    let held = c.record("other").await?;
+    ensure_eq!(
+        c.store
+            .transition(&complete("other", "t9", b"{}", short))
+            .await?,
+        WriteOutcome::Rejected(Some(held)),
+        "a completion under another token, refused as before"
+    );
+    Ok(())
+}
+
+/// A release that finds a live COMPLETED record expiring before its claim's end keeps the record
+/// until then ([`Marking::KeepCompleted`]): only the expiry changes, and only on a live COMPLETED
+/// record still holding the expiry the release read; any other record refuses it.
+async fn a_completed_record_is_kept_until_a_released_claims_end<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let until = NOW + 2 * LEASE;
+    c.pending("k", "t1").await?;
+    c.store
+        .transition(&complete("k", "t1", b"{}", NOW / 1000 + 5))
+        .await?;
+    let completed = c.record("k").await?;
+    let keep = mark_released("k", "r1", NOW, Some(&completed), until);
+    ensure!(
+        matches!(
+            keep.change,
+            Change::MarkReleased {
+                marking: Marking::KeepCompleted,
+                ..
+            }
+        ),
+        "a release on a COMPLETED record keeps it: {keep:?}"
+    );
+    ensure_eq!(
+        c.store.transition(&keep).await?,
+        WriteOutcome::Applied,
+        "a live COMPLETED record expiring before the claim's end"
+    );
+    let kept = c.record("k").await?;
+    let mut expected = completed.clone();
+    expected.expires_at_s = until.div_ceil(1000);
+    ensure_eq!(
+        kept,
+        expected,
+        "only the expiry is raised, to the claim's end"
+    );
+    ensure_eq!(
+        c.store.transition(&keep).await?,
+        WriteOutcome::Rejected(Some(kept.clone())),
+        "a keep computed from another expiry"
+    );
+    // Expired: a release replaces it instead.
+    let expired_ms = (kept.expires_at_s + 1) * 1000;
+    let late = mark_released("k", "r2", expired_ms, Some(&kept), expired_ms + LEASE);
+    ensure_eq!(
+        c.store.transition(&late).await?,
+        WriteOutcome::Rejected(Some(kept.clone())),
+        "an expired COMPLETED record is not kept"
+    );
+    // Any other record refuses it: PENDING, FAILED.
+    c.pending("pending", "t1").await?;
+    let pending = c.record("pending").await?;
+    let wrong = Transition::new(
+        "pending",
+        "r1",
+        Change::MarkReleased {
+            now_ms: NOW,
+            released_until_ms: until,
+            expires_at_s: until.div_ceil(1000),
+            seen_until_ms: pending.released_until_ms,
+            seen_expires_at_s: pending.expires_at_s,
+            marking: Marking::KeepCompleted,
+        },
+    );
+    ensure_eq!(
+        c.store.transition(&wrong).await?,
+        WriteOutcome::Rejected(Some(pending)),
+        "a PENDING record is not kept as a COMPLETED one"
+    );
+    c.store.transition(&fail("pending", "t1")).await?;
+    let failed = c.record("pending").await?;
+    let wrong = Transition::new(
+        "pending",
+        "r1",
+        Change::MarkReleased {
+            now_ms: NOW,
+            released_until_ms: until,
+            expires_at_s: until.div_ceil(1000),
+            seen_until_ms: failed.released_until_ms,
+            seen_expires_at_s: failed.expires_at_s,
+            marking: Marking::KeepCompleted,
+        },
+    );
+    ensure_eq!(
+        c.store.transition(&wrong).await?,
+        WriteOutcome::Rejected(Some(failed)),
+        "a FAILED record is not kept as a COMPLETED one"
     );
     Ok(())
 }

@@ -295,7 +295,7 @@ pub(crate) fn transitioned(old: Option<&Record>, transition: &Transition<'_>) ->
 /// step's write the steps it extends (its `previous`), so that a late copy of an earlier one is
 /// refused. The exceptions: a release mark needs no record, or an expired one, and a
 /// [`Change::MarkReleased`] any live record *not* PENDING under the token nor COMPLETED that its
-/// [`Marking`] fits.
+/// [`Marking`] fits (or, for [`Marking::KeepCompleted`], a live COMPLETED one).
 fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
     let held = record.status == Status::Pending && record.token == transition.token;
     match transition.change {
@@ -307,11 +307,15 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
             marking,
             ..
         } => {
+            let seen = !record.is_expired(now_ms)
+                && record.released_until_ms == seen_until_ms
+                && record.expires_at_s == seen_expires_at_s;
+            if marking == Marking::KeepCompleted {
+                return seen && record.status == Status::Completed;
+            }
             !held
                 && record.status != Status::Completed
-                && !record.is_expired(now_ms)
-                && record.released_until_ms == seen_until_ms
-                && record.expires_at_s == seen_expires_at_s
+                && seen
                 && match marking {
                     Marking::Join => record.released.len() < crate::MAX_RELEASED,
                     Marking::Replace => {
@@ -325,6 +329,7 @@ fn fenced(record: &Record, transition: &Transition<'_>) -> bool {
                                 .is_none_or(|through| through < transition.token)
                     }
                     Marking::Extend => record.marks_released(transition.token),
+                    Marking::KeepCompleted => unreachable!("decided above"),
                 }
         }
         Change::Fail {
@@ -391,7 +396,9 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             record.status = Status::Completed;
             record.response = response.map(<[u8]>::to_vec);
             record.steps = None;
-            record.expires_at_s = expires_at_s;
+            // No earlier than the released tokens' end, which the record outlives though it drops
+            // them: a claim they kept out lands on a live COMPLETED record and is refused.
+            record.expires_at_s = record.outlives_released(expires_at_s);
             record.replay_until_s = replay_until_s;
             record.lease_until_ms = None;
             // Final until it expires: no claim lands on it, released or not.
@@ -407,8 +414,12 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             marking,
             ..
         } => {
+            if marking == Marking::KeepCompleted {
+                record.expires_at_s = expires_at_s;
+                return record;
+            }
             match marking {
-                Marking::Join | Marking::Extend => {}
+                Marking::Join | Marking::Extend | Marking::KeepCompleted => {}
                 Marking::Replace => {
                     record.released.clear();
                     record.released_through = None;
@@ -430,7 +441,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
         } => {
             record.status = Status::Failed;
             record.error = Some(error.to_owned());
-            record.expires_at_s = expires_at_s;
+            record.expires_at_s = record.outlives_released(expires_at_s);
             record.lease_until_ms = None;
             if release_claim_writes {
                 record.claim_writes_in_effect = false;
@@ -442,7 +453,7 @@ fn applied(mut record: Record, transition: &Transition<'_>) -> Record {
             expires_at_s,
         } => {
             record.lease_until_ms = Some(lease_until_ms);
-            record.expires_at_s = expires_at_s;
+            record.expires_at_s = record.outlives_released(expires_at_s);
         }
     }
     record

@@ -219,9 +219,13 @@ pub enum Change<'a> {
     /// [`released_through`](Record::released_through) if greater than it (or it has none); on a
     /// record that already refuses the token, only the end and the expiry change.
     /// Any other record, one PENDING under the token (the claim landed: it is given up with a
-    /// [`Fail`](Self::Fail)), a COMPLETED one (final: no claim lands on it before it expires), an
-    /// expired one and no record at all (a [`Release`](Self::Release) marks those) reject it,
-    /// returned as they are.
+    /// [`Fail`](Self::Fail)), a COMPLETED one (final: no claim lands on it before it expires; but
+    /// see [`Marking::KeepCompleted`]), an expired one and no record at all (a
+    /// [`Release`](Self::Release) marks those) reject it, returned as they are.
+    ///
+    /// [`Marking::KeepCompleted`] is the exception: it is made only on a live COMPLETED record still
+    /// holding the expiry the caller read, and raises that expiry alone, so that the record (which
+    /// refuses every claim) outlives the claim the call gave up.
     MarkReleased {
         /// The caller's time, less its clock-skew margin, as a claim's
         /// ([`ClaimRequest::now_ms`]): whether the record has expired, and whether the released tokens
@@ -265,9 +269,32 @@ pub enum Marking {
     /// (among its [`released`](Record::released) tokens, or no greater than its
     /// [`released_through`](Record::released_through)) but not until the token's claim's end.
     Extend,
+    /// Only the record's expiry changes: the record is a live COMPLETED one, which refuses every
+    /// claim while it lives (no token is kept on it, and its `released_until_ms` is left as it is),
+    /// and would expire before the token's claim's end. Its response is replayed that much longer.
+    KeepCompleted,
 }
 
 impl Change<'_> {
+    /// This change with its expiry raised to outlive `record`'s released tokens
+    /// ([`Record::outlives_released`]), when it is a transition out of (or within) PENDING whose expiry
+    /// is earlier than that: `None` for any other change, or one that already outlives them.
+    pub(crate) fn outliving_released(&self, record: &Record) -> Option<Self> {
+        let mut raised = *self;
+        let (Change::Complete { expires_at_s, .. }
+        | Change::Fail { expires_at_s, .. }
+        | Change::ExtendLease { expires_at_s, .. }) = &mut raised
+        else {
+            return None;
+        };
+        let outliving = record.outlives_released(*expires_at_s);
+        if outliving == *expires_at_s {
+            return None;
+        }
+        *expires_at_s = outliving;
+        Some(raised)
+    }
+
     /// The request's name, for telemetry and request tokens: `complete`, `fail`, `step`, `release` or `heartbeat`, with
     /// `_transaction` when it goes in one transaction with business writes.
     pub(crate) fn op(&self, transactional: bool) -> &'static str {

@@ -106,10 +106,11 @@ async fn give_up(slow: &Idempotency, runs: &Runs) {
 
 /// An operation whose response is replayed for less than its lease (`ttl` 5 s, lease 1 min) has
 /// completed; a duplicate on a slow store gives up while its claim is on the wire. The release finds
-/// a live COMPLETED record and leaves nothing (`decide::after_release`: "no claim lands on it"). But
-/// the record expires 5 s later, TTL deletes it, and the late claim, which asked for a lease of a
-/// minute, lands on no record: the key is PENDING under a call that returned, and the next caller
-/// (a new operation, the old one having expired) is refused for the rest of that minute.
+/// a live COMPLETED record: no claim lands on it while it lives, but it would expire 5 s later, TTL
+/// would delete it, and the late claim, which asked for a lease of a minute, would land on no record
+/// and hold the key for the rest of that minute with no body running. The release keeps the record
+/// until the claim's end instead (`Marking::KeepCompleted`): the late claim is refused, a caller in
+/// between gets the stored response (past its `ttl`), and after that end the key is a new operation.
 async fn a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key(
     backend: Backend,
 ) {
@@ -129,16 +130,25 @@ async fn a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_
     .build();
     give_up(&slow, &runs).await;
     let after_release = record(&*store).await.unwrap();
-    // The response's `ttl` passes, and TTL deletes the record; then the late claim lands.
+    // The response's `ttl` passes, and TTL deletes an expired record; then the late claim lands.
     clock.advance(SHORT_TTL + Duration::from_secs(3));
     expiring.delete_expired(clock.now_ms()).await;
     tokio::time::sleep(Duration::from_millis(900)).await;
     let landed = record(&*store).await;
     let answer = charge(&direct, &runs, SHORT_TTL).await;
     assert!(
+        matches!(answer, Ok(1)),
+        "the completed record outlives the released claim, which it refuses: the key is not held \
+         by a call that gave up: {answer:?}; record after the release: {after_release:?}; after \
+         the late claim: {landed:?}"
+    );
+    assert_eq!(runs.count(), 1);
+    clock.advance(LEASE + Duration::from_secs(10));
+    expiring.delete_expired(clock.now_ms()).await;
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
         matches!(answer, Ok(2)),
-        "the key must be free for a new operation, not held by a call that gave up: {answer:?}; \
-         record after the release: {after_release:?}; after the late claim: {landed:?}"
+        "after the released claim's end the key is a new operation: {answer:?}"
     );
     assert_eq!(runs.count(), 2);
 }
@@ -193,9 +203,12 @@ fn spawn_holder(
 
 /// Another caller holds the key when a duplicate on a slow store gives up its claim: the release
 /// leaves its token on the holder's record. The holder then completes with a `ttl` shorter than the
-/// lease; the completion removes the released tokens ("COMPLETED is final until it expires"), and
-/// the record expires before the released claim's lease would have ended. TTL deletes it, the late
-/// claim lands on no record, and holds the key for its lease with no body running.
+/// lease; the completion removes the released tokens ("COMPLETED is final until it expires"). Had
+/// the record expired with its `ttl`, before the released claim's lease would have ended, TTL would
+/// delete it and the late claim, landing on no record, would hold the key for its lease with no body
+/// running. The completed record lives until the released tokens' end instead: the late claim is
+/// refused by it, and a caller in between gets the stored response, past its `ttl`; after that end
+/// the key is a new operation.
 async fn a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease(
     backend: Backend,
 ) {
@@ -233,9 +246,65 @@ async fn a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_leas
     let landed = record(&*store).await;
     let answer = charge(&direct, &runs, SHORT_TTL).await;
     assert!(
+        matches!(answer, Ok(1)),
+        "the completed record outlives the released claim, which it refuses: the key is not held \
+         by a call that gave up: {answer:?}; completed record: {completed:?}; after the late \
+         claim: {landed:?}"
+    );
+    assert_eq!(runs.count(), 1);
+    clock.advance(LEASE + Duration::from_secs(10));
+    expiring.delete_expired(clock.now_ms()).await;
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
         matches!(answer, Ok(2)),
-        "the key must be free for a new operation, not held by a call that gave up: {answer:?}; \
-         completed record: {completed:?}; after the late claim: {landed:?}"
+        "after the released claim's end the key is a new operation: {answer:?}"
+    );
+    assert_eq!(runs.count(), 2);
+}
+
+/// As [`a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease`], with a holder
+/// whose body fails, on a handle that keeps FAILED records for a second (`failed_ttl`): the failure
+/// keeps the released token, but the record it writes would expire, and TTL delete it, before the
+/// released claim's lease ends.
+async fn a_release_mark_outlives_a_failure_kept_for_less_than_the_lease(backend: Backend) {
+    let expiring = Expiring::new(backend).await;
+    let store = expiring.store();
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .failed_ttl(Duration::from_secs(1))
+        .build();
+    let runs = Runs::default();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = spawn_holder(&direct, &runs, &go, false);
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(1500)),
+    )))
+    .clock(clock.clone())
+    .build();
+    give_up(&slow, &runs).await;
+    let marked = record(&*store).await.unwrap();
+    assert_eq!(
+        (marked.status, marked.released.len()),
+        (Status::Pending, 1),
+        "the release's token is on the holder's record: {marked:?}"
+    );
+    go.add_permits(1);
+    assert!(matches!(holder.await.unwrap(), Err(BodyError::Failed)));
+    let failed = record(&*store).await.unwrap();
+    clock.advance(Duration::from_secs(8));
+    expiring.delete_expired(clock.now_ms()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let landed = record(&*store).await;
+    let answer = charge(&direct, &runs, SHORT_TTL).await;
+    assert!(
+        matches!(answer, Ok(2)),
+        "the key must be free for a retry, not held by a call that gave up: {answer:?}; \
+         failed record: {failed:?}; after the late claim: {landed:?}"
     );
     assert_eq!(runs.count(), 2);
 }
@@ -739,10 +808,9 @@ async fn a_claim_sent_again_after_released_through_rose_above_it_still_runs(back
 }
 
 idempotent_tests::on_both_stores!(
-    #[ignore = "reproduces: a completion with a ttl shorter than the lease outlives no mark"]
     a_claim_given_up_on_a_completed_record_outliving_its_ttl_does_not_hold_the_key,
-    #[ignore = "reproduces: a completion with a ttl shorter than the lease drops the marks"]
     a_release_mark_outlives_a_completion_whose_ttl_is_shorter_than_the_lease,
+    a_release_mark_outlives_a_failure_kept_for_less_than_the_lease,
     a_release_racing_other_releases_still_leaves_its_mark,
     a_release_already_refused_by_released_through_keeps_its_claim_out,
     a_release_on_an_expired_completion_does_not_revive_it,

@@ -57,6 +57,7 @@ async fn a_store_that_ignores_the_fencing_token_fails_the_fencing_cases() {
             "a_stale_token_cannot_complete_or_fail_after_a_takeover",
             "steps_are_stored_under_the_token_and_removed_by_completion",
             "a_token_released_on_a_record_is_refused_by_it",
+            "transitions_keep_the_record_until_its_released_tokens_end",
         ],
         "{report}"
     );

@@ -85,6 +85,7 @@ dispatch!(
     released_claim_writes_are_applied_by_the_next_claim,
     a_claim_keeping_writes_needs_them_in_effect,
     a_compensation_needs_the_claim_writes_in_effect,
+    a_transaction_keeps_the_record_until_its_released_tokens_end,
 );
 
 fn build_error(e: &impl std::fmt::Display) -> Violation {
@@ -835,6 +836,38 @@ async fn a_compensation_needs_the_claim_writes_in_effect<S: Store>(
     ensure!(
         c.has_hits("undone", 1).await?,
         "a refused compensation must apply none of its writes"
+    );
+    Ok(())
+}
+
+/// A completion with business writes gives the record an expiry no earlier than the end of its
+/// released tokens, as a plain one does, and commits its writes once.
+async fn a_transaction_keeps_the_record_until_its_released_tokens_end<S: Store>(
+    c: Context<S>,
+) -> Result<(), Violation> {
+    let until = NOW + 2 * LEASE;
+    c.pending("k", "t1").await?;
+    let seen = c.record("k").await?;
+    c.store
+        .transition(&mark_released("k", "r1", NOW, Some(&seen), until))
+        .await?;
+    let writes: Writes = [c.add_hits("counter", 1)?].into_iter().collect();
+    ensure_eq!(
+        c.store
+            .transact_transition(&complete("k", "t1", b"{}", NOW / 1000 + 5), &writes)
+            .await?,
+        TransactOutcome::Committed,
+        "a completion with writes whose expiry is before the released tokens' end"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.expires_at_s, r.released_until_ms),
+        (Status::Completed, until.div_ceil(1000), None),
+        "the completion keeps the record until the released tokens' end"
+    );
+    ensure!(
+        c.has_hits("counter", 1).await?,
+        "the completion's writes are applied once"
     );
     Ok(())
 }

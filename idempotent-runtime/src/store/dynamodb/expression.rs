@@ -12,6 +12,7 @@
 //! hold the key, `#rt` the greatest token released by a release that found them full (every token up
 //! to it is released). Values: `:pending`, `:completed`, `:failed` (the [`Status`]
 //! texts), `:tk` (the fencing token), `:lu`, `:ex`, `:ru` (the new lease end, expiry and replay end),
+//! `:ex_ms` (the new expiry in milliseconds),
 //! `:now_ms`, `:now_s` (the caller's clock less its clock-skew margin), `:fp`, `:rs`, `:er`, `:ci` (the
 //! store's region), `:sp` (the steps), `:prev` (the steps a step's write extends), `:tks` (a set
 //! holding the token), `:max` ([`MAX_RELEASED`](crate::MAX_RELEASED)), `:rd` (a release's end),
@@ -45,13 +46,18 @@ pub const CLAIMABLE_WITH_WRITES: &str = "attribute_not_exists(#pk) OR #ex < :now
 /// absent item fails it.
 pub const CLAIMABLE_KEEPING_WRITES: &str = "attribute_exists(#cw) AND #ex >= :now_s AND (#st = :failed OR (#st = :pending AND #lu < :now_ms))";
 
-/// The condition of every transition out of (or within) PENDING: the record is PENDING under the
-/// caller's fencing token.
-pub const HELD_BY_TOKEN: &str = "#st = :pending AND #tk = :tk";
+/// The condition of every transition out of (or within) PENDING but a step's: the record is PENDING
+/// under the caller's fencing token, and the new expiry (`:ex_ms`, the `:ex` second in milliseconds)
+/// is no earlier than the end of the record's released tokens (`#rd`), so that TTL never deletes the
+/// record before a released claim it keeps out could land (the rule of
+/// [`Record::outlives_released`](crate::Record::outlives_released)). A transition refused by that
+/// clause alone is sent again with its expiry raised to that end (`DynamoDbStore`'s `transition`).
+pub const HELD_BY_TOKEN: &str =
+    "#st = :pending AND #tk = :tk AND (attribute_not_exists(#rd) OR #rd <= :ex_ms)";
 
 /// The condition of a failure with compensating writes: [`HELD_BY_TOKEN`], and the claim-time writes
 /// still in effect, so that a compensation never undoes them twice.
-pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND attribute_exists(#cw)";
+pub const HELD_WITH_CLAIM_WRITES: &str = "#st = :pending AND #tk = :tk AND (attribute_not_exists(#rd) OR #rd <= :ex_ms) AND attribute_exists(#cw)";
 
 /// The condition of a step's write ([`SAVE_STEPS`]): [`HELD_BY_TOKEN`], and the record holds exactly
 /// the steps the write extends (`:prev`, [`Change::SaveSteps`]'s `previous`). A late copy of an earlier
@@ -118,6 +124,14 @@ pub const EXTENDABLE_SEEN: &str = "attribute_exists(#pk) AND NOT (#st = :pending
 /// A [`Change::MarkReleased`]'s update that only raises the released tokens' end and the record's
 /// expiry.
 pub const MARK_EXTENDED: &str = "SET #rd = :rd, #ex = :ex";
+
+/// The condition of a [`Change::MarkReleased`] that keeps a COMPLETED record until a released claim's
+/// end ([`Marking::KeepCompleted`]): a live COMPLETED record still holding the expiry the caller
+/// read.
+pub const KEEPABLE: &str = "#st = :completed AND #ex >= :now_s AND #ex = :seen_ex";
+
+/// [`KEEPABLE`]'s update: the later expiry alone.
+pub const KEEP_COMPLETED: &str = "SET #ex = :ex";
 
 /// A [`Change::MarkReleased`]'s update that raises `released_through` to the caller's token (`:tk`):
 /// every token up to it is refused; the released tokens' end and the record's expiry become the
@@ -312,9 +326,12 @@ fn mark_values<'n>(
             AttributeValue::Ss(vec![transition.token.to_owned()]),
         );
     }
-    values.insert(":rd".to_owned(), n(released_until_ms));
     values.insert(":ex".to_owned(), n(expires_at_s));
     values.insert(":seen_ex".to_owned(), n(seen_expires_at_s));
+    if marking == Marking::KeepCompleted {
+        return (KEEP_COMPLETED, &names.keep_completed);
+    }
+    values.insert(":rd".to_owned(), n(released_until_ms));
     if marking == Marking::Replace {
         values.insert(":now_ms".to_owned(), n(now_ms));
         // A replacement of tokens whose end was never read holds for no record.
@@ -332,6 +349,7 @@ fn mark_values<'n>(
         (Marking::Through, None) => (MARK_RELEASED_THROUGH, &names.mark_through),
         (Marking::Extend, Some(_)) => (MARK_EXTENDED, &names.mark_extended_seen),
         (Marking::Extend, None) => (MARK_EXTENDED, &names.mark_extended),
+        (Marking::KeepCompleted, _) => unreachable!("returned above"),
         (_, Some(_)) => (MARK_RELEASED, &names.mark_released_seen),
         (_, None) => (MARK_RELEASED, &names.mark_released),
     }
@@ -440,11 +458,21 @@ impl RecordUpdate {
         region: Option<&str>,
     ) -> Self {
         let mut values = HashMap::with_capacity(6);
-        // Every transition's condition but a release mark's names the status held.
-        if !matches!(transition.change, Change::Release { .. }) {
+        // Every transition's condition but a release mark's names the status held, and the token,
+        // but a mark that keeps a COMPLETED record.
+        let keeps_completed = matches!(
+            transition.change,
+            Change::MarkReleased {
+                marking: Marking::KeepCompleted,
+                ..
+            }
+        );
+        if !matches!(transition.change, Change::Release { .. }) && !keeps_completed {
             values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         }
-        values.insert(":tk".to_owned(), s(transition.token));
+        if !keeps_completed {
+            values.insert(":tk".to_owned(), s(transition.token));
+        }
         let (update, names) = match transition.change {
             Change::Complete {
                 response,
@@ -453,6 +481,7 @@ impl RecordUpdate {
             } => {
                 values.insert(":completed".to_owned(), s(Status::Completed.as_str()));
                 values.insert(":ex".to_owned(), n(expires_at_s));
+                values.insert(":ex_ms".to_owned(), n(expires_at_s.saturating_mul(1000)));
                 if let Some(bytes) = response {
                     values.insert(":rs".to_owned(), AttributeValue::B(bytes.to_vec().into()));
                 }
@@ -476,6 +505,7 @@ impl RecordUpdate {
                 values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
                 values.insert(":er".to_owned(), s(error));
                 values.insert(":ex".to_owned(), n(expires_at_s));
+                values.insert(":ex_ms".to_owned(), n(expires_at_s.saturating_mul(1000)));
                 names.fail(release_claim_writes)
             }
             Change::SaveSteps { steps, previous } => {
@@ -494,6 +524,7 @@ impl RecordUpdate {
             } => {
                 values.insert(":lu".to_owned(), n(lease_until_ms));
                 values.insert(":ex".to_owned(), n(expires_at_s));
+                values.insert(":ex_ms".to_owned(), n(expires_at_s.saturating_mul(1000)));
                 names.extend_lease()
             }
         };
@@ -515,6 +546,7 @@ impl RecordUpdate {
                 (Marking::Extend, false) => EXTENDABLE,
                 (Marking::Join, true) => MARKABLE_SEEN,
                 (Marking::Join, false) => MARKABLE,
+                (Marking::KeepCompleted, _) => KEEPABLE,
             },
             Change::SaveSteps { .. } => HELD_WITH_STEPS,
             _ => HELD_BY_TOKEN,
@@ -674,6 +706,7 @@ pub(super) struct PreparedNames {
     mark_through_seen: HashMap<String, String>,
     mark_extended: HashMap<String, String>,
     mark_extended_seen: HashMap<String, String>,
+    keep_completed: HashMap<String, String>,
 }
 
 impl PreparedNames {
@@ -695,6 +728,7 @@ impl PreparedNames {
             mark_through_seen: attribute_names(names, &[MARK_RELEASED_THROUGH, THROUGHABLE_SEEN]),
             mark_extended: attribute_names(names, &[MARK_EXTENDED, EXTENDABLE]),
             mark_extended_seen: attribute_names(names, &[MARK_EXTENDED, EXTENDABLE_SEEN]),
+            keep_completed: attribute_names(names, &[KEEP_COMPLETED, KEEPABLE]),
         };
         for response in [false, true] {
             for replay_until in [false, true] {
@@ -891,6 +925,7 @@ mod tests {
             (Some(4), Marking::Through),
             (None, Marking::Extend),
             (Some(4), Marking::Extend),
+            (None, Marking::KeepCompleted),
         ] {
             changes.push(Change::MarkReleased {
                 now_ms: 1_000,
@@ -969,6 +1004,7 @@ mod tests {
                 ("#tk".to_owned(), "token".to_owned()),
                 ("#lu".to_owned(), "lease_until".to_owned()),
                 ("#ex".to_owned(), "expires_at".to_owned()),
+                ("#rd".to_owned(), "released_until".to_owned()),
             ])
         );
     }

@@ -496,6 +496,23 @@ fn clears_steps(request: &ClaimRequest<'_>, record: &Record) -> bool {
         && record.is_expired(request.now_ms)
 }
 
+/// The transition to send again when `record` refused it: one out of (or within) PENDING, refused
+/// only because its expiry is earlier than the end of the record's released tokens
+/// ([`HELD_BY_TOKEN`](expression::HELD_BY_TOKEN)'s last clause); the resend's expiry is that end
+/// ([`Record::outlives_released`], the memory store's rule in one step). A record PENDING under
+/// another token, or in another state, refuses it for good. Each resend is refused again only by a
+/// later end, written by another call's release in between: there are finitely many.
+fn outliving<'a>(transition: &Transition<'a>, record: &Record) -> Option<Transition<'a>> {
+    if record.status != crate::record::Status::Pending || record.token != transition.token {
+        return None;
+    }
+    let change = transition.change.outliving_released(record)?;
+    Some(Transition {
+        change,
+        ..*transition
+    })
+}
+
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
@@ -521,10 +538,21 @@ impl Store for DynamoDbStore {
     }
 
     async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.prepared, transition, self.region());
         let op = transition.change.op(false);
-        self.conditional_update(op, None, transition.key, update)
-            .await
+        let mut transition = *transition;
+        loop {
+            let update = RecordUpdate::transition(&self.inner.prepared, &transition, self.region());
+            let outcome = self
+                .conditional_update(op, None, transition.key, update)
+                .await?;
+            match &outcome {
+                WriteOutcome::Rejected(Some(record)) => match outliving(&transition, record) {
+                    Some(raised) => transition = raised,
+                    None => return Ok(outcome),
+                },
+                _ => return Ok(outcome),
+            }
+        }
     }
 
     async fn transact_transition(
@@ -532,24 +560,40 @@ impl Store for DynamoDbStore {
         transition: &Transition<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::transition(&self.inner.prepared, transition, self.region());
-        let record = self.record_update(transition.key, update)?;
-        // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
-        let token = request_token(
-            transition.change.op(false),
-            &self.inner.table,
-            transition.key,
-            transition.token,
-            0,
-        );
-        self.transact(
-            transition.change.op(true),
-            transition.key,
-            record,
-            writes.items().to_vec(),
-            token,
-        )
-        .await
+        let mut transition = *transition;
+        // Each resend with a raised expiry is another request, with a token of its own.
+        let mut resends = 0;
+        loop {
+            let update = RecordUpdate::transition(&self.inner.prepared, &transition, self.region());
+            let record = self.record_update(transition.key, update)?;
+            // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
+            let token = request_token(
+                transition.change.op(false),
+                &self.inner.table,
+                transition.key,
+                transition.token,
+                resends,
+            );
+            let outcome = self
+                .transact(
+                    transition.change.op(true),
+                    transition.key,
+                    record,
+                    writes.items().to_vec(),
+                    token,
+                )
+                .await?;
+            match &outcome {
+                TransactOutcome::Rejected(Some(record)) => match outliving(&transition, record) {
+                    Some(raised) => {
+                        transition = raised;
+                        resends += 1;
+                    }
+                    None => return Ok(outcome),
+                },
+                _ => return Ok(outcome),
+            }
+        }
     }
 
     async fn claim_transaction(
