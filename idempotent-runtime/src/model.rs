@@ -2304,6 +2304,24 @@ fn worker_of_response(value: &[u8]) -> Option<usize> {
     (0..WORKERS).find(|&a| response(a) == value)
 }
 
+/// Whether a move changed a live COMPLETED record: only its expiry may change, and only to a
+/// later one (a release whose claim could land after it keeps it that much longer,
+/// `Marking::KeepCompleted`).
+fn completed_changed(before: &State, after: &State) -> bool {
+    let Some(old) = &before.record else {
+        return false;
+    };
+    old.status == Status::Completed
+        && !before.truly_expired(old)
+        && !after.record.as_ref().is_some_and(|new| {
+            new.expires_at_s >= old.expires_at_s
+                && Record {
+                    expires_at_s: old.expires_at_s,
+                    ..new.clone()
+                } == *old
+        })
+}
+
 impl Model for Protocol {
     type State = State;
     type Action = Action;
@@ -2540,19 +2558,7 @@ impl Model for Protocol {
             w.beat = w.beat.while_in(&w.phase);
         }
         Self::lead(&mut state);
-        // Only its expiry may change, and only to a later one: a release whose claim could land
-        // after it keeps it that much longer (`Marking::KeepCompleted`).
-        if let Some(old) = &before.record
-            && old.status == Status::Completed
-            && !before.truly_expired(old)
-            && !state.record.as_ref().is_some_and(|new| {
-                new.expires_at_s >= old.expires_at_s
-                    && Record {
-                        expires_at_s: old.expires_at_s,
-                        ..new.clone()
-                    } == *old
-            })
-        {
+        if completed_changed(before, &state) {
             state.ghost.completed_changed = true;
         }
         Some(state)
@@ -3160,34 +3166,25 @@ fn in_flight(horizon: u64) -> Protocol {
     }
 }
 
-/// Runs `protocol` until `property` fails, prints the counterexample, and returns the run and the
-/// counterexample's length (in moves).
-/// Explores `protocol` for a counterexample to `property` and asserts there is none.
+/// Explores `protocol` for a counterexample to `property` and asserts there is none; when there is
+/// one (a fix undone, say), prints it and fails with its length in moves.
 fn never_found(name: &str, protocol: Protocol, property: &'static str) {
     let (run, checker) = check(protocol, HasDiscoveries::AnyOf([property].into()));
-    assert!(
-        checker.discovery(property).is_none(),
-        "[{name}] `{property}` fails"
-    );
-    println!("model [{name}]: `{property}` holds; {run}");
-}
-
-fn find(name: &str, protocol: Protocol, property: &'static str) -> (Run, usize) {
-    let (run, checker) = check(protocol, HasDiscoveries::AnyOf([property].into()));
-    let trace = checker
-        .discovery(property)
-        .unwrap_or_else(|| panic!("[{name}] no counterexample to `{property}`"));
-    let steps = trace.into_vec();
-    println!("counterexample:");
-    for (state, action) in &steps {
-        println!("  {state}");
-        if let Some(action) = action {
-            println!("    -> {action:?}");
+    if let Some(trace) = checker.discovery(property) {
+        let steps = trace.into_vec();
+        println!("counterexample:");
+        for (state, action) in &steps {
+            println!("  {state}");
+            if let Some(action) = action {
+                println!("    -> {action:?}");
+            }
         }
+        panic!(
+            "[{name}] `{property}` fails after {} moves; {run}",
+            steps.len() - 1
+        );
     }
-    let length = steps.len() - 1;
-    println!("model [{name}]: `{property}` fails after {length} moves; {run}");
-    (run, length)
+    println!("model [{name}]: `{property}` holds; {run}");
 }
 
 /// Explores the whole space of `protocol`: every property holds and every witness is found, except
