@@ -380,7 +380,8 @@ impl Builder {
         self
     }
 
-    /// How long FAILED records stay visible (default: the lease).
+    /// How long FAILED records stay visible (default: the lease). A FAILED record that keeps out the
+    /// late claim of a call that gave up stays until that claim can no longer land.
     pub fn failed_ttl(mut self, ttl: Duration) -> Self {
         self.failed_ttl = Some(ttl);
         self

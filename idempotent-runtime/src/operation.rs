@@ -161,7 +161,9 @@ impl<'a> Operation<'a> {
 }
 
 impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
-    /// How long the response is replayed (default: the handle's).
+    /// How long the response is replayed (default: the handle's). At least that long: a record is
+    /// kept until no claim of a call that gave up can still land on it, so a `ttl` shorter than the
+    /// lease may be replayed for up to a lease and the clock-skew margin more.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.call.ttl = Some(ttl);
         self
