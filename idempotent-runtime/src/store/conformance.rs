@@ -1702,7 +1702,8 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
 async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    let until = NOW + 2 * LEASE;
+    // A millisecond past a whole second: the expiry is the next second.
+    let until = NOW + 2 * LEASE + 1;
     let outliving = until.div_ceil(1000);
     c.pending("k", "t1").await?;
     let seen = c.record("k").await?;
@@ -1809,7 +1810,8 @@ async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
 async fn a_completed_record_is_kept_until_a_released_claims_end<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    let until = NOW + 2 * LEASE;
+    // A millisecond past a whole second: the expiry is the next second.
+    let until = NOW + 2 * LEASE + 1;
     c.pending("k", "t1").await?;
     c.store
         .transition(&complete("k", "t1", b"{}", NOW / 1000 + 5))

@@ -845,7 +845,8 @@ async fn a_compensation_needs_the_claim_writes_in_effect<S: Store>(
 async fn a_transaction_keeps_the_record_until_its_released_tokens_end<S: Store>(
     c: Context<S>,
 ) -> Result<(), Violation> {
-    let until = NOW + 2 * LEASE;
+    // A millisecond past a whole second: the expiry is the next second.
+    let until = NOW + 2 * LEASE + 1;
     c.pending("k", "t1").await?;
     let seen = c.record("k").await?;
     c.store
