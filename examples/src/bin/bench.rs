@@ -339,9 +339,10 @@ const FAIL: &str = expression::fail_update(false);
 /// expressions.
 fn claim_condition() -> String {
     format!(
-        "({CLAIMABLE}) AND ({}) AND {}",
+        "({CLAIMABLE}) AND ({}) AND {} AND {}",
         expression::STEPS_UNTOUCHED,
-        expression::NOT_RELEASED
+        expression::NOT_RELEASED,
+        expression::OUTLIVES_RELEASED
     )
 }
 
@@ -465,6 +466,7 @@ impl Baseline {
             (":tk".to_owned(), s(token)),
             (":lu".to_owned(), n(now + 60_000)),
             (":ex".to_owned(), n(now / 1000 + 60 + 86_400)),
+            (":ex_ms".to_owned(), n((now / 1000 + 60 + 86_400) * 1000)),
             (":one".to_owned(), n(1)),
             (":now_s".to_owned(), n(now / 1000)),
             (":now_ms".to_owned(), n(now)),

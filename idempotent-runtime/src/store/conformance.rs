@@ -1694,9 +1694,9 @@ async fn a_token_released_on_a_record_is_refused_by_it<S: Store>(
     Ok(())
 }
 
-/// A heartbeat, a failure and a completion each give the record an expiry no earlier than the end of
-/// its released tokens, though they ask for an earlier one (a short `failed_ttl`, a `ttl` shorter than
-/// a lease): TTL must not delete the record, and with it the marks, while a claim they keep out could
+/// A heartbeat, a failure, a claim and a completion each give the record an expiry no earlier than
+/// the end of its released tokens, though they ask for an earlier one (a short `failed_ttl`, a `ttl`
+/// shorter than a lease, a lease cut by a deadline): TTL must not delete the record, and with it the marks, while a claim they keep out could
 /// still land. A completion drops the marks (a live COMPLETED record refuses every claim) and keeps
 /// that expiry.
 async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
@@ -1750,7 +1750,20 @@ async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
         (Status::Failed, outliving, vec!["r1".to_owned()]),
         "a failure keeps the record, and the released token, until their end"
     );
-    c.pending("k", "t2").await?;
+    // A takeover whose own expiry is earlier (a short ttl, or a lease cut by a deadline) keeps the
+    // released tokens and the record until their end.
+    let short_claim = ClaimRequest::new("k", "t2", NOW, NOW + LEASE, short);
+    ensure_eq!(
+        c.store.claim(&short_claim).await?,
+        ClaimOutcome::Claimed,
+        "a takeover of the FAILED record whose expiry is before the released tokens' end"
+    );
+    let r = c.record("k").await?;
+    ensure_eq!(
+        (r.status, r.expires_at_s, r.released.clone()),
+        (Status::Pending, outliving, vec!["r1".to_owned()]),
+        "a claim keeps the record, and the released token, until their end"
+    );
     ensure_eq!(
         c.store
             .transition(&complete("k", "t2", b"{}", short))

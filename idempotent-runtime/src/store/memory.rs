@@ -252,7 +252,11 @@ pub(crate) fn claimed<'r>(
         token: request.token.to_owned(),
         attempt,
         lease_until_ms: Some(request.lease_until_ms),
-        expires_at_s: request.expires_at_s,
+        // No earlier than the end of the released tokens it keeps: a claim still in flight under one
+        // of them may land until then.
+        expires_at_s: old.map_or(request.expires_at_s, |o| {
+            o.outlives_released(request.expires_at_s)
+        }),
         fingerprint: request.fingerprint.map(str::to_owned),
         response: None,
         error: None,

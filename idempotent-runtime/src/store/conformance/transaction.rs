@@ -15,7 +15,7 @@ use super::{
 };
 use crate::CancellationReason;
 use crate::record::{Record, Status};
-use crate::store::{Change, TransactOutcome, Transition, WriteOutcome, Writes};
+use crate::store::{Change, ClaimRequest, TransactOutcome, Transition, WriteOutcome, Writes};
 
 /// Runs the transaction cases: the first decides whether the store supports transactions; the others
 /// run if it does, and are reported skipped (and why) if it refuses them.
@@ -869,6 +869,41 @@ async fn a_transaction_keeps_the_record_until_its_released_tokens_end<S: Store>(
     ensure!(
         c.has_hits("counter", 1).await?,
         "the completion's writes are applied once"
+    );
+    // A claim with writes of a FAILED record whose released tokens end after its own expiry keeps
+    // the record until then, and applies its writes once.
+    c.pending("failed", "t1").await?;
+    let seen = c.record("failed").await?;
+    c.store
+        .transition(&mark_released("failed", "r1", NOW, Some(&seen), until))
+        .await?;
+    c.store.transition(&fail("failed", "t1")).await?;
+    let short = ClaimRequest::new("failed", "t2", NOW, NOW + LEASE, NOW / 1000 + 5);
+    let writes: Writes = [c.add_hits("claimed", 1)?].into_iter().collect();
+    ensure_eq!(
+        c.store.claim_transaction(&short, &writes).await?,
+        TransactOutcome::Committed,
+        "a claim with writes whose expiry is before the released tokens' end"
+    );
+    let r = c.record("failed").await?;
+    ensure_eq!(
+        (
+            r.status,
+            r.token.as_str(),
+            r.expires_at_s,
+            r.released.clone()
+        ),
+        (
+            Status::Pending,
+            "t2",
+            until.div_ceil(1000),
+            vec!["r1".to_owned()]
+        ),
+        "the claim keeps the record, and the released token, until their end"
+    );
+    ensure!(
+        c.has_hits("claimed", 1).await?,
+        "the claim's writes are applied once"
     );
     Ok(())
 }

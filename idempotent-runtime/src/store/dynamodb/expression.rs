@@ -73,6 +73,15 @@ pub const HELD_WITH_STEPS: &str = "#st = :pending AND #tk = :tk AND #sp = :prev"
 /// it ([`MARK_RELEASED_THROUGH`]), so that a claim of that call that lands after its release is refused (the rule of [`Record::released_token`](crate::Record::released_token)).
 pub const NOT_RELEASED: &str = "NOT (#st = :failed AND #tk = :tk) AND NOT contains(#rl, :tk) AND (attribute_not_exists(#rt) OR #rt < :tk)";
 
+/// What every claim adds to its condition, and what [`HELD_BY_TOKEN`] ends with: the new expiry
+/// (`:ex_ms`, the `:ex` second in milliseconds) is no earlier than the end of the record's released
+/// tokens (`#rd`), so that no write ever makes a record expire, and TTL delete it, while a released
+/// claim it keeps out could still land (the rule of
+/// [`Record::outlives_released`](crate::Record::outlives_released)). A claim or transition refused
+/// by that clause alone is sent again with its expiry raised to that end (`DynamoDbStore`'s `claim`,
+/// `transition`).
+pub const OUTLIVES_RELEASED: &str = "(attribute_not_exists(#rd) OR #rd <= :ex_ms)";
+
 /// The condition of a release's mark ([`Change::Release`]): no record at all (the call's claim has not
 /// landed).
 pub const RELEASABLE: &str = "attribute_not_exists(#pk) OR #ex < :now_s";
@@ -402,12 +411,16 @@ impl RecordUpdate {
         with_writes: bool,
         clearing_steps: bool,
     ) -> Self {
-        let mut values = HashMap::with_capacity(10);
+        let mut values = HashMap::with_capacity(11);
         values.insert(":pending".to_owned(), s(Status::Pending.as_str()));
         values.insert(":failed".to_owned(), s(Status::Failed.as_str()));
         values.insert(":tk".to_owned(), s(request.token));
         values.insert(":lu".to_owned(), n(request.lease_until_ms));
         values.insert(":ex".to_owned(), n(request.expires_at_s));
+        values.insert(
+            ":ex_ms".to_owned(),
+            n(request.expires_at_s.saturating_mul(1000)),
+        );
         values.insert(":one".to_owned(), n(1));
         values.insert(":now_s".to_owned(), n(request.now_ms / 1000));
         values.insert(":now_ms".to_owned(), n(request.now_ms));
@@ -669,7 +682,7 @@ static CLAIMS: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
                     let expressions = (
                         update,
                         leak(format!(
-                            "({}) AND ({steps}) AND {NOT_RELEASED}",
+                            "({}) AND ({steps}) AND {NOT_RELEASED} AND {OUTLIVES_RELEASED}",
                             kind.condition()
                         )),
                     );
@@ -980,7 +993,9 @@ mod tests {
                     // Every claim is refused by its own call's release.
                     let steps = mode.condition();
                     assert!(
-                        condition.ends_with(&format!("AND ({steps}) AND {NOT_RELEASED}")),
+                        condition.ends_with(&format!(
+                            "AND ({steps}) AND {NOT_RELEASED} AND {OUTLIVES_RELEASED}"
+                        )),
                         "{condition}"
                     );
                     assert_eq!(update.contains("#sp = :sp"), mode.starts_afresh());

@@ -513,21 +513,50 @@ fn outliving<'a>(transition: &Transition<'a>, record: &Record) -> Option<Transit
     })
 }
 
+/// The claim to send again when `record` refused it only because its expiry is earlier than the end
+/// of the record's released tokens ([`OUTLIVES_RELEASED`](expression::OUTLIVES_RELEASED)): the same
+/// claim, expiring at that end, if the record admits it (the memory store's rule, `claimed`, which
+/// applies both in one step). `None` when the record refuses the claim anyway, or its released tokens
+/// end earlier (the common case: one comparison).
+fn claim_outliving<'a>(
+    request: &ClaimRequest<'a>,
+    record: &Record,
+    with_writes: bool,
+) -> Option<ClaimRequest<'a>> {
+    let expires_at_s = record.outlives_released(request.expires_at_s);
+    if expires_at_s == request.expires_at_s {
+        return None;
+    }
+    let raised = ClaimRequest {
+        expires_at_s,
+        ..*request
+    };
+    crate::store::memory::claimed(Some(record), &raised, with_writes)
+        .is_ok()
+        .then_some(raised)
+}
+
 #[async_trait::async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, false, false);
-        let mut outcome = self
-            .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
-            .await?;
-        if let WriteOutcome::Rejected(Some(record)) = &outcome
-            && clears_steps(request, record)
-        {
-            let update = RecordUpdate::claim(&self.inner.prepared, request, false, true);
-            outcome = self
+        let mut request = *request;
+        let mut clearing_steps = false;
+        let outcome = loop {
+            let update = RecordUpdate::claim(&self.inner.prepared, &request, false, clearing_steps);
+            let outcome = self
                 .conditional_update("claim", Some(request.now_ms / 1000), request.key, update)
                 .await?;
-        }
+            let WriteOutcome::Rejected(Some(record)) = &outcome else {
+                break outcome;
+            };
+            if !clearing_steps && clears_steps(&request, record) {
+                clearing_steps = true;
+            } else if let Some(raised) = claim_outliving(&request, record, false) {
+                request = raised;
+            } else {
+                break outcome;
+            }
+        };
         match outcome {
             WriteOutcome::Applied => Ok(ClaimOutcome::Claimed),
             WriteOutcome::Rejected(Some(record)) => Ok(ClaimOutcome::Existing(record)),
@@ -561,18 +590,29 @@ impl Store for DynamoDbStore {
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
         let mut transition = *transition;
-        // Each resend with a raised expiry is another request, with a token of its own.
-        let mut resends = 0;
+        let mut resent = false;
         loop {
             let update = RecordUpdate::transition(&self.inner.prepared, &transition, self.region());
             let record = self.record_update(transition.key, update)?;
-            // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were.
+            // The purpose is the plain request's name (`complete`, `fail`), as the tokens always were;
+            // a resend with a raised expiry is another request, whose token names that expiry (a
+            // token always stands for the same request, however often the call retries).
+            let op = transition.change.op(false);
+            let purpose = match transition.change {
+                crate::store::Change::Complete { expires_at_s, .. }
+                | crate::store::Change::Fail { expires_at_s, .. }
+                    if resent =>
+                {
+                    std::borrow::Cow::Owned(format!("{op}_until_{expires_at_s}"))
+                }
+                _ => std::borrow::Cow::Borrowed(op),
+            };
             let token = request_token(
-                transition.change.op(false),
+                &purpose,
                 &self.inner.table,
                 transition.key,
                 transition.token,
-                resends,
+                0,
             );
             let outcome = self
                 .transact(
@@ -587,7 +627,7 @@ impl Store for DynamoDbStore {
                 TransactOutcome::Rejected(Some(record)) => match outliving(&transition, record) {
                     Some(raised) => {
                         transition = raised;
-                        resends += 1;
+                        resent = true;
                     }
                     None => return Ok(outcome),
                 },
@@ -601,48 +641,50 @@ impl Store for DynamoDbStore {
         request: &ClaimRequest<'_>,
         writes: &Writes,
     ) -> Result<TransactOutcome, StoreError> {
-        let update = RecordUpdate::claim(&self.inner.prepared, request, true, false);
-        let record = self.record_update(request.key, update)?;
-        let token = request_token(
-            "claim",
-            &self.inner.table,
-            request.key,
-            request.token,
-            request.attempt,
-        );
-        let outcome = self
-            .transact(
-                "claim_transaction",
+        let original = request.expires_at_s;
+        let mut request = *request;
+        let mut clearing_steps = false;
+        loop {
+            let update = RecordUpdate::claim(&self.inner.prepared, &request, true, clearing_steps);
+            let record = self.record_update(request.key, update)?;
+            // Each resend is another request, with a token of its own, derived from what differs.
+            let purpose = match (clearing_steps, request.expires_at_s == original) {
+                (false, true) => "claim".to_owned(),
+                (true, true) => "claim_clearing_steps".to_owned(),
+                (clearing, false) => format!(
+                    "claim{}_until_{}",
+                    if clearing { "_clearing_steps" } else { "" },
+                    request.expires_at_s
+                ),
+            };
+            let token = request_token(
+                &purpose,
+                &self.inner.table,
                 request.key,
-                record,
-                writes.items().to_vec(),
-                token,
-            )
-            .await?;
-        let TransactOutcome::Rejected(Some(old)) = &outcome else {
-            return Ok(outcome);
-        };
-        if !clears_steps(request, old) {
-            return Ok(outcome);
+                request.token,
+                request.attempt,
+            );
+            let outcome = self
+                .transact(
+                    "claim_transaction",
+                    request.key,
+                    record,
+                    writes.items().to_vec(),
+                    token,
+                )
+                .await?;
+            let TransactOutcome::Rejected(Some(old)) = &outcome else {
+                return Ok(outcome);
+            };
+            if !clearing_steps && clears_steps(&request, old) {
+                // The same claim, removing the expired record's steps.
+                clearing_steps = true;
+            } else if let Some(raised) = claim_outliving(&request, old, true) {
+                request = raised;
+            } else {
+                return Ok(outcome);
+            }
         }
-        // Another request (its own token): the same claim, removing the expired record's steps.
-        let update = RecordUpdate::claim(&self.inner.prepared, request, true, true);
-        let record = self.record_update(request.key, update)?;
-        let token = request_token(
-            "claim_clearing_steps",
-            &self.inner.table,
-            request.key,
-            request.token,
-            request.attempt,
-        );
-        self.transact(
-            "claim_transaction",
-            request.key,
-            record,
-            writes.items().to_vec(),
-            token,
-        )
-        .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
