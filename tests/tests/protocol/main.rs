@@ -21,6 +21,7 @@ mod interruptions;
 mod late_requests;
 mod limits;
 mod missing_key;
+mod outliving_resends;
 mod released_claims;
 mod replay;
 mod resilience;
