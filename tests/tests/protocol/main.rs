@@ -30,6 +30,7 @@ mod round_trips;
 mod shop;
 mod stale_decisions;
 mod storing_the_result;
+mod takeover_expiry;
 mod time_in_flight;
 mod transact;
 mod unstorable_values;
