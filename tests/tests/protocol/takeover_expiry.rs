@@ -116,6 +116,28 @@ async fn charge(idem: &Idempotency, runs: &Runs) -> Result<usize, Error> {
 /// and the released claim lands on no record: the key is held for the rest of that claim's minute
 /// by a call that gave up, with no body running. A caller right after must run.
 async fn a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record(backend: Backend) {
+    taken_over_by_a_killed_invocation(backend, Then::TtlDeletes).await;
+}
+
+/// As [`a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record`], without TTL: once
+/// the killed invocation's record has expired, a third call on a slow store gives up its own claim,
+/// and its release, finding an expired record, writes its mark in its place (`RELEASE`, which
+/// replaces the released tokens with its own). The first call's token is gone from the record while
+/// its claim is still on the wire: it lands on the mark, which it may claim, and holds the key for
+/// the rest of its minute with no body running.
+async fn a_release_on_a_record_expired_by_a_takeover_keeps_earlier_tokens(backend: Backend) {
+    taken_over_by_a_killed_invocation(backend, Then::AnotherCallGivesUp).await;
+}
+
+/// What happens to the record once the killed invocation's claim has expired.
+enum Then {
+    /// TTL deletes it.
+    TtlDeletes,
+    /// A third call gives up its claim on a slow store, and its release marks the expired record.
+    AnotherCallGivesUp,
+}
+
+async fn taken_over_by_a_killed_invocation(backend: Backend, then: Then) {
     let expiring = Expiring::new(backend).await;
     let store = expiring.store();
     let clock = ManualClock::starting_now();
@@ -185,9 +207,30 @@ async fn a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record(ba
     assert!(invocation.await.unwrap_err().is_cancelled());
     let taken_over = record(&*store).await.unwrap();
 
-    // Its lease and the record's expiry pass; TTL deletes the record. Then the released claim lands.
+    // Its lease and the record's expiry pass; TTL deletes the record, or another call gives up on
+    // it. Then the released claim lands.
     clock.advance(Duration::from_secs(3) + SHORT_TTL + Duration::from_secs(3));
-    expiring.delete_expired(clock.now_ms()).await;
+    match then {
+        Then::TtlDeletes => expiring.delete_expired(clock.now_ms()).await,
+        Then::AnotherCallGivesUp => {
+            let slower = Idempotency::builder_arc(Arc::new(Delegating::new(
+                Forward(store.clone()),
+                ClaimAppliedLate(Duration::from_secs(10)),
+            )))
+            .clock(clock.clone())
+            .build();
+            let gave_up =
+                tokio::time::timeout(Duration::from_millis(50), charge(&slower, &runs)).await;
+            assert!(gave_up.is_err(), "the third caller gave up: {gave_up:?}");
+            slower.drain(Duration::from_secs(10)).await;
+            let replaced = record(&*store).await.unwrap();
+            assert_eq!(
+                (replaced.status, replaced.released.len()),
+                (Status::Failed, 1),
+                "the third call's mark replaced the expired record: {replaced:?}"
+            );
+        }
+    }
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let landed = record(&*store).await;
     let answer = charge(&direct, &runs).await;
@@ -202,4 +245,6 @@ async fn a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record(ba
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a takeover claim gives the record an expiry before its released tokens' end"]
     a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record,
+    #[ignore = "reproduces: a release replaces the released tokens of a record a takeover let expire"]
+    a_release_on_a_record_expired_by_a_takeover_keeps_earlier_tokens,
 );
