@@ -166,7 +166,7 @@ async fn taken_over_by_a_killed_invocation(backend: Backend, then: Then) {
     }
     let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
         Forward(store.clone()),
-        ClaimAppliedLate(Duration::from_millis(2000)),
+        ClaimAppliedLate(Duration::from_secs(2)),
     )))
     .clock(clock.clone())
     .build();
