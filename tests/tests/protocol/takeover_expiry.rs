@@ -242,9 +242,103 @@ async fn taken_over_by_a_killed_invocation(backend: Backend, then: Then) {
     assert_eq!(runs.count(), 3);
 }
 
+/// Without a deadline, every call with the same one-minute lease: a claim sent before another call
+/// gave up, and landing after that call's release marked the record, carries an expiry counted from
+/// its own (earlier) send. A holder's body waits; a second call's claim is slow on the wire (2 s).
+/// Twenty seconds later a third call gives up its own slow claim (5 s on the wire), and its release
+/// leaves its token on the holder's record, held until 81 s. The holder fails; the second call's
+/// claim lands on the FAILED record (expiry 65 s, from its send), runs its body, and its worker is
+/// killed. The record expires and TTL deletes it; the third call's claim lands on nothing and holds
+/// the key until 80 s with no body running.
+async fn a_slow_takeover_claim_keeps_the_released_tokens_record(backend: Backend) {
+    let expiring = Expiring::new(backend).await;
+    let store = expiring.store();
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .heartbeat(false)
+        .build();
+    let late = |after: Duration| {
+        Idempotency::builder_arc(Arc::new(Delegating::new(
+            Forward(store.clone()),
+            ClaimAppliedLate(after),
+        )))
+        .clock(clock.clone())
+        .heartbeat(false)
+        .build()
+    };
+    let runs = Runs::default();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = tokio::spawn({
+        let (idem, runs, go) = (direct.clone(), runs.clone(), go.clone());
+        async move {
+            idem.operation(NAMESPACE, KEY)
+                .lease(LEASE)
+                .ttl(SHORT_TTL)
+                .run(|_| async {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    go.acquire().await.unwrap().forget();
+                    Err::<usize, _>(BodyError::Failed)
+                })
+                .await
+        }
+    });
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The second call's claim goes out at 0 s and lands 2 s later (real time).
+    let second = tokio::spawn({
+        let (idem, runs) = (late(Duration::from_secs(2)), runs.clone());
+        async move {
+            idem.operation(NAMESPACE, KEY)
+                .lease(LEASE)
+                .ttl(SHORT_TTL)
+                .run(|_| async {
+                    runs.0.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<Result<usize, Error>>().await
+                })
+                .await
+        }
+    });
+    // Let its claim go out before the clock moves.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_secs(20));
+    let slow = late(Duration::from_secs(5));
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&slow, &runs)).await;
+    assert!(gave_up.is_err(), "the third caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    go.add_permits(1);
+    assert!(matches!(holder.await.unwrap(), Err(BodyError::Failed)));
+    while runs.count() == 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    let taken_over = record(&*store).await.unwrap();
+    assert_eq!(
+        (taken_over.status, taken_over.released.len()),
+        (Status::Pending, 1),
+        "the second call's claim took the FAILED record over, keeping the token: {taken_over:?}"
+    );
+
+    clock.advance(Duration::from_secs(48));
+    expiring.delete_expired(clock.now_ms()).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let landed = record(&*store).await;
+    let answer = charge(&direct, &runs).await;
+    assert!(
+        matches!(answer, Ok(3)),
+        "the key is not held by a call that gave up: {answer:?}; record after the takeover: \
+         {taken_over:?}; after the released claim landed: {landed:?}"
+    );
+    assert_eq!(runs.count(), 3);
+}
+
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a takeover claim gives the record an expiry before its released tokens' end"]
     a_takeover_by_a_deadline_bound_call_keeps_the_released_tokens_record,
     #[ignore = "reproduces: a release replaces the released tokens of a record a takeover let expire"]
     a_release_on_a_record_expired_by_a_takeover_keeps_earlier_tokens,
+    #[ignore = "reproduces: a slow takeover claim gives the record an expiry before its released tokens' end"]
+    a_slow_takeover_claim_keeps_the_released_tokens_record,
 );
