@@ -22,6 +22,7 @@ mod late_requests;
 mod limits;
 mod missing_key;
 mod outliving_resends;
+mod release_faults;
 mod released_claims;
 mod replay;
 mod resilience;

@@ -1,0 +1,96 @@
+//! A release meets a transient store error: the loop in `handler/claim.rs`'s `release` stops at the
+//! first error ("it lapses with its lease"), whatever the error, with no retry of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idempotent_runtime::store::conformance::{Delegating, Override};
+use idempotent_runtime::store::{Transition, WriteOutcome};
+use idempotent_runtime::{Error, Idempotency, ManualClock, MemoryStore, Store, StoreError};
+use idempotent_tests::{Backend, ClaimAppliedLate, Forward, Runs, dynamodb_store};
+
+const NAMESPACE: &str = "release_faults::charge";
+const KEY: &str = "order-1";
+const LEASE: Duration = Duration::from_mins(1);
+
+/// Fails the first `n` transitions with [`StoreError::Unavailable`], as DynamoDB's answer after the
+/// SDK's own retries of a brief outage (HTTP 5xx, a broken connection) would; forwards the rest.
+#[derive(Debug)]
+struct TransitionsUnavailable(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Override<Forward> for TransitionsUnavailable {
+    fn kind(&self) -> &'static str {
+        "transitions-unavailable"
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let failing = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(StoreError::Unavailable("a brief outage".into()));
+        }
+        inner.transition(transition).await
+    }
+}
+
+/// The operation on [`KEY`] with a one-minute lease: counts its runs, returns which run it was.
+async fn charge(idem: &Idempotency, runs: &Runs) -> Result<usize, Error> {
+    idem.operation(NAMESPACE, KEY)
+        .lease(LEASE)
+        .run(|_| async { Ok::<_, Error>(runs.0.fetch_add(1, Ordering::SeqCst) + 1) })
+        .await
+}
+
+/// A new key; a call on a slow store (its claim lands 600 ms after it was sent) gives up after
+/// 50 ms. Its release's first write (the fenced failure of a claim that may have landed) meets one
+/// transient error, and the release stops there, having written nothing. The claim lands on no
+/// record and holds the key for its minute with no body running: the next caller gets `InProgress`
+/// instead of running. One brief blip of the store is enough.
+async fn a_release_outlasts_a_transient_store_error(backend: Backend) {
+    let store: Arc<dyn Store> = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let late: Arc<dyn Store> = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAppliedLate(Duration::from_millis(600)),
+    ));
+    let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
+        Forward(late),
+        TransitionsUnavailable(AtomicUsize::new(1)),
+    )))
+    .clock(clock.clone())
+    .build();
+    let runs = Runs::default();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), charge(&slow, &runs)).await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    slow.drain(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let landed = store
+        .get(&idempotent_runtime::derive_key(NAMESPACE, KEY).unwrap())
+        .await
+        .unwrap();
+    let answer = charge(&direct, &runs).await;
+    assert!(
+        matches!(answer, Ok(1)),
+        "the key is not held by a call that gave up: {answer:?}; record: {landed:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+idempotent_tests::on_both_stores!(
+    #[ignore = "reproduces: a release stops at its first transient store error"]
+    a_release_outlasts_a_transient_store_error,
+);
