@@ -1,8 +1,11 @@
 //! A claim that takes a key over keeps the record's released tokens and their end (`#rl`, `#rd`:
 //! "What each transition keeps"), but gives the record its own expiry, counted from its own lease
 //! and `ttl`. Heartbeats, completions and failures never give a record an expiry earlier than its
-//! released tokens' end (`Record::outlives_released`); a claim does, when its lease is shorter than
-//! the released claim's (a call bound by a deadline) and its `ttl` shorter than the difference.
+//! released tokens' end (`Record::outlives_released`); a claim does, when its lease ends before the
+//! released claim's by more than its `ttl`: a call bound by a deadline, or a claim sent before the
+//! call that gave up sent its own and landing after that call's release. Once such a record expires
+//! (TTL deletes it, or a release replaces it with its own mark) the released claim can land, and
+//! holds the key with no body running.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
