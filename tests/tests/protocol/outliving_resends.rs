@@ -1,10 +1,10 @@
 //! A completion with business writes refused because its expiry is earlier than the end of the
 //! record's released tokens is sent again with the expiry raised, each resend under a request token
-//! of its own (`DynamoDbStore::transact_transition`, `outliving`). The tokens are numbered from 0 on
-//! every call of `transact_transition`, and the raised expiry is read from the record each time: a
-//! retry of the whole completion (after a transient cancellation) sends a token DynamoDB has seen
-//! on a canceled transaction, now with another expiry. DynamoDB Local evaluates it afresh (a
-//! canceled transaction's token holds no result); this test pins that the completion is stored.
+//! of its own (`DynamoDbStore::transact_transition`, `outliving`). A resend's token names the expiry
+//! it raises to, so that a token always stands for one request: a retry of the whole completion
+//! (after a transient cancellation) that raises to the same expiry sends the same token with the
+//! same parameters, and one that raises to another expiry sends another token (DynamoDB refuses a
+//! token sent again with other parameters, `IdempotentParameterMismatch`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -133,13 +133,18 @@ async fn a_completion_retried_after_an_outliving_resend_stores_its_result() {
     assert_eq!(
         (stats.requests, stats.delayed, stats.canceled),
         (5, 1, 1),
-        "tokens 0, 1 (held), 2 (canceled), then 0 and 1 again"
+        "the completion, its resend (held), the resend to the later end (canceled), then the \
+         completion and the resend to the later end again"
     );
     let tokens = proxy.request_tokens();
     assert_eq!(
-        (&tokens[0], &tokens[1]),
+        (&tokens[0], &tokens[2]),
         (&tokens[3], &tokens[4]),
-        "{tokens:?}"
+        "the same request, the same token: {tokens:?}"
+    );
+    assert!(
+        tokens[1] != tokens[2] && tokens[1] != tokens[0],
+        "each expiry its own token: {tokens:?}"
     );
     let record = h.record(NAMESPACE, KEY).await.unwrap();
     assert!(
