@@ -367,7 +367,8 @@ pub(super) fn release(
         let mut step = Some(decide::ReleaseStep::Fail);
         // The record the next mark is computed from: the one the last rejection returned.
         let mut seen = None;
-        for _ in 0..decide::RELEASE_WRITES {
+        let (mut answered, mut failures) = (0, 0);
+        while answered < decide::RELEASE_WRITES {
             let Some(sent) = step else { break };
             let now_ms = idem.clock().now_ms();
             let change = release_change(
@@ -395,6 +396,14 @@ pub(super) fn release(
                 Ok(WriteOutcome::Applied) => (true, None),
                 Ok(WriteOutcome::Rejected(record)) => (false, record),
                 Err(error) => {
+                    if let Some(pause) =
+                        decide::release_retry(&error, failures, now_ms, hold_until_ms)
+                    {
+                        tracing::debug!(namespace, %error, ?pause, "a release's write failed; it is sent again");
+                        failures += 1;
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
                     tracing::warn!(
                         namespace,
                         %error,
@@ -403,6 +412,7 @@ pub(super) fn release(
                     return;
                 }
             };
+            (answered, failures) = (answered + 1, 0);
             seen = decide::seen_after(
                 sent,
                 applied,

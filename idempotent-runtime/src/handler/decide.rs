@@ -261,6 +261,28 @@ pub(crate) fn after_release(
     }
 }
 
+/// How long a release waits before it sends again a write that failed with `error` at `now_ms`
+/// (its `failures`th failure in a row), or `None` when it stops: the error is one that does not pass
+/// (a setup error, a corrupt record, ...), or the claim it gave up can no longer hold the key
+/// (`hold_until_ms`). An outage that outlasts the store client's own retries must not leave the
+/// claim free to land: the release keeps trying, with a pause that doubles from 50 ms up to 2 s,
+/// until the claim it stands in for is over. The store's answers, not these attempts, count against
+/// [`RELEASE_WRITES`].
+pub(crate) fn release_retry(
+    error: &crate::StoreError,
+    failures: u32,
+    now_ms: u64,
+    hold_until_ms: u64,
+) -> Option<Duration> {
+    use crate::StoreError;
+    let passes = matches!(error, StoreError::Throttled(_) | StoreError::Unavailable(_));
+    (passes && now_ms < hold_until_ms).then(|| {
+        Duration::from_millis(50)
+            .saturating_mul(1 << failures.min(6))
+            .min(Duration::from_secs(2))
+    })
+}
+
 /// Whether `record`'s release marks last until `hold_until_ms`: their end is no earlier, and TTL
 /// deletes the record no earlier.
 fn holds_until(record: &Record, hold_until_ms: u64) -> bool {
@@ -1045,6 +1067,36 @@ mod tests {
                 Some(Mark)
             );
         }
+    }
+
+    #[test]
+    fn a_release_sends_again_what_failed_until_its_claim_is_over() {
+        use crate::StoreError;
+        let unavailable = StoreError::Unavailable("a brief outage".into());
+        let throttled = StoreError::Throttled("slow down".into());
+        assert_eq!(
+            release_retry(&unavailable, 0, 1_000, 2_000),
+            Some(Duration::from_millis(50))
+        );
+        assert_eq!(
+            release_retry(&throttled, 1, 1_999, 2_000),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            release_retry(&unavailable, 5, 1_000, 2_000),
+            Some(Duration::from_millis(1_600))
+        );
+        for failures in [6, 40, u32::MAX] {
+            assert_eq!(
+                release_retry(&unavailable, failures, 1_000, 2_000),
+                Some(Duration::from_secs(2))
+            );
+        }
+        // The claim is over: nothing to keep out.
+        assert_eq!(release_retry(&unavailable, 0, 2_000, 2_000), None);
+        // An error that does not pass.
+        let corrupt = StoreError::Corrupt("not a record".into());
+        assert_eq!(release_retry(&corrupt, 0, 1_000, 2_000), None);
     }
 
     #[test]

@@ -1782,6 +1782,17 @@ async fn transitions_keep_the_record_until_its_released_tokens_end<S: Store>(
         (Status::Completed, outliving, 0, None),
         "a completion drops the released tokens and keeps the record until their end"
     );
+    later_expiries_and_other_tokens_are_left_alone(&c, until, short).await
+}
+
+/// The rest of [`transitions_keep_the_record_until_its_released_tokens_end`]: an expiry later than
+/// the released tokens' end is kept as asked, and the rule lets no other token through.
+async fn later_expiries_and_other_tokens_are_left_alone<S: Store>(
+    c: &Context<S>,
+    until: u64,
+    short: u64,
+) -> Result<(), Violation> {
+    let outliving = until.div_ceil(1000);
     // An expiry already past the end is kept as asked.
     c.pending("later", "t1").await?;
     let seen = c.record("later").await?;

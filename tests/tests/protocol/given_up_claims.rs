@@ -702,7 +702,8 @@ async fn a_release_on_an_expired_failure_does_not_skip_the_next_reservation(back
     assert!(failed.is_expired(clock.now_ms()), "{failed:?}");
     let slow = Idempotency::builder_arc(Arc::new(Delegating::new(
         Forward(store.clone()),
-        TransactionAppliedLate(Duration::from_millis(150)),
+        // Late enough that the release, on a loaded machine too, is done before it lands.
+        TransactionAppliedLate(Duration::from_secs(1)),
     )))
     .clock(clock.clone())
     .build();
@@ -713,7 +714,7 @@ async fn a_release_on_an_expired_failure_does_not_skip_the_next_reservation(back
     .await;
     assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
     slow.drain(Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let marked = record(&*store).await.unwrap();
     assert_eq!(
         stock.available().await,
