@@ -11,15 +11,11 @@ use flight::{Followed, Joined, Landed, Lead};
 use std::sync::Arc;
 
 /// How a claim with claim-time writes ended ([`claim_with_writes`]).
-#[allow(
-    clippy::large_enum_variant,
-    reason = "like `ClaimOutcome`, which it carries on: boxing the record would allocate"
-)]
 pub(super) enum WithWrites {
     /// The claim and its writes committed together.
     Claimed,
-    /// This record blocks the claim.
-    Blocked(Record),
+    /// This record blocks the claim (boxed, as [`Claim::Blocked`] carries it on).
+    Blocked(Box<Record>),
     /// The key is to be taken with a plain claim instead: its claim-time writes are still in effect,
     /// or (for a resume of steps) the record is gone.
     Plain,
@@ -62,7 +58,9 @@ pub(super) fn claim_with_writes<'a>(
                 );
                 Ok(WithWrites::Plain)
             }
-            Ok(TransactOutcome::Rejected(Some(record))) => Ok(WithWrites::Blocked(record)),
+            Ok(TransactOutcome::Rejected(Some(record))) => {
+                Ok(WithWrites::Blocked(Box::new(record)))
+            }
             // A resume whose record is gone: the plain claim finds it gone too, and the call claims
             // afresh.
             Ok(TransactOutcome::Rejected(None))
@@ -88,10 +86,6 @@ pub(super) fn claim_with_writes<'a>(
 }
 
 /// How the claim phase ended.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "returned once per call, by value: boxing the replayed record would allocate on every duplicate"
-)]
 pub(super) enum Acquired<'a> {
     /// We hold the claim until this instant (epoch milliseconds): run the body. `took_over`: the key was
     /// held by a lapsed claim when this call found it; `lead`: the call's hold on the key's flight in
@@ -108,17 +102,13 @@ pub(super) enum Acquired<'a> {
 
 /// A stored response found by the claim phase, before it is decoded. Not generic, so that the claim
 /// phase is compiled once for every function; decoding is what each value type needs of its own.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "returned once per duplicate, by value: boxing the record would allocate on every one"
-)]
 pub(crate) enum Replay<'a> {
     /// From the local cache, or passed on by the leader of the key's flight in this process.
     Shared(Arc<[u8]>),
     /// From the store: once it decodes, the cache keeps it and the call's followers (when it leads a
     /// flight) get it too.
     Record {
-        record: Record,
+        record: Box<Record>,
         lead: Option<Lead<'a>>,
     },
 }
@@ -687,7 +677,7 @@ pub(super) async fn acquire<'a>(attempt: &Attempt<'a>) -> Result<Acquired<'a>, E
             drop(record);
             // Boxed: a timer and a read are large, and a call that finds no one in flight never waits.
             match Box::pin(reread(idem, plan.call.namespace, plan.key, pause)).await? {
-                Some(next) => refused = next,
+                Some(next) => refused = Box::new(next),
                 // Deleted (by TTL or by hand): the key is new.
                 None => continue 'claim,
             }
@@ -813,7 +803,7 @@ async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<
         Ok(WriteOutcome::Applied) => Ok(Claim::Held {
             lease_until_ms: request.lease_until_ms,
         }),
-        Ok(WriteOutcome::Rejected(Some(record))) => Ok(Claim::Blocked(record)),
+        Ok(WriteOutcome::Rejected(Some(record))) => Ok(Claim::Blocked(Box::new(record))),
         Ok(WriteOutcome::Rejected(None)) => Ok(Claim::Vanished(StoreError::Corrupt(
             "the record of a claim being renewed is gone".to_owned(),
         ))),
@@ -822,10 +812,6 @@ async fn renew_once(attempt: &Attempt<'_>, request: ClaimRequest<'_>) -> Result<
 }
 
 /// What one claim attempt found.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "returned by value on every duplicate's path: boxing the record would allocate there"
-)]
 pub(super) enum Claim {
     /// The key is ours.
     Held {
@@ -833,8 +819,10 @@ pub(super) enum Claim {
         /// caller's future does not keep it across the request.
         lease_until_ms: u64,
     },
-    /// Here is the record that blocked the claim.
-    Blocked(Record),
+    /// Here is the record that blocked the claim. Boxed where the store's answer is taken apart: a
+    /// duplicate's record goes on through the claim loop to its replay by value, and a record is
+    /// about 300 bytes, copied at each step, where a box is a pointer.
+    Blocked(Box<Record>),
     /// A claim that needs the record (one keeping claim-time writes, or a resume of steps) found none:
     /// the store's error, for when the call claims no more.
     Vanished(StoreError),
@@ -870,7 +858,7 @@ pub(super) fn claim_once<'a>(
             Ok(ClaimOutcome::Claimed) => Ok(Claim::Held {
                 lease_until_ms: request.lease_until_ms,
             }),
-            Ok(ClaimOutcome::Existing(record)) => Ok(Claim::Blocked(record)),
+            Ok(ClaimOutcome::Existing(record)) => Ok(Claim::Blocked(Box::new(record))),
             Err(e @ StoreError::Corrupt(_))
                 if request.keep_claim_writes
                     || matches!(request.steps, StepsClaim::Resume { .. }) =>
@@ -997,7 +985,12 @@ pub(super) fn cached(idem: &Idempotency, plan: &Plan<'_>) -> Result<Option<Arc<[
 
 /// A COMPLETED record whose response decoded: the local cache keeps it too, and the call's followers
 /// (when it leads a flight) get it.
-fn keep_replayed(idem: &Idempotency, plan: &Plan<'_>, record: Record, lead: Option<&Lead<'_>>) {
+fn keep_replayed(
+    idem: &Idempotency,
+    plan: &Plan<'_>,
+    record: Box<Record>,
+    lead: Option<&Lead<'_>>,
+) {
     let response = record.response.unwrap_or_default();
     if let Some(lead) = lead {
         lead.land(|| Landed {

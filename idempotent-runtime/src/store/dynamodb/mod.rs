@@ -80,6 +80,7 @@ mod table; // create/ensure/check the table, `TableReport`
 pub(crate) mod transaction; // `Transaction` and the limits of one `TransactWriteItems`
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::Client;
@@ -536,9 +537,31 @@ fn claim_outliving<'a>(
         .then_some(raised)
 }
 
-#[async_trait::async_trait]
-impl Store for DynamoDbStore {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+/// A request's future, put in its box as it is made: `make` calls a function that is never inlined
+/// and returns the future (the `*_future` functions below), so the compiler has it write the future
+/// straight into the box. Built in the caller's frame instead, as `Box::pin(async move { .. })`
+/// does, the future is made on the stack and copied into the box whole: about 7 KB for a claim, most
+/// of it the SDK's request future, not yet started and not yet written.
+fn boxed<'a, T, F: Future<Output = T> + Send + 'a>(
+    make: impl FnOnce() -> F,
+) -> Pin<Box<dyn Future<Output = T> + Send + 'a>> {
+    let slot = Box::<F>::new_uninit();
+    let future: Box<F> = Box::write(slot, make());
+    Box::into_pin(future)
+}
+
+// The requests of the `Store` methods a call makes every time (a claim; a completion or failure),
+// each behind a function that makes its future (`boxed`).
+impl DynamoDbStore {
+    #[inline(never)]
+    fn claim_future<'a>(
+        &'a self,
+        request: &'a ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
+        self.claim_request(request)
+    }
+
+    async fn claim_request(&self, request: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let mut request = *request;
         let mut clearing_steps = false;
         let outcome = loop {
@@ -566,7 +589,18 @@ impl Store for DynamoDbStore {
         }
     }
 
-    async fn transition(&self, transition: &Transition<'_>) -> Result<WriteOutcome, StoreError> {
+    #[inline(never)]
+    fn transition_future<'a>(
+        &'a self,
+        transition: &'a Transition<'_>,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send + 'a {
+        self.transition_request(transition)
+    }
+
+    async fn transition_request(
+        &self,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
         let op = transition.change.op(false);
         let mut transition = *transition;
         loop {
@@ -582,6 +616,33 @@ impl Store for DynamoDbStore {
                 _ => return Ok(outcome),
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for DynamoDbStore {
+    fn claim<'s, 'r, 'k, 'f>(
+        &'s self,
+        request: &'r ClaimRequest<'k>,
+    ) -> Pin<Box<dyn Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'f>>
+    where
+        's: 'f,
+        'r: 'f,
+        'k: 'f,
+    {
+        boxed(|| self.claim_future(request))
+    }
+
+    fn transition<'s, 't, 'k, 'f>(
+        &'s self,
+        transition: &'t Transition<'k>,
+    ) -> Pin<Box<dyn Future<Output = Result<WriteOutcome, StoreError>> + Send + 'f>>
+    where
+        's: 'f,
+        't: 'f,
+        'k: 'f,
+    {
+        boxed(|| self.transition_future(transition))
     }
 
     async fn transact_transition(
