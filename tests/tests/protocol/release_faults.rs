@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::store::conformance::{Delegating, Override};
-use idempotent_runtime::store::{Transition, WriteOutcome};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
 use idempotent_runtime::{
     Error, Idempotency, ManualClock, MemoryStore, RoutedStore, Store, StoreError,
 };
@@ -138,8 +138,89 @@ async fn a_release_through_a_routed_store_outlasts_a_brief_region_outage(backend
     assert_eq!(runs.count(), 1);
 }
 
+/// A region's brief outage as a call sees it: its claim is applied but the answer is lost
+/// ([`StoreError::Unavailable`], as DynamoDB's timeout after the SDK's own retries), and the first
+/// transition meets the same outage; the rest is forwarded.
+#[derive(Debug)]
+struct ClaimAnswerLost(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Override<Forward> for ClaimAnswerLost {
+    fn kind(&self) -> &'static str {
+        "claim-answer-lost"
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        inner.claim(request).await?;
+        Err(StoreError::Unavailable("the answer was lost".into()))
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &Transition<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let failing = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(StoreError::Unavailable("a brief outage".into()));
+        }
+        inner.transition(transition).await
+    }
+}
+
+/// A call through a [`RoutedStore`] (one region, `home`) whose claim lands but whose answer is lost
+/// in a brief outage of the region: the call ends with `RegionUnavailable` (retryable, no body ran)
+/// and releases its claim. The release's first write meets the same outage, as
+/// [`StoreError::RegionUnavailable`], and the release stops there: the claim stays PENDING, and the
+/// caller's retry, a moment later, gets `InProgress` for the claim's whole minute with no body
+/// running. Had the region's store answered [`StoreError::Unavailable`] directly, the release would
+/// have sent its write again ([`a_release_outlasts_a_transient_store_error`]).
+async fn a_claim_answer_lost_in_a_region_outage_is_released(backend: Backend) {
+    let store: Arc<dyn Store> = match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::DynamoDb => Arc::new(dynamodb_store().await.0),
+    };
+    let clock = ManualClock::starting_now();
+    let region: Arc<dyn Store> = Arc::new(Delegating::new(
+        Forward(store.clone()),
+        ClaimAnswerLost(AtomicUsize::new(1)),
+    ));
+    let routed = Idempotency::builder_arc(Arc::new(RoutedStore::new([("home", region)]).unwrap()))
+        .clock(clock.clone())
+        .build();
+    let runs = Runs::default();
+    let first = charge(&routed, &runs).await;
+    assert!(
+        matches!(first, Err(Error::RegionUnavailable { .. })),
+        "the claim's answer was lost: {first:?}"
+    );
+    routed.drain(Duration::from_secs(10)).await;
+    let left = store
+        .get(&idempotent_runtime::derive_key(NAMESPACE, KEY).unwrap())
+        .await
+        .unwrap();
+    let direct = Idempotency::builder_arc(store.clone())
+        .clock(clock.clone())
+        .build();
+    let retry = charge(&direct, &runs).await;
+    assert!(
+        matches!(retry, Ok(1)),
+        "the claim of a call that returned does not hold the key: {retry:?}; record: {left:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
 idempotent_tests::on_both_stores!(a_release_outlasts_a_transient_store_error,);
 idempotent_tests::on_both_stores!(
     #[ignore = "reproduces: a release stops at a region outage and its late claim holds the key"]
     a_release_through_a_routed_store_outlasts_a_brief_region_outage,
+    #[ignore = "reproduces: a release stops at a region outage and its late claim holds the key"]
+    a_claim_answer_lost_in_a_region_outage_is_released,
 );
