@@ -1,6 +1,9 @@
 //! A release meets a transient store error: the loop in `handler/claim.rs`'s `release` sends the
 //! write again after a pause, until the claim it gave up is over (`decide::release_retry`), rather
-//! than stopping at the first error and leaving the claim free to land.
+//! than stopping at the first error and leaving the claim free to land. Behind a `RoutedStore` the
+//! same outage reaches the release as `StoreError::RegionUnavailable`, which it does not send again
+//! (the two ignored tests reproduce it: a call given up while its claim is on the wire, and a claim
+//! whose answer was lost).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
