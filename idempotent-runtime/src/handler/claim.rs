@@ -354,6 +354,9 @@ pub(super) fn release(
         // rejection means the record changed in between ([`decide::RELEASE_WRITES`]).
         let margin = idem.clock_skew_margin();
         let hold_until_ms = decide::release_hold_until(idem.clock().now_ms(), lease, margin);
+        // The same end on the process's monotonic clock: a handle's clock that stands still (a test's
+        // manual clock) never ends a release that an outage keeps failing.
+        let retries_until = tokio::time::Instant::now() + lease + margin;
         let mut step = Some(decide::ReleaseStep::Fail);
         // The record the next mark is computed from: the one the last rejection returned.
         let mut seen = None;
@@ -388,6 +391,7 @@ pub(super) fn release(
                 Err(error) => {
                     if let Some(pause) =
                         decide::release_retry(&error, failures, now_ms, hold_until_ms)
+                            .filter(|_| tokio::time::Instant::now() < retries_until)
                     {
                         tracing::debug!(namespace, %error, ?pause, "a release's write failed; it is sent again");
                         failures += 1;
@@ -458,10 +462,13 @@ pub(crate) fn release_change(
             expires_at_s: expiry_s(now_ms, lifetimes.lifetime),
             release_claim_writes: false,
         },
+        // No earlier than the claim's end, like every write of a record with released tokens
+        // (`Record::outlives_released`): a `ttl` shorter than the clock-skew margin would make it so.
         decide::ReleaseStep::Mark => Change::Release {
             now_ms: judged_ms(now_ms, margin),
             error: RELEASED,
-            expires_at_s: expiry_s(now_ms, lifetimes.mark_lifetime),
+            expires_at_s: expiry_s(now_ms, lifetimes.mark_lifetime)
+                .max(lifetimes.hold_until_ms.div_ceil(1000)),
             released_until_ms: lifetimes.hold_until_ms,
         },
         // Only ever after a write that told what the record holds; should one not have, a mark
@@ -1074,5 +1081,37 @@ mod retry_hints {
             retry_hint(true, SHORT, Duration::ZERO, Duration::from_millis(1)),
             Duration::ZERO
         );
+    }
+}
+
+#[cfg(test)]
+mod release_marks {
+    use super::*;
+
+    /// A release's mark where there is no record lives no shorter than the claim it keeps out, even
+    /// with a lifetime shorter than the clock-skew margin.
+    #[test]
+    fn a_release_mark_outlives_its_claim_whatever_the_ttl() {
+        let hold_until_ms = 10_500;
+        let change = release_change(
+            decide::ReleaseStep::Mark,
+            1_000,
+            Duration::from_secs(1),
+            Lifetimes {
+                lifetime: Duration::from_millis(100),
+                mark_lifetime: Duration::from_millis(100),
+                hold_until_ms,
+            },
+            None,
+        );
+        let Change::Release {
+            expires_at_s,
+            released_until_ms,
+            ..
+        } = change
+        else {
+            panic!("a mark: {change:?}")
+        };
+        assert_eq!((expires_at_s, released_until_ms), (11, hold_until_ms));
     }
 }

@@ -263,7 +263,8 @@ pub(crate) fn after_release(
 
 /// How long a release waits before it sends again a write that failed with `error` at `now_ms`
 /// (its `failures`th failure in a row), or `None` when it stops: the error is one that does not pass
-/// (a setup error, a corrupt record, ...), or the claim it gave up can no longer hold the key
+/// (a setup error, a corrupt record, ...; a region's outage through a routed store passes), or the
+/// claim it gave up can no longer hold the key
 /// (`hold_until_ms`). An outage that outlasts the store client's own retries must not leave the
 /// claim free to land: the release keeps trying, with a pause that doubles from 50 ms up to 2 s,
 /// until the claim it stands in for is over. The store's answers, not these attempts, count against
@@ -275,7 +276,12 @@ pub(crate) fn release_retry(
     hold_until_ms: u64,
 ) -> Option<Duration> {
     use crate::StoreError;
-    let passes = matches!(error, StoreError::Throttled(_) | StoreError::Unavailable(_));
+    let passes = matches!(
+        error,
+        StoreError::Throttled(_)
+            | StoreError::Unavailable(_)
+            | StoreError::RegionUnavailable { .. }
+    );
     (passes && now_ms < hold_until_ms).then(|| {
         Duration::from_millis(50)
             .saturating_mul(1 << failures.min(6))
@@ -1092,6 +1098,15 @@ mod tests {
                 Some(Duration::from_secs(2))
             );
         }
+        // A region's outage, as a routed store reports it, passes too.
+        let region = StoreError::RegionUnavailable {
+            region: "home".to_owned(),
+            source: "a brief outage".into(),
+        };
+        assert_eq!(
+            release_retry(&region, 0, 1_000, 2_000),
+            Some(Duration::from_millis(50))
+        );
         // The claim is over: nothing to keep out.
         assert_eq!(release_retry(&unavailable, 0, 2_000, 2_000), None);
         // An error that does not pass.

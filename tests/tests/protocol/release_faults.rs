@@ -222,8 +222,6 @@ async fn a_claim_answer_lost_in_a_region_outage_is_released(backend: Backend) {
 
 idempotent_tests::on_both_stores!(a_release_outlasts_a_transient_store_error,);
 idempotent_tests::on_both_stores!(
-    #[ignore = "reproduces: a release stops at a region outage and its late claim holds the key"]
     a_release_through_a_routed_store_outlasts_a_brief_region_outage,
-    #[ignore = "reproduces: a release stops at a region outage and its late claim holds the key"]
     a_claim_answer_lost_in_a_region_outage_is_released,
 );
