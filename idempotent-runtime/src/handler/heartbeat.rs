@@ -7,30 +7,6 @@
 )]
 use super::*;
 
-/// Runs `work` (the body, then the writes that store its outcome) while extending the lease every third
-/// of it, so a live worker is never taken over (when the handle has heartbeats on).
-pub(super) fn with_heartbeat<F: Future>(heartbeat: Heartbeat<'_>, work: F) -> WithHeartbeat<'_, F> {
-    WithHeartbeat {
-        work,
-        beat: None,
-        heartbeat,
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// `work`, with the lease heartbeat beside it while it is pending ([`with_heartbeat`]). A future of its
-    /// own rather than an `async fn` around `select!`, which would hold `work` twice (the argument, and
-    /// the pinned local it is moved into) in the box every call that runs its body takes (see
-    /// `future_size`). The heartbeat is boxed when first needed, that is when `work` did not finish at its
-    /// first poll, so that its timer and request are not part of that box either.
-    pub(super) struct WithHeartbeat<'a, F> {
-        #[pin]
-        pub(super) work: F,
-        pub(super) beat: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
-        pub(super) heartbeat: Heartbeat<'a>,
-    }
-}
-
 /// What the heartbeat needs: the claim on `key` held by `token`, whose lease (until `lease_until_ms`,
 /// asked for by a request sent one `lease` before) it extends.
 #[derive(Clone, Copy)]
@@ -63,32 +39,18 @@ impl<'a> Heartbeat<'a> {
         }
     }
 
-    /// The heartbeat's requests, started; boxed, and not generic, so that each function's
-    /// [`WithHeartbeat`] only polls it.
+    /// The heartbeat's requests, started; boxed, so that the box a call that runs its body takes
+    /// does not carry its timer and request.
     #[inline(never)]
     fn start(self) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(heartbeats(self))
     }
 }
 
-impl<F: Future> Future for WithHeartbeat<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
-        let this = self.project();
-        // The work first: once it is done, the heartbeat stops (it is dropped with this future).
-        if let std::task::Poll::Ready(out) = this.work.poll(cx) {
-            return std::task::Poll::Ready(out);
-        }
-        beat(this.beat, *this.heartbeat, cx);
-        std::task::Poll::Pending
-    }
-}
-
-/// The heartbeat's part of [`WithHeartbeat`]'s poll, while the work is pending: started when first
-/// needed, then polled. Not generic, and out of line: compiled once, not into each function's poll.
-#[inline(never)]
-fn beat<'a>(
+/// The heartbeat beside a body that holds its claim and the storing of its end ([`Finishing`]), while
+/// they are pending: started when first needed (so that a body that ends at its first poll never
+/// allocates it), then polled.
+pub(super) fn beat<'a>(
     beat: &mut Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
     heartbeat: Heartbeat<'a>,
     cx: &mut std::task::Context<'_>,

@@ -84,9 +84,17 @@ where
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
             // carry the body, the completion and the timer.
-            let work = finish(claim, body, describe, lease, lease_until_ms, took_over);
             let heartbeat = Heartbeat::of(idem, plan, token, lease, ttl, lease_until_ms);
-            Box::pin(with_heartbeat(heartbeat, work)).await
+            let work = finish(
+                claim,
+                heartbeat,
+                body,
+                describe,
+                lease,
+                lease_until_ms,
+                took_over,
+            );
+            Box::pin(work).await
         };
         attempt.stage.set(Stage::Done);
         let outcome = match finished {
@@ -364,14 +372,6 @@ where
                 lead: held_lead.as_mut().map(flight::OwnedLead::lead),
             };
             let lease = work.lease;
-            let finished = finish(
-                claim,
-                work.body,
-                work.describe,
-                lease,
-                work.lease_until_ms,
-                work.took_over,
-            );
             let heartbeat = Heartbeat {
                 idem: &owned.idem,
                 key: &owned.key,
@@ -380,7 +380,16 @@ where
                 ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
                 lease_until_ms: work.lease_until_ms,
             };
-            with_heartbeat(heartbeat, finished).await
+            finish(
+                claim,
+                heartbeat,
+                work.body,
+                work.describe,
+                lease,
+                work.lease_until_ms,
+                work.took_over,
+            )
+            .await
         };
         // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
         let task = claim
@@ -490,29 +499,6 @@ impl OwnedClaim {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// `future`, with a panic in its `poll` caught and returned (the future is not polled again).
-    pub(super) struct CatchUnwind<F> {
-        #[pin]
-        pub(super) future: F,
-    }
-}
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Panic>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let future = self.project().future;
-        // Unwind safety: after a panic the body's future is never polled again, only dropped; what
-        // the call does next (record FAILED, resume the panic) touches none of its state.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
 /// The text stored for a body that panicked: `panicked: <message>` (a payload that is not a string, as
 /// `std::panic::panic_any` may give, has no message).
 pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
@@ -524,47 +510,76 @@ pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
     format!("panicked: {message}")
 }
 
-/// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed). `run`
-/// boxes it, with the heartbeat beside it; `lease_until_ms` and `took_over` are the claim's.
+/// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed), with
+/// the lease heartbeat beside both. `run` boxes it; `lease_until_ms` and `took_over` are the claim's.
 ///
-/// The only part of it made for each function is what depends on the body's types: polling the body,
-/// its value's JSON ([`Held::encode`]) or its error's text, and handing back the value or the error;
-/// storing the outcome ([`store_ending`]) is compiled once.
-#[allow(
-    clippy::manual_async_fn,
-    reason = "an async block: as an `async fn`, its future holds the body's twice and is 72 bytes larger (see `future_size`)"
-)]
-pub(super) fn finish<T, E, F>(
-    claim: Held<'_>,
+/// A thin typed shim around a core that is not generic ([`Finishing`]): the shim holds the body's future
+/// in place (so the call's future is `Send` exactly when the body is) and, at each poll, hands the core a
+/// `&mut dyn` [`BodyEnd`] that polls the body and gives its end as stored. Only that part (polling the
+/// body, its value's JSON ([`Held::encode`]) or its error's text, and handing back the value or the
+/// error) is made for each function; the heartbeat and the storing of the outcome ([`store_ending`])
+/// are compiled once.
+pub(super) fn finish<'a, T, E, F, D>(
+    claim: Held<'a>,
+    heartbeat: Heartbeat<'a>,
     body: F,
-    describe: impl FnOnce(&E) -> String,
+    describe: D,
     lease: Duration,
     lease_until_ms: u64,
     took_over: bool,
-) -> impl Future<Output = Finished<T, E>>
+) -> Finish<'a, F, D, T, E>
 where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
 {
-    async move {
-        let ended = CatchUnwind { future: body }.await;
-        let (ending, kept) = match ended {
-            Ok(Ok(value)) => {
-                let (encoded, thrown) = claim.encode(&value);
-                (Ending::Value { encoded, thrown }, Some(Ok(value)))
-            }
-            // A panic in the error's text (its `Display`) is a failure like a panicking body's:
-            // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
-            Ok(Err(err)) => match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
-                Ok(text) => (Ending::Failed(text), Some(Err(err))),
-                Err(panic) => (Ending::Panicked { panic, body: false }, None),
-            },
-            Err(panic) => (Ending::Panicked { panic, body: true }, None),
+    Finish {
+        body,
+        describe: Some(describe),
+        kept: None,
+        core: Finishing {
+            claim: Some(claim),
+            lease,
+            lease_until_ms,
+            took_over,
+            storing: None,
+            heartbeat,
+            beat: None,
+        },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`finish`]: the body in place, beside the core that stores its end.
+    pub(super) struct Finish<'a, F, D, T, E> {
+        #[pin]
+        body: F,
+        describe: Option<D>,
+        // The value or the error, kept for the caller while its end is stored.
+        kept: Option<Result<T, E>>,
+        core: Finishing<'a>,
+    }
+}
+
+impl<F, D, T, E> Future for Finish<'_, F, D, T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+{
+    type Output = Finished<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Finished<T, E>> {
+        let this = self.project();
+        let mut body = Typed {
+            body: this.body,
+            describe: this.describe,
+            kept: this.kept,
         };
-        // Boxed, and not generic: each function's code only polls it (see `future_size`).
-        let ending = stored(claim, ending, lease, lease_until_ms, took_over).await;
-        match (ending, kept) {
+        let settled = std::task::ready!(this.core.poll(cx, &mut body));
+        Poll::Ready(match (settled, body.kept.take()) {
             (Settled::Own(outcome), Some(result)) => Ok((result, outcome)),
             (Settled::Instead(e), _) => {
                 let outcome = Outcome::of(&e);
@@ -572,7 +587,105 @@ where
             }
             (Settled::Panic(panic), _) => Err(panic),
             (Settled::Own(_), None) => unreachable!("a panic's ending is stored as a panic"),
+        })
+    }
+}
+
+/// What [`Finishing`] needs of the body, at each poll: one method, so that its vtable carries no
+/// `FnOnce` shim per type.
+pub(super) trait BodyEnd {
+    /// Polls the body (a panic caught); once it is done, its end as `claim` stores it, the value or the
+    /// error kept for the caller. Not called again once it is ready.
+    fn poll_end(&mut self, cx: &mut std::task::Context<'_>, claim: &Held<'_>) -> Poll<Ending>;
+}
+
+/// The body's part of [`Finish`], borrowed for one poll.
+struct Typed<'p, F, D, T, E> {
+    body: Pin<&'p mut F>,
+    describe: &'p mut Option<D>,
+    kept: &'p mut Option<Result<T, E>>,
+}
+
+impl<F, D, T, E> BodyEnd for Typed<'_, F, D, T, E>
+where
+    T: Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+{
+    fn poll_end(&mut self, cx: &mut std::task::Context<'_>, claim: &Held<'_>) -> Poll<Ending> {
+        let body = self.body.as_mut();
+        // Unwind safety: after a panic the body's future is never polled again, only dropped; what
+        // the call does next (record FAILED, resume the panic) touches none of its state.
+        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(result)) => Ok(result),
+            Err(panic) => Err(panic),
+        };
+        Poll::Ready(match ended {
+            Ok(Ok(value)) => {
+                let (encoded, thrown) = claim.encode(&value);
+                *self.kept = Some(Ok(value));
+                Ending::Value { encoded, thrown }
+            }
+            // A panic in the error's text (its `Display`) is a failure like a panicking body's:
+            // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
+            Ok(Err(err)) => {
+                let describe = self.describe.take().expect("a body ends once");
+                match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                    Ok(text) => {
+                        *self.kept = Some(Err(err));
+                        Ending::Failed(text)
+                    }
+                    Err(panic) => Ending::Panicked { panic, body: false },
+                }
+            }
+            Err(panic) => Ending::Panicked { panic, body: true },
+        })
+    }
+}
+
+/// [`finish`]'s core, not generic: the body polled through its [`BodyEnd`] until it ends, then its end
+/// stored ([`stored`]), with the lease heartbeat beside both (started when the body did not end at its
+/// first poll, and stopped once the end is stored).
+pub(super) struct Finishing<'a> {
+    /// Taken when the storing of the body's end starts.
+    claim: Option<Held<'a>>,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+    /// The storing of the body's end, once the body has ended.
+    storing: Option<Pin<Box<dyn Future<Output = Settled> + Send + 'a>>>,
+    heartbeat: Heartbeat<'a>,
+    beat: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+}
+
+impl Finishing<'_> {
+    /// Polls the body, then the storing of its end; beats while either is pending.
+    #[inline(never)]
+    fn poll(&mut self, cx: &mut std::task::Context<'_>, body: &mut dyn BodyEnd) -> Poll<Settled> {
+        if self.storing.is_none() {
+            let claim = self.claim.as_ref().expect("held until the body ends");
+            let Poll::Ready(ending) = body.poll_end(cx, claim) else {
+                beat(&mut self.beat, self.heartbeat, cx);
+                return Poll::Pending;
+            };
+            let claim = self.claim.take().expect("held until the body ends");
+            self.storing = Some(stored(
+                claim,
+                ending,
+                self.lease,
+                self.lease_until_ms,
+                self.took_over,
+            ));
         }
+        let storing = self.storing.as_mut().expect("set above");
+        if let Poll::Ready(settled) = storing.as_mut().poll(cx) {
+            // The claim is settled: the heartbeat stops.
+            self.beat = None;
+            return Poll::Ready(settled);
+        }
+        beat(&mut self.beat, self.heartbeat, cx);
+        Poll::Pending
     }
 }
 
@@ -783,14 +896,6 @@ mod future_size {
                 String::new(),
             ))
         };
-        let work = finish(
-            held,
-            body,
-            |e: &Error| e.to_string(),
-            Duration::ZERO,
-            0,
-            false,
-        );
         let heartbeat = Heartbeat {
             idem: &idem,
             key: "k",
@@ -799,7 +904,15 @@ mod future_size {
             ttl: Duration::ZERO,
             lease_until_ms: 0,
         };
-        let heartbeat = std::mem::size_of_val(&with_heartbeat(heartbeat, work));
+        let heartbeat = std::mem::size_of_val(&finish(
+            held,
+            heartbeat,
+            body,
+            |e: &Error| e.to_string(),
+            Duration::ZERO,
+            0,
+            false,
+        ));
         for (part, size) in [
             ("ending (completion or failure)", complete),
             ("body with its heartbeat", heartbeat),
