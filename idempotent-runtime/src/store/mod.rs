@@ -279,6 +279,7 @@ impl Change<'_> {
     /// This change with its expiry raised to outlive `record`'s released tokens
     /// ([`Record::outlives_released`]), when it is a transition out of (or within) PENDING whose expiry
     /// is earlier than that: `None` for any other change, or one that already outlives them.
+    #[cfg(feature = "dynamodb")]
     pub(crate) fn outliving_released(&self, record: &Record) -> Option<Self> {
         let mut raised = *self;
         let (Change::Complete { expires_at_s, .. }
