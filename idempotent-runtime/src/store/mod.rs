@@ -605,3 +605,61 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// A short name for logs and `Debug` (`"memory"`, `"dynamodb"`).
     fn kind(&self) -> &'static str;
 }
+
+#[cfg(all(test, feature = "dynamodb"))]
+mod tests {
+    use super::*;
+    use crate::record::Status;
+
+    /// A record PENDING under `t` whose released tokens end at `until_ms`.
+    fn marked(until_ms: Option<u64>) -> Record {
+        let mut record = Record::new("ns#k", Status::Pending, "t", 100);
+        record.lease_until_ms = Some(61_000);
+        record.released_until_ms = until_ms;
+        record
+    }
+
+    /// The expiry of a transition out of (or within) PENDING is raised to the released tokens' end,
+    /// rounded up to the second; any other change, or one that already outlives them, is left alone.
+    #[test]
+    fn only_a_transition_expiring_before_the_released_tokens_end_is_raised() {
+        let record = marked(Some(200_001));
+        for change in [
+            Change::Complete {
+                response: None,
+                expires_at_s: 150,
+                replay_until_s: None,
+            },
+            Change::Fail {
+                error: "declined",
+                expires_at_s: 150,
+                release_claim_writes: false,
+            },
+            Change::ExtendLease {
+                lease_until_ms: 70_000,
+                expires_at_s: 150,
+            },
+        ] {
+            let raised = change.outliving_released(&record).expect("raised");
+            let (Change::Complete { expires_at_s, .. }
+            | Change::Fail { expires_at_s, .. }
+            | Change::ExtendLease { expires_at_s, .. }) = raised
+            else {
+                panic!("{raised:?}")
+            };
+            assert_eq!(expires_at_s, 201, "{change:?}");
+        }
+        let later = Change::Complete {
+            response: None,
+            expires_at_s: 201,
+            replay_until_s: None,
+        };
+        assert!(later.outliving_released(&record).is_none());
+        assert!(later.outliving_released(&marked(None)).is_none());
+        let step = Change::SaveSteps {
+            steps: b"[]",
+            previous: b"",
+        };
+        assert!(step.outliving_released(&record).is_none());
+    }
+}
