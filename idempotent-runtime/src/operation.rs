@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::call::{Call, MissingKey};
-use crate::handler::{self, Detach, Inline, Runner};
+use crate::handler;
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
@@ -565,7 +565,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         match P::detached(self, describe, body) {
             Ok(detached) => Launched::Detached { run: detached },
             Err((operation, body)) => Launched::InPlace {
-                run: operation.plain().drive(describe, body, Inline),
+                run: operation.plain().drive(describe, body),
             },
         }
     }
@@ -576,30 +576,84 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     }
 }
 
-impl<H> Operation<'_, H> {
-    /// The one path into the state machine, in place or detached (`runner`), for
-    /// [`launch`](Self::launch): the kill switch, then the handle, key and payload (the first
-    /// error among them; the body does not run), the missing-key policy, then [`handler::run`].
+impl<'a, H> Operation<'a, H> {
+    /// The path into the state machine of a body run in place, for [`launch`](Self::launch): the
+    /// checks ([`prepare`]: the kill switch, then the handle, key and payload (the first error among
+    /// them; the body does not run), the missing-key policy), then the call's core
+    /// ([`handler::core`], compiled once) with the body beside it ([`handler::InPlace`]).
     /// `describe` gives the text stored for the body's error.
     ///
     /// The checks are made here, and the state machine built, when the call's future is built: the
-    /// future is a [`Drive`], which holds the state machine in place, with the body's future once (an
-    /// `async` block holds what it captures beside what it moves it into), and allocates no box of
-    /// its own on a call's path (every caller's future holds this one).
-    pub(crate) fn drive<T, E, Fut, D, R>(
+    /// future is a [`Drive`], which holds the state machine in place, with the body's future once,
+    /// and allocates no box of its own on a call's path (every caller's future holds this one).
+    pub(crate) fn drive<T, E, Fut, D>(
         self,
         describe: D,
         body: Fut,
-        runner: R,
     ) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         Fut: Future<Output = Result<T, E>>,
         D: FnOnce(&E) -> String,
-        R: Runner<T, E, Fut, D>,
         H: OnReplay<T>,
     {
+        let (unchecked, on_replay) = self.unchecked();
+        match prepare(unchecked) {
+            Prepared::Run(parts, span) => {
+                let namespace = parts.call.namespace;
+                Drive::Run {
+                    run: handler::InPlace::new(handler::core(parts, false), span, body, describe),
+                    namespace,
+                    on_replay: Some(on_replay),
+                }
+            }
+            // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
+            Prepared::Alone(..) => Drive::Body { body },
+            Prepared::Failed(e) => Drive::Failed {
+                error: Some((*e).into()),
+            },
+        }
+    }
+
+    /// [`drive`](Self::drive) for a detached body: the state machine runs in the caller's future until
+    /// the claim is held, then the body and the storing of its end on a task of its own
+    /// ([`handler::Detaching`]). A body that runs alone runs on a task of its own too.
+    pub(crate) fn drive_detached<T, E, Fut, D>(
+        self,
+        describe: D,
+        body: Fut,
+    ) -> impl Future<Output = Result<T, E>> + Send
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        D: FnOnce(&E) -> String + Send + 'static,
+        H: OnReplay<T> + Send,
+    {
+        let (unchecked, on_replay) = self.unchecked();
+        match prepare(unchecked) {
+            Prepared::Run(parts, span) => {
+                let namespace = parts.call.namespace;
+                Drive::Run {
+                    run: handler::Detaching::new(handler::core(parts, true), span, body, describe),
+                    namespace,
+                    on_replay: Some(on_replay),
+                }
+            }
+            // Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of
+            // its own.
+            Prepared::Alone(namespace, tasks) => Drive::Body {
+                body: handler::alone(namespace, tasks.as_ref(), body),
+            },
+            Prepared::Failed(e) => Drive::Failed {
+                error: Some((*e).into()),
+            },
+        }
+    }
+
+    /// The operation's parts for [`prepare`], and its replay hook.
+    fn unchecked(self) -> (Unchecked<'a>, H) {
         let Operation {
             idem,
             call,
@@ -623,28 +677,7 @@ impl<H> Operation<'_, H> {
             steps,
             staging,
         };
-        let (parts, span) = match prepare(unchecked) {
-            Prepared::Run(parts, span) => (parts, span),
-            // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
-            // Detached, it still runs on a task of its own.
-            Prepared::Alone(namespace, tasks) => {
-                return Drive::Body {
-                    body: runner.alone(namespace, tasks.as_ref(), body),
-                };
-            }
-            Prepared::Failed(e) => {
-                return Drive::Failed {
-                    error: Some((*e).into()),
-                };
-            }
-        };
-        let namespace = parts.call.namespace;
-        let run = telemetry::InSpan::new(handler::run(parts, describe, body, runner), span);
-        Drive::Run {
-            run,
-            namespace,
-            on_replay: Some(on_replay),
-        }
+        (unchecked, on_replay)
     }
 }
 
@@ -877,7 +910,7 @@ where
         describe: fn(&E) -> String,
         body: Fut,
     ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)> {
-        Ok(Box::pin(operation.plain().drive(describe, body, Detach)))
+        Ok(Box::pin(operation.plain().drive_detached(describe, body)))
     }
 }
 
@@ -920,7 +953,7 @@ pin_project_lite::pin_project! {
         /// value is a replay, for `on_replay`.
         Run {
             #[pin]
-            run: telemetry::InSpan<R>,
+            run: R,
             namespace: &'static str,
             on_replay: Option<H>,
         },
@@ -938,7 +971,7 @@ pin_project_lite::pin_project! {
 
 impl<R, B, H, T, E> Future for Drive<R, B, H, E>
 where
-    R: Future<Output = (Result<T, E>, Outcome)>,
+    R: telemetry::InCallSpan<Output = (Result<T, E>, Outcome)>,
     B: Future<Output = Result<T, E>>,
     H: OnReplay<T>,
 {

@@ -209,6 +209,18 @@ impl<F: Future> Future for InSpan<F> {
     }
 }
 
+/// A call's future that runs in the call's span, and gives it for the call's end to be recorded on.
+pub(crate) trait InCallSpan: Future {
+    /// The call's span.
+    fn span(self: Pin<&mut Self>) -> &tracing::Span;
+}
+
+impl<F: Future> InCallSpan for InSpan<F> {
+    fn span(self: Pin<&mut Self>) -> &tracing::Span {
+        InSpan::span(self)
+    }
+}
+
 /// What [`in_span`] runs: a trait of one method rather than a `dyn FnMut`, whose vtable would carry a
 /// `call_once` shim for every future.
 trait InSpanDo {
@@ -244,6 +256,12 @@ impl<F> InSpanDo for Dropping<'_, F> {
 fn in_span(span: &tracing::Span, work: &mut dyn InSpanDo) {
     let _entered = span.enter();
     work.run();
+}
+
+/// Enters `span` until the guard is dropped; out of line, so that each function's code only calls it.
+#[inline(never)]
+pub(crate) fn enter(span: &tracing::Span) -> tracing::span::Entered<'_> {
+    span.enter()
 }
 
 /// Closes a call: its span's `outcome`, and the call counter.

@@ -114,6 +114,29 @@ pub(crate) enum Replay<'a> {
 }
 
 impl Replay<'_> {
+    /// The replay without its hold on the key's flight, which is owned instead: so that a call's core
+    /// can hand the replay back with the parts it borrowed ([`core`]).
+    pub(super) fn into_owned(
+        self,
+        idem: &Idempotency,
+    ) -> (Replay<'static>, Option<flight::OwnedLead>) {
+        match self {
+            Replay::Shared(response) => (Replay::Shared(response), None),
+            Replay::Record { record, lead } => {
+                let lead = lead.and_then(|lead| Some(lead.into_owned(idem.flights()?)));
+                (Replay::Record { record, lead: None }, lead)
+            }
+        }
+    }
+
+    /// The replay with `lead` as its hold on the key's flight (see [`into_owned`](Self::into_owned)).
+    pub(super) fn with_lead(self, lead: Option<Lead<'_>>) -> Replay<'_> {
+        match self {
+            Replay::Shared(response) => Replay::Shared(response),
+            Replay::Record { record, .. } => Replay::Record { record, lead },
+        }
+    }
+
     /// The response decoded (within the handle's `max_response_bytes`); a record's response then goes
     /// to the local cache and to the calls following this one. A response that does not decode goes to
     /// neither.

@@ -1,6 +1,21 @@
-//! Running a claimed body: [`run()`] (the call's state machine from claim to outcome), the body in place
-//! or on a task of its own ([`Runner`]), a panic caught and recorded, and [`finish`], which stores the
-//! body's outcome.
+//! Running a call: its state machine from claim to outcome as one core compiled once for every function
+//! ([`core`]), beside a thin typed shim that holds the body ([`InPlace`], or [`Detaching`] for a body
+//! on a task of its own); a panic caught and recorded; the body's end stored ([`store_ending`]).
+//!
+//! The core is an `async` block that is not generic. It owns the call's parts and claims; with the
+//! claim held, it asks the shim for the body's end, stores it and beats the lease meanwhile (or, for a
+//! detached call, hands its claim over to a task that does); a stored answer it hands back to the shim,
+//! with its parts, to decode. The shim holds the body's future in place (so that a call's future is
+//! `Send` exactly when its body is), polls the core, and answers what it asks: the body polled to its
+//! end, its value's JSON or its error's text. Only the shim, the body's end and the replay's parse are
+//! made for each function.
+//!
+//! The core asks through a slot of the thread that polls it ([`EXCHANGE`]), which the shim fills around
+//! each poll of the core: an `async` block cannot be handed anything at each poll, and the shim cannot
+//! lend the core its body without boxing it as a `dyn` (which would make every call's future `Send`
+//! only if every body is). The slot holds owned values only, and the shim puts back what it found
+//! there, so that a call polled inside another's core (a store that makes a call of its own) leaves
+//! the outer call's exchange as it was.
 
 #[allow(
     clippy::wildcard_imports,
@@ -8,104 +23,246 @@
 )]
 use super::*;
 
-/// Runs `body` at most once per key while its record lives, and says how the call ended. The caller
-/// runs it inside the call's span ([`telemetry::call_span`]) and closes that with the [`Outcome`]
-/// ([`telemetry::finish`]).
-///
-/// It owns what the call needs (`parts`) and is built before anything awaits it, so that a caller's
-/// future holds it in place, with the body's future once, and no call allocates a box for it (see
-/// `future_size`).
+use std::borrow::Cow;
+use std::cell::Cell;
+
+/// A call's state machine from claim to outcome, compiled once: see the module's docs. Built before
+/// anything awaits it, so that a caller's future holds it in place. A `detached` call hands its claim
+/// over ([`Over::Spawn`]) once it holds it, and counts for [`Idempotency::drain`] from its start until
+/// its body's task is spawned.
 #[allow(
     clippy::manual_async_fn,
-    reason = "an async block: as an `async fn`, its future would hold the body's twice (see `future_size`)"
+    reason = "an async block: as an `async fn`, its future would hold its parts twice (see `future_size`)"
 )]
-pub(crate) fn run<I, T, E, F, D, R>(
-    parts: Parts<I>,
-    describe: D,
-    body: F,
-    runner: R,
-) -> impl Future<Output = (Result<T, E>, Outcome)>
-where
-    I: std::borrow::Borrow<Idempotency>,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-    R: Runner<T, E, F, D>,
-{
+pub(crate) fn core(
+    parts: Parts<Cow<'_, Idempotency>>,
+    detached: bool,
+) -> impl Future<Output = Over<'_>> + Send + '_ {
     async move {
-        let idem: &Idempotency = parts.idem.borrow();
-        // Borrowed where the block keeps them, not moved out: a moved field would be held twice.
-        let plan = &parts.plan();
-        // A detached call counts for `Idempotency::drain` from here, before its claim is sent, until
-        // its body's task (tracked itself) is spawned: a drain while the claim is on its way waits
-        // for the body it starts. Declared before `attempt`, so that a drop releases the claim (on a
-        // tracked task) before the call stops counting.
-        let tracked = R::track(idem.tasks());
-        // Written into a buffer in the call's own future: a token lives exactly as long as its call.
-        let mut token_buffer = uuid::Uuid::encode_buffer();
-        let attempt = Attempt::new(idem, plan, new_token(&mut token_buffer));
-        // Dropped with this future: what a drop must do depends on `attempt.stage`.
-        let (lease_until_ms, took_over, lead) = match claim_phase(&attempt).await {
-            Claimed::Held {
-                lease_until_ms,
-                took_over,
-                lead,
-            } => (lease_until_ms, took_over, lead),
-            Claimed::Done(replay, outcome) => return replayed(idem, plan, replay, outcome),
-            Claimed::Failed(e, outcome) => return (Err(e.into()), outcome),
-        };
-        let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
-        // The lead goes with the claim into the boxed work (or the detached body's task): a call's
-        // future does not carry it past its claim.
-        let mut claim = Held {
-            idem,
-            plan,
-            token,
-            ttl,
-            lead,
-        };
-        let finished = if R::DETACHED {
-            let work = Work {
-                body,
-                describe,
-                lease,
-                lease_until_ms,
-                took_over,
-                // The body's task leads the flight from its spawn on: its caller may be dropped.
-                lead: claim.hand_lead_over(),
+        let (replay, lead, outcome) = 'claim: {
+            let idem: &Idempotency = &parts.idem;
+            // Borrowed where the block keeps them, not moved out: a moved field would be held twice.
+            let plan = &parts.plan();
+            // A detached call counts for `Idempotency::drain` from here, before its claim is sent,
+            // until its body's task (tracked itself) is spawned: a drain while the claim is on its way
+            // waits for the body it starts. Declared before `attempt`, so that a drop releases the
+            // claim (on a tracked task) before the call stops counting.
+            let tracked = detached.then(|| idem.tasks().token());
+            // Written into a buffer in the call's own future: a token lives exactly as long as its call.
+            let mut token_buffer = uuid::Uuid::encode_buffer();
+            let attempt = Attempt::new(idem, plan, new_token(&mut token_buffer));
+            // Dropped with this future: what a drop must do depends on `attempt.stage`.
+            let (lease_until_ms, took_over, lead) = match claim_phase(&attempt).await {
+                Claimed::Held {
+                    lease_until_ms,
+                    took_over,
+                    lead,
+                } => (lease_until_ms, took_over, lead),
+                Claimed::Done(replay, outcome) => {
+                    let (replay, lead) = replay.into_owned(idem);
+                    break 'claim (replay, lead, outcome);
+                }
+                Claimed::Failed(e, outcome) => return Over::Instead(e, outcome),
             };
-            let task = runner.spawn(&claim, work);
-            drop(tracked);
-            // From here on the body's end does not depend on the caller.
-            attempt.stage.set(Stage::Done);
-            task.await
-        } else {
+            let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
+            let mut claim = Held {
+                idem,
+                plan,
+                token,
+                ttl,
+                lead,
+            };
+            if detached {
+                let handover = Handover {
+                    owned: OwnedClaim::of(&claim),
+                    lease,
+                    lease_until_ms,
+                    took_over,
+                    // The body's task leads the flight from its spawn on: its caller may be dropped.
+                    lead: claim.hand_lead_over(),
+                    tracked,
+                };
+                // From here on the body's end does not depend on the caller.
+                attempt.stage.set(Stage::Done);
+                return Over::Spawn(Box::new(handover));
+            }
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
-            // carry the body, the completion and the timer.
+            // carry the completion and the timer.
             let heartbeat = Heartbeat::of(idem, plan, token, lease, ttl, lease_until_ms);
-            let work = finish(
-                claim,
-                heartbeat,
-                body,
-                describe,
-                lease,
-                lease_until_ms,
-                took_over,
-            );
-            Box::pin(work).await
+            let settled = Box::pin(ended(claim, heartbeat, lease, lease_until_ms, took_over)).await;
+            attempt.stage.set(Stage::Done);
+            if !matches!(settled, Settled::Panic(_)) {
+                // Recorded once the body and its bookkeeping are done, so that an idempotent call
+                // nested in the body (which records first) does not mask the outer one.
+                crate::execution::record(crate::Execution::Executed);
+            }
+            return Over::of(settled);
         };
-        attempt.stage.set(Stage::Done);
-        let outcome = match finished {
-            Ok(outcome) => outcome,
-            // The record is FAILED (`panicked: ..`); the panic goes on to the caller as it was.
-            Err(panic) => std::panic::resume_unwind(panic),
+        Over::Replay(Box::new(Replayable {
+            parts,
+            replay,
+            lead,
+            outcome,
+        }))
+    }
+}
+
+/// How a call's core ended.
+pub(crate) enum Over<'a> {
+    /// The body's own result, which the shim kept, with the call's outcome.
+    Own(Outcome),
+    /// An error of the library's instead of the body's result (the body did not run, or its result was
+    /// not stored, or will not replay), with the call's outcome.
+    Instead(Error, Outcome),
+    /// A stored answer, for the shim to decode, with the parts it is kept with.
+    Replay(Box<Replayable<'a>>),
+    /// The body panicked (the record is FAILED; COMPLETED when its value's `Serialize` panicked): the
+    /// panic goes on.
+    Panic(Panic),
+    /// A detached call holds its claim: the shim spawns its body's task with it.
+    Spawn(Box<Handover>),
+}
+
+impl Over<'_> {
+    /// How a call that ran its body ended, once its end is stored.
+    fn of(settled: Settled) -> Self {
+        match settled {
+            Settled::Own(outcome) => Over::Own(outcome),
+            Settled::Instead(e) => {
+                let outcome = Outcome::of(&e);
+                Over::Instead(e, outcome)
+            }
+            Settled::Panic(panic) => Over::Panic(panic),
+        }
+    }
+
+    /// The call's result and outcome: the body's own (`kept`), a replay decoded, or the library's
+    /// error; a panic goes on.
+    fn result<T: DeserializeOwned, E: From<Error>>(
+        self,
+        kept: Option<Result<T, E>>,
+    ) -> (Result<T, E>, Outcome) {
+        match self {
+            Over::Own(outcome) => (kept.expect("a body's own end is kept"), outcome),
+            Over::Instead(e, outcome) => (Err(e.into()), outcome),
+            Over::Replay(replayable) => {
+                let Replayable {
+                    parts,
+                    replay,
+                    mut lead,
+                    outcome,
+                } = *replayable;
+                let replay = replay.with_lead(lead.as_mut().map(flight::OwnedLead::lead));
+                replayed(&parts.idem, &parts.plan(), replay, outcome)
+            }
+            Over::Panic(panic) => std::panic::resume_unwind(panic),
+            Over::Spawn(_) => unreachable!("only a detached call's core hands its claim over"),
+        }
+    }
+}
+
+/// A stored answer the core found, with the call's parts: what decoding it needs.
+pub(crate) struct Replayable<'a> {
+    parts: Parts<Cow<'a, Idempotency>>,
+    replay: Replay<'static>,
+    lead: Option<flight::OwnedLead>,
+    outcome: Outcome,
+}
+
+/// What a detached call's core hands its body's task ([`Over::Spawn`]).
+pub(crate) struct Handover {
+    owned: OwnedClaim,
+    lease: Duration,
+    /// The claim's lease end (epoch milliseconds), and whether it took over a lapsed claim.
+    lease_until_ms: u64,
+    took_over: bool,
+    lead: Option<flight::OwnedLead>,
+    /// The call's count for [`Idempotency::drain`], dropped once the task (tracked itself) is spawned.
+    tracked: Option<tokio_util::task::task_tracker::TaskTrackerToken>,
+}
+
+/// The core of a detached body's task: the body's end, asked of the task's shim, then stored; compiled
+/// once.
+fn handed_over(mut handover: Handover) -> impl Future<Output = Over<'static>> + Send + 'static {
+    async move {
+        let Handover {
+            ref owned,
+            lease,
+            lease_until_ms,
+            took_over,
+            ref mut lead,
+            tracked: _,
+        } = handover;
+        let plan = owned.plan();
+        let claim = Held {
+            idem: &owned.idem,
+            plan: &plan,
+            token: &owned.token,
+            ttl: owned.ttl,
+            lead: lead.as_mut().map(flight::OwnedLead::lead),
         };
-        // Recorded once the body and its bookkeeping are done, so that an idempotent call nested in the body
-        // (which records first) does not mask the outer one.
-        crate::execution::record(crate::Execution::Executed);
-        outcome
+        let heartbeat = Heartbeat::of(
+            &owned.idem,
+            &plan,
+            &owned.token,
+            lease,
+            owned.ttl,
+            lease_until_ms,
+        );
+        Over::of(ended(claim, heartbeat, lease, lease_until_ms, took_over).await)
+    }
+}
+
+/// The body's end, asked of the shim, then stored, with the lease heartbeat beside both (started when
+/// the body did not end at once, and stopped once its end is stored).
+async fn ended(
+    claim: Held<'_>,
+    heartbeat: Heartbeat<'_>,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> Settled {
+    let mut beat = None;
+    let ended = Beating {
+        future: AskEnd,
+        beat: &mut beat,
+        heartbeat,
+    }
+    .await;
+    let ending = ended.ending(&claim);
+    let storing = std::pin::pin!(store_ending(
+        claim,
+        ending,
+        lease,
+        lease_until_ms,
+        took_over
+    ));
+    Beating {
+        future: storing,
+        beat: &mut beat,
+        heartbeat,
+    }
+    .await
+}
+
+/// `future`, with the heartbeat polled beside it while it is pending ([`beat`]).
+struct Beating<'b, 'a, F> {
+    future: F,
+    beat: &'b mut Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    heartbeat: Heartbeat<'a>,
+}
+
+impl<F: Future + Unpin> Future for Beating<'_, '_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        if let Poll::Ready(output) = Pin::new(&mut this.future).poll(cx) {
+            return Poll::Ready(output);
+        }
+        beat(this.beat, this.heartbeat, cx);
+        Poll::Pending
     }
 }
 
@@ -131,7 +288,7 @@ pub(super) enum Claimed<'a> {
 /// they were made (by the millisecond, and within one process exactly), which a release that finds a
 /// record's released tokens full relies on ([`Record::released_through`](crate::Record::released_through)).
 #[inline(never)]
-fn new_token(buffer: &mut [u8]) -> &str {
+pub(super) fn new_token(buffer: &mut [u8]) -> &str {
     uuid::Uuid::now_v7().hyphenated().encode_lower(buffer)
 }
 
@@ -142,7 +299,9 @@ fn new_token(buffer: &mut [u8]) -> &str {
     clippy::manual_async_fn,
     reason = "an async block, like `run`'s: it adds nothing to the call's future but `acquire`'s"
 )]
-fn claim_phase<'a, 'b>(attempt: &'b Attempt<'a>) -> impl Future<Output = Claimed<'a>> + Send + 'b {
+pub(super) fn claim_phase<'a, 'b>(
+    attempt: &'b Attempt<'a>,
+) -> impl Future<Output = Claimed<'a>> + Send + 'b {
     async move {
         let acquired = acquire(attempt).await;
         // A claim whose answer never came (every attempt lost, or the store failed after applying
@@ -201,7 +360,7 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
 /// The answer of a call that found one stored: the response decoded, or why it does not decode. Only
 /// parsing the JSON into `T` ([`Parsed`]) is made here for each function; [`replayed_with`] does the
 /// rest.
-fn replayed<T: DeserializeOwned, E: From<Error>>(
+pub(super) fn replayed<T: DeserializeOwned, E: From<Error>>(
     idem: &Idempotency,
     plan: &Plan<'_>,
     replay: Replay<'_>,
@@ -257,181 +416,322 @@ pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 /// FAILED by then; COMPLETED when the body returned `Ok` and its value's `Serialize` panicked).
 pub(crate) type Finished<T, E> = Result<(Result<T, E>, Outcome), Panic>;
 
-/// The body of a call that holds its claim, with what storing its outcome needs.
-pub(crate) struct Work<F, D> {
-    pub(super) body: F,
-    pub(super) describe: D,
-    pub(super) lease: Duration,
-    /// The claim's lease end (epoch milliseconds), and whether it took over a lapsed claim.
-    pub(super) lease_until_ms: u64,
-    pub(super) took_over: bool,
-    /// The hold on the key's flight, for a detached body's task that leads it.
-    pub(super) lead: Option<flight::OwnedLead>,
+thread_local! {
+    /// What a core polled on this thread asked of its shim, or the shim's answer for it.
+    static EXCHANGE: Cell<Exchange> = const { Cell::new(Exchange::Empty) };
 }
 
-/// Where a call that holds its claim runs its body and the writes that store its outcome, with the
-/// heartbeat beside them: in the caller's future ([`Inline`]) or on a task of its own ([`Detach`]).
-/// Chosen at compile time (`DETACHED`), so that the inline path is the code it always was.
-pub(crate) trait Runner<T, E, F, D> {
-    /// Whether the body runs on a task of its own ([`spawn`](Self::spawn)) rather than in place.
-    const DETACHED: bool;
-
-    /// What a call holds from its start until its body's task is spawned, so that
-    /// [`Idempotency::drain`] waits for it meanwhile (nothing for a body run in place, which a drain
-    /// does not wait for).
-    type Tracked;
-
-    /// See [`Tracked`](Self::Tracked).
-    fn track(tasks: &tokio_util::task::TaskTracker) -> Self::Tracked;
-
-    /// What the caller of a detached body awaits: the body's task's end. A type of the runner's, so
-    /// that a body run in place compiles no wait for a task (`Pending`, never awaited).
-    type Join: Future<Output = Finished<T, E>>;
-
-    /// Starts `work` for `claim` on a task of its own; only called when `DETACHED`.
-    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> Self::Join;
-
-    /// The body of a call with no record (the kill switch is on, or a missing key under
-    /// [`MissingKey::Skip`](crate::MissingKey::Skip)): in place, or on a task of its own (tracked by `tasks` when the handle is
-    /// known), so that a detached call keeps its promise that a caller who gives up stops the waiting,
-    /// not the work. Lazy: nothing starts before the returned future is first polled.
-    type Alone: Future<Output = Result<T, E>>;
-
-    /// See [`Alone`](Self::Alone).
-    fn alone(
-        self,
-        namespace: &'static str,
-        tasks: Option<&tokio_util::task::TaskTracker>,
-        body: F,
-    ) -> Self::Alone;
+/// The slot between a core and its shim during one poll of the core.
+#[derive(Default)]
+enum Exchange {
+    /// Nothing asked or answered.
+    #[default]
+    Empty,
+    /// The core waits for the body's end.
+    Asked,
+    /// The body's end, for the core that asked for it.
+    Answered(BodyEnded),
 }
 
-/// Runs the body in the caller's future: dropping the future stops the body where it is.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Inline;
+/// How a body ended, as its shim hands it to the core (not yet encoded: the core encodes a value's JSON
+/// with its claim's settings).
+pub(super) enum BodyEnded {
+    /// `Ok`: the value's JSON, or why there is none (its `Serialize` failed, or panicked).
+    Value(std::thread::Result<Result<Vec<u8>, serde_json::Error>>),
+    /// `Err`: its text.
+    Failed(String),
+    /// A panic, of the body or (`body: false`) of the error's `Display`.
+    Panicked { panic: Panic, body: bool },
+}
 
-impl<T, E, F, D> Runner<T, E, F, D> for Inline
+impl BodyEnded {
+    /// The end as `claim` stores it.
+    fn ending(self, claim: &Held<'_>) -> Ending {
+        match self {
+            BodyEnded::Value(json) => {
+                let (encoded, thrown) = claim.encoded(json);
+                Ending::Value { encoded, thrown }
+            }
+            BodyEnded::Failed(text) => Ending::Failed(text),
+            BodyEnded::Panicked { panic, body } => Ending::Panicked { panic, body },
+        }
+    }
+}
+
+/// The core's wait for the body's end: asks the shim, and is ready once it answers.
+struct AskEnd;
+
+impl Future for AskEnd {
+    type Output = BodyEnded;
+
+    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<BodyEnded> {
+        // No waker to register: the shim answers in the same poll of the call, or polls the core
+        // again when the body wakes the call.
+        match EXCHANGE.replace(Exchange::Asked) {
+            Exchange::Answered(ended) => {
+                EXCHANGE.set(Exchange::Empty);
+                Poll::Ready(ended)
+            }
+            Exchange::Empty | Exchange::Asked => Poll::Pending,
+        }
+    }
+}
+
+/// Polls a call's `core` with `answer` in the exchange; says whether it asked for the body's end, and
+/// gives back an answer it did not take. The exchange is left as it was found.
+#[inline(never)]
+fn poll_core<C: Future>(
+    core: Pin<&mut C>,
+    cx: &mut std::task::Context<'_>,
+    answer: Option<BodyEnded>,
+) -> (Poll<C::Output>, bool, Option<BodyEnded>) {
+    let found = EXCHANGE.replace(answer.map_or(Exchange::Empty, Exchange::Answered));
+    let polled = core.poll(cx);
+    match EXCHANGE.replace(found) {
+        Exchange::Empty => (polled, false, None),
+        Exchange::Asked => (polled, true, None),
+        // Not taken (the core is not waiting for the body): kept for its next poll.
+        Exchange::Answered(ended) => (polled, false, Some(ended)),
+    }
+}
+
+/// A body's future polled once (a panic caught): its end as the core stores it once it is done, the
+/// value or the error kept for the caller.
+pub(super) fn poll_body<F, D, T, E>(
+    body: Pin<&mut F>,
+    cx: &mut std::task::Context<'_>,
+    describe: &mut Option<D>,
+    kept: &mut Option<Result<T, E>>,
+) -> Poll<BodyEnded>
 where
+    T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
 {
-    const DETACHED: bool = false;
+    // Unwind safety: after a panic the body's future is never polled again, only dropped; what the
+    // call does next (record FAILED, resume the panic) touches none of its state.
+    let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll(cx))) {
+        Ok(Poll::Pending) => return Poll::Pending,
+        Ok(Poll::Ready(result)) => Ok(result),
+        Err(panic) => Err(panic),
+    };
+    Poll::Ready(match ended {
+        Ok(Ok(value)) => {
+            // Unwind safety: after a panic only the value's reference was touched, and the value is
+            // handed back (or dropped) untouched by this call.
+            let json = std::panic::catch_unwind(AssertUnwindSafe(|| json_of(&value)));
+            *kept = Some(Ok(value));
+            BodyEnded::Value(json)
+        }
+        // A panic in the error's text (its `Display`) is a failure like a panicking body's: recorded
+        // as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
+        Ok(Err(err)) => {
+            let describe = describe.take().expect("a body ends once");
+            match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
+                Ok(text) => {
+                    *kept = Some(Err(err));
+                    BodyEnded::Failed(text)
+                }
+                Err(panic) => BodyEnded::Panicked { panic, body: false },
+            }
+        }
+        Err(panic) => BodyEnded::Panicked { panic, body: true },
+    })
+}
 
-    type Tracked = ();
-
-    fn track(_: &tokio_util::task::TaskTracker) {}
-
-    type Join = std::future::Pending<Finished<T, E>>;
-
-    fn spawn(self, _: &Held<'_>, _: Work<F, D>) -> Self::Join {
-        unreachable!("an inline call runs its body in place")
-    }
-
-    type Alone = F;
-
-    fn alone(self, _: &'static str, _: Option<&tokio_util::task::TaskTracker>, body: F) -> F {
-        body
+pin_project_lite::pin_project! {
+    /// A call whose body runs in place: its [`core`] in the call's span, and the body beside it.
+    pub(crate) struct InPlace<C, F, D, T, E> {
+        #[pin]
+        core: telemetry::InSpan<C>,
+        #[pin]
+        body: F,
+        describe: Option<D>,
+        // The value or the error, kept for the caller while its end is stored; or a replay's value.
+        kept: Option<Result<T, E>>,
+        // The body's end, not yet taken by the core.
+        answer: Option<BodyEnded>,
     }
 }
 
-/// Runs the body, and the storing of its outcome, on a Tokio task of its own (tracked by the handle, for
-/// [`Idempotency::drain`]): the caller's future only waits for it, so a caller that is dropped (a
-/// client hung up, a `timeout`) leaves the body running to its end and its result stored.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Detach;
+impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
+    /// The call of `core` (built by [`core`]) in `span`, around `body`.
+    pub(crate) fn new(core: C, span: tracing::Span, body: F, describe: D) -> Self {
+        Self {
+            core: telemetry::InSpan::new(core, span),
+            body,
+            describe: Some(describe),
+            kept: None,
+            answer: None,
+        }
+    }
 
-impl<T, E, F, D> Runner<T, E, F, D> for Detach
+    /// The call's span.
+    pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
+        self.project().core.span()
+    }
+}
+
+impl<'a, C, F, D, T, E> Future for InPlace<C, F, D, T, E>
 where
+    C: Future<Output = Over<'a>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+{
+    type Output = (Result<T, E>, Outcome);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let (polled, asked, left) = poll_core(this.core.as_mut(), cx, this.answer.take());
+            *this.answer = left;
+            match polled {
+                Poll::Ready(over) => return Poll::Ready(over.result(this.kept.take())),
+                Poll::Pending if !asked => return Poll::Pending,
+                Poll::Pending => {}
+            }
+            // The body runs in the call's span, as the core does.
+            let span = this.core.as_mut().span();
+            let entered = telemetry::enter(span);
+            let ended = poll_body(this.body.as_mut(), cx, this.describe, this.kept);
+            drop(entered);
+            match ended {
+                Poll::Ready(ended) => *this.answer = Some(ended),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl<'a, C, F, D, T, E> telemetry::InCallSpan for InPlace<C, F, D, T, E>
+where
+    C: Future<Output = Over<'a>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+{
+    fn span(self: Pin<&mut Self>) -> &tracing::Span {
+        InPlace::span(self)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A detached call: its [`core`] in the call's span until it holds the claim, then its body's task,
+    /// which runs the body and stores its end ([`InPlace`] around [`handed_over`]), awaited.
+    pub(crate) struct Detaching<C, F, D, T, E> {
+        #[pin]
+        core: telemetry::InSpan<C>,
+        // Moved into the body's task once the claim is held; never polled here.
+        body: Option<(F, D)>,
+        task: Option<Joined<T, E>>,
+    }
+}
+
+impl<C, F, D, T, E> Detaching<C, F, D, T, E> {
+    /// The call of `core` (built by [`core`], detached) in `span`, around `body`.
+    pub(crate) fn new(core: C, span: tracing::Span, body: F, describe: D) -> Self {
+        Self {
+            core: telemetry::InSpan::new(core, span),
+            body: Some((body, describe)),
+            task: None,
+        }
+    }
+}
+
+impl<'a, C, F, D, T, E> Future for Detaching<C, F, D, T, E>
+where
+    C: Future<Output = Over<'a>>,
     T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
     F: Future<Output = Result<T, E>> + Send + 'static,
     D: FnOnce(&E) -> String + Send + 'static,
 {
-    const DETACHED: bool = true;
+    type Output = (Result<T, E>, Outcome);
 
-    type Tracked = tokio_util::task::task_tracker::TaskTrackerToken;
-
-    fn track(tasks: &tokio_util::task::TaskTracker) -> Self::Tracked {
-        tasks.token()
-    }
-
-    /// Boxed: every call's future would carry the wait for the task otherwise.
-    type Join = Pin<Box<Joined<T, E>>>;
-
-    fn spawn(self, claim: &Held<'_>, work: Work<F, D>) -> Self::Join {
-        use tracing::Instrument as _;
-        let namespace = claim.plan.call.namespace;
-        let owned = OwnedClaim::of(claim);
-        let mut held_lead = work.lead;
-        let task = async move {
-            let plan = owned.plan();
-            let claim = Held {
-                idem: &owned.idem,
-                plan: &plan,
-                token: &owned.token,
-                ttl: owned.ttl,
-                lead: held_lead.as_mut().map(flight::OwnedLead::lead),
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if this.task.is_none() {
+            let mut handover = match std::task::ready!(this.core.as_mut().poll(cx)) {
+                Over::Spawn(handover) => handover,
+                over => return Poll::Ready(over.result(None)),
             };
-            let lease = work.lease;
-            let heartbeat = Heartbeat {
-                idem: &owned.idem,
-                key: &owned.key,
-                token: &owned.token,
-                lease,
-                ttl: writes_lifetime(&owned.idem, &plan, owned.ttl),
-                lease_until_ms: work.lease_until_ms,
-            };
-            finish(
-                claim,
-                heartbeat,
-                work.body,
-                work.describe,
-                lease,
-                work.lease_until_ms,
-                work.took_over,
-            )
-            .await
-        };
-        // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
-        let task = claim
-            .idem
-            .tasks()
-            .spawn(task.instrument(tracing::Span::current()));
-        Box::pin(Joined { namespace, task })
-    }
-
-    type Alone = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
-    fn alone(
-        self,
-        namespace: &'static str,
-        tasks: Option<&tokio_util::task::TaskTracker>,
-        body: F,
-    ) -> Self::Alone {
-        use tracing::Instrument as _;
-        let tasks = tasks.cloned();
-        Box::pin(async move {
-            let body = body.instrument(tracing::Span::current());
-            let task = match tasks {
-                Some(tasks) => tasks.spawn(body),
-                None => tokio::spawn(body),
-            };
-            match task.await {
-                Ok(result) => result,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(_) => Err(Error::ResultNotStored {
-                    namespace: namespace.to_owned(),
-                    source: "the runtime shut down before the detached body finished".into(),
-                }
-                .into()),
+            let (body, describe) = this.body.take().expect("a claim is handed over once");
+            let namespace = handover.owned.call.namespace;
+            let tasks = handover.owned.idem.tasks().clone();
+            let tracked = handover.tracked.take();
+            let span = this.core.as_mut().span().clone();
+            let work = InPlace::new(handed_over(*handover), span, body, describe);
+            // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
+            let task = tasks.spawn(work);
+            drop(tracked);
+            *this.task = Some(Joined { namespace, task });
+        }
+        let task = this.task.as_mut().expect("spawned above");
+        Poll::Ready(match std::task::ready!(Pin::new(task).poll(cx)) {
+            Ok(ended) => {
+                crate::execution::record(crate::Execution::Executed);
+                ended
             }
+            // The record is FAILED (`panicked: ..`); the panic goes on to the caller as it was.
+            Err(panic) => std::panic::resume_unwind(panic),
         })
     }
 }
 
-/// The end of a detached body's task, for its caller ([`Detach`]'s `Join`).
+impl<'a, C, F, D, T, E> telemetry::InCallSpan for Detaching<C, F, D, T, E>
+where
+    C: Future<Output = Over<'a>>,
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: From<Error> + Send + 'static,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    D: FnOnce(&E) -> String + Send + 'static,
+{
+    fn span(self: Pin<&mut Self>) -> &tracing::Span {
+        self.project().core.span()
+    }
+}
+
+/// The body of a detached call with no record (the kill switch is on, or a missing key under
+/// [`MissingKey::Skip`](crate::MissingKey::Skip)), on a task of its own (tracked by `tasks` when the
+/// handle is known), so that a detached call keeps its promise that a caller who gives up stops the
+/// waiting, not the work. Lazy: nothing starts before the returned future is first polled.
+pub(crate) fn alone<T, E, F>(
+    namespace: &'static str,
+    tasks: Option<&tokio_util::task::TaskTracker>,
+    body: F,
+) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send>>
+where
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+{
+    use tracing::Instrument as _;
+    let tasks = tasks.cloned();
+    Box::pin(async move {
+        let body = body.instrument(tracing::Span::current());
+        let task = match tasks {
+            Some(tasks) => tasks.spawn(body),
+            None => tokio::spawn(body),
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Error::ResultNotStored {
+                namespace: namespace.to_owned(),
+                source: "the runtime shut down before the detached body finished".into(),
+            }
+            .into()),
+        }
+    })
+}
+
+/// The end of a detached body's task, for its caller ([`Detaching`]).
 pub(crate) struct Joined<T, E> {
     namespace: &'static str,
-    task: tokio::task::JoinHandle<Finished<T, E>>,
+    task: tokio::task::JoinHandle<(Result<T, E>, Outcome)>,
 }
 
 impl<T, E: From<Error>> Future for Joined<T, E> {
@@ -440,7 +740,7 @@ impl<T, E: From<Error>> Future for Joined<T, E> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Finished<T, E>> {
         let namespace = self.namespace;
         Poll::Ready(match std::task::ready!(Pin::new(&mut self.task).poll(cx)) {
-            Ok(finished) => finished,
+            Ok(finished) => Ok(finished),
             Err(e) if e.is_panic() => Err(e.into_panic()),
             // The runtime shut down under the task: like a crash, the claim lapses with its lease.
             Err(_) => {
@@ -510,185 +810,6 @@ pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
     format!("panicked: {message}")
 }
 
-/// What a call that holds its claim runs: the body, then its outcome stored (completed, or failed), with
-/// the lease heartbeat beside both. `run` boxes it; `lease_until_ms` and `took_over` are the claim's.
-///
-/// A thin typed shim around a core that is not generic ([`Finishing`]): the shim holds the body's future
-/// in place (so the call's future is `Send` exactly when the body is) and, at each poll, hands the core a
-/// `&mut dyn` [`BodyEnd`] that polls the body and gives its end as stored. Only that part (polling the
-/// body, its value's JSON ([`Held::encode`]) or its error's text, and handing back the value or the
-/// error) is made for each function; the heartbeat and the storing of the outcome ([`store_ending`])
-/// are compiled once.
-pub(super) fn finish<'a, T, E, F, D>(
-    claim: Held<'a>,
-    heartbeat: Heartbeat<'a>,
-    body: F,
-    describe: D,
-    lease: Duration,
-    lease_until_ms: u64,
-    took_over: bool,
-) -> Finish<'a, F, D, T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    Finish {
-        body,
-        describe: Some(describe),
-        kept: None,
-        core: Finishing {
-            claim: Some(claim),
-            lease,
-            lease_until_ms,
-            took_over,
-            storing: None,
-            heartbeat,
-            beat: None,
-        },
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The future of [`finish`]: the body in place, beside the core that stores its end.
-    pub(super) struct Finish<'a, F, D, T, E> {
-        #[pin]
-        body: F,
-        describe: Option<D>,
-        // The value or the error, kept for the caller while its end is stored.
-        kept: Option<Result<T, E>>,
-        core: Finishing<'a>,
-    }
-}
-
-impl<F, D, T, E> Future for Finish<'_, F, D, T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    type Output = Finished<T, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Finished<T, E>> {
-        let this = self.project();
-        let mut body = Typed {
-            body: this.body,
-            describe: this.describe,
-            kept: this.kept,
-        };
-        let settled = std::task::ready!(this.core.poll(cx, &mut body));
-        Poll::Ready(match (settled, body.kept.take()) {
-            (Settled::Own(outcome), Some(result)) => Ok((result, outcome)),
-            (Settled::Instead(e), _) => {
-                let outcome = Outcome::of(&e);
-                Ok((Err(e.into()), outcome))
-            }
-            (Settled::Panic(panic), _) => Err(panic),
-            (Settled::Own(_), None) => unreachable!("a panic's ending is stored as a panic"),
-        })
-    }
-}
-
-/// What [`Finishing`] needs of the body, at each poll: one method, so that its vtable carries no
-/// `FnOnce` shim per type.
-pub(super) trait BodyEnd {
-    /// Polls the body (a panic caught); once it is done, its end as `claim` stores it, the value or the
-    /// error kept for the caller. Not called again once it is ready.
-    fn poll_end(&mut self, cx: &mut std::task::Context<'_>, claim: &Held<'_>) -> Poll<Ending>;
-}
-
-/// The body's part of [`Finish`], borrowed for one poll.
-struct Typed<'p, F, D, T, E> {
-    body: Pin<&'p mut F>,
-    describe: &'p mut Option<D>,
-    kept: &'p mut Option<Result<T, E>>,
-}
-
-impl<F, D, T, E> BodyEnd for Typed<'_, F, D, T, E>
-where
-    T: Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    fn poll_end(&mut self, cx: &mut std::task::Context<'_>, claim: &Held<'_>) -> Poll<Ending> {
-        let body = self.body.as_mut();
-        // Unwind safety: after a panic the body's future is never polled again, only dropped; what
-        // the call does next (record FAILED, resume the panic) touches none of its state.
-        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll(cx))) {
-            Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(result)) => Ok(result),
-            Err(panic) => Err(panic),
-        };
-        Poll::Ready(match ended {
-            Ok(Ok(value)) => {
-                let (encoded, thrown) = claim.encode(&value);
-                *self.kept = Some(Ok(value));
-                Ending::Value { encoded, thrown }
-            }
-            // A panic in the error's text (its `Display`) is a failure like a panicking body's:
-            // recorded as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
-            Ok(Err(err)) => {
-                let describe = self.describe.take().expect("a body ends once");
-                match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
-                    Ok(text) => {
-                        *self.kept = Some(Err(err));
-                        Ending::Failed(text)
-                    }
-                    Err(panic) => Ending::Panicked { panic, body: false },
-                }
-            }
-            Err(panic) => Ending::Panicked { panic, body: true },
-        })
-    }
-}
-
-/// [`finish`]'s core, not generic: the body polled through its [`BodyEnd`] until it ends, then its end
-/// stored ([`stored`]), with the lease heartbeat beside both (started when the body did not end at its
-/// first poll, and stopped once the end is stored).
-pub(super) struct Finishing<'a> {
-    /// Taken when the storing of the body's end starts.
-    claim: Option<Held<'a>>,
-    lease: Duration,
-    lease_until_ms: u64,
-    took_over: bool,
-    /// The storing of the body's end, once the body has ended.
-    storing: Option<Pin<Box<dyn Future<Output = Settled> + Send + 'a>>>,
-    heartbeat: Heartbeat<'a>,
-    beat: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
-}
-
-impl Finishing<'_> {
-    /// Polls the body, then the storing of its end; beats while either is pending.
-    #[inline(never)]
-    fn poll(&mut self, cx: &mut std::task::Context<'_>, body: &mut dyn BodyEnd) -> Poll<Settled> {
-        if self.storing.is_none() {
-            let claim = self.claim.as_ref().expect("held until the body ends");
-            let Poll::Ready(ending) = body.poll_end(cx, claim) else {
-                beat(&mut self.beat, self.heartbeat, cx);
-                return Poll::Pending;
-            };
-            let claim = self.claim.take().expect("held until the body ends");
-            self.storing = Some(stored(
-                claim,
-                ending,
-                self.lease,
-                self.lease_until_ms,
-                self.took_over,
-            ));
-        }
-        let storing = self.storing.as_mut().expect("set above");
-        if let Poll::Ready(settled) = storing.as_mut().poll(cx) {
-            // The claim is settled: the heartbeat stops.
-            self.beat = None;
-            return Poll::Ready(settled);
-        }
-        beat(&mut self.beat, self.heartbeat, cx);
-        Poll::Pending
-    }
-}
-
 /// How a body that holds its claim ended, as its claim stores it; not generic ([`finish`] keeps the
 /// value or the error for the caller).
 pub(super) enum Ending {
@@ -713,25 +834,6 @@ pub(super) enum Settled {
     Instead(Error),
     /// The panic goes on (the record is FAILED, or COMPLETED when the value's `Serialize` panicked).
     Panic(Panic),
-}
-
-/// [`store_ending`], boxed: built out of line, so that each function's [`finish`] only polls and drops
-/// it through its vtable.
-#[inline(never)]
-fn stored<'a>(
-    claim: Held<'a>,
-    ending: Ending,
-    lease: Duration,
-    lease_until_ms: u64,
-    took_over: bool,
-) -> Pin<Box<dyn Future<Output = Settled> + Send + 'a>> {
-    Box::pin(store_ending(
-        claim,
-        ending,
-        lease,
-        lease_until_ms,
-        took_over,
-    ))
 }
 
 /// Stores how the body ended: COMPLETED with its value, or FAILED with its error's text or its panic's
@@ -796,13 +898,10 @@ pub(super) fn store_ending(
 mod future_size {
     use super::*;
 
-    /// A response of the bench's receipt's size.
-    type Receipt = (String, u64, String, String);
-
-    /// The parts of a call for `run`, with no writes.
-    fn parts(idem: &Idempotency) -> Parts<&Idempotency> {
+    /// The parts of a call, with no writes.
+    fn parts(idem: &Idempotency) -> Parts<Cow<'_, Idempotency>> {
         Parts {
-            idem,
+            idem: Cow::Borrowed(idem),
             call: Call::new("bench::charge"),
             key: "k".to_owned(),
             fingerprint: None,
@@ -813,9 +912,21 @@ mod future_size {
         }
     }
 
+    fn in_place<F: Future<Output = Result<u32, Error>>>(
+        idem: &Idempotency,
+        body: F,
+    ) -> InPlace<impl Future<Output = Over<'_>>, F, impl FnOnce(&Error) -> String, u32, Error> {
+        InPlace::new(
+            core(parts(idem), false),
+            tracing::Span::none(),
+            body,
+            |e: &Error| e.to_string(),
+        )
+    }
+
     /// A call's state machine is held in place by every caller's future (not boxed: a box per call
     /// costs a duplicate about 1% of its CPU on the null DynamoDB), so it stays small: the parts only
-    /// a call that runs its body needs (the body's completion, the heartbeat) and only a waiting call
+    /// a call that runs its body needs (the storing of its end, the heartbeat) and only a waiting call
     /// needs (the timer, the re-read) are boxed on their own paths, and a replay never allocates them.
     #[test]
     fn a_calls_state_machine_stays_under_a_kilobyte() {
@@ -823,35 +934,24 @@ mod future_size {
             crate::Idempotency::builder_arc(std::sync::Arc::new(crate::MemoryStore::new())).build();
         // A body holding a request of about the bench's size.
         let request = [7_u8; 96];
-        let body = async move { Ok::<u32, Error>(u32::from(request[0])) };
-        let instrumented = crate::telemetry::InSpan::new(
-            run(parts(&idem), |e: &Error| e.to_string(), body, Inline),
-            tracing::Span::none(),
+        let call = in_place(
+            &idem,
+            async move { Ok::<u32, Error>(u32::from(request[0])) },
         );
-        let size = std::mem::size_of_val(&instrumented);
+        let size = std::mem::size_of_val(&call);
         assert!(
             size <= 1024,
             "the state machine is {size} bytes: box the new part on its own path"
         );
-        // The body is in it once: a body 512 bytes larger makes it 512 bytes larger, not 1,024 (an
-        // `async fn` keeps its arguments beside the locals they are moved into).
+        // The body is in it once: a body 512 bytes larger makes it 512 bytes larger, not 1,024.
         let large = [7_u8; 96 + 512];
-        let larger = std::mem::size_of_val(&run(
-            parts(&idem),
-            |e: &Error| e.to_string(),
-            async move { Ok::<u32, Error>(u32::from(large[0])) },
-            Inline,
-        ));
-        let small = std::mem::size_of_val(&run(
-            parts(&idem),
-            |e: &Error| e.to_string(),
-            async move { Ok::<u32, Error>(u32::from(request[0])) },
-            Inline,
-        ));
+        let larger = std::mem::size_of_val(&in_place(&idem, async move {
+            Ok::<u32, Error>(u32::from(large[0]))
+        }));
         assert!(
-            larger - small <= 512 + 16,
+            larger - size <= 512 + 16,
             "a body 512 bytes larger made the state machine {} bytes larger",
-            larger - small
+            larger - size
         );
         let call = Call::new("bench::charge");
         let none = Writes::new();
@@ -864,37 +964,12 @@ mod future_size {
             compensation: &none,
             steps: None,
         };
-        let held = Held {
+        let held = || Held {
             idem: &idem,
             plan: &plan,
             token: "t",
             ttl: Duration::ZERO,
             lead: None,
-        };
-        // A value of the bench's receipt's size (three strings and a number): the completion holds it.
-        let receipt = || (String::new(), 0, String::new(), String::new());
-        let (encoded, _) = held.encode(&receipt());
-        // The boxed ending holds the completion or the failure in place.
-        let ending = Ending::Value {
-            encoded,
-            thrown: None,
-        };
-        let complete = std::mem::size_of_val(&store_ending(
-            Held { lead: None, ..held },
-            ending,
-            Duration::ZERO,
-            0,
-            false,
-        ));
-        // What `run` boxes for a call that runs its body: the body and the storing of its outcome, with
-        // the heartbeat beside them.
-        let body = async move {
-            Ok::<Receipt, Error>((
-                String::new(),
-                u64::from(request[1]),
-                String::new(),
-                String::new(),
-            ))
         };
         let heartbeat = Heartbeat {
             idem: &idem,
@@ -904,20 +979,9 @@ mod future_size {
             ttl: Duration::ZERO,
             lease_until_ms: 0,
         };
-        let heartbeat = std::mem::size_of_val(&finish(
-            held,
-            heartbeat,
-            body,
-            |e: &Error| e.to_string(),
-            Duration::ZERO,
-            0,
-            false,
-        ));
-        for (part, size) in [
-            ("ending (completion or failure)", complete),
-            ("body with its heartbeat", heartbeat),
-        ] {
-            assert!(size <= 1024, "the boxed {part} is {size} bytes");
-        }
+        // What `core` boxes for a call that runs its body: the wait for its end and the storing of
+        // it (completion or failure, held in place), with the heartbeat beside them.
+        let boxed = std::mem::size_of_val(&ended(held(), heartbeat, Duration::ZERO, 0, false));
+        assert!(boxed <= 1024, "the boxed end of a body is {boxed} bytes");
     }
 }

@@ -91,7 +91,9 @@ pub(crate) struct Encoded {
 /// duplicate could never be given such a value, so it is recorded as not serialized. The only part of
 /// a completion made for each value type.
 #[inline(never)]
-fn json_of<T: Serialize + DeserializeOwned>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+pub(super) fn json_of<T: Serialize + DeserializeOwned>(
+    value: &T,
+) -> Result<Vec<u8>, serde_json::Error> {
     let json = codec::to_json(value)?;
     if let Some(e) = codec::non_finite(value, &json) {
         return Err(e);
@@ -190,28 +192,17 @@ impl Held<'_> {
         )
     }
 
-    /// A body's `Ok` value as [`complete`](Self::complete) stores it, and the panic of its `Serialize`
-    /// impl, if it panicked. Only the JSON is made here for each value type ([`json_of`]); the rest,
-    /// compiled once, does not depend on it.
+    /// A body's `Ok` value as [`complete`](Self::complete) stores it, from its JSON (made for each
+    /// value type by [`json_of`], in the call's shim), and the panic of its `Serialize` impl, if it
+    /// panicked.
     ///
     /// A value that does not serialize is still a success, and final: the record is COMPLETED with the
     /// reason instead of the value, duplicates get `ResponseNotSerialized`, and the body never runs
     /// again. Only this caller hears the serialization error. A panic in the value's `Serialize` impl
     /// is caught the same way: the body has run, so the record is COMPLETED with `panicked: <message>`
     /// in place of the value, and the panic is handed back for the caller to resume.
-    pub(super) fn encode<T: Serialize + DeserializeOwned>(
-        &self,
-        value: &T,
-    ) -> (Encoded, Option<Panic>) {
-        // Unwind safety: after a panic only the value's reference was touched, and the value is
-        // handed back (or dropped) untouched by this call.
-        let json = std::panic::catch_unwind(AssertUnwindSafe(|| json_of(value)));
-        self.encoded(json)
-    }
-
-    /// The response as stored, from the value's JSON (or why there is none).
     #[inline(never)]
-    fn encoded(
+    pub(super) fn encoded(
         &self,
         json: std::thread::Result<Result<Vec<u8>, serde_json::Error>>,
     ) -> (Encoded, Option<Panic>) {
