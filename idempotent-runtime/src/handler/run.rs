@@ -99,16 +99,20 @@ pub(crate) fn core(
             }
             return Over::of(settled);
         };
-        Over::Replay(Box::new(Replayable {
+        Over::Replay(Replayable {
             parts,
             replay,
             lead,
             outcome,
-        }))
+        })
     }
 }
 
 /// How a call's core ended.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per call, by value: boxing a replay's parts would allocate on every duplicate"
+)]
 pub(crate) enum Over<'a> {
     /// The body's own result, which the shim kept, with the call's outcome.
     Own(Outcome),
@@ -116,7 +120,7 @@ pub(crate) enum Over<'a> {
     /// not stored, or will not replay), with the call's outcome.
     Instead(Error, Outcome),
     /// A stored answer, for the shim to decode, with the parts it is kept with.
-    Replay(Box<Replayable<'a>>),
+    Replay(Replayable<'a>),
     /// The body panicked (the record is FAILED; COMPLETED when its value's `Serialize` panicked): the
     /// panic goes on.
     Panic(Panic),
@@ -152,7 +156,7 @@ impl Over<'_> {
                     replay,
                     mut lead,
                     outcome,
-                } = *replayable;
+                } = replayable;
                 let replay = replay.with_lead(lead.as_mut().map(flight::OwnedLead::lead));
                 replayed(&parts.idem, &parts.plan(), replay, outcome)
             }
@@ -184,66 +188,65 @@ pub(crate) struct Handover {
 
 /// The core of a detached body's task: the body's end, asked of the task's shim, then stored; compiled
 /// once.
-fn handed_over(mut handover: Handover) -> impl Future<Output = Over<'static>> + Send + 'static {
-    async move {
-        let Handover {
-            ref owned,
-            lease,
-            lease_until_ms,
-            took_over,
-            ref mut lead,
-            tracked: _,
-        } = handover;
-        let plan = owned.plan();
-        let claim = Held {
-            idem: &owned.idem,
-            plan: &plan,
-            token: &owned.token,
-            ttl: owned.ttl,
-            lead: lead.as_mut().map(flight::OwnedLead::lead),
-        };
-        let heartbeat = Heartbeat::of(
-            &owned.idem,
-            &plan,
-            &owned.token,
-            lease,
-            owned.ttl,
-            lease_until_ms,
-        );
-        Over::of(ended(claim, heartbeat, lease, lease_until_ms, took_over).await)
-    }
+async fn handed_over(mut handover: Handover) -> Over<'static> {
+    let Handover {
+        ref owned,
+        lease,
+        lease_until_ms,
+        took_over,
+        ref mut lead,
+        tracked: _,
+    } = handover;
+    let plan = owned.plan();
+    let claim = Held {
+        idem: &owned.idem,
+        plan: &plan,
+        token: &owned.token,
+        ttl: owned.ttl,
+        lead: lead.as_mut().map(flight::OwnedLead::lead),
+    };
+    let heartbeat = Heartbeat::of(
+        &owned.idem,
+        &plan,
+        &owned.token,
+        lease,
+        owned.ttl,
+        lease_until_ms,
+    );
+    Over::of(ended(claim, heartbeat, lease, lease_until_ms, took_over).await)
 }
 
 /// The body's end, asked of the shim, then stored, with the lease heartbeat beside both (started when
-/// the body did not end at once, and stopped once its end is stored).
-async fn ended(
-    claim: Held<'_>,
-    heartbeat: Heartbeat<'_>,
+/// the body did not end at once, and stopped once its end is stored). Held in place by the call's core
+/// while it waits for the body; the storing, which a replay never needs, is boxed on its own
+/// ([`stored`]).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async block: as an `async fn`, its future would hold the claim twice (see `future_size`)"
+)]
+fn ended<'a>(
+    claim: Held<'a>,
+    heartbeat: Heartbeat<'a>,
     lease: Duration,
     lease_until_ms: u64,
     took_over: bool,
-) -> Settled {
-    let mut beat = None;
-    let ended = Beating {
-        future: AskEnd,
-        beat: &mut beat,
-        heartbeat,
+) -> impl Future<Output = Settled> + Send + 'a {
+    async move {
+        let mut beat = None;
+        let ended = Beating {
+            future: AskEnd,
+            beat: &mut beat,
+            heartbeat,
+        }
+        .await;
+        let ending = ended.ending(&claim);
+        Beating {
+            future: stored(claim, ending, lease, lease_until_ms, took_over),
+            beat: &mut beat,
+            heartbeat,
+        }
+        .await
     }
-    .await;
-    let ending = ended.ending(&claim);
-    let storing = std::pin::pin!(store_ending(
-        claim,
-        ending,
-        lease,
-        lease_until_ms,
-        took_over
-    ));
-    Beating {
-        future: storing,
-        beat: &mut beat,
-        heartbeat,
-    }
-    .await
 }
 
 /// `future`, with the heartbeat polled beside it while it is pending ([`beat`]).
@@ -477,21 +480,22 @@ impl Future for AskEnd {
     }
 }
 
-/// Polls a call's `core` with `answer` in the exchange; says whether it asked for the body's end, and
-/// gives back an answer it did not take. The exchange is left as it was found.
+/// Polls a call's `core` with `answer` (the body's end it asked for) in the exchange; says whether it
+/// asks for the body's end. The exchange is left as it was found.
 #[inline(never)]
 fn poll_core<C: Future>(
     core: Pin<&mut C>,
     cx: &mut std::task::Context<'_>,
     answer: Option<BodyEnded>,
-) -> (Poll<C::Output>, bool, Option<BodyEnded>) {
+) -> (Poll<C::Output>, bool) {
     let found = EXCHANGE.replace(answer.map_or(Exchange::Empty, Exchange::Answered));
     let polled = core.poll(cx);
     match EXCHANGE.replace(found) {
-        Exchange::Empty => (polled, false, None),
-        Exchange::Asked => (polled, true, None),
-        // Not taken (the core is not waiting for the body): kept for its next poll.
-        Exchange::Answered(ended) => (polled, false, Some(ended)),
+        Exchange::Empty => (polled, false),
+        Exchange::Asked => (polled, true),
+        // A core asks for the body's end only where it waits for it ([`AskEnd`]), which is the first
+        // thing it polls when polled again.
+        Exchange::Answered(_) => unreachable!("a call's core takes the body's end it asked for"),
     }
 }
 
@@ -547,10 +551,8 @@ pin_project_lite::pin_project! {
         #[pin]
         body: F,
         describe: Option<D>,
-        // The value or the error, kept for the caller while its end is stored; or a replay's value.
+        // The value or the error, kept for the caller while its end is stored.
         kept: Option<Result<T, E>>,
-        // The body's end, not yet taken by the core.
-        answer: Option<BodyEnded>,
     }
 }
 
@@ -562,7 +564,6 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
             body,
             describe: Some(describe),
             kept: None,
-            answer: None,
         }
     }
 
@@ -584,9 +585,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let mut answer = None;
         loop {
-            let (polled, asked, left) = poll_core(this.core.as_mut(), cx, this.answer.take());
-            *this.answer = left;
+            let (polled, asked) = poll_core(this.core.as_mut(), cx, answer.take());
             match polled {
                 Poll::Ready(over) => return Poll::Ready(over.result(this.kept.take())),
                 Poll::Pending if !asked => return Poll::Pending,
@@ -598,7 +599,7 @@ where
             let ended = poll_body(this.body.as_mut(), cx, this.describe, this.kept);
             drop(entered);
             match ended {
-                Poll::Ready(ended) => *this.answer = Some(ended),
+                Poll::Ready(ended) => answer = Some(ended),
                 Poll::Pending => return Poll::Pending,
             }
         }
@@ -836,6 +837,24 @@ pub(super) enum Settled {
     Panic(Panic),
 }
 
+/// [`store_ending`], boxed: a replay (the common duplicate) never stores anything, so a call's future
+/// need not carry the completion.
+fn stored<'a>(
+    claim: Held<'a>,
+    ending: Ending,
+    lease: Duration,
+    lease_until_ms: u64,
+    took_over: bool,
+) -> Pin<Box<dyn Future<Output = Settled> + Send + 'a>> {
+    Box::pin(store_ending(
+        claim,
+        ending,
+        lease,
+        lease_until_ms,
+        took_over,
+    ))
+}
+
 /// Stores how the body ended: COMPLETED with its value, or FAILED with its error's text or its panic's
 /// message, retried while the lease allows.
 #[allow(
@@ -971,17 +990,17 @@ mod future_size {
             ttl: Duration::ZERO,
             lead: None,
         };
-        let heartbeat = Heartbeat {
-            idem: &idem,
-            key: "k",
-            token: "t",
-            lease: Duration::ZERO,
-            ttl: Duration::ZERO,
-            lease_until_ms: 0,
+        // What a call that runs its body boxes: the storing of its end (the completion or the
+        // failure, held in place), under the allocator's small sizes.
+        let (encoded, _) = held().encoded(Ok(Ok(b"[\"\",0,\"\",\"\"]".to_vec())));
+        let ending = Ending::Value {
+            encoded,
+            thrown: None,
         };
-        // What `core` boxes for a call that runs its body: the wait for its end and the storing of
-        // it (completion or failure, held in place), with the heartbeat beside them.
-        let boxed = std::mem::size_of_val(&ended(held(), heartbeat, Duration::ZERO, 0, false));
-        assert!(boxed <= 1024, "the boxed end of a body is {boxed} bytes");
+        let boxed = std::mem::size_of_val(&store_ending(held(), ending, Duration::ZERO, 0, false));
+        assert!(
+            boxed <= 1024,
+            "the boxed storing of a body's end is {boxed} bytes"
+        );
     }
 }
