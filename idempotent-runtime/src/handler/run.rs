@@ -233,8 +233,7 @@ fn ended<'a>(
 ) -> impl Future<Output = Settled> + Send + 'a {
     async move {
         let mut beat = None;
-        let ended = Beating {
-            future: AskEnd,
+        let ended = WaitEnd {
             beat: &mut beat,
             heartbeat,
         }
@@ -432,6 +431,8 @@ enum Exchange {
     Empty,
     /// The core waits for the body's end.
     Asked,
+    /// The body was polled, and is pending: the core beats the lease meanwhile.
+    Pending,
     /// The body's end, for the core that asked for it.
     Answered(BodyEnded),
 }
@@ -461,39 +462,49 @@ impl BodyEnded {
     }
 }
 
-/// The core's wait for the body's end: asks the shim, and is ready once it answers.
-struct AskEnd;
+/// The core's wait for the body's end: asks the shim for it, and is ready once it answers; while the
+/// shim says the body is pending, the lease heartbeat runs beside it ([`beat`]; started when the body
+/// did not end at its first poll, so that a body that ends at once never starts it).
+struct WaitEnd<'b, 'a> {
+    beat: &'b mut Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    heartbeat: Heartbeat<'a>,
+}
 
-impl Future for AskEnd {
+impl Future for WaitEnd<'_, '_> {
     type Output = BodyEnded;
 
-    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<BodyEnded> {
-        // No waker to register: the shim answers in the same poll of the call, or polls the core
-        // again when the body wakes the call.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<BodyEnded> {
+        // No waker of its own to register: the shim polls the body in the same poll of the call, and
+        // the core again when the body (or the heartbeat) wakes the call.
         match EXCHANGE.replace(Exchange::Asked) {
             Exchange::Answered(ended) => {
                 EXCHANGE.set(Exchange::Empty);
                 Poll::Ready(ended)
+            }
+            Exchange::Pending => {
+                let this = &mut *self;
+                beat(this.beat, this.heartbeat, cx);
+                Poll::Pending
             }
             Exchange::Empty | Exchange::Asked => Poll::Pending,
         }
     }
 }
 
-/// Polls a call's `core` with `answer` (the body's end it asked for) in the exchange; says whether it
-/// asks for the body's end. The exchange is left as it was found.
+/// Polls a call's `core` with `given` in the exchange (nothing, or what its shim has to say of the
+/// body it asked for); says whether it asks for the body's end. The exchange is left as it was found.
 #[inline(never)]
 fn poll_core<C: Future>(
     core: Pin<&mut C>,
     cx: &mut std::task::Context<'_>,
-    answer: Option<BodyEnded>,
+    given: Exchange,
 ) -> (Poll<C::Output>, bool) {
-    let found = EXCHANGE.replace(answer.map_or(Exchange::Empty, Exchange::Answered));
+    let found = EXCHANGE.replace(given);
     let polled = core.poll(cx);
     match EXCHANGE.replace(found) {
-        Exchange::Empty => (polled, false),
         Exchange::Asked => (polled, true),
-        // A core asks for the body's end only where it waits for it ([`AskEnd`]), which is the first
+        Exchange::Empty | Exchange::Pending => (polled, false),
+        // A core asks for the body's end only where it waits for it ([`WaitEnd`]), which is the first
         // thing it polls when polled again.
         Exchange::Answered(_) => unreachable!("a call's core takes the body's end it asked for"),
     }
@@ -553,6 +564,8 @@ pin_project_lite::pin_project! {
         describe: Option<D>,
         // The value or the error, kept for the caller while its end is stored.
         kept: Option<Result<T, E>>,
+        // Whether the core waits for the body's end: the body is polled first, then the core told.
+        waiting: bool,
     }
 }
 
@@ -564,6 +577,7 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
             body,
             describe: Some(describe),
             kept: None,
+            waiting: false,
         }
     }
 
@@ -585,23 +599,61 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let mut answer = None;
+        let mut given = if *this.waiting {
+            Self::poll_body(
+                this.core.as_mut(),
+                this.body.as_mut(),
+                cx,
+                this.describe,
+                this.kept,
+            )
+        } else {
+            Exchange::Empty
+        };
         loop {
-            let (polled, asked) = poll_core(this.core.as_mut(), cx, answer.take());
+            let body_polled = !matches!(given, Exchange::Empty);
+            let (polled, asked) = poll_core(this.core.as_mut(), cx, given);
+            *this.waiting = asked;
             match polled {
                 Poll::Ready(over) => return Poll::Ready(over.result(this.kept.take())),
-                Poll::Pending if !asked => return Poll::Pending,
+                // Claiming or storing; or waiting for a body polled this time.
+                Poll::Pending if !asked || body_polled => return Poll::Pending,
+                // The core has just asked for the body's end: the body's first poll.
                 Poll::Pending => {}
             }
-            // The body runs in the call's span, as the core does.
-            let span = this.core.as_mut().span();
-            let entered = telemetry::enter(span);
-            let ended = poll_body(this.body.as_mut(), cx, this.describe, this.kept);
-            drop(entered);
-            match ended {
-                Poll::Ready(ended) => answer = Some(ended),
-                Poll::Pending => return Poll::Pending,
-            }
+            given = Self::poll_body(
+                this.core.as_mut(),
+                this.body.as_mut(),
+                cx,
+                this.describe,
+                this.kept,
+            );
+        }
+    }
+}
+
+impl<'a, C, F, D, T, E> InPlace<C, F, D, T, E>
+where
+    C: Future<Output = Over<'a>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    D: FnOnce(&E) -> String,
+{
+    /// Polls the body in the call's span; what the core is told of it.
+    fn poll_body(
+        core: Pin<&mut telemetry::InSpan<C>>,
+        body: Pin<&mut F>,
+        cx: &mut std::task::Context<'_>,
+        describe: &mut Option<D>,
+        kept: &mut Option<Result<T, E>>,
+    ) -> Exchange {
+        let entered = telemetry::enter(core.span());
+        let ended = poll_body(body, cx, describe, kept);
+        drop(entered);
+        match ended {
+            Poll::Ready(ended) => Exchange::Answered(ended),
+            Poll::Pending => Exchange::Pending,
         }
     }
 }
