@@ -1,7 +1,8 @@
 //! [`Operation`]: the one front door to the state machine. Users build one for closures, dynamic
 //! namespaces of static lifetime and claim-time business writes ([`Operation::claim_with`]); the code
 //! `#[idempotent]` generates builds one too (through the hidden `__private` glue), so both take the same
-//! path: kill switch, key and payload checks, the missing-key policy, then [`handler::run`].
+//! path: kill switch, key and payload checks, the missing-key policy, then the call's core
+//! ([`handler::core`]).
 
 use std::borrow::Cow;
 use std::fmt::Display;

@@ -47,7 +47,7 @@ impl<'a> Heartbeat<'a> {
     }
 }
 
-/// The heartbeat beside a body that holds its claim and the storing of its end ([`Finishing`]), while
+/// The heartbeat beside a body that holds its claim and the storing of its end (`run.rs`: `ended`), while
 /// they are pending: started when first needed (so that a body that ends at its first poll never
 /// allocates it), then polled.
 pub(super) fn beat<'a>(

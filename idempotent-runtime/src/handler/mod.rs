@@ -6,7 +6,7 @@
 //! | `decide.rs` | every "what next", as pure sync functions returning named actions (the model drives them) |
 //! | `mod.rs` | what a record means ([`examine`]), the claim's times, lifetimes, a call's [`Plan`] |
 //! | `claim.rs` | a call's attempts and [`Stage`], what a drop does, the claim requests, the release, waiting, the cache and replays |
-//! | `run.rs` | [`run()`] from claim to outcome, the body in place or detached ([`Runner`]), panics, [`finish`] |
+//! | `run.rs` | a call's [`core`] from claim to outcome (compiled once), the typed shims that hold its body ([`InPlace`], [`Detaching`]), panics, storing the body's end |
 //! | `settle.rs` | the fenced writes that store an outcome or a step, retried while the lease allows |
 //! | `heartbeat.rs` | the lease heartbeat beside a running body |
 //! | `flight.rs` | coalescing: one flight per key and handle, its leader's hold ([`flight::Lead`]) and what a follower does (pure decisions the model drives) |
@@ -18,8 +18,8 @@
 //! |---|---|---|
 //! | `Claiming` | releases the claim that may have landed ([`Change::Release`]: a tombstone if it has not landed yet); with steps that must not restart, leaves it to lapse | `acquire`, before each claim request and when its answer means the claim is ours |
 //! | `Waiting` | nothing: the key is another call's | `acquire`, when a claim was refused |
-//! | `Running` | nothing is sent: the body may have had effects, so the claim lapses with its lease (counted) | `run`, before the body starts in place |
-//! | `Done` | nothing: the body runs on its own task, or the call is over | `run`, after `acquire` and once a detached body is spawned |
+//! | `Running` | nothing is sent: the body may have had effects, so the claim lapses with its lease (counted) | `claim_phase`, once the claim is held |
+//! | `Done` | nothing: the body runs on its own task, or the call is over | `claim_phase`, after `acquire`; `core`, once a detached call hands its claim over and once the body's end is stored |
 //!
 //! A claim whose answer never came (the call ends with a store error while `Claiming`) is released
 //! the same way ([`decide::after_claim_error`]).

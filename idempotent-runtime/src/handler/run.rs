@@ -555,12 +555,21 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// A call whose body runs in place: its [`core`] in the call's span, and the body beside it.
-    pub(crate) struct InPlace<C, F, D, T, E> {
-        #[pin]
-        core: telemetry::InSpan<C>,
+    /// A call's body and its [`core`], in the call's span: polled in it, and dropped in it (the body
+    /// first, as it was started last; then the core, which cleans up by the call's stage).
+    struct Halves<C, F> {
         #[pin]
         body: F,
+        #[pin]
+        core: C,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call whose body runs in place: its [`core`] and the body beside it, in the call's span.
+    pub(crate) struct InPlace<C, F, D, T, E> {
+        #[pin]
+        halves: telemetry::InSpan<Halves<C, F>>,
         describe: Option<D>,
         // The value or the error, kept for the caller while its end is stored.
         kept: Option<Result<T, E>>,
@@ -573,8 +582,7 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
     /// The call of `core` (built by [`core`]) in `span`, around `body`.
     pub(crate) fn new(core: C, span: tracing::Span, body: F, describe: D) -> Self {
         Self {
-            core: telemetry::InSpan::new(core, span),
-            body,
+            halves: telemetry::InSpan::new(Halves { body, core }, span),
             describe: Some(describe),
             kept: None,
             waiting: false,
@@ -583,7 +591,7 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
 
     /// The call's span.
     pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        self.project().core.span()
+        self.project().halves.span()
     }
 }
 
@@ -598,21 +606,24 @@ where
     type Output = (Result<T, E>, Outcome);
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let this = self.project();
+        let (halves, span) = this.halves.inner();
+        // The core and the body run in the call's span, entered once for both.
+        let _entered = telemetry::enter(span);
+        let mut halves = halves.project();
         let mut given = if *this.waiting {
-            Self::poll_body(
-                this.core.as_mut(),
-                this.body.as_mut(),
+            told(poll_body(
+                halves.body.as_mut(),
                 cx,
                 this.describe,
                 this.kept,
-            )
+            ))
         } else {
             Exchange::Empty
         };
         loop {
             let body_polled = !matches!(given, Exchange::Empty);
-            let (polled, asked) = poll_core(this.core.as_mut(), cx, given);
+            let (polled, asked) = poll_core(halves.core.as_mut(), cx, given);
             *this.waiting = asked;
             match polled {
                 Poll::Ready(over) => return Poll::Ready(over.result(this.kept.take())),
@@ -621,40 +632,21 @@ where
                 // The core has just asked for the body's end: the body's first poll.
                 Poll::Pending => {}
             }
-            given = Self::poll_body(
-                this.core.as_mut(),
-                this.body.as_mut(),
+            given = told(poll_body(
+                halves.body.as_mut(),
                 cx,
                 this.describe,
                 this.kept,
-            );
+            ));
         }
     }
 }
 
-impl<'a, C, F, D, T, E> InPlace<C, F, D, T, E>
-where
-    C: Future<Output = Over<'a>>,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    /// Polls the body in the call's span; what the core is told of it.
-    fn poll_body(
-        core: Pin<&mut telemetry::InSpan<C>>,
-        body: Pin<&mut F>,
-        cx: &mut std::task::Context<'_>,
-        describe: &mut Option<D>,
-        kept: &mut Option<Result<T, E>>,
-    ) -> Exchange {
-        let entered = telemetry::enter(core.span());
-        let ended = poll_body(body, cx, describe, kept);
-        drop(entered);
-        match ended {
-            Poll::Ready(ended) => Exchange::Answered(ended),
-            Poll::Pending => Exchange::Pending,
-        }
+/// What the core is told of the body it asked for, polled.
+fn told(polled: Poll<BodyEnded>) -> Exchange {
+    match polled {
+        Poll::Ready(ended) => Exchange::Answered(ended),
+        Poll::Pending => Exchange::Pending,
     }
 }
 
