@@ -535,7 +535,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         mut self,
         describe: fn(&E) -> String,
         body: F,
-    ) -> Launched<'a, impl Future<Output = Result<T, E>>, T, E>
+    ) -> Launched<impl Future<Output = Result<T, E>>, P::Call<'a>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -875,6 +875,11 @@ pub type DetachedCall<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Se
     note = "move what the body uses into it (`async move`), and keep no `Rc`, `RefCell` borrow or other non-`Send` value across an `.await`; or do not `detach`"
 )]
 pub trait Placement<T, E, Fut, H>: sealed::Sealed + Sized {
+    /// The future of a detached call: boxed for [`Detached`], one that cannot be made for
+    /// [`InPlace`], so that a call in place compiles no wait for a detached one.
+    #[doc(hidden)]
+    type Call<'a>: Future<Output = Result<T, E>>;
+
     /// The call, boxed to run detached; or the operation and the body back, to run in place.
     #[doc(hidden)]
     #[allow(
@@ -886,15 +891,17 @@ pub trait Placement<T, E, Fut, H>: sealed::Sealed + Sized {
         operation: Operation<'_, H, S, W, Self>,
         describe: fn(&E) -> String,
         body: Fut,
-    ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)>;
+    ) -> Result<Self::Call<'_>, (Operation<'_, H, S, W, Self>, Fut)>;
 }
 
 impl<T, E, Fut, H> Placement<T, E, Fut, H> for InPlace {
+    type Call<'a> = NotDetached<T, E>;
+
     fn detached<S, W>(
         operation: Operation<'_, H, S, W, Self>,
         _: fn(&E) -> String,
         body: Fut,
-    ) -> Result<DetachedCall<'_, T, E>, (Operation<'_, H, S, W, Self>, Fut)> {
+    ) -> Result<NotDetached<T, E>, (Operation<'_, H, S, W, Self>, Fut)> {
         Err((operation, body))
     }
 }
@@ -906,6 +913,8 @@ where
     Fut: Future<Output = Result<T, E>> + Send + 'static,
     H: OnReplay<T> + Send + 'static,
 {
+    type Call<'a> = DetachedCall<'a, T, E>;
+
     fn detached<S, W>(
         operation: Operation<'_, H, S, W, Self>,
         describe: fn(&E) -> String,
@@ -915,23 +924,42 @@ where
     }
 }
 
+/// The detached call of an operation whose body runs in place: there is none (the type has no values).
+#[doc(hidden)]
+pub struct NotDetached<T, E> {
+    never: std::convert::Infallible,
+    _output: PhantomData<fn() -> (T, E)>,
+}
+
+impl<T, E> Future for NotDetached<T, E> {
+    type Output = Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<T, E>> {
+        match self.never {}
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The future of [`Operation::launch`]: the call in place, or detached.
     #[project = LaunchedProj]
-    pub(crate) enum Launched<'a, I, T, E> {
+    pub(crate) enum Launched<I, D> {
         /// The state machine, held in place.
         InPlace {
             #[pin]
             run: I,
         },
-        /// The state machine and the body's task, boxed.
+        /// The state machine and the body's task, boxed ([`Placement::Call`]: none for a body run in
+        /// place, so that this variant and its poll are compiled only for detached calls).
         Detached {
-            run: DetachedCall<'a, T, E>,
+            #[pin]
+            run: D,
         },
     }
 }
 
-impl<I: Future<Output = Result<T, E>>, T, E> Future for Launched<'_, I, T, E> {
+impl<I: Future<Output = Result<T, E>>, D: Future<Output = Result<T, E>>, T, E> Future
+    for Launched<I, D>
+{
     type Output = Result<T, E>;
 
     fn poll(
@@ -940,7 +968,7 @@ impl<I: Future<Output = Result<T, E>>, T, E> Future for Launched<'_, I, T, E> {
     ) -> std::task::Poll<Result<T, E>> {
         match self.project() {
             LaunchedProj::InPlace { run } => run.poll(cx),
-            LaunchedProj::Detached { run } => run.as_mut().poll(cx),
+            LaunchedProj::Detached { run } => run.poll(cx),
         }
     }
 }

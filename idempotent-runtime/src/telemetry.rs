@@ -192,13 +192,6 @@ impl<F> InSpan<F> {
     pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
         self.project().span
     }
-
-    /// The future, to poll in the span by hand ([`enter`]), and the span.
-    pub(crate) fn inner(self: Pin<&mut Self>) -> (Pin<&mut F>, &tracing::Span) {
-        let this = self.project();
-        let future = this.future.as_pin_mut().expect("only taken when dropped");
-        (future, this.span)
-    }
 }
 
 impl<F: Future> Future for InSpan<F> {
