@@ -492,15 +492,29 @@ impl Future for WaitEnd<'_, '_> {
 }
 
 /// Polls a call's `core` with `given` in the exchange (nothing, or what its shim has to say of the
-/// body it asked for); says whether it asks for the body's end. The exchange is left as it was found.
+/// body it asked for); says whether it asks for the body's end. The exchange is left as it was found,
+/// also when the poll panics: a call whose core panics inside another call's poll (a store that
+/// catches the panic of a call it makes) must not leave the other call its own question.
 #[inline(never)]
 fn poll_core<C: Future>(
     core: Pin<&mut C>,
     cx: &mut std::task::Context<'_>,
     given: Exchange,
 ) -> (Poll<C::Output>, bool) {
-    let found = EXCHANGE.replace(given);
+    /// Puts back what the exchange held before this poll, if the poll unwinds.
+    struct Restore(Option<Exchange>);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(found) = self.0.take() {
+                EXCHANGE.set(found);
+            }
+        }
+    }
+
+    let mut restore = Restore(Some(EXCHANGE.replace(given)));
     let polled = core.poll(cx);
+    let found = restore.0.take().expect("taken only here");
     match EXCHANGE.replace(found) {
         Exchange::Asked => (polled, true),
         Exchange::Empty | Exchange::Pending => (polled, false),

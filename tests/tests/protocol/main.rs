@@ -12,6 +12,7 @@ mod claim_tokens;
 mod claim_writes;
 mod clock_skew;
 mod coalescing;
+mod core_and_shim;
 mod deadline_bound;
 mod faults;
 mod flaky;
