@@ -6,7 +6,7 @@
 //! claim held, it asks the shim for the body's end, stores it and beats the lease meanwhile (or, for a
 //! detached call, hands its claim over to a task that does); a stored answer it hands back to the shim,
 //! with its parts, to decode. The shim holds the body's future in place (so that a call's future is
-//! `Send` exactly when its body is), polls the core, and answers what it asks: the body polled to its
+//! `Send` exactly when its body, value and error are), polls the core, and answers what it asks: the body polled to its
 //! end, its value's JSON or its error's text. Only the shim, the body's end and the replay's parse are
 //! made for each function.
 //!
