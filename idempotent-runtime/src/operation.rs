@@ -535,7 +535,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         mut self,
         describe: fn(&E) -> String,
         body: F,
-    ) -> Launched<impl Future<Output = Result<T, E>>, P::Call<'a>>
+    ) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -563,12 +563,8 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
             transaction: W::given(&mut given),
         };
         let body = body(context);
-        match P::detached(self, describe, body) {
-            Ok(detached) => Launched::Detached { run: detached },
-            Err((operation, body)) => Launched::InPlace {
-                run: operation.plain().drive(describe, body),
-            },
-        }
+        let placed = P::detached(self, describe, body).map_err(|(op, body)| (op.plain(), body));
+        Operation::drive(placed, describe)
     }
 
     /// The operation without its options' types, once [`launch`](Self::launch) has used them.
@@ -578,19 +574,19 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
 }
 
 impl<'a, H> Operation<'a, H> {
-    /// The path into the state machine of a body run in place, for [`launch`](Self::launch): the
-    /// checks ([`prepare`]: the kill switch, then the handle, key and payload (the first error among
-    /// them; the body does not run), the missing-key policy), then the call's core
-    /// ([`handler::core`], compiled once) with the body beside it ([`handler::InPlace`]).
+    /// The path into the state machine, for [`launch`](Self::launch): a detached call as
+    /// [`Placement::detached`] boxed it; a body run in place through the checks ([`prepare`]: the
+    /// kill switch, then the handle, key and payload (the first error among them; the body does not
+    /// run), the missing-key policy), then the call's core ([`handler::core`], compiled once) with
+    /// the body beside it ([`handler::InPlace`]).
     /// `describe` gives the text stored for the body's error.
     ///
     /// The checks are made here, and the state machine built, when the call's future is built: the
     /// future is a [`Drive`], which holds the state machine in place, with the body's future once,
     /// and allocates no box of its own on a call's path (every caller's future holds this one).
-    pub(crate) fn drive<T, E, Fut, D>(
-        self,
+    pub(crate) fn drive<T, E, Fut, D, X>(
+        placed: Result<X, (Self, Fut)>,
         describe: D,
-        body: Fut,
     ) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
@@ -598,8 +594,13 @@ impl<'a, H> Operation<'a, H> {
         Fut: Future<Output = Result<T, E>>,
         D: FnOnce(&E) -> String,
         H: OnReplay<T>,
+        X: Future<Output = Result<T, E>>,
     {
-        let (unchecked, on_replay) = self.unchecked();
+        let (operation, body) = match placed {
+            Ok(detached) => return Drive::Detached { run: detached },
+            Err(in_place) => in_place,
+        };
+        let (unchecked, on_replay) = operation.unchecked();
         match prepare(unchecked) {
             Prepared::Run(parts, span) => {
                 let namespace = parts.call.namespace;
@@ -636,7 +637,7 @@ impl<'a, H> Operation<'a, H> {
         match prepare(unchecked) {
             Prepared::Run(parts, span) => {
                 let namespace = parts.call.namespace;
-                Drive::Run {
+                Drive::<_, _, _, _, NotDetached<T, E>>::Run {
                     run: handler::Detaching::new(handler::core(parts, true), span, body, describe),
                     namespace,
                     on_replay: Some(on_replay),
@@ -940,44 +941,10 @@ impl<T, E> Future for NotDetached<T, E> {
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`Operation::launch`]: the call in place, or detached.
-    #[project = LaunchedProj]
-    pub(crate) enum Launched<I, D> {
-        /// The state machine, held in place.
-        InPlace {
-            #[pin]
-            run: I,
-        },
-        /// The state machine and the body's task, boxed ([`Placement::Call`]: none for a body run in
-        /// place, so that this variant and its poll are compiled only for detached calls).
-        Detached {
-            #[pin]
-            run: D,
-        },
-    }
-}
-
-impl<I: Future<Output = Result<T, E>>, D: Future<Output = Result<T, E>>, T, E> Future
-    for Launched<I, D>
-{
-    type Output = Result<T, E>;
-
-    fn poll(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<T, E>> {
-        match self.project() {
-            LaunchedProj::InPlace { run } => run.poll(cx),
-            LaunchedProj::Detached { run } => run.poll(cx),
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
     /// The future of [`Operation::drive`]: built whole before it is first polled, so that a caller's
     /// future holds the state machine (and the body's future in it) in place and once.
     #[project = DriveProj]
-    pub(crate) enum Drive<R, B, H, E> {
+    pub(crate) enum Drive<R, B, H, E, X> {
         /// The state machine in the call's span; its outcome closes the span, and says whether the
         /// value is a replay, for `on_replay`.
         Run {
@@ -995,11 +962,18 @@ pin_project_lite::pin_project! {
         Failed {
             error: Option<E>,
         },
+        /// A detached call, boxed with its own `Drive` ([`Placement::Call`]: none for a body run in
+        /// place, so that this variant and its poll are compiled only for detached calls).
+        Detached {
+            #[pin]
+            run: X,
+        },
     }
 }
 
-impl<R, B, H, T, E> Future for Drive<R, B, H, E>
+impl<R, B, H, T, E, X> Future for Drive<R, B, H, E, X>
 where
+    X: Future<Output = Result<T, E>>,
     R: telemetry::InCallSpan<Output = (Result<T, E>, Outcome)>,
     B: Future<Output = Result<T, E>>,
     H: OnReplay<T>,
@@ -1037,6 +1011,7 @@ where
             DriveProj::Failed { error } => {
                 Poll::Ready(Err(error.take().expect("a failed call is polled once")))
             }
+            DriveProj::Detached { run } => run.poll(cx),
         }
     }
 }
