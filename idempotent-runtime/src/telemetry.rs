@@ -215,12 +215,6 @@ pub(crate) trait InCallSpan: Future {
     fn span(self: Pin<&mut Self>) -> &tracing::Span;
 }
 
-impl<F: Future> InCallSpan for InSpan<F> {
-    fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        InSpan::span(self)
-    }
-}
-
 /// What [`in_span`] runs: a trait of one method rather than a `dyn FnMut`, whose vtable would carry a
 /// `call_once` shim for every future.
 trait InSpanDo {

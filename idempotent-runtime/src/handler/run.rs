@@ -424,10 +424,8 @@ thread_local! {
 }
 
 /// The slot between a core and its shim during one poll of the core.
-#[derive(Default)]
 enum Exchange {
     /// Nothing asked or answered.
-    #[default]
     Empty,
     /// The core waits for the body's end.
     Asked,
@@ -597,11 +595,6 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
             waiting: false,
         }
     }
-
-    /// The call's span.
-    pub(crate) fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        self.project().core.span()
-    }
 }
 
 impl<'a, C, F, D, T, E> Future for InPlace<C, F, D, T, E>
@@ -680,7 +673,7 @@ where
     D: FnOnce(&E) -> String,
 {
     fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        InPlace::span(self)
+        self.project().core.span()
     }
 }
 
