@@ -80,18 +80,12 @@ pub(crate) fn non_finite<T: Serialize + ?Sized>(
     ))
 }
 
-/// `Ok` when `json` (a value's serialization) reads back as a `T`, as a duplicate will read it;
-/// otherwise the reason, as a serialization error of the value: serde writes some values it refuses to
-/// read (nested deeper than its recursion limit, a `u128` inside a buffered enum or flattened struct,
-/// or a hand-written `Serialize` its `Deserialize` does not match).
-pub(crate) fn reads_back<T: DeserializeOwned>(json: &[u8]) -> Result<(), serde_json::Error> {
-    serde_json::from_slice::<T>(json)
-        .map(drop)
-        .map_err(|e| not_read_back(&e))
-}
-
+/// The error of a value whose JSON (its serialization) does not read back as its own type, from the
+/// reading's: serde writes some values it refuses to read (nested deeper than its recursion limit, a
+/// `u128` inside a buffered enum or flattened struct, or a hand-written `Serialize` its `Deserialize`
+/// does not match).
 #[cold]
-fn not_read_back(e: &serde_json::Error) -> serde_json::Error {
+pub(crate) fn not_read_back(e: &serde_json::Error) -> serde_json::Error {
     <serde_json::Error as serde::ser::Error>::custom(format_args!(
         "its JSON does not read back as its own type ({e}), so a duplicate could never be given it"
     ))

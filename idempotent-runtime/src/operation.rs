@@ -563,17 +563,15 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
             transaction: W::given(&mut given),
         };
         let body = body(context);
-        let placed = P::detached(self, describe, body).map_err(|(op, body)| (op.plain(), body));
-        Operation::drive(placed, describe)
+        Operation::drive(P::detached(self, describe, body), describe)
     }
 
-    /// The operation without its options' types, once [`launch`](Self::launch) has used them.
+    /// The operation without its options' types, for a detached call's task, once
+    /// [`launch`](Self::launch) has used them.
     fn plain(self) -> Operation<'a, H> {
         self.with(|hook| hook)
     }
-}
 
-impl<'a, H> Operation<'a, H> {
     /// The path into the state machine, for [`launch`](Self::launch): a detached call as
     /// [`Placement::detached`] boxed it; a body run in place through the checks ([`prepare`]: the
     /// kill switch, then the handle, key and payload (the first error among them; the body does not
@@ -601,18 +599,15 @@ impl<'a, H> Operation<'a, H> {
             Err(in_place) => in_place,
         };
         let (unchecked, on_replay) = operation.unchecked();
-        match prepare(unchecked) {
-            Prepared::Run(parts, span) => {
-                let namespace = parts.call.namespace;
-                Drive::Run {
-                    run: handler::InPlace::new(handler::core(parts, false), span, body, describe),
-                    namespace,
-                    on_replay: Some(on_replay),
-                }
-            }
+        match start(unchecked, false) {
+            Started::Run { core, namespace } => Drive::Run {
+                run: handler::InPlace::new(core, body, describe),
+                namespace,
+                on_replay: Some(on_replay),
+            },
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
-            Prepared::Alone(..) => Drive::Body { body },
-            Prepared::Failed(e) => Drive::Failed {
+            Started::Alone(..) => Drive::Body { body },
+            Started::Failed(e) => Drive::Failed {
                 error: Some((*e).into()),
             },
         }
@@ -634,21 +629,18 @@ impl<'a, H> Operation<'a, H> {
         H: OnReplay<T> + Send,
     {
         let (unchecked, on_replay) = self.unchecked();
-        match prepare(unchecked) {
-            Prepared::Run(parts, span) => {
-                let namespace = parts.call.namespace;
-                Drive::<_, _, _, _, NotDetached<T, E>>::Run {
-                    run: handler::Detaching::new(handler::core(parts, true), span, body, describe),
-                    namespace,
-                    on_replay: Some(on_replay),
-                }
-            }
+        match start(unchecked, true) {
+            Started::Run { core, namespace } => Drive::<_, _, _, _, NotDetached<T, E>>::Run {
+                run: handler::Detaching::new(core, body, describe),
+                namespace,
+                on_replay: Some(on_replay),
+            },
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of
             // its own.
-            Prepared::Alone(namespace, tasks) => Drive::Body {
+            Started::Alone(namespace, tasks) => Drive::Body {
                 body: handler::alone(namespace, tasks.as_ref(), body),
             },
-            Prepared::Failed(e) => Drive::Failed {
+            Started::Failed(e) => Drive::Failed {
                 error: Some((*e).into()),
             },
         }
@@ -693,6 +685,41 @@ struct Unchecked<'a> {
     compensation: Writes,
     steps: Option<Steps>,
     staging: Option<Staged>,
+}
+
+/// How a call starts, once its checks are made ([`start`]).
+enum Started<C> {
+    /// The call's core (built by [`handler::core`]), in the call's span.
+    Run {
+        core: telemetry::InSpan<C>,
+        namespace: &'static str,
+    },
+    /// Switched off, or a missing key under `MissingKey::Skip`: the body alone (on a task tracked by
+    /// the handle's tasks, when known and detached).
+    Alone(&'static str, Option<tokio_util::task::TaskTracker>),
+    /// The call could not start.
+    Failed(Box<Error>),
+}
+
+/// A call's checks ([`prepare`]), then its core built in its span, for [`Operation::drive`] and
+/// [`Operation::drive_detached`]: not generic, so that what a function's own code does to start a
+/// call is to place the core beside its body.
+#[inline(never)]
+fn start(
+    unchecked: Unchecked<'_>,
+    detached: bool,
+) -> Started<impl Future<Output = handler::Over<'_>> + Send + '_> {
+    match prepare(unchecked) {
+        Prepared::Run(parts, span) => {
+            let namespace = parts.call.namespace;
+            Started::Run {
+                core: telemetry::InSpan::new(handler::core(parts, detached), span),
+                namespace,
+            }
+        }
+        Prepared::Alone(namespace, tasks) => Started::Alone(namespace, tasks),
+        Prepared::Failed(e) => Started::Failed(e),
+    }
 }
 
 /// What [`prepare`] found.

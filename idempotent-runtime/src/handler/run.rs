@@ -141,15 +141,31 @@ impl Over<'_> {
         }
     }
 
-    /// The call's result and outcome: the body's own (`kept`), a replay decoded, or the library's
-    /// error; a panic goes on.
+    /// The call's result and outcome: the body's own (`kept`), a replay decoded (into `kept` too), or
+    /// the library's error; a panic goes on. Only the value's parse and the error's conversion are
+    /// made for each function ([`Over::end`] does the rest), and no value is dropped here: a value
+    /// kept but not returned is dropped with the call's future.
     fn result<T: DeserializeOwned, E: From<Error>>(
         self,
-        kept: Option<Result<T, E>>,
+        kept: &mut Option<Result<T, E>>,
     ) -> (Result<T, E>, Outcome) {
+        match self.end(&mut Keep(kept)) {
+            Ok(outcome) => (
+                kept.take()
+                    .expect("a body's own end, or a replay decoded, is kept"),
+                outcome,
+            ),
+            Err((e, outcome)) => (Err(e.into()), outcome),
+        }
+    }
+
+    /// [`result`](Self::result)'s part that is not generic: a replay decoded (its value handed to
+    /// `parse`), its parts dropped; a panic goes on. `Ok` when the result is the one kept.
+    #[inline(never)]
+    fn end(self, parse: &mut dyn codec::Parse) -> Result<Outcome, (Error, Outcome)> {
         match self {
-            Over::Own(outcome) => (kept.expect("a body's own end is kept"), outcome),
-            Over::Instead(e, outcome) => (Err(e.into()), outcome),
+            Over::Own(outcome) => Ok(outcome),
+            Over::Instead(e, outcome) => Err((e, outcome)),
             Over::Replay(replayable) => {
                 let Replayable {
                     parts,
@@ -158,7 +174,7 @@ impl Over<'_> {
                     outcome,
                 } = replayable;
                 let replay = replay.with_lead(lead.as_mut().map(flight::OwnedLead::lead));
-                replayed(&parts.idem, &parts.plan(), replay, outcome)
+                replayed_with(&parts.idem, &parts.plan(), replay, outcome, parse)
             }
             Over::Panic(panic) => std::panic::resume_unwind(panic),
             Over::Spawn(_) => unreachable!("only a detached call's core hands its claim over"),
@@ -359,37 +375,18 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
     }
 }
 
-/// The answer of a call that found one stored: the response decoded, or why it does not decode. Only
-/// parsing the JSON into `T` ([`Parsed`]) is made here for each function; [`replayed_with`] does the
-/// rest.
-pub(super) fn replayed<T: DeserializeOwned, E: From<Error>>(
-    idem: &Idempotency,
-    plan: &Plan<'_>,
-    replay: Replay<'_>,
-    outcome: Outcome,
-) -> (Result<T, E>, Outcome) {
-    let mut value = Parsed(None);
-    match (
-        replayed_with(idem, plan, replay, outcome, &mut value),
-        value.0,
-    ) {
-        (Ok(outcome), Some(value)) => (Ok(value), outcome),
-        (Err((e, outcome)), _) => (Err(e.into()), outcome),
-        (Ok(_), None) => unreachable!("a replay that decoded has its value"),
-    }
-}
+/// Where a replayed value goes once its JSON is parsed ([`codec::Parse`]): the slot a body's own
+/// result is kept in.
+struct Keep<'k, T, E>(&'k mut Option<Result<T, E>>);
 
-/// A replayed value, once its JSON is parsed ([`codec::Parse`]).
-struct Parsed<T>(Option<T>);
-
-impl<T: DeserializeOwned> codec::Parse for Parsed<T> {
+impl<T: DeserializeOwned, E> codec::Parse for Keep<'_, T, E> {
     fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
-        self.0 = Some(serde_json::from_slice(json)?);
+        *self.0 = Some(Ok(serde_json::from_slice(json)?));
         Ok(())
     }
 }
 
-/// [`replayed`]'s part that is not generic: the response unpacked and handed to `parse`, then kept
+/// A replay's part that is not generic ([`Over::end`]): the response unpacked and handed to `parse`, then kept
 /// (cache, flight) and counted; or the error and its outcome.
 #[inline(never)]
 fn replayed_with(
@@ -522,48 +519,114 @@ fn poll_core<C: Future>(
     }
 }
 
-/// A body's future polled once (a panic caught): its end as the core stores it once it is done, the
-/// value or the error kept for the caller.
-pub(super) fn poll_body<F, D, T, E>(
-    body: Pin<&mut F>,
-    cx: &mut std::task::Context<'_>,
-    describe: &mut Option<D>,
-    kept: &mut Option<Result<T, E>>,
-) -> Poll<BodyEnded>
+/// A body's future as the core's shim polls it, without its types: each function's own code is only
+/// this trait's methods and [`codec::Parse`]'s ([`Shim`]), in one vtable; the polling around them, the
+/// panics caught, the call's span entered and a replay decoded, is compiled once ([`poll_body`],
+/// [`drive_core`]). `parse` makes a stored answer's value the one kept.
+trait Body: codec::Parse {
+    /// Polls the body once; when it has ended, keeps its result for the caller and says whether it is
+    /// `Ok`.
+    fn poll_end(&mut self, cx: &mut std::task::Context<'_>) -> Poll<bool>;
+
+    /// The kept value's JSON; an error for a value that does not serialize, or whose JSON would not
+    /// decode back into it (a non-finite float, a value nested deeper than `serde_json` reads, a
+    /// 128-bit integer inside an untagged or internally tagged enum, a `Serialize` that writes what
+    /// its `Deserialize` refuses): a duplicate could never be given such a value, so it is recorded
+    /// as not serialized.
+    fn json(&mut self) -> Result<Vec<u8>, serde_json::Error>;
+
+    /// The kept error's text, as stored.
+    fn describe(&mut self) -> String;
+}
+
+/// A typed body and where its result is kept, lent to [`drive_core`] for one poll of the call.
+struct Shim<'p, F, D, T, E> {
+    body: Pin<&'p mut F>,
+    describe: &'p mut Option<D>,
+    kept: &'p mut Option<Result<T, E>>,
+}
+
+impl<F, D, T, E> Body for Shim<'_, F, D, T, E>
 where
     T: Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
     D: FnOnce(&E) -> String,
 {
+    fn poll_end(&mut self, cx: &mut std::task::Context<'_>) -> Poll<bool> {
+        let result = std::task::ready!(self.body.as_mut().poll(cx));
+        let ok = result.is_ok();
+        *self.kept = Some(result);
+        Poll::Ready(ok)
+    }
+
+    fn json(&mut self) -> Result<Vec<u8>, serde_json::Error> {
+        let Some(Ok(value)) = &*self.kept else {
+            unreachable!("a value's JSON is asked for once the body returned it")
+        };
+        let json = codec::to_json(value)?;
+        if let Some(e) = codec::non_finite(value, &json) {
+            return Err(e);
+        }
+        // Read back as a duplicate will read it, beside the value (which the caller gets as it is).
+        parse_into::<T, E>(&mut None, &json).map_err(|e| codec::not_read_back(&e))?;
+        Ok(json)
+    }
+
+    fn describe(&mut self) -> String {
+        let (Some(describe), Some(Err(err))) = (self.describe.take(), &*self.kept) else {
+            unreachable!("an error's text is asked for once, after the body returned it")
+        };
+        describe(err)
+    }
+}
+
+impl<F, D, T: DeserializeOwned, E> codec::Parse for Shim<'_, F, D, T, E> {
+    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
+        parse_into(self.kept, json)
+    }
+}
+
+/// `json` parsed into `slot`: one copy for each value type, which reads a replay back and checks that
+/// a value's JSON does.
+#[inline(never)]
+fn parse_into<T: DeserializeOwned, E>(
+    slot: &mut Option<Result<T, E>>,
+    json: &[u8],
+) -> Result<(), serde_json::Error> {
+    *slot = Some(Ok(serde_json::from_slice(json)?));
+    Ok(())
+}
+
+/// A body's future polled once in `span` (a panic caught): its end as the core stores it once it is
+/// done, the value or the error kept for the caller. Not generic: compiled once.
+#[inline(never)]
+fn poll_body(
+    body: &mut dyn Body,
+    span: &tracing::Span,
+    cx: &mut std::task::Context<'_>,
+) -> Exchange {
+    let entered = telemetry::enter(span);
     // Unwind safety: after a panic the body's future is never polled again, only dropped; what the
     // call does next (record FAILED, resume the panic) touches none of its state.
-    let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll(cx))) {
-        Ok(Poll::Pending) => return Poll::Pending,
-        Ok(Poll::Ready(result)) => Ok(result),
+    let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| body.poll_end(cx))) {
+        Ok(Poll::Pending) => return Exchange::Pending,
+        Ok(Poll::Ready(ok)) => Ok(ok),
         Err(panic) => Err(panic),
     };
-    Poll::Ready(match ended {
-        Ok(Ok(value)) => {
-            // Unwind safety: after a panic only the value's reference was touched, and the value is
-            // handed back (or dropped) untouched by this call.
-            let json = std::panic::catch_unwind(AssertUnwindSafe(|| json_of(&value)));
-            *kept = Some(Ok(value));
-            BodyEnded::Value(json)
-        }
+    let ended = match ended {
+        // Unwind safety: after a panic only the value's reference was touched, and the value is
+        // handed back (or dropped) untouched by this call.
+        Ok(true) => BodyEnded::Value(std::panic::catch_unwind(AssertUnwindSafe(|| body.json()))),
         // A panic in the error's text (its `Display`) is a failure like a panicking body's: recorded
-        // as one, then the panic goes on. Unwind safety: `describe` only reads `err`.
-        Ok(Err(err)) => {
-            let describe = describe.take().expect("a body ends once");
-            match std::panic::catch_unwind(AssertUnwindSafe(|| describe(&err))) {
-                Ok(text) => {
-                    *kept = Some(Err(err));
-                    BodyEnded::Failed(text)
-                }
-                Err(panic) => BodyEnded::Panicked { panic, body: false },
-            }
-        }
+        // as one, then the panic goes on. Unwind safety: `describe` only reads the error.
+        Ok(false) => match std::panic::catch_unwind(AssertUnwindSafe(|| body.describe())) {
+            Ok(text) => BodyEnded::Failed(text),
+            Err(panic) => BodyEnded::Panicked { panic, body: false },
+        },
         Err(panic) => BodyEnded::Panicked { panic, body: true },
-    })
+    };
+    drop(entered);
+    Exchange::Answered(ended)
 }
 
 pin_project_lite::pin_project! {
@@ -585,11 +648,11 @@ pin_project_lite::pin_project! {
 }
 
 impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
-    /// The call of `core` (built by [`core`]) in `span`, around `body`.
-    pub(crate) fn new(core: C, span: tracing::Span, body: F, describe: D) -> Self {
+    /// The call of `core` (built by [`core`], in the call's span), around `body`.
+    pub(crate) fn new(core: telemetry::InSpan<C>, body: F, describe: D) -> Self {
         Self {
             body,
-            core: telemetry::InSpan::new(core, span),
+            core,
             describe: Some(describe),
             kept: None,
             waiting: false,
@@ -608,59 +671,54 @@ where
     type Output = (Result<T, E>, Outcome);
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let mut given = if *this.waiting {
-            told(
-                this.core.as_mut(),
-                this.body.as_mut(),
-                cx,
-                this.describe,
-                this.kept,
-            )
-        } else {
-            Exchange::Empty
+        let this = self.project();
+        let mut body = Shim {
+            body: this.body,
+            describe: this.describe,
+            kept: this.kept,
         };
-        loop {
-            let body_polled = !matches!(given, Exchange::Empty);
-            let (polled, asked) = poll_core(this.core.as_mut(), cx, given);
-            *this.waiting = asked;
-            match polled {
-                Poll::Ready(over) => return Poll::Ready(over.result(this.kept.take())),
-                // Claiming or storing; or waiting for a body polled this time.
-                Poll::Pending if !asked || body_polled => return Poll::Pending,
-                // The core has just asked for the body's end: the body's first poll.
-                Poll::Pending => {}
-            }
-            given = told(
-                this.core.as_mut(),
-                this.body.as_mut(),
-                cx,
-                this.describe,
-                this.kept,
-            );
-        }
+        let ended = std::task::ready!(drive_core(this.core, this.waiting, &mut body, cx));
+        Poll::Ready(match ended {
+            Ok(outcome) => (
+                body.kept
+                    .take()
+                    .expect("a body's own end, or a replay decoded, is kept"),
+                outcome,
+            ),
+            Err((e, outcome)) => (Err(e.into()), outcome),
+        })
     }
 }
 
-/// The body polled in the call's span (`core`'s), and what the core is told of it.
-fn told<C, F, D, T, E>(
-    core: Pin<&mut telemetry::InSpan<C>>,
-    body: Pin<&mut F>,
+/// One poll of a call: its `core` polled, and `body` polled whenever the core waits for its end,
+/// until the core is ready or both are pending; once it is ready, how it ended ([`Over::end`]: `Ok`
+/// when the result is the one `body` keeps). `waiting` says whether the core waited for the body at
+/// the end of the last poll. Generic only over the core (a call's, or a detached body's task's):
+/// compiled once for each.
+#[inline(never)]
+fn drive_core<'a, C: Future<Output = Over<'a>>>(
+    mut core: Pin<&mut telemetry::InSpan<C>>,
+    waiting: &mut bool,
+    body: &mut dyn Body,
     cx: &mut std::task::Context<'_>,
-    describe: &mut Option<D>,
-    kept: &mut Option<Result<T, E>>,
-) -> Exchange
-where
-    T: Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    let entered = telemetry::enter(core.span());
-    let polled = poll_body(body, cx, describe, kept);
-    drop(entered);
-    match polled {
-        Poll::Ready(ended) => Exchange::Answered(ended),
-        Poll::Pending => Exchange::Pending,
+) -> Poll<Result<Outcome, (Error, Outcome)>> {
+    let mut given = if *waiting {
+        poll_body(body, core.as_mut().span(), cx)
+    } else {
+        Exchange::Empty
+    };
+    loop {
+        let body_polled = !matches!(given, Exchange::Empty);
+        let (polled, asked) = poll_core(core.as_mut(), cx, given);
+        *waiting = asked;
+        match polled {
+            Poll::Ready(over) => return Poll::Ready(over.end(body)),
+            // Claiming or storing; or waiting for a body polled this time.
+            Poll::Pending if !asked || body_polled => return Poll::Pending,
+            // The core has just asked for the body's end: the body's first poll.
+            Poll::Pending => {}
+        }
+        given = poll_body(body, core.as_mut().span(), cx);
     }
 }
 
@@ -690,10 +748,10 @@ pin_project_lite::pin_project! {
 }
 
 impl<C, F, D, T, E> Detaching<C, F, D, T, E> {
-    /// The call of `core` (built by [`core`], detached) in `span`, around `body`.
-    pub(crate) fn new(core: C, span: tracing::Span, body: F, describe: D) -> Self {
+    /// The call of `core` (built by [`core`], detached, in the call's span), around `body`.
+    pub(crate) fn new(core: telemetry::InSpan<C>, body: F, describe: D) -> Self {
         Self {
-            core: telemetry::InSpan::new(core, span),
+            core,
             body: Some((body, describe)),
             task: None,
         }
@@ -715,14 +773,18 @@ where
         if this.task.is_none() {
             let mut handover = match std::task::ready!(this.core.as_mut().poll(cx)) {
                 Over::Spawn(handover) => handover,
-                over => return Poll::Ready(over.result(None)),
+                over => return Poll::Ready(over.result(&mut None)),
             };
             let (body, describe) = this.body.take().expect("a claim is handed over once");
             let namespace = handover.owned.call.namespace;
             let tasks = handover.owned.idem.tasks().clone();
             let tracked = handover.tracked.take();
             let span = this.core.as_mut().span().clone();
-            let work = InPlace::new(handed_over(*handover), span, body, describe);
+            let work = InPlace::new(
+                telemetry::InSpan::new(handed_over(*handover), span),
+                body,
+                describe,
+            );
             // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
             let task = tasks.spawn(work);
             drop(tracked);
@@ -994,8 +1056,7 @@ mod future_size {
         body: F,
     ) -> InPlace<impl Future<Output = Over<'_>>, F, impl FnOnce(&Error) -> String, u32, Error> {
         InPlace::new(
-            core(parts(idem), false),
-            tracing::Span::none(),
+            telemetry::InSpan::new(core(parts(idem), false), tracing::Span::none()),
             body,
             |e: &Error| e.to_string(),
         )

@@ -85,23 +85,6 @@ pub(crate) struct Encoded {
     pub(super) unserializable: Option<serde_json::Error>,
 }
 
-/// The value's JSON; an error for a value that does not serialize, or whose JSON would not decode back
-/// into it (a non-finite float, a value nested deeper than `serde_json` reads, a 128-bit integer inside
-/// an untagged or internally tagged enum, a `Serialize` that writes what its `Deserialize` refuses): a
-/// duplicate could never be given such a value, so it is recorded as not serialized. The only part of
-/// a completion made for each value type.
-#[inline(never)]
-pub(super) fn json_of<T: Serialize + DeserializeOwned>(
-    value: &T,
-) -> Result<Vec<u8>, serde_json::Error> {
-    let json = codec::to_json(value)?;
-    if let Some(e) = codec::non_finite(value, &json) {
-        return Err(e);
-    }
-    codec::reads_back::<T>(&json)?;
-    Ok(json)
-}
-
 /// A claim we hold: the body has run, and its outcome must be stored.
 pub(crate) struct Held<'a> {
     pub(super) idem: &'a Idempotency,
@@ -193,7 +176,7 @@ impl Held<'_> {
     }
 
     /// A body's `Ok` value as [`complete`](Self::complete) stores it, from its JSON (made for each
-    /// value type by [`json_of`], in the call's shim), and the panic of its `Serialize` impl, if it
+    /// value type by the call's shim), and the panic of its `Serialize` impl, if it
     /// panicked.
     ///
     /// A value that does not serialize is still a success, and final: the record is COMPLETED with the
