@@ -3,19 +3,21 @@
 //! on a task of its own); a panic caught and recorded; the body's end stored ([`store_ending`]).
 //!
 //! The core is an `async` block that is not generic. It owns the call's parts and claims; with the
-//! claim held, it asks the shim for the body's end, stores it and beats the lease meanwhile (or, for a
-//! detached call, hands its claim over to a task that does); a stored answer it hands back to the shim,
-//! with its parts, to decode. The shim holds the body's future in place (so that a call's future is
-//! `Send` exactly when its body, value and error are), polls the core, and answers what it asks: the body polled to its
-//! end, its value's JSON or its error's text. Only the shim, the body's end and the replay's parse are
-//! made for each function.
+//! claim held, it asks for the body's end, stores it and beats the lease meanwhile (or, for a detached
+//! call, hands its claim over to a task that does); a stored answer it hands back, with its parts, to
+//! be decoded. The shim holds the body's future in place (so that a call's future is `Send` exactly
+//! when its body, value and error are) and, at each poll, lends [`drive_core`] a `&mut dyn Body` over
+//! it: the only code made for each function is that trait's methods (the body's poll, its value's
+//! JSON, its error's text, a replay's parse into the slot the body's result is kept in). Polling the
+//! core and the body, catching their panics, entering the call's span and decoding a stored answer
+//! ([`Over::end`]) are compiled once.
 //!
-//! The core asks through a slot of the thread that polls it ([`EXCHANGE`]), which the shim fills around
-//! each poll of the core: an `async` block cannot be handed anything at each poll, and the shim cannot
-//! lend the core its body without boxing it as a `dyn` (which would make every call's future `Send`
-//! only if every body is). The slot holds owned values only, and the shim puts back what it found
-//! there, so that a call polled inside another's core (a store that makes a call of its own) leaves
-//! the outer call's exchange as it was.
+//! The core asks through a slot of the thread that polls it ([`EXCHANGE`]), which [`drive_core`] fills
+//! around each poll of the core: an `async` block cannot be handed anything at each poll, and the shim
+//! cannot lend the core its body for longer than one poll without boxing it as a `dyn` (which would
+//! make every call's future `Send` only if every body is). The slot holds owned values only, and is
+//! left as it was found, so that a call polled inside another's core (a store that makes a call of its
+//! own) leaves the outer call's exchange as it was.
 
 #[allow(
     clippy::wildcard_imports,
@@ -537,6 +539,9 @@ trait Body: codec::Parse {
 
     /// The kept error's text, as stored.
     fn describe(&mut self) -> String;
+
+    /// Drops what is kept (the caller will not get it: a panic goes on instead).
+    fn discard(&mut self);
 }
 
 /// A typed body and where its result is kept, lent to [`drive_core`] for one poll of the call.
@@ -577,6 +582,10 @@ where
             unreachable!("an error's text is asked for once, after the body returned it")
         };
         describe(err)
+    }
+
+    fn discard(&mut self) {
+        *self.kept = None;
     }
 }
 
@@ -627,6 +636,18 @@ fn poll_body(
     };
     drop(entered);
     Exchange::Answered(ended)
+}
+
+/// Drops what `body` keeps before its call's panic goes on (a value whose `Serialize` panicked, an error
+/// whose `Display` did), so that nothing of the body's is dropped while the panic unwinds: a `Drop` that
+/// panics then would abort the process, and a guard dropped then would be poisoned. A panic of that
+/// drop is dropped too: the call's own panic is the one that goes on.
+#[inline(never)]
+fn discard(body: &mut dyn Body) {
+    // Unwind safety: what is kept is dropped, and nothing reads it again.
+    drop(std::panic::catch_unwind(AssertUnwindSafe(|| {
+        body.discard();
+    })));
 }
 
 pin_project_lite::pin_project! {
@@ -712,7 +733,12 @@ fn drive_core<'a, C: Future<Output = Over<'a>>>(
         let (polled, asked) = poll_core(core.as_mut(), cx, given);
         *waiting = asked;
         match polled {
-            Poll::Ready(over) => return Poll::Ready(over.end(body)),
+            Poll::Ready(over) => {
+                if matches!(over, Over::Panic(_)) {
+                    discard(body);
+                }
+                return Poll::Ready(over.end(body));
+            }
             // Claiming or storing; or waiting for a body polled this time.
             Poll::Pending if !asked || body_polled => return Poll::Pending,
             // The core has just asked for the body's end: the body's first poll.

@@ -35,6 +35,7 @@ mod storing_the_result;
 mod takeover_expiry;
 mod time_in_flight;
 mod transact;
+mod typed_shim;
 mod unstorable_values;
 mod unsupported;
 
