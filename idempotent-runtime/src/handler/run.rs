@@ -641,13 +641,16 @@ fn poll_body(
 /// Drops what `body` keeps before its call's panic goes on (a value whose `Serialize` panicked, an error
 /// whose `Display` did), so that nothing of the body's is dropped while the panic unwinds: a `Drop` that
 /// panics then would abort the process, and a guard dropped then would be poisoned. A panic of that
-/// drop is dropped too: the call's own panic is the one that goes on.
+/// drop is dropped too, and a panic of that panic's payload's drop forgotten: the call's own panic is
+/// the one that goes on.
 #[inline(never)]
 fn discard(body: &mut dyn Body) {
     // Unwind safety: what is kept is dropped, and nothing reads it again.
-    drop(std::panic::catch_unwind(AssertUnwindSafe(|| {
-        body.discard();
-    })));
+    if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| body.discard()))
+        && let Err(again) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(panic)))
+    {
+        std::mem::forget(again);
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -1032,6 +1035,8 @@ pub(super) fn store_ending(
                 // The value's `Serialize` panicked: the success is stored as final all the same
                 // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
                 if let Some(panic) = thrown {
+                    // Closed here, in the call's span: the panic leaves before the caller's side could.
+                    telemetry::finish(&tracing::Span::current(), claim.namespace(), Outcome::Error);
                     return Settled::Panic(panic);
                 }
                 match completed {
@@ -1053,6 +1058,12 @@ pub(super) fn store_ending(
                     );
                 }
                 claim.fail(&panicked(&*panic), &mut persist).await;
+                // Closed here, in the call's span: the panic leaves before the caller's side could.
+                telemetry::finish(
+                    &tracing::Span::current(),
+                    claim.namespace(),
+                    Outcome::Failed,
+                );
                 Settled::Panic(panic)
             }
         }

@@ -29,6 +29,7 @@ mod replay;
 mod resilience;
 mod retry_hints;
 mod round_trips;
+mod shim_paths;
 mod shop;
 mod stale_decisions;
 mod storing_the_result;

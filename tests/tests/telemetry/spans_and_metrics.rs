@@ -347,3 +347,45 @@ async fn metrics_count_a_canceled_transaction() {
         1
     );
 }
+
+/// A call whose body panics is counted once, as `failed` (its record is FAILED): the panic leaves
+/// the call before its caller's side could count it, so the count is made where the failure is stored.
+#[tokio::test(flavor = "current_thread")]
+#[allow(
+    clippy::manual_assert,
+    reason = "a `panic!` behind a condition the compiler cannot see through keeps the `Ok` after it reachable"
+)]
+async fn metrics_count_a_panicking_body_once_as_failed() {
+    use futures_util::FutureExt as _;
+    let _one = ONE_AT_A_TIME.lock().await;
+    recorder();
+    let idem = Idempotency::in_memory();
+    since_last();
+    let panicked =
+        std::panic::AssertUnwindSafe(idem.operation("telemetry::panics", "p-1").run(|_| async {
+            if std::hint::black_box(true) {
+                panic!("the body panics");
+            }
+            Ok::<u64, AppError>(1)
+        }))
+        .catch_unwind()
+        .await;
+    assert!(panicked.is_err());
+    let delta = since_last();
+    let calls: Vec<_> = delta
+        .keys()
+        .filter(|k| k.starts_with("idempotency_calls_total"))
+        .collect();
+    assert_eq!(
+        calls,
+        ["idempotency_calls_total{namespace=telemetry::panics,outcome=failed}"],
+        "{delta:?}"
+    );
+    assert_eq!(
+        count(
+            &delta,
+            "idempotency_calls_total{namespace=telemetry::panics,outcome=failed}"
+        ),
+        1
+    );
+}
