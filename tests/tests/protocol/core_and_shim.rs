@@ -1169,75 +1169,12 @@ async fn on_replay_runs_on_replays_only() {
     assert_eq!(hooked.load(Ordering::SeqCst), 2);
 }
 
-mod spans {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing_subscriber::layer::Context;
-    use tracing_subscriber::registry::LookupSpan;
-
-    /// The fields of every closed `idempotent` span (with its key's namespace and its parent's name),
-    /// and the events logged inside one.
-    #[derive(Clone, Default)]
-    pub(super) struct Spans {
-        pub(super) closed: Arc<Mutex<Vec<HashMap<String, String>>>>,
-    }
-
-    #[derive(Default)]
-    struct Fields(HashMap<String, String>);
-
-    impl Visit for Fields {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.insert(field.name().to_owned(), format!("{value:?}"));
-        }
-        fn record_str(&mut self, field: &Field, value: &str) {
-            self.0.insert(field.name().to_owned(), value.to_owned());
-        }
-    }
-
-    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Spans {
-        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-            let mut fields = Fields::default();
-            attrs.record(&mut fields);
-            let span = ctx.span(id).unwrap();
-            if let Some(parent) = span.parent() {
-                let parent_ns = parent
-                    .extensions()
-                    .get::<Fields>()
-                    .and_then(|f| f.0.get("namespace").cloned())
-                    .unwrap_or_default();
-                fields.0.insert(
-                    "parent".to_owned(),
-                    format!("{}:{parent_ns}", parent.name()),
-                );
-            }
-            span.extensions_mut().insert(fields);
-        }
-
-        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-            let span = ctx.span(id).unwrap();
-            let mut extensions = span.extensions_mut();
-            values.record(extensions.get_mut::<Fields>().unwrap());
-        }
-
-        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-            let span = ctx.span(&id).unwrap();
-            if span.name() == "idempotent" {
-                let fields = span.extensions().get::<Fields>().unwrap().0.clone();
-                self.closed.lock().unwrap().push(fields);
-            }
-        }
-    }
-}
-
 /// Each call's span closes with its outcome (executed, replayed, failed; a detached one; a nested
 /// one, whose span is the outer call's child).
 #[test]
 fn spans_close_with_their_outcomes() {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let spans = spans::Spans::default();
+    let spans = idempotent_tests::spans::ClosedSpans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     let _default = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -1267,7 +1204,7 @@ fn spans_close_with_their_outcomes() {
             .unwrap();
     });
     drop(rt);
-    let closed = spans.closed.lock().unwrap().clone();
+    let closed = spans.fields();
     let outcomes: Vec<_> = closed
         .iter()
         .map(|f| f.get("outcome").cloned().unwrap_or_default())

@@ -48,12 +48,10 @@ fn poll_once<F: Future + ?Sized>(future: std::pin::Pin<&mut F>) -> Poll<F::Outpu
     future.poll(&mut cx)
 }
 
+/// Runs the test `test` in a child process ([`idempotent_tests::spans::in_child`]) and checks that it
+/// passed there.
 fn in_child(test: &str, child: &str) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--test-threads=1", "--nocapture"])
-        .env(child, "1")
-        .output()
-        .unwrap();
+    let out = idempotent_tests::spans::in_child(test, child);
     assert!(
         out.status.success(),
         "{:?}\n{}\n{}",
@@ -61,6 +59,28 @@ fn in_child(test: &str, child: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A value whose `Serialize` panics, and whose `Drop` runs its function.
+#[derive(Debug)]
+struct Doomed(fn());
+
+impl Serialize for Doomed {
+    fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("Serialize panics")
+    }
+}
+
+impl<'de> Deserialize<'de> for Doomed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <()>::deserialize(d).map(|()| Doomed(|| ()))
+    }
+}
+
+impl Drop for Doomed {
+    fn drop(&mut self) {
+        (self.0)();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -89,23 +109,6 @@ fn a_discarded_values_panic_payload_panicking_in_its_drop() {
             panic!("the payload's Drop panics")
         }
     }
-    #[derive(Debug)]
-    struct Doomed;
-    impl Serialize for Doomed {
-        fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-            panic!("Serialize panics")
-        }
-    }
-    impl<'de> Deserialize<'de> for Doomed {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            <()>::deserialize(d).map(|()| Doomed)
-        }
-    }
-    impl Drop for Doomed {
-        fn drop(&mut self) {
-            std::panic::panic_any(Bomb)
-        }
-    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -114,7 +117,7 @@ fn a_discarded_values_panic_payload_panicking_in_its_drop() {
     let caught = rt.block_on(
         AssertUnwindSafe(
             idem.operation(NS, "bomb")
-                .run(|_| async { Ok::<_, AppError>(Doomed) }),
+                .run(|_| async { Ok::<_, AppError>(Doomed(|| std::panic::panic_any(Bomb))) }),
         )
         .catch_unwind(),
     );
@@ -200,29 +203,12 @@ async fn a_discarded_errors_drop_calls_its_own_key() {
 /// final by then, so the nested call gets `ResponseNotSerialized` without running its body.
 #[tokio::test(flavor = "current_thread")]
 async fn a_discarded_values_drop_calls_its_own_key() {
-    #[derive(Debug)]
-    struct Doomed;
-    impl Serialize for Doomed {
-        fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-            panic!("Serialize panics")
-        }
-    }
-    impl<'de> Deserialize<'de> for Doomed {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            <()>::deserialize(d).map(|()| Doomed)
-        }
-    }
-    impl Drop for Doomed {
-        fn drop(&mut self) {
-            call_same_key();
-        }
-    }
     let (idem, store) = memory();
     SAME_KEY_RUNS.set(0);
     SAME_KEY.set(Some((idem.clone(), "doomed".to_owned())));
     let caught = AssertUnwindSafe(
         idem.operation(NS, "doomed")
-            .run(|_| async { Ok::<_, AppError>(Doomed) }),
+            .run(|_| async { Ok::<_, AppError>(Doomed(call_same_key)) }),
     )
     .catch_unwind()
     .await;
@@ -497,77 +483,6 @@ async fn a_detached_body_panicking_after_its_caller_left() {
 // ---------------------------------------------------------------------------------------------------
 // Spans.
 
-mod spans {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing_subscriber::layer::Context;
-    use tracing_subscriber::registry::LookupSpan;
-
-    /// The `namespace` and `outcome` of every closed `idempotent` span.
-    #[derive(Clone, Default)]
-    pub(super) struct Spans {
-        pub(super) closed: Arc<Mutex<Vec<(String, String)>>>,
-    }
-
-    #[derive(Default)]
-    struct Fields(HashMap<String, String>);
-
-    impl Visit for Fields {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.insert(field.name().to_owned(), format!("{value:?}"));
-        }
-        fn record_str(&mut self, field: &Field, value: &str) {
-            self.0.insert(field.name().to_owned(), value.to_owned());
-        }
-    }
-
-    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Spans {
-        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-            let mut fields = Fields::default();
-            attrs.record(&mut fields);
-            ctx.span(id).unwrap().extensions_mut().insert(fields);
-        }
-
-        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-            let span = ctx.span(id).unwrap();
-            let mut extensions = span.extensions_mut();
-            values.record(extensions.get_mut::<Fields>().unwrap());
-        }
-
-        fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-            let span = ctx.span(&id).unwrap();
-            if span.name() == "idempotent" {
-                let extensions = span.extensions();
-                let fields = &extensions.get::<Fields>().unwrap().0;
-                let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
-                self.closed
-                    .lock()
-                    .unwrap()
-                    .push((get("namespace"), get("outcome")));
-            }
-        }
-    }
-}
-
-/// A value whose `Serialize` panics.
-#[derive(Debug)]
-struct SerializePanics;
-
-impl Serialize for SerializePanics {
-    fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-        panic!("Serialize panics")
-    }
-}
-
-impl<'de> Deserialize<'de> for SerializePanics {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        <()>::deserialize(d).map(|()| SerializePanics)
-    }
-}
-
 /// Every kind of call closes at most one `idempotent` span, with its outcome: a run, a replay, a replay
 /// that does not decode, a key in progress, a payload mismatch, a detached call and its replay, a body
 /// that fails, a body that panics (`failed`: its record is FAILED, and the span is closed before the
@@ -576,7 +491,7 @@ impl<'de> Deserialize<'de> for SerializePanics {
 #[test]
 fn every_path_closes_one_span_with_its_outcome() {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let spans = spans::Spans::default();
+    let spans = idempotent_tests::spans::ClosedSpans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     let _default = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -629,7 +544,7 @@ fn every_path_closes_one_span_with_its_outcome() {
         // a value whose `Serialize` panics: COMPLETED without its value
         let panicked = AssertUnwindSafe(
             idem.operation("sp::serialize_panic", "k")
-                .run(|_| async { Ok::<_, Counted>(SerializePanics) }),
+                .run(|_| async { Ok::<_, Counted>(Doomed(|| ())) }),
         )
         .catch_unwind()
         .await;
@@ -659,7 +574,7 @@ fn every_path_closes_one_span_with_its_outcome() {
             .await;
     });
     drop(rt);
-    let closed = spans.closed.lock().unwrap().clone();
+    let closed = spans.namespaces_and_outcomes();
     let closed: Vec<(&str, &str)> = closed
         .iter()
         .map(|(n, o)| (n.as_str(), o.as_str()))

@@ -557,6 +557,28 @@ async fn a_panicking_display_drops_its_error_once() {
     assert_eq!(UNWINDING.load(Ordering::SeqCst), 0);
 }
 
+/// An error whose `Display` and `Drop` both panic.
+#[derive(Debug)]
+struct Loud;
+
+impl std::fmt::Display for Loud {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        panic!("Display panics")
+    }
+}
+
+impl From<Error> for Loud {
+    fn from(_: Error) -> Self {
+        Loud
+    }
+}
+
+impl Drop for Loud {
+    fn drop(&mut self) {
+        panic!("Drop panics")
+    }
+}
+
 /// The same error, its call awaited plainly in a task whose thread unwinds (`Runtime::block_on`, as
 /// `#[tokio::test]` and `main` run): the error kept for the caller is dropped before the `Display`
 /// panic goes on, not by the unwinding (which drops the call's future). A `Drop` that panicked while
@@ -566,23 +588,6 @@ async fn a_panicking_display_drops_its_error_once() {
 fn a_panicking_display_with_a_panicking_drop_does_not_abort() {
     const CHILD: &str = "TYPED_SHIM_ABORT_CHILD";
     if std::env::var_os(CHILD).is_some() {
-        #[derive(Debug)]
-        struct Loud;
-        impl std::fmt::Display for Loud {
-            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                panic!("Display panics")
-            }
-        }
-        impl From<Error> for Loud {
-            fn from(_: Error) -> Self {
-                Loud
-            }
-        }
-        impl Drop for Loud {
-            fn drop(&mut self) {
-                panic!("Drop panics")
-            }
-        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -598,16 +603,10 @@ fn a_panicking_display_with_a_panicking_drop_does_not_abort() {
         assert!(caught.is_err(), "the call panics");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "typed_shim::a_panicking_display_with_a_panicking_drop_does_not_abort",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = idempotent_tests::spans::in_child(
+        "typed_shim::a_panicking_display_with_a_panicking_drop_does_not_abort",
+        CHILD,
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.code().is_some(),
@@ -1107,15 +1106,10 @@ fn a_panicking_serialize_with_a_panicking_drop_does_not_abort() {
         assert!(caught.is_err(), "the call panics");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "typed_shim::a_panicking_serialize_with_a_panicking_drop_does_not_abort",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = idempotent_tests::spans::in_child(
+        "typed_shim::a_panicking_serialize_with_a_panicking_drop_does_not_abort",
+        CHILD,
+    );
     assert!(
         out.status.code().is_some(),
         "the process was killed by a signal (aborted): {:?}\n{}",
@@ -1133,23 +1127,6 @@ fn a_panicking_serialize_with_a_panicking_drop_does_not_abort() {
 fn a_detached_panicking_display_with_a_panicking_drop_does_not_abort() {
     const CHILD: &str = "TYPED_SHIM_DETACHED_ABORT_CHILD";
     if std::env::var_os(CHILD).is_some() {
-        #[derive(Debug)]
-        struct Loud;
-        impl std::fmt::Display for Loud {
-            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                panic!("Display panics")
-            }
-        }
-        impl From<Error> for Loud {
-            fn from(_: Error) -> Self {
-                Loud
-            }
-        }
-        impl Drop for Loud {
-            fn drop(&mut self) {
-                panic!("Drop panics")
-            }
-        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -1169,15 +1146,10 @@ fn a_detached_panicking_display_with_a_panicking_drop_does_not_abort() {
         assert_eq!(r.status, Status::Failed, "{r:?}");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "typed_shim::a_detached_panicking_display_with_a_panicking_drop_does_not_abort",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = idempotent_tests::spans::in_child(
+        "typed_shim::a_detached_panicking_display_with_a_panicking_drop_does_not_abort",
+        CHILD,
+    );
     assert!(
         out.status.success(),
         "{:?}\n{}",

@@ -3,65 +3,15 @@
 //! reasons and consumed capacity exactly (a debugging recorder, on DynamoDB Local).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use idempotent_runtime::{Error, Idempotency, MemoryStore};
 use idempotent_tests::{AppError, Backend, Harness};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing_subscriber::layer::{Context, SubscriberExt as _};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::layer::SubscriberExt as _;
 
-/// The fields of every closed `idempotent` span, in order.
-#[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<HashMap<String, String>>>>);
-
-#[derive(Default)]
-struct Fields(HashMap<String, String>);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Spans {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        attrs.record(&mut fields);
-        ctx.span(id).unwrap().extensions_mut().insert(fields);
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let span = ctx.span(id).unwrap();
-        let mut extensions = span.extensions_mut();
-        values.record(extensions.get_mut::<Fields>().unwrap());
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let span = ctx.span(&id).unwrap();
-        if span.name() == "idempotent" {
-            let fields = span.extensions().get::<Fields>().unwrap().0.clone();
-            self.0.lock().unwrap().push(fields);
-        }
-    }
-}
-
-impl Spans {
-    fn outcomes(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|f| f.get("outcome").cloned().unwrap_or_default())
-            .collect()
-    }
-}
+use idempotent_tests::spans::ClosedSpans as Spans;
 
 async fn charge(idem: &Idempotency, order: &str, amount: u64, fail: bool) -> Result<u64, AppError> {
     idem.operation("telemetry::charge", order)
@@ -118,7 +68,7 @@ async fn each_call_has_a_span_that_closes_with_its_outcome() {
             "cached"
         ]
     );
-    let first = spans.0.lock().unwrap()[0].clone();
+    let first = spans.fields()[0].clone();
     assert_eq!(first["namespace"], "telemetry::charge");
     assert_eq!(first["attempt"], "1");
     let key = idempotent_runtime::derive_key("telemetry::charge", "o-1").unwrap();

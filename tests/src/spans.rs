@@ -1,0 +1,100 @@
+//! What a test sees of the calls' spans ([`ClosedSpans`]), and a test run again in a child process
+//! ([`in_child`]), for what may abort the process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+/// A `tracing_subscriber` layer that keeps the fields of every closed `idempotent` span, in the order
+/// they closed, with `parent` (`<name>:<namespace>` of the span it was opened in) when it has one.
+#[derive(Clone, Default)]
+pub struct ClosedSpans(Arc<Mutex<Vec<HashMap<String, String>>>>);
+
+impl ClosedSpans {
+    /// The fields of each closed span.
+    #[must_use]
+    pub fn fields(&self) -> Vec<HashMap<String, String>> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The `outcome` of each closed span (empty when it has none).
+    #[must_use]
+    pub fn outcomes(&self) -> Vec<String> {
+        self.fields()
+            .iter()
+            .map(|f| f.get("outcome").cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// The `namespace` and `outcome` of each closed span (empty when it has none).
+    #[must_use]
+    pub fn namespaces_and_outcomes(&self) -> Vec<(String, String)> {
+        let get = |f: &HashMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
+        self.fields()
+            .iter()
+            .map(|f| (get(f, "namespace"), get(f, "outcome")))
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct Fields(HashMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for ClosedSpans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        let span = ctx.span(id).unwrap();
+        if let Some(parent) = span.parent() {
+            let parent_namespace = parent
+                .extensions()
+                .get::<Fields>()
+                .and_then(|f| f.0.get("namespace").cloned())
+                .unwrap_or_default();
+            fields.0.insert(
+                "parent".to_owned(),
+                format!("{}:{parent_namespace}", parent.name()),
+            );
+        }
+        span.extensions_mut().insert(fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).unwrap();
+        let mut extensions = span.extensions_mut();
+        values.record(extensions.get_mut::<Fields>().unwrap());
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let span = ctx.span(&id).unwrap();
+        if span.name() == "idempotent" {
+            let fields = span.extensions().get::<Fields>().unwrap().0.clone();
+            self.0.lock().unwrap().push(fields);
+        }
+    }
+}
+
+/// Runs the test named `test` (its full path in its test binary) again, alone, in a child process with
+/// the variable `child` set, which the test reads to do its part there; the child's output, for the
+/// parent to check its status (a process that aborted has no exit code).
+#[must_use]
+pub fn in_child(test: &str, child: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(child, "1")
+        .output()
+        .unwrap()
+}
