@@ -573,7 +573,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     }
 
     /// The path into the state machine, for [`launch`](Self::launch): a detached call as
-    /// [`Placement::detached`] boxed it; a body run in place through the checks ([`prepare`]: the
+    /// [`Placement::detached`] boxed it; a body run in place through the checks ([`start`]: the
     /// kill switch, then the handle, key and payload (the first error among them; the body does not
     /// run), the missing-key policy), then the call's core ([`handler::core`], compiled once) with
     /// the body beside it ([`handler::InPlace`]).
@@ -646,7 +646,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         }
     }
 
-    /// The operation's parts for [`prepare`], and its replay hook.
+    /// The operation's parts for [`start`], and its replay hook.
     fn unchecked(self) -> (Unchecked<'a>, H) {
         let Operation {
             idem,
@@ -675,7 +675,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     }
 }
 
-/// An operation's parts before its checks, without its types ([`prepare`]).
+/// An operation's parts before its checks, without its types ([`start`]).
 struct Unchecked<'a> {
     idem: Early<Cow<'a, Idempotency>>,
     call: Call,
@@ -701,47 +701,16 @@ enum Started<C> {
     Failed(Box<Error>),
 }
 
-/// A call's checks ([`prepare`]), then its core built in its span, for [`Operation::drive`] and
-/// [`Operation::drive_detached`]: not generic, so that what a function's own code does to start a
-/// call is to place the core beside its body.
+/// The checks of a call, for [`Operation::drive`] and [`Operation::drive_detached`]: the kill switch,
+/// then the handle, key and payload (the first error among them; the body does not run), the
+/// missing-key policy; then the call's core ([`handler::core`]), built in the call's span. Not generic:
+/// made once for every function, so that what a function's own code does to start a call is to place
+/// the core beside its body.
 #[inline(never)]
 fn start(
-    unchecked: Unchecked<'_>,
+    operation: Unchecked<'_>,
     detached: bool,
 ) -> Started<impl Future<Output = handler::Over<'_>> + Send + '_> {
-    match prepare(unchecked) {
-        Prepared::Run(parts, span) => {
-            let namespace = parts.call.namespace;
-            Started::Run {
-                core: telemetry::InSpan::new(handler::core(parts, detached), span),
-                namespace,
-            }
-        }
-        Prepared::Alone(namespace, tasks) => Started::Alone(namespace, tasks),
-        Prepared::Failed(e) => Started::Failed(e),
-    }
-}
-
-/// What [`prepare`] found.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "returned once per call, by value: boxing the parts would allocate on every call"
-)]
-enum Prepared<'a> {
-    /// The call runs the state machine, in its span.
-    Run(handler::Parts<Cow<'a, Idempotency>>, tracing::Span),
-    /// Switched off, or a missing key under `MissingKey::Skip`: the body alone (on a task tracked by
-    /// the handle's tasks, when known and detached).
-    Alone(&'static str, Option<tokio_util::task::TaskTracker>),
-    /// The call could not start.
-    Failed(Box<Error>),
-}
-
-/// The checks of a call, for [`Operation::drive`]: the kill switch, then the handle, key and payload
-/// (the first error among them; the body does not run), the missing-key policy; then the state
-/// machine's parts and the call's span. Not generic: made once for every function.
-#[inline(never)]
-fn prepare(operation: Unchecked<'_>) -> Prepared<'_> {
     let Unchecked {
         idem,
         call,
@@ -758,7 +727,7 @@ fn prepare(operation: Unchecked<'_>) -> Prepared<'_> {
     // tasks, for a detached body that runs alone (drained like any detached body).
     if !stages_writes && crate::config::disabled() {
         let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
-        return Prepared::Alone(call.namespace, tasks);
+        return Started::Alone(call.namespace, tasks);
     }
     let checked = (|| {
         let idem = idem?;
@@ -780,11 +749,14 @@ fn prepare(operation: Unchecked<'_>) -> Prepared<'_> {
                 compensation,
                 steps,
             };
-            Prepared::Run(parts, span)
+            Started::Run {
+                core: telemetry::InSpan::new(handler::core(parts, detached), span),
+                namespace: call.namespace,
+            }
         }
         // A missing key under `MissingKey::Skip`.
-        Ok((idem, None, _)) => Prepared::Alone(call.namespace, Some(idem.tasks().clone())),
-        Err(e) => Prepared::Failed(e),
+        Ok((idem, None, _)) => Started::Alone(call.namespace, Some(idem.tasks().clone())),
+        Err(e) => Started::Failed(e),
     }
 }
 
