@@ -151,14 +151,7 @@ impl Over<'_> {
         self,
         kept: &mut Option<Result<T, E>>,
     ) -> (Result<T, E>, Outcome) {
-        match self.end(&mut Keep(kept)) {
-            Ok(outcome) => (
-                kept.take()
-                    .expect("a body's own end, or a replay decoded, is kept"),
-                outcome,
-            ),
-            Err((e, outcome)) => (Err(e.into()), outcome),
-        }
+        returned(self.end(kept), kept)
     }
 
     /// [`result`](Self::result)'s part that is not generic: a replay decoded (its value handed to
@@ -377,15 +370,39 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
     }
 }
 
-/// Where a replayed value goes once its JSON is parsed ([`codec::Parse`]): the slot a body's own
-/// result is kept in.
-struct Keep<'k, T, E>(&'k mut Option<Result<T, E>>);
-
-impl<T: DeserializeOwned, E> codec::Parse for Keep<'_, T, E> {
-    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
-        *self.0 = Some(Ok(serde_json::from_slice(json)?));
-        Ok(())
+/// What a call returns once its core has ended ([`Over::end`]): the result kept in `kept` (the body's
+/// own, or a replay decoded into it), or the library's error.
+fn returned<T, E: From<Error>>(
+    ended: Result<Outcome, (Error, Outcome)>,
+    kept: &mut Option<Result<T, E>>,
+) -> (Result<T, E>, Outcome) {
+    match ended {
+        Ok(outcome) => (
+            kept.take()
+                .expect("a body's own end, or a replay decoded, is kept"),
+            outcome,
+        ),
+        Err((e, outcome)) => (Err(e.into()), outcome),
     }
+}
+
+/// The slot a call's result is kept in, as a replayed value's JSON is parsed into it
+/// ([`codec::Parse`]).
+impl<T: DeserializeOwned, E> codec::Parse for Option<Result<T, E>> {
+    fn parse(&mut self, json: &[u8]) -> Result<(), serde_json::Error> {
+        parse_into(self, json)
+    }
+}
+
+/// `json` parsed into `slot`: one copy for each value type, which decodes a replay and checks that a
+/// value's JSON reads back ([`Body::json`]).
+#[inline(never)]
+fn parse_into<T: DeserializeOwned, E>(
+    slot: &mut Option<Result<T, E>>,
+    json: &[u8],
+) -> Result<(), serde_json::Error> {
+    *slot = Some(Ok(serde_json::from_slice(json)?));
+    Ok(())
 }
 
 /// A replay's part that is not generic ([`Over::end`]): the response unpacked and handed to `parse`, then kept
@@ -595,17 +612,6 @@ impl<F, D, T: DeserializeOwned, E> codec::Parse for Shim<'_, F, D, T, E> {
     }
 }
 
-/// `json` parsed into `slot`: one copy for each value type, which reads a replay back and checks that
-/// a value's JSON does.
-#[inline(never)]
-fn parse_into<T: DeserializeOwned, E>(
-    slot: &mut Option<Result<T, E>>,
-    json: &[u8],
-) -> Result<(), serde_json::Error> {
-    *slot = Some(Ok(serde_json::from_slice(json)?));
-    Ok(())
-}
-
 /// A body's future polled once in `span` (a panic caught): its end as the core stores it once it is
 /// done, the value or the error kept for the caller. Not generic: compiled once.
 #[inline(never)]
@@ -702,15 +708,7 @@ where
             kept: this.kept,
         };
         let ended = std::task::ready!(drive_core(this.core, this.waiting, &mut body, cx));
-        Poll::Ready(match ended {
-            Ok(outcome) => (
-                body.kept
-                    .take()
-                    .expect("a body's own end, or a replay decoded, is kept"),
-                outcome,
-            ),
-            Err((e, outcome)) => (Err(e.into()), outcome),
-        })
+        Poll::Ready(returned(ended, body.kept))
     }
 }
 

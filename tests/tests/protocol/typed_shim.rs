@@ -1,4 +1,4 @@
-//! The typed shim of a call (`handler::run`: `Shim`, `drive_core`, `Over::end`, `parse_into`): a value
+//! The typed shim of a call (`handler::run`: `Shim`, `drive_core`, `Over::end`, the slot's `codec::Parse`): a value
 //! whose `Serialize`/`Deserialize` normalizes, fails, panics, counts its calls or makes an idempotent
 //! call of its own; the slot a replay is decoded into; drops and panics around the kept result; the
 //! kill switch and `MissingKey::Skip`; `detach`, `observe`, `on_replay`. On the memory store.
