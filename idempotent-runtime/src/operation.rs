@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use crate::call::{Call, MissingKey};
 use crate::handler;
+use crate::handler::Started;
 use crate::key::DerivedKey;
 use crate::store::Writes;
 use crate::store::writes::Staged;
@@ -599,17 +600,9 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
             Err(in_place) => in_place,
         };
         let (unchecked, on_replay) = operation.unchecked();
-        match start(unchecked, false) {
-            Started::Run { core, namespace } => Drive::Run {
-                run: handler::InPlace::new(core, body, describe),
-                namespace,
-                on_replay: Some(on_replay),
-            },
-            // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
-            Started::Alone(..) => Drive::Body { body },
-            Started::Failed(e) => Drive::Failed {
-                error: Some((*e).into()),
-            },
+        Drive::Run {
+            run: handler::InPlace::new(start(unchecked, false), body, describe),
+            on_replay: Some(on_replay),
         }
     }
 
@@ -629,19 +622,20 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         H: OnReplay<T> + Send,
     {
         let (unchecked, on_replay) = self.unchecked();
+        let namespace = unchecked.call.namespace;
         match start(unchecked, true) {
-            Started::Run { core, namespace } => Drive::<_, _, _, _, NotDetached<T, E>>::Run {
+            Started::Run { core } => DriveDetached::Run {
                 run: handler::Detaching::new(core, body, describe),
                 namespace,
                 on_replay: Some(on_replay),
             },
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of
             // its own.
-            Started::Alone(namespace, tasks) => Drive::Body {
+            Started::Alone { namespace, tasks } => DriveDetached::Body {
                 body: handler::alone(namespace, tasks.as_ref(), body),
             },
-            Started::Failed(e) => Drive::Failed {
-                error: Some((*e).into()),
+            Started::Failed { error } => DriveDetached::Failed {
+                error: error.map(|e| (*e).into()),
             },
         }
     }
@@ -687,20 +681,6 @@ struct Unchecked<'a> {
     staging: Option<Staged>,
 }
 
-/// How a call starts, once its checks are made ([`start`]).
-enum Started<C> {
-    /// The call's core (built by [`handler::core`]), in the call's span.
-    Run {
-        core: telemetry::InSpan<C>,
-        namespace: &'static str,
-    },
-    /// Switched off, or a missing key under `MissingKey::Skip`: the body alone (on a task tracked by
-    /// the handle's tasks, when known and detached).
-    Alone(&'static str, Option<tokio_util::task::TaskTracker>),
-    /// The call could not start.
-    Failed(Box<Error>),
-}
-
 /// The checks of a call, for [`Operation::drive`] and [`Operation::drive_detached`]: the kill switch,
 /// then the handle, key and payload (the first error among them; the body does not run), the
 /// missing-key policy; then the call's core ([`handler::core`]), built in the call's span. Not generic:
@@ -710,7 +690,7 @@ enum Started<C> {
 fn start(
     operation: Unchecked<'_>,
     detached: bool,
-) -> Started<impl Future<Output = handler::Over<'_>> + Send + '_> {
+) -> Started<impl Future<Output = handler::Ended<'_>> + Send + '_> {
     let Unchecked {
         idem,
         call,
@@ -726,8 +706,11 @@ fn start(
     // Switched off: the body alone, unless its writes can only commit with the record. The handle's
     // tasks, for a detached body that runs alone (drained like any detached body).
     if !stages_writes && crate::config::disabled() {
-        let tasks = idem.as_ref().ok().map(|idem| idem.tasks().clone());
-        return Started::Alone(call.namespace, tasks);
+        let tasks = idem.as_ref().ok().filter(|_| detached);
+        return Started::Alone {
+            namespace: call.namespace,
+            tasks: tasks.map(|idem| idem.tasks().clone()),
+        };
     }
     let checked = (|| {
         let idem = idem?;
@@ -751,12 +734,14 @@ fn start(
             };
             Started::Run {
                 core: telemetry::InSpan::new(handler::core(parts, detached), span),
-                namespace: call.namespace,
             }
         }
         // A missing key under `MissingKey::Skip`.
-        Ok((idem, None, _)) => Started::Alone(call.namespace, Some(idem.tasks().clone())),
-        Err(e) => Started::Failed(e),
+        Ok((idem, None, _)) => Started::Alone {
+            namespace: call.namespace,
+            tasks: detached.then(|| idem.tasks().clone()),
+        },
+        Err(e) => Started::Failed { error: Some(e) },
     }
 }
 
@@ -943,7 +928,69 @@ pin_project_lite::pin_project! {
     /// The future of [`Operation::drive`]: built whole before it is first polled, so that a caller's
     /// future holds the state machine (and the body's future in it) in place and once.
     #[project = DriveProj]
-    pub(crate) enum Drive<R, B, H, E, X> {
+    pub(crate) enum Drive<R, H, X> {
+        /// A call in place ([`handler::InPlace`]), which records its end in its span; its outcome says
+        /// whether the value is a replay, for `on_replay`.
+        Run {
+            #[pin]
+            run: R,
+            on_replay: Option<H>,
+        },
+        /// A detached call, boxed with its own [`DriveDetached`] ([`Placement::Call`]: none for a
+        /// body run in place, so that this variant and its poll are compiled only for detached calls).
+        Detached {
+            #[pin]
+            run: X,
+        },
+    }
+}
+
+impl<R, H, T, E, X> Future for Drive<R, H, X>
+where
+    X: Future<Output = Result<T, E>>,
+    R: Future<Output = (Result<T, E>, Outcome)>,
+    H: OnReplay<T>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T, E>> {
+        use std::task::{Poll, ready};
+        match self.project() {
+            DriveProj::Run { run, on_replay } => {
+                let (result, outcome) = ready!(run.poll(cx));
+                Poll::Ready(hooked(result, outcome, on_replay))
+            }
+            DriveProj::Detached { run } => run.poll(cx),
+        }
+    }
+}
+
+/// A call's result, a replayed value passed through `on_replay` (taken once). A value is a replay when
+/// the call's outcome says so: the state machine returns `Ok` with `Replayed` or `Cached` only for a
+/// stored value it decoded.
+fn hooked<T, E, H: OnReplay<T>>(
+    result: Result<T, E>,
+    outcome: Outcome,
+    on_replay: &mut Option<H>,
+) -> Result<T, E> {
+    match result {
+        Ok(value) if H::CHANGES && matches!(outcome, Outcome::Replayed | Outcome::Cached) => {
+            match on_replay.take() {
+                Some(on_replay) => Ok(on_replay.on_replay(value)),
+                None => Ok(value),
+            }
+        }
+        other => other,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Operation::drive_detached`], boxed in [`Drive::Detached`].
+    #[project = DriveDetachedProj]
+    pub(crate) enum DriveDetached<R, B, H, E> {
         /// The state machine in the call's span; its outcome closes the span, and says whether the
         /// value is a replay, for `on_replay`.
         Run {
@@ -952,7 +999,8 @@ pin_project_lite::pin_project! {
             namespace: &'static str,
             on_replay: Option<H>,
         },
-        /// Switched off, or a missing key under `MissingKey::Skip`: the body alone.
+        /// Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of its
+        /// own.
         Body {
             #[pin]
             body: B,
@@ -961,18 +1009,11 @@ pin_project_lite::pin_project! {
         Failed {
             error: Option<E>,
         },
-        /// A detached call, boxed with its own `Drive` ([`Placement::Call`]: none for a body run in
-        /// place, so that this variant and its poll are compiled only for detached calls).
-        Detached {
-            #[pin]
-            run: X,
-        },
     }
 }
 
-impl<R, B, H, T, E, X> Future for Drive<R, B, H, E, X>
+impl<R, B, H, T, E> Future for DriveDetached<R, B, H, E>
 where
-    X: Future<Output = Result<T, E>>,
     R: telemetry::InCallSpan<Output = (Result<T, E>, Outcome)>,
     B: Future<Output = Result<T, E>>,
     H: OnReplay<T>,
@@ -985,32 +1026,19 @@ where
     ) -> std::task::Poll<Result<T, E>> {
         use std::task::{Poll, ready};
         match self.project() {
-            DriveProj::Run {
+            DriveDetachedProj::Run {
                 mut run,
                 namespace,
                 on_replay,
             } => {
                 let (result, outcome) = ready!(run.as_mut().poll(cx));
                 telemetry::finish(run.span(), namespace, outcome);
-                // A value is a replay when the call's outcome says so: the state machine returns
-                // `Ok` with `Replayed` or `Cached` only for a stored value it decoded.
-                Poll::Ready(match result {
-                    Ok(value)
-                        if H::CHANGES && matches!(outcome, Outcome::Replayed | Outcome::Cached) =>
-                    {
-                        match on_replay.take() {
-                            Some(on_replay) => Ok(on_replay.on_replay(value)),
-                            None => Ok(value),
-                        }
-                    }
-                    other => other,
-                })
+                Poll::Ready(hooked(result, outcome, on_replay))
             }
-            DriveProj::Body { body } => body.poll(cx),
-            DriveProj::Failed { error } => {
+            DriveDetachedProj::Body { body } => body.poll(cx),
+            DriveDetachedProj::Failed { error } => {
                 Poll::Ready(Err(error.take().expect("a failed call is polled once")))
             }
-            DriveProj::Detached { run } => run.poll(cx),
         }
     }
 }

@@ -63,7 +63,7 @@ pub(crate) use claim::Stage;
 #[cfg(test)]
 pub(crate) use claim::{Lifetimes, release_change};
 pub use decide::MIN_LEASE;
-pub(crate) use run::{Detaching, InPlace, Over, alone, core, panicked};
+pub(crate) use run::{Detaching, Ended, InPlace, Started, alone, core, panicked};
 pub(crate) use settle::save_steps;
 #[allow(
     clippy::wildcard_imports,

@@ -39,7 +39,7 @@ use std::cell::Cell;
 pub(crate) fn core(
     parts: Parts<Cow<'_, Idempotency>>,
     detached: bool,
-) -> impl Future<Output = Over<'_>> + Send + '_ {
+) -> impl Future<Output = Ended<'_>> + Send + '_ {
     async move {
         let (replay, lead, outcome) = 'claim: {
             let idem: &Idempotency = &parts.idem;
@@ -64,7 +64,9 @@ pub(crate) fn core(
                     let (replay, lead) = replay.into_owned(idem);
                     break 'claim (replay, lead, outcome);
                 }
-                Claimed::Failed(e, outcome) => return Over::Instead(e, outcome),
+                Claimed::Failed(e, outcome) => {
+                    return (Over::Instead(e, outcome), Some(parts.call.namespace));
+                }
             };
             let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
             let mut claim = Held {
@@ -86,7 +88,7 @@ pub(crate) fn core(
                 };
                 // From here on the body's end does not depend on the caller.
                 attempt.stage.set(Stage::Done);
-                return Over::Spawn(Box::new(handover));
+                return (Over::Spawn(Box::new(handover)), Some(parts.call.namespace));
             }
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
@@ -99,16 +101,23 @@ pub(crate) fn core(
                 // nested in the body (which records first) does not mask the outer one.
                 crate::execution::record(crate::Execution::Executed);
             }
-            return Over::of(settled);
+            return (Over::of(settled), Some(parts.call.namespace));
         };
-        Over::Replay(Replayable {
+        let namespace = parts.call.namespace;
+        let replayable = Replayable {
             parts,
             replay,
             lead,
             outcome,
-        })
+        };
+        (Over::Replay(replayable), Some(namespace))
     }
 }
+
+/// How a call's core ended ([`Over`]), with the call's namespace when its end is recorded where the
+/// core is polled ([`drive_core`]): `None` for a detached body's task, whose caller records it. Kept
+/// out of the call's future (which is at its size bound), since the core has it.
+pub(crate) type Ended<'a> = (Over<'a>, Option<&'static str>);
 
 /// How a call's core ended.
 #[allow(
@@ -199,7 +208,7 @@ pub(crate) struct Handover {
 
 /// The core of a detached body's task: the body's end, asked of the task's shim, then stored; compiled
 /// once.
-async fn handed_over(mut handover: Handover) -> Over<'static> {
+async fn handed_over(mut handover: Handover) -> Ended<'static> {
     let Handover {
         ref owned,
         lease,
@@ -224,7 +233,8 @@ async fn handed_over(mut handover: Handover) -> Over<'static> {
         owned.ttl,
         lease_until_ms,
     );
-    Over::of(ended(claim, heartbeat, lease, lease_until_ms, took_over).await)
+    let settled = ended(claim, heartbeat, lease, lease_until_ms, took_over).await;
+    (Over::of(settled), None)
 }
 
 /// The body's end, asked of the shim, then stored, with the lease heartbeat beside both (started when
@@ -377,11 +387,7 @@ fn returned<T, E: From<Error>>(
     kept: &mut Option<Result<T, E>>,
 ) -> (Result<T, E>, Outcome) {
     match ended {
-        Ok(outcome) => (
-            kept.take()
-                .expect("a body's own end, or a replay decoded, is kept"),
-            outcome,
-        ),
+        Ok(outcome) => (kept.take().unwrap_or_else(|| out_of_turn()), outcome),
         Err((e, outcome)) => (Err(e.into()), outcome),
     }
 }
@@ -561,6 +567,16 @@ trait Body: codec::Parse {
     fn discard(&mut self);
 }
 
+/// A body's shim asked for what it does not keep: a value's JSON or an error's text before the body
+/// returned it (or twice), the result kept when none is. A bug of this module's. Out of line and not
+/// generic, so that each function's code only calls it (48 B less per function in release than a
+/// panic at each of its three places, measured with `scripts/bench-size`).
+#[cold]
+#[inline(never)]
+fn out_of_turn() -> ! {
+    unreachable!("a call's kept value or error is asked for once, after its body returned it")
+}
+
 /// A typed body and where its result is kept, lent to [`drive_core`] for one poll of the call.
 struct Shim<'p, F, D, T, E> {
     body: Pin<&'p mut F>,
@@ -583,7 +599,7 @@ where
 
     fn json(&mut self) -> Result<Vec<u8>, serde_json::Error> {
         let Some(Ok(value)) = &*self.kept else {
-            unreachable!("a value's JSON is asked for once the body returned it")
+            out_of_turn()
         };
         let json = codec::to_json(value)?;
         if let Some(e) = codec::non_finite(value, &json) {
@@ -596,7 +612,7 @@ where
 
     fn describe(&mut self) -> String {
         let (Some(describe), Some(Err(err))) = (self.describe.take(), &*self.kept) else {
-            unreachable!("an error's text is asked for once, after the body returned it")
+            out_of_turn()
         };
         describe(err)
     }
@@ -668,7 +684,7 @@ pin_project_lite::pin_project! {
         #[pin]
         body: F,
         #[pin]
-        core: telemetry::InSpan<C>,
+        course: Started<C>,
         describe: Option<D>,
         // The value or the error, kept for the caller while its end is stored.
         kept: Option<Result<T, E>>,
@@ -678,11 +694,11 @@ pin_project_lite::pin_project! {
 }
 
 impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
-    /// The call of `core` (built by [`core`], in the call's span), around `body`.
-    pub(crate) fn new(core: telemetry::InSpan<C>, body: F, describe: D) -> Self {
+    /// The call around `body`, as its checks started it (`course`).
+    pub(crate) fn new(course: Started<C>, body: F, describe: D) -> Self {
         Self {
             body,
-            core,
+            course,
             describe: Some(describe),
             kept: None,
             waiting: false,
@@ -692,7 +708,7 @@ impl<C, F, D, T, E> InPlace<C, F, D, T, E> {
 
 impl<'a, C, F, D, T, E> Future for InPlace<C, F, D, T, E>
 where
-    C: Future<Output = Over<'a>>,
+    C: Future<Output = Ended<'a>>,
     T: Serialize + DeserializeOwned,
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
@@ -707,23 +723,38 @@ where
             describe: this.describe,
             kept: this.kept,
         };
-        let ended = std::task::ready!(drive_core(this.core, this.waiting, &mut body, cx));
+        let ended = std::task::ready!(drive_core(this.course, this.waiting, &mut body, cx));
         Poll::Ready(returned(ended, body.kept))
     }
 }
 
-/// One poll of a call: its `core` polled, and `body` polled whenever the core waits for its end,
-/// until the core is ready or both are pending; once it is ready, how it ended ([`Over::end`]: `Ok`
-/// when the result is the one `body` keeps). `waiting` says whether the core waited for the body at
-/// the end of the last poll. Generic only over the core (a call's, or a detached body's task's):
-/// compiled once for each.
+/// One poll of a call, as its checks started it (`course`): its core polled, and `body` polled whenever
+/// the core waits for its end, until the core is ready or both are pending; once it is ready, how it
+/// ended ([`Over::end`]: `Ok` when the result is the one `body` keeps), recorded in the call's span
+/// when that closes here. A call that could not start ends with its error; a body that runs alone is
+/// polled alone. `waiting` says whether the core waited for the body at the end of the last poll.
+/// Generic only over the core (a call's, or a detached body's task's): compiled once for each.
 #[inline(never)]
-fn drive_core<'a, C: Future<Output = Over<'a>>>(
-    mut core: Pin<&mut telemetry::InSpan<C>>,
+fn drive_core<'a, C: Future<Output = Ended<'a>>>(
+    course: Pin<&mut Started<C>>,
     waiting: &mut bool,
     body: &mut dyn Body,
     cx: &mut std::task::Context<'_>,
 ) -> Poll<Result<Outcome, (Error, Outcome)>> {
+    let mut core = match course.project() {
+        StartedProj::Run { core } => core,
+        // Switched off, or a missing key under `MissingKey::Skip`: the body alone.
+        StartedProj::Alone { .. } => {
+            return body.poll_end(cx).map(|_| Ok(Outcome::Skipped));
+        }
+        StartedProj::Failed { error } => {
+            let e = *error
+                .take()
+                .expect("a call that could not start is polled once");
+            let outcome = Outcome::of(&e);
+            return Poll::Ready(Err((e, outcome)));
+        }
+    };
     let mut given = if *waiting {
         poll_body(body, core.as_mut().span(), cx)
     } else {
@@ -734,11 +765,16 @@ fn drive_core<'a, C: Future<Output = Over<'a>>>(
         let (polled, asked) = poll_core(core.as_mut(), cx, given);
         *waiting = asked;
         match polled {
-            Poll::Ready(over) => {
+            Poll::Ready((over, closes)) => {
                 if matches!(over, Over::Panic(_)) {
                     discard(body);
                 }
-                return Poll::Ready(over.end(body));
+                let ended = over.end(body);
+                if let Some(namespace) = closes {
+                    let (Ok(outcome) | Err((_, outcome))) = &ended;
+                    telemetry::finish(core.as_mut().span(), namespace, *outcome);
+                }
+                return Poll::Ready(ended);
             }
             // Claiming or storing; or waiting for a body polled this time.
             Poll::Pending if !asked || body_polled => return Poll::Pending,
@@ -749,16 +785,25 @@ fn drive_core<'a, C: Future<Output = Over<'a>>>(
     }
 }
 
-impl<'a, C, F, D, T, E> telemetry::InCallSpan for InPlace<C, F, D, T, E>
-where
-    C: Future<Output = Over<'a>>,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: Future<Output = Result<T, E>>,
-    D: FnOnce(&E) -> String,
-{
-    fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        self.project().core.span()
+pin_project_lite::pin_project! {
+    /// How a call starts, once its checks are made (`operation::start`): what [`drive_core`] polls.
+    #[project = StartedProj]
+    pub(crate) enum Started<C> {
+        /// The call's core (built by [`core`], or a detached body's task's), in the call's span.
+        Run {
+            #[pin]
+            core: telemetry::InSpan<C>,
+        },
+        /// Switched off, or a missing key under `MissingKey::Skip`: the body alone (for a detached
+        /// body, on a task tracked by the handle's tasks, when known).
+        Alone {
+            namespace: &'static str,
+            tasks: Option<tokio_util::task::TaskTracker>,
+        },
+        /// The call could not start (the handle, the key or the payload): its error, taken once.
+        Failed {
+            error: Option<Box<Error>>,
+        },
     }
 }
 
@@ -787,7 +832,7 @@ impl<C, F, D, T, E> Detaching<C, F, D, T, E> {
 
 impl<'a, C, F, D, T, E> Future for Detaching<C, F, D, T, E>
 where
-    C: Future<Output = Over<'a>>,
+    C: Future<Output = Ended<'a>>,
     T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
     F: Future<Output = Result<T, E>> + Send + 'static,
@@ -798,20 +843,20 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if this.task.is_none() {
+            // Its caller records the call's end ([`Detaching`]'s caller).
             let mut handover = match std::task::ready!(this.core.as_mut().poll(cx)) {
-                Over::Spawn(handover) => handover,
-                over => return Poll::Ready(over.result(&mut None)),
+                (Over::Spawn(handover), _) => handover,
+                (over, _) => return Poll::Ready(over.result(&mut None)),
             };
             let (body, describe) = this.body.take().expect("a claim is handed over once");
             let namespace = handover.owned.call.namespace;
             let tasks = handover.owned.idem.tasks().clone();
             let tracked = handover.tracked.take();
             let span = this.core.as_mut().span().clone();
-            let work = InPlace::new(
-                telemetry::InSpan::new(handed_over(*handover), span),
-                body,
-                describe,
-            );
+            let course = Started::Run {
+                core: telemetry::InSpan::new(handed_over(*handover), span),
+            };
+            let work = InPlace::new(course, body, describe);
             // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
             let task = tasks.spawn(work);
             drop(tracked);
@@ -831,7 +876,7 @@ where
 
 impl<'a, C, F, D, T, E> telemetry::InCallSpan for Detaching<C, F, D, T, E>
 where
-    C: Future<Output = Over<'a>>,
+    C: Future<Output = Ended<'a>>,
     T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
     F: Future<Output = Result<T, E>> + Send + 'static,
@@ -1089,12 +1134,12 @@ mod future_size {
     fn in_place<F: Future<Output = Result<u32, Error>>>(
         idem: &Idempotency,
         body: F,
-    ) -> InPlace<impl Future<Output = Over<'_>>, F, impl FnOnce(&Error) -> String, u32, Error> {
-        InPlace::new(
-            telemetry::InSpan::new(core(parts(idem), false), tracing::Span::none()),
-            body,
-            |e: &Error| e.to_string(),
-        )
+    ) -> InPlace<impl Future<Output = Ended<'_>>, F, impl FnOnce(&Error) -> String, u32, Error>
+    {
+        let course = Started::Run {
+            core: telemetry::InSpan::new(core(parts(idem), false), tracing::Span::none()),
+        };
+        InPlace::new(course, body, |e: &Error| e.to_string())
     }
 
     /// A call's state machine is held in place by every caller's future (not boxed: a box per call
