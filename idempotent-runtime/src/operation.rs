@@ -622,11 +622,9 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         H: OnReplay<T> + Send,
     {
         let (unchecked, on_replay) = self.unchecked();
-        let namespace = unchecked.call.namespace;
         match start(unchecked, true) {
             Started::Run { core } => DriveDetached::Run {
                 run: handler::Detaching::new(core, body, describe),
-                namespace,
                 on_replay: Some(on_replay),
             },
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of
@@ -991,12 +989,11 @@ pin_project_lite::pin_project! {
     /// The future of [`Operation::drive_detached`], boxed in [`Drive::Detached`].
     #[project = DriveDetachedProj]
     pub(crate) enum DriveDetached<R, B, H, E> {
-        /// The state machine in the call's span; its outcome closes the span, and says whether the
-        /// value is a replay, for `on_replay`.
+        /// The call ([`handler::Detaching`]), which records its end in its span; its outcome says
+        /// whether the value is a replay, for `on_replay`.
         Run {
             #[pin]
             run: R,
-            namespace: &'static str,
             on_replay: Option<H>,
         },
         /// Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of its
@@ -1014,7 +1011,7 @@ pin_project_lite::pin_project! {
 
 impl<R, B, H, T, E> Future for DriveDetached<R, B, H, E>
 where
-    R: telemetry::InCallSpan<Output = (Result<T, E>, Outcome)>,
+    R: Future<Output = (Result<T, E>, Outcome)>,
     B: Future<Output = Result<T, E>>,
     H: OnReplay<T>,
 {
@@ -1026,13 +1023,8 @@ where
     ) -> std::task::Poll<Result<T, E>> {
         use std::task::{Poll, ready};
         match self.project() {
-            DriveDetachedProj::Run {
-                mut run,
-                namespace,
-                on_replay,
-            } => {
-                let (result, outcome) = ready!(run.as_mut().poll(cx));
-                telemetry::finish(run.span(), namespace, outcome);
+            DriveDetachedProj::Run { run, on_replay } => {
+                let (result, outcome) = ready!(run.poll(cx));
                 Poll::Ready(hooked(result, outcome, on_replay))
             }
             DriveDetachedProj::Body { body } => body.poll(cx),

@@ -209,12 +209,6 @@ impl<F: Future> Future for InSpan<F> {
     }
 }
 
-/// A call's future that runs in the call's span, and gives it for the call's end to be recorded on.
-pub(crate) trait InCallSpan: Future {
-    /// The call's span.
-    fn span(self: Pin<&mut Self>) -> &tracing::Span;
-}
-
 /// What [`in_span`] runs: a trait of one method rather than a `dyn FnMut`, whose vtable would carry a
 /// `call_once` shim for every future.
 trait InSpanDo {

@@ -781,6 +781,45 @@ impl Store for Forward {
     }
 }
 
+/// An [`Override`](idempotent_runtime::store::conformance::Override) shared with the test, which
+/// keeps a handle on its switches: the claims and transitions go through the override inside.
+#[derive(Debug)]
+pub struct SharedOverride<O>(pub Arc<O>);
+
+#[async_trait::async_trait]
+impl<O: idempotent_runtime::store::conformance::Override<Forward>>
+    idempotent_runtime::store::conformance::Override<Forward> for SharedOverride<O>
+{
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+
+    async fn claim(
+        &self,
+        inner: &Forward,
+        request: &idempotent_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idempotent_runtime::store::ClaimOutcome, idempotent_runtime::StoreError> {
+        self.0.claim(inner, request).await
+    }
+
+    async fn transition(
+        &self,
+        inner: &Forward,
+        transition: &idempotent_runtime::store::Transition<'_>,
+    ) -> Result<idempotent_runtime::store::WriteOutcome, idempotent_runtime::StoreError> {
+        self.0.transition(inner, transition).await
+    }
+}
+
+/// A panic's message, as `panic!` gave it (`None` for a payload that is not a string).
+#[must_use]
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<String> {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+}
+
 /// How many times a body ran.
 #[derive(Debug, Default, Clone)]
 pub struct Runs(pub Arc<AtomicUsize>);

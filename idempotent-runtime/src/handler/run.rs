@@ -65,7 +65,7 @@ pub(crate) fn core(
                     break 'claim (replay, lead, outcome);
                 }
                 Claimed::Failed(e, outcome) => {
-                    return (Over::Instead(e, outcome), Some(parts.call.namespace));
+                    return (Over::Instead(e, outcome), parts.call.namespace);
                 }
             };
             let (token, lease, ttl) = (attempt.token, attempt.lease, attempt.ttl);
@@ -88,7 +88,7 @@ pub(crate) fn core(
                 };
                 // From here on the body's end does not depend on the caller.
                 attempt.stage.set(Stage::Done);
-                return (Over::Spawn(Box::new(handover)), Some(parts.call.namespace));
+                return (Over::Spawn(Box::new(handover)), parts.call.namespace);
             }
             // The heartbeat keeps the claim ours while the body runs and while its result is being
             // stored. Boxed: a replay (the common duplicate) never gets here, so its future need not
@@ -101,7 +101,7 @@ pub(crate) fn core(
                 // nested in the body (which records first) does not mask the outer one.
                 crate::execution::record(crate::Execution::Executed);
             }
-            return (Over::of(settled), Some(parts.call.namespace));
+            return (Over::of(settled), parts.call.namespace);
         };
         let namespace = parts.call.namespace;
         let replayable = Replayable {
@@ -110,14 +110,14 @@ pub(crate) fn core(
             lead,
             outcome,
         };
-        (Over::Replay(replayable), Some(namespace))
+        (Over::Replay(replayable), namespace)
     }
 }
 
-/// How a call's core ended ([`Over`]), with the call's namespace when its end is recorded where the
-/// core is polled ([`drive_core`]): `None` for a detached body's task, whose caller records it. Kept
-/// out of the call's future (which is at its size bound), since the core has it.
-pub(crate) type Ended<'a> = (Over<'a>, Option<&'static str>);
+/// How a call's core ended ([`Over`]), with the call's namespace, for its end to be recorded where the
+/// core is polled ([`recorded`]). Kept out of the call's future (which is at its size bound), since
+/// the core has it.
+pub(crate) type Ended<'a> = (Over<'a>, &'static str);
 
 /// How a call's core ended.
 #[allow(
@@ -150,17 +150,6 @@ impl Over<'_> {
             }
             Settled::Panic(panic) => Over::Panic(panic),
         }
-    }
-
-    /// The call's result and outcome: the body's own (`kept`), a replay decoded (into `kept` too), or
-    /// the library's error; a panic goes on. Only the value's parse and the error's conversion are
-    /// made for each function ([`Over::end`] does the rest), and no value is dropped here: a value
-    /// kept but not returned is dropped with the call's future.
-    fn result<T: DeserializeOwned, E: From<Error>>(
-        self,
-        kept: &mut Option<Result<T, E>>,
-    ) -> (Result<T, E>, Outcome) {
-        returned(self.end(kept), kept)
     }
 
     /// [`result`](Self::result)'s part that is not generic: a replay decoded (its value handed to
@@ -234,7 +223,7 @@ async fn handed_over(mut handover: Handover) -> Ended<'static> {
         lease_until_ms,
     );
     let settled = ended(claim, heartbeat, lease, lease_until_ms, took_over).await;
-    (Over::of(settled), None)
+    (Over::of(settled), owned.call.namespace)
 }
 
 /// The body's end, asked of the shim, then stored, with the lease heartbeat beside both (started when
@@ -378,6 +367,32 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
             Claimed::Failed(e, outcome)
         }
     }
+}
+
+/// How a call ended ([`Over::end`]: a replay decoded into `parse`), recorded in its span (its
+/// `outcome`) and counted ([`telemetry::finish`]) before anything of the caller's types runs after it
+/// (the error's conversion may panic). A replay whose `Deserialize` panics is recorded as `error`, then
+/// its panic goes on. Not for a body's panic, which is recorded where its end is stored
+/// ([`store_ending`]).
+#[inline(never)]
+fn recorded(
+    over: Over<'_>,
+    parse: &mut dyn codec::Parse,
+    span: &tracing::Span,
+    namespace: &'static str,
+) -> Result<Outcome, (Error, Outcome)> {
+    // Unwind safety: a panic here is a replay's `Deserialize`, whose value was not put in `parse`'s
+    // slot (it is put there once whole), and the panic goes on to the caller.
+    let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| over.end(parse))) {
+        Ok(ended) => ended,
+        Err(panic) => {
+            telemetry::finish(span, namespace, Outcome::Error);
+            std::panic::resume_unwind(panic)
+        }
+    };
+    let (Ok(outcome) | Err((_, outcome))) = &ended;
+    telemetry::finish(span, namespace, *outcome);
+    ended
 }
 
 /// What a call returns once its core has ended ([`Over::end`]): the result kept in `kept` (the body's
@@ -765,16 +780,13 @@ fn drive_core<'a, C: Future<Output = Ended<'a>>>(
         let (polled, asked) = poll_core(core.as_mut(), cx, given);
         *waiting = asked;
         match polled {
-            Poll::Ready((over, closes)) => {
+            Poll::Ready((over, namespace)) => {
                 if matches!(over, Over::Panic(_)) {
+                    // Recorded where the body's end was stored ([`store_ending`]); the panic goes on.
                     discard(body);
+                    return Poll::Ready(over.end(body));
                 }
-                let ended = over.end(body);
-                if let Some(namespace) = closes {
-                    let (Ok(outcome) | Err((_, outcome))) = &ended;
-                    telemetry::finish(core.as_mut().span(), namespace, *outcome);
-                }
-                return Poll::Ready(ended);
+                return Poll::Ready(recorded(over, body, core.as_mut().span(), namespace));
             }
             // Claiming or storing; or waiting for a body polled this time.
             Poll::Pending if !asked || body_polled => return Poll::Pending,
@@ -843,10 +855,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if this.task.is_none() {
-            // Its caller records the call's end ([`Detaching`]'s caller).
             let mut handover = match std::task::ready!(this.core.as_mut().poll(cx)) {
                 (Over::Spawn(handover), _) => handover,
-                (over, _) => return Poll::Ready(over.result(&mut None)),
+                // A replay, or the library's error: recorded here. A body's end is recorded by its
+                // task, also when this caller has left.
+                (over, namespace) => {
+                    let mut kept = None;
+                    let ended = recorded(over, &mut kept, this.core.as_mut().span(), namespace);
+                    return Poll::Ready(returned(ended, &mut kept));
+                }
             };
             let (body, describe) = this.body.take().expect("a claim is handed over once");
             let namespace = handover.owned.call.namespace;
@@ -854,13 +871,17 @@ where
             let tracked = handover.tracked.take();
             let span = this.core.as_mut().span().clone();
             let course = Started::Run {
-                core: telemetry::InSpan::new(handed_over(*handover), span),
+                core: telemetry::InSpan::new(handed_over(*handover), span.clone()),
             };
             let work = InPlace::new(course, body, describe);
             // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
             let task = tasks.spawn(work);
             drop(tracked);
-            *this.task = Some(Joined { namespace, task });
+            *this.task = Some(Joined {
+                namespace,
+                span,
+                task,
+            });
         }
         let task = this.task.as_mut().expect("spawned above");
         Poll::Ready(match std::task::ready!(Pin::new(task).poll(cx)) {
@@ -871,19 +892,6 @@ where
             // The record is FAILED (`panicked: ..`); the panic goes on to the caller as it was.
             Err(panic) => std::panic::resume_unwind(panic),
         })
-    }
-}
-
-impl<'a, C, F, D, T, E> telemetry::InCallSpan for Detaching<C, F, D, T, E>
-where
-    C: Future<Output = Ended<'a>>,
-    T: Serialize + DeserializeOwned + Send + 'static,
-    E: From<Error> + Send + 'static,
-    F: Future<Output = Result<T, E>> + Send + 'static,
-    D: FnOnce(&E) -> String + Send + 'static,
-{
-    fn span(self: Pin<&mut Self>) -> &tracing::Span {
-        self.project().core.span()
     }
 }
 
@@ -921,9 +929,11 @@ where
     })
 }
 
-/// The end of a detached body's task, for its caller ([`Detaching`]).
+/// The end of a detached body's task, for its caller ([`Detaching`]). The task records the call's end
+/// in the call's `span`; a task the runtime dropped before its end is recorded here.
 pub(crate) struct Joined<T, E> {
     namespace: &'static str,
+    span: tracing::Span,
     task: tokio::task::JoinHandle<(Result<T, E>, Outcome)>,
 }
 
@@ -942,6 +952,7 @@ impl<T, E: From<Error>> Future for Joined<T, E> {
                     source: "the runtime shut down before the detached body finished".into(),
                 };
                 let outcome = Outcome::of(&error);
+                telemetry::finish(&self.span, namespace, outcome);
                 Ok((Err(error.into()), outcome))
             }
         })

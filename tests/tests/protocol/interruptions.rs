@@ -98,11 +98,7 @@ async fn drop_when<F: std::future::Future>(call: F, signal: &Notify) {
 
 /// The panic's message, as `panic!` gave it.
 fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .expect("a panic with a message")
+    idempotent_tests::panic_message(panic).expect("a panic with a message")
 }
 
 /// A body that panics: its record is FAILED with `panicked: <message>` (so the key is free

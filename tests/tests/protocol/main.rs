@@ -13,6 +13,7 @@ mod claim_writes;
 mod clock_skew;
 mod coalescing;
 mod core_and_shim;
+mod course_paths;
 mod deadline_bound;
 mod faults;
 mod flaky;

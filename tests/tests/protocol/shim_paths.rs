@@ -33,11 +33,7 @@ async fn status(store: &dyn Store, key: &str) -> Option<Status> {
 }
 
 fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "<not a string>".to_owned())
+    idempotent_tests::panic_message(panic).unwrap_or_else(|| "<not a string>".to_owned())
 }
 
 /// Polls `future` once with a waker that does nothing: a call on the memory store that does not wait

@@ -10,7 +10,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, Transition, WriteOutcome};
 use idempotent_runtime::{Clock, Error, Idempotency, ManualClock, Status, Store, StoreError};
 use idempotent_tests::{
-    Backend, ClaimAppliedLate, Forward, Harness, RequestCounter, Runs, backing,
+    Backend, ClaimAppliedLate, Forward, Harness, RequestCounter, Runs, SharedOverride, backing,
 };
 
 /// `charge` under `key`, with `lease`: counts its runs, returns which run it was.
@@ -100,33 +100,6 @@ async fn late_harness(
     ));
     let harness = Harness::over(store, RequestCounter::default(), |b| b.clock(clock));
     (harness, late)
-}
-
-/// An override shared with the test, which keeps a handle on its switches.
-#[derive(Debug)]
-struct SharedOverride<O>(Arc<O>);
-
-#[async_trait::async_trait]
-impl<O: Override<Forward>> Override<Forward> for SharedOverride<O> {
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-
-    async fn claim(
-        &self,
-        inner: &Forward,
-        request: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(inner, request).await
-    }
-
-    async fn transition(
-        &self,
-        inner: &Forward,
-        transition: &Transition<'_>,
-    ) -> Result<WriteOutcome, StoreError> {
-        self.0.transition(inner, transition).await
-    }
 }
 
 /// A claim answered 3.5 s after it landed, on a 2 s lease: a duplicate took the key over meanwhile and
