@@ -388,7 +388,8 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     ///
     /// The body must be `Send + 'static` (it moves to another task: it owns what it uses), and so must
     /// its value and error. A panicking body's panic still reaches the caller. The task is spawned on
-    /// the current Tokio runtime (the call panics outside one, as `tokio::spawn` does); a graceful
+    /// the current Tokio runtime (a call polled outside one panics, as `tokio::spawn` does, before it
+    /// claims its key); a graceful
     /// shutdown waits for such bodies with [`Idempotency::drain`].
     ///
     /// ```
@@ -513,8 +514,8 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
     /// The body's own error, or an [`Error`] converted into `E` (those of [`Steps::run`] included).
     ///
     /// # Panics
-    /// When the body panics (after its record is FAILED), with the body's panic; a detached body,
-    /// when called outside a Tokio runtime.
+    /// When the body panics (after its record is FAILED), with the body's panic; a detached call,
+    /// when polled outside a Tokio runtime (before it claims its key).
     pub fn run<T, E, F, Fut>(self, body: F) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,

@@ -6,6 +6,7 @@
 #![allow(clippy::missing_panics_doc)]
 
 pub mod proxy;
+pub mod seen;
 pub mod spans;
 
 /// Each named `async fn(Backend)` of the calling module as two `#[tokio::test]`s, `memory` and

@@ -41,8 +41,9 @@ impl ClosedSpans {
     }
 }
 
+/// A span's fields, as recorded.
 #[derive(Default)]
-struct Fields(HashMap<String, String>);
+pub(crate) struct Fields(pub(crate) HashMap<String, String>);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {

@@ -96,7 +96,7 @@ pub(crate) fn core(
             let heartbeat = Heartbeat::of(idem, plan, token, lease, ttl, lease_until_ms);
             let settled = Box::pin(ended(claim, heartbeat, lease, lease_until_ms, took_over)).await;
             attempt.stage.set(Stage::Done);
-            if !matches!(settled, Settled::Panic(_)) {
+            if !matches!(settled, Settled::Panic(..)) {
                 // Recorded once the body and its bookkeeping are done, so that an idempotent call
                 // nested in the body (which records first) does not mask the outer one.
                 crate::execution::record(crate::Execution::Executed);
@@ -132,9 +132,9 @@ pub(crate) enum Over<'a> {
     Instead(Error, Outcome),
     /// A stored answer, for the shim to decode, with the parts it is kept with.
     Replay(Replayable<'a>),
-    /// The body panicked (the record is FAILED; COMPLETED when its value's `Serialize` panicked): the
-    /// panic goes on.
-    Panic(Panic),
+    /// The body panicked (the record is FAILED, `failed`; COMPLETED when its value's `Serialize`
+    /// panicked, `error`): the call's outcome is recorded, then the panic goes on.
+    Panic(Panic, Outcome),
     /// A detached call holds its claim: the shim spawns its body's task with it.
     Spawn(Box<Handover>),
 }
@@ -148,7 +148,7 @@ impl Over<'_> {
                 let outcome = Outcome::of(&e);
                 Over::Instead(e, outcome)
             }
-            Settled::Panic(panic) => Over::Panic(panic),
+            Settled::Panic(panic, outcome) => Over::Panic(panic, outcome),
         }
     }
 
@@ -169,7 +169,7 @@ impl Over<'_> {
                 let replay = replay.with_lead(lead.as_mut().map(flight::OwnedLead::lead));
                 replayed_with(&parts.idem, &parts.plan(), replay, outcome, parse)
             }
-            Over::Panic(panic) => std::panic::resume_unwind(panic),
+            Over::Panic(panic, _) => std::panic::resume_unwind(panic),
             Over::Spawn(_) => unreachable!("only a detached call's core hands its claim over"),
         }
     }
@@ -372,8 +372,8 @@ fn held<'a>(attempt: &Attempt<'a>, acquired: Result<Acquired<'a>, Error>) -> Cla
 /// How a call ended ([`Over::end`]: a replay decoded into `parse`), recorded in its span (its
 /// `outcome`) and counted ([`telemetry::finish`]) before anything of the caller's types runs after it
 /// (the error's conversion may panic). A replay whose `Deserialize` panics is recorded as `error`, then
-/// its panic goes on. Not for a body's panic, which is recorded where its end is stored
-/// ([`store_ending`]).
+/// its panic goes on. Not for a body's panic ([`Over::Panic`]), which [`drive_core`] records with the
+/// outcome its storing gave it.
 #[inline(never)]
 fn recorded(
     over: Over<'_>,
@@ -781,8 +781,11 @@ fn drive_core<'a, C: Future<Output = Ended<'a>>>(
         *waiting = asked;
         match polled {
             Poll::Ready((over, namespace)) => {
-                if matches!(over, Over::Panic(_)) {
-                    // Recorded where the body's end was stored ([`store_ending`]); the panic goes on.
+                if let Over::Panic(_, outcome) = over {
+                    // Recorded on the call's own span (not the thread's current one, which is
+                    // another's when this one is disabled or made under another subscriber), then
+                    // what is kept dropped; the panic goes on.
+                    telemetry::finish(core.as_mut().span(), namespace, outcome);
                     discard(body);
                     return Poll::Ready(over.end(body));
                 }
@@ -855,6 +858,14 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if this.task.is_none() {
+            // Its body's task is spawned on the Tokio runtime the call runs in: outside one, the
+            // call panics (documented on `detach`) before its claim is sent, not once it holds the
+            // key.
+            assert!(
+                tokio::runtime::Handle::try_current().is_ok(),
+                "a detached idempotent call must be polled inside a Tokio runtime: its body runs on \
+                 a task of its own"
+            );
             let mut handover = match std::task::ready!(this.core.as_mut().poll(cx)) {
                 (Over::Spawn(handover), _) => handover,
                 // A replay, or the library's error: recorded here. A body's end is recorded by its
@@ -874,7 +885,7 @@ where
                 core: telemetry::InSpan::new(handed_over(*handover), span.clone()),
             };
             let work = InPlace::new(course, body, describe);
-            // Panics outside a Tokio runtime, as `tokio::spawn` does (documented on `detach`).
+            // In the call's runtime (checked above).
             let task = tasks.spawn(work);
             drop(tracked);
             *this.task = Some(Joined {
@@ -1036,8 +1047,9 @@ pub(super) enum Settled {
     /// An error of the library's instead of the body's value (its result was not stored, or will not
     /// replay).
     Instead(Error),
-    /// The panic goes on (the record is FAILED, or COMPLETED when the value's `Serialize` panicked).
-    Panic(Panic),
+    /// The panic goes on (the record is FAILED, `failed`; or COMPLETED when the value's `Serialize`
+    /// panicked, `error`), with the call's outcome.
+    Panic(Panic, Outcome),
 }
 
 /// [`store_ending`], boxed: a replay (the common duplicate) never stores anything, so a call's future
@@ -1089,9 +1101,7 @@ pub(super) fn store_ending(
                 // The value's `Serialize` panicked: the success is stored as final all the same
                 // (duplicates get `ResponseNotSerialized`), and the panic goes on to the caller.
                 if let Some(panic) = thrown {
-                    // Closed here, in the call's span: the panic leaves before the caller's side could.
-                    telemetry::finish(&tracing::Span::current(), claim.namespace(), Outcome::Error);
-                    return Settled::Panic(panic);
+                    return Settled::Panic(panic, Outcome::Error);
                 }
                 match completed {
                     Ok(()) if took_over => Settled::Own(Outcome::TakenOver),
@@ -1112,13 +1122,7 @@ pub(super) fn store_ending(
                     );
                 }
                 claim.fail(&panicked(&*panic), &mut persist).await;
-                // Closed here, in the call's span: the panic leaves before the caller's side could.
-                telemetry::finish(
-                    &tracing::Span::current(),
-                    claim.namespace(),
-                    Outcome::Failed,
-                );
-                Settled::Panic(panic)
+                Settled::Panic(panic, Outcome::Failed)
             }
         }
     }

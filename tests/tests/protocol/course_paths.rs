@@ -26,11 +26,9 @@ use idempotent_runtime::{
     Error, Idempotency, MemoryStore, MissingKey, Operation, Status, Store, StoreError, idempotent,
     observe,
 };
-use idempotent_tests::spans::{ClosedSpans, in_child};
+use idempotent_tests::seen::{self, Install, Seen};
 use idempotent_tests::{AppError, Forward, SharedOverride, panic_message};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use tracing_subscriber::layer::SubscriberExt as _;
 
 // ---------------------------------------------------------------------------------------------------
 // Helpers.
@@ -56,147 +54,24 @@ fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut cx)
 }
 
-/// What the calls made under [`watched`] reported: each closed `idempotent` span's namespace and
-/// outcome (empty when it has none), in the order they closed; and `idempotency_calls_total` by
-/// namespace and outcome.
-#[derive(Debug, Serialize, Deserialize)]
-struct Seen {
-    spans: Vec<(String, String)>,
-    counted: Vec<(String, String, u64)>,
-}
-
-impl Seen {
-    /// The outcomes of the spans of `namespace`, in the order they closed.
-    fn spans_of(&self, namespace: &str) -> Vec<String> {
-        self.spans
-            .iter()
-            .filter(|(n, _)| n == namespace)
-            .map(|(_, o)| o.clone())
-            .collect()
-    }
-
-    /// `idempotency_calls_total{namespace}` by outcome, sorted.
-    fn counted_of(&self, namespace: &str) -> Vec<(String, u64)> {
-        let mut counted: Vec<(String, u64)> = self
-            .counted
-            .iter()
-            .filter(|(n, _, c)| n == namespace && *c > 0)
-            .map(|(_, o, c)| (o.clone(), *c))
-            .collect();
-        counted.sort();
-        counted
-    }
-
-    /// Each call of `namespace` closed its span with exactly the outcome of `expected` (in the order
-    /// they closed), and counted once under it.
-    #[track_caller]
-    fn assert_closed(&self, namespace: &str, expected: &[&str]) {
-        let mut want: Vec<(String, u64)> = Vec::new();
-        for outcome in expected {
-            match want.iter_mut().find(|(o, _)| o == outcome) {
-                Some((_, n)) => *n += 1,
-                None => want.push(((*outcome).to_owned(), 1)),
-            }
-        }
-        want.sort();
-        let expected: Vec<String> = expected.iter().map(|o| (*o).to_owned()).collect();
-        assert_eq!(
-            (self.spans_of(namespace), self.counted_of(namespace)),
-            (expected, want),
-            "{namespace}: (the outcome of each `idempotent` span as it closed, \"\" for none; \
-             idempotency_calls_total by outcome)"
-        );
-    }
-
-    /// `calls` calls of `namespace` each closed a span with an outcome, and counted once.
-    #[track_caller]
-    fn assert_each_closed_with_an_outcome(&self, namespace: &str, calls: usize) {
-        let spans = self.spans_of(namespace);
-        let counted = self.counted_of(namespace);
-        let total: u64 = counted.iter().map(|(_, n)| n).sum();
-        assert!(
-            spans.len() == calls && spans.iter().all(|o| !o.is_empty()) && total == calls as u64,
-            "{calls} calls of {namespace}, each to close its span with an outcome and count once; \
-             the spans closed with {spans:?} (\"\": no outcome), idempotency_calls_total counted \
-             {counted:?}"
-        );
-    }
-}
-
-/// Runs `f` with a current-thread runtime, a `tracing` subscriber that keeps the closed spans and a
-/// metrics recorder of this thread's own (the protocol binary has a global one of another test's),
-/// then drops the runtime (and the tasks left on it) before reading what they reported.
-fn watched<R>(f: impl FnOnce(&tokio::runtime::Runtime) -> R) -> (R, Seen) {
-    let spans = ClosedSpans::default();
-    let subscriber = tracing_subscriber::registry().with(spans.clone());
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let out = tracing::subscriber::with_default(subscriber, || {
-        metrics::with_local_recorder(&recorder, || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let out = f(&rt);
-            drop(rt);
-            out
-        })
-    });
-    let counted = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == "idempotency_calls_total")
-        .map(|(key, _, _, value)| {
-            let label = |name: &str| {
-                key.key()
-                    .labels()
-                    .find(|l| l.key() == name)
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default()
-            };
-            let n = match value {
-                DebugValue::Counter(n) => n,
-                other => panic!("{other:?}"),
-            };
-            (label("namespace"), label("outcome"), n)
-        })
-        .collect();
-    let seen = Seen {
-        spans: spans.namespaces_and_outcomes(),
-        counted,
-    };
-    (out, seen)
-}
-
-/// The line a child process prints what it saw on ([`watched_apart`]).
-const SEEN: &str = "COURSE_PATHS_SEEN ";
-/// Set in the child process that runs one test of [`watched_apart`].
-const APART: &str = "COURSE_PATHS_APART";
-
-/// [`watched`], in a process of its own: the test `test` (its path in this binary) runs again alone in
-/// a child process, which runs `f` and prints what it saw; the parent gets it (`None` in the child).
-/// Alone, because the tests of this binary run in parallel, each with a `tracing` subscriber of its own
-/// thread, and a span made while another test's subscriber comes or goes may be left disabled.
+/// [`seen::apart`] for a test of this module, with a current-thread runtime for `f`, dropped (with the
+/// tasks left on it) before what the calls reported is read.
 fn watched_apart(test: &str, f: impl FnOnce(&tokio::runtime::Runtime)) -> Option<Seen> {
-    if std::env::var_os(APART).is_some() {
-        let ((), seen) = watched(f);
-        println!("{SEEN}{}", serde_json::to_string(&seen).unwrap());
-        return None;
-    }
-    let out = in_child(&format!("course_paths::{test}"), APART);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let seen = stdout
-        .lines()
-        .find_map(|l| l.split_once(SEEN).map(|(_, seen)| seen));
-    match (out.status.success(), seen) {
-        (true, Some(seen)) => Some(serde_json::from_str(seen).unwrap()),
-        _ => panic!(
-            "the child process of {test} failed: {:?}\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
+    seen::apart(
+        &format!("course_paths::{test}"),
+        Install::ThreadDefault,
+        |_| in_runtime(f),
+    )
+}
+
+/// `f` with a current-thread runtime, dropped (with the tasks left on it) after `f`.
+fn in_runtime(f: impl FnOnce(&tokio::runtime::Runtime)) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    f(&rt);
+    drop(rt);
 }
 
 thread_local! {
@@ -981,19 +856,21 @@ fn calls_under_the_kill_switch_run_alone() {
         );
         return;
     }
-    let ((), seen) = watched(|rt| {
-        rt.block_on(async {
-            let (idem, store) = memory();
-            runs_alone(|| idem.operation(NS, "k")).await;
-            detached_alone(&idem, || idem.operation(NS, "d")).await;
-            // A key that does not serialize, no handle installed: alone all the same.
-            runs_alone(|| idem.operation(NS, &f64::NAN)).await;
-            let runs = AtomicUsize::new(0);
-            assert_eq!(killed_fn(&idem, &runs, "o").await.unwrap(), 1);
-            assert_eq!(killed_fn(&idem, &runs, "o").await.unwrap(), 2);
-            assert_eq!(uninstalled_fn(&runs, f64::NAN).await.unwrap(), 1);
-            assert!(store.is_empty(), "nothing was stored");
-            nested_in_and_around_writes(&idem, &store, NS).await;
+    let seen = seen::watching(Install::ThreadDefault, |_| {
+        in_runtime(|rt| {
+            rt.block_on(async {
+                let (idem, store) = memory();
+                runs_alone(|| idem.operation(NS, "k")).await;
+                detached_alone(&idem, || idem.operation(NS, "d")).await;
+                // A key that does not serialize, no handle installed: alone all the same.
+                runs_alone(|| idem.operation(NS, &f64::NAN)).await;
+                let runs = AtomicUsize::new(0);
+                assert_eq!(killed_fn(&idem, &runs, "o").await.unwrap(), 1);
+                assert_eq!(killed_fn(&idem, &runs, "o").await.unwrap(), 2);
+                assert_eq!(uninstalled_fn(&runs, f64::NAN).await.unwrap(), 1);
+                assert!(store.is_empty(), "nothing was stored");
+                nested_in_and_around_writes(&idem, &store, NS).await;
+            });
         });
     });
     assert_eq!(

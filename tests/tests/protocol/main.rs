@@ -24,6 +24,7 @@ mod late_requests;
 mod limits;
 mod missing_key;
 mod outliving_resends;
+mod recorded_ends;
 mod release_faults;
 mod released_claims;
 mod replay;
