@@ -160,6 +160,19 @@ pub(crate) fn call_span(namespace: &'static str, key: &str) -> tracing::Span {
     )
 }
 
+/// Records a claim's attempt number on the current span when that is a call's own ([`call_span`]):
+/// with this crate's spans filtered off, the current span is the caller's, whose fields are not this
+/// crate's to write.
+pub(crate) fn record_attempt(number: u32) {
+    let span = tracing::Span::current();
+    if span
+        .metadata()
+        .is_some_and(|m| m.name() == "idempotent" && m.target() == module_path!())
+    {
+        span.record("attempt", number);
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A call's state machine in the call's span: entered while it is polled and while it is dropped
     /// (what a dropped call logs belongs to the call), as `tracing`'s `Instrumented` does, but with the

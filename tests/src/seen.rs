@@ -1,7 +1,7 @@
-//! What a test sees of the calls' ends ([`Seen`]): every closed span's name, `namespace` and `outcome`,
-//! and `idempotency_calls_total` by namespace and outcome, under a subscriber and a metrics recorder
+//! What a test sees of the calls' ends ([`Seen`]): every closed span's name and fields, and `idempotency_calls_total` by namespace and outcome, under a subscriber and a metrics recorder
 //! of the test's own ([`watching`]), in a child process of its own ([`apart`]).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -14,9 +14,26 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::spans::Fields;
 
 /// A `tracing_subscriber` layer that keeps, for every closed span (the calls' `idempotent` spans and
-/// any other), its name, `namespace` and `outcome` (empty when it has none), in the order they closed.
+/// any other), its name and the fields it had, in the order they closed.
 #[derive(Clone, Default)]
-pub struct AllClosed(Arc<Mutex<Vec<(String, String, String)>>>);
+pub struct AllClosed(Arc<Mutex<Vec<Closed>>>);
+
+/// A closed span: its name, and the fields that had a value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Closed {
+    /// The span's name (`idempotent` for a call's).
+    pub name: String,
+    /// Its fields with a value.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl Closed {
+    /// The field `field` ("" for none).
+    #[must_use]
+    pub fn get(&self, field: &str) -> String {
+        self.fields.get(field).cloned().unwrap_or_default()
+    }
+}
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for AllClosed {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
@@ -35,19 +52,18 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         let span = ctx.span(&id).unwrap();
         let extensions = span.extensions();
         let fields = &extensions.get::<Fields>().unwrap().0;
-        let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
-        self.0
-            .lock()
-            .unwrap()
-            .push((span.name().to_owned(), get("namespace"), get("outcome")));
+        self.0.lock().unwrap().push(Closed {
+            name: span.name().to_owned(),
+            fields: fields.clone().into_iter().collect(),
+        });
     }
 }
 
 /// What the calls made under [`watching`] reported.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Seen {
-    /// Every closed span: its name, `namespace` and `outcome` ("" for none), in the order they closed.
-    pub spans: Vec<(String, String, String)>,
+    /// Every closed span, in the order they closed.
+    pub spans: Vec<Closed>,
     /// `idempotency_calls_total` by namespace and outcome.
     pub counted: Vec<(String, String, u64)>,
 }
@@ -58,18 +74,19 @@ impl Seen {
     pub fn spans_of(&self, namespace: &str) -> Vec<String> {
         self.spans
             .iter()
-            .filter(|(name, n, _)| name == "idempotent" && n == namespace)
-            .map(|(_, _, o)| o.clone())
+            .filter(|s| s.name == "idempotent" && s.get("namespace") == namespace)
+            .map(|s| s.get("outcome"))
             .collect()
     }
 
-    /// The outcomes of the spans named `name` (not the calls'), in the order they closed.
+    /// The field `field` of the spans named `name` (not the calls'), "" for none, in the order they
+    /// closed.
     #[must_use]
-    pub fn others_named(&self, name: &str) -> Vec<String> {
+    pub fn others_named(&self, name: &str, field: &str) -> Vec<String> {
         self.spans
             .iter()
-            .filter(|(n, _, _)| n == name)
-            .map(|(_, _, o)| o.clone())
+            .filter(|s| s.name == name)
+            .map(|s| s.get(field))
             .collect()
     }
 

@@ -556,7 +556,7 @@ pub(super) async fn acquire<'a>(attempt: &Attempt<'a>) -> Result<Acquired<'a>, E
     let mut renew = false;
     'claim: loop {
         number += 1;
-        tracing::Span::current().record("attempt", number);
+        telemetry::record_attempt(number);
         let mut request = attempt.request(number);
         attempt.stage.set(Stage::Claiming);
         let renewing = std::mem::take(&mut renew);

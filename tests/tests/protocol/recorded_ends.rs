@@ -413,28 +413,37 @@ fn a_detached_bodys_panic_is_recorded_in_its_calls_span_under_a_scoped_subscribe
 }
 
 /// A service that turns the runtime's own spans off (a global filter on `idempotent_runtime`) and
-/// keeps its own request spans, which have an `outcome` field of their own. A call's outcome is the
-/// call's: it is never written into the span around the call. It is not, for a call that ends with a
-/// value (`recorded` writes into the call's own span, which is off), nor for a body's panic (which was
-/// recorded on `Span::current()`, then the request's span, when its storing recorded it).
+/// keeps its own request spans, which have `outcome` and `attempt` fields of their own. A call's
+/// outcome and claim attempts are the call's: they are never written into the span around the call
+/// (a call's end is recorded on its own span, which is off; a body's panic was recorded on
+/// `Span::current()`, then the request's span, when its storing recorded it; and every claim's
+/// attempt number still was).
 #[test]
-fn a_bodys_panic_is_not_recorded_in_the_span_around_its_call() {
+fn a_calls_end_and_attempts_are_not_recorded_in_the_span_around_it() {
     const NS: &str = "ends::around";
     let Some(seen) = apart(
-        "a_bodys_panic_is_not_recorded_in_the_span_around_its_call",
+        "a_calls_end_and_attempts_are_not_recorded_in_the_span_around_it",
         Install::ThreadDefaultWithoutTheRuntimes,
         |_| {
             let rt = runtime();
             let idem = Idempotency::in_memory();
             rt.block_on(async {
-                let request = tracing::info_span!("request", outcome = tracing::field::Empty);
+                let request = tracing::info_span!(
+                    "request",
+                    outcome = tracing::field::Empty,
+                    attempt = tracing::field::Empty
+                );
                 let fine = idem
                     .operation(NS, "fine")
                     .run(|_| async { Ok::<_, AppError>(1_u32) })
                     .instrument(request)
                     .await;
                 assert_eq!(fine.unwrap(), 1);
-                let request = tracing::info_span!("request", outcome = tracing::field::Empty);
+                let request = tracing::info_span!(
+                    "request",
+                    outcome = tracing::field::Empty,
+                    attempt = tracing::field::Empty
+                );
                 let panicked = AssertUnwindSafe(
                     idem.operation(NS, "panics")
                         .run(|_| panics())
@@ -454,9 +463,12 @@ fn a_bodys_panic_is_not_recorded_in_the_span_around_its_call() {
         [("executed".to_owned(), 1), ("failed".to_owned(), 1)]
     );
     assert_eq!(
-        seen.others_named("request"),
-        ["", ""],
-        "the outcome of each request span around a call, as it closed (\"\" for none)"
+        (
+            seen.others_named("request", "outcome"),
+            seen.others_named("request", "attempt")
+        ),
+        (vec![String::new(); 2], vec![String::new(); 2]),
+        "the outcome and attempt of each request span around a call, as it closed (\"\" for none)"
     );
 }
 
