@@ -152,8 +152,9 @@ impl Over<'_> {
         }
     }
 
-    /// [`result`](Self::result)'s part that is not generic: a replay decoded (its value handed to
-    /// `parse`), its parts dropped; a panic goes on. `Ok` when the result is the one kept.
+    /// How the call ended, not generic: a replay decoded (its value handed to `parse`), its parts
+    /// dropped; a panic goes on. `Ok` when the result is the one kept ([`returned`] gives the call's
+    /// result from it).
     #[inline(never)]
     fn end(self, parse: &mut dyn codec::Parse) -> Result<Outcome, (Error, Outcome)> {
         match self {
@@ -746,8 +747,8 @@ where
 /// One poll of a call, as its checks started it (`course`): its core polled, and `body` polled whenever
 /// the core waits for its end, until the core is ready or both are pending; once it is ready, how it
 /// ended ([`Over::end`]: `Ok` when the result is the one `body` keeps), recorded in the call's span
-/// when that closes here. A call that could not start ends with its error; a body that runs alone is
-/// polled alone. `waiting` says whether the core waited for the body at the end of the last poll.
+/// ([`recorded`]; a body's panic, with the outcome its storing gave it). A call that could not start
+/// ends with its error; a body that runs alone is polled alone. `waiting` says whether the core waited for the body at the end of the last poll.
 /// Generic only over the core (a call's, or a detached body's task's): compiled once for each.
 #[inline(never)]
 fn drive_core<'a, C: Future<Output = Ended<'a>>>(
@@ -1025,7 +1026,7 @@ pub(crate) fn panicked(panic: &(dyn Any + Send)) -> String {
     format!("panicked: {message}")
 }
 
-/// How a body that holds its claim ended, as its claim stores it; not generic ([`finish`] keeps the
+/// How a body that holds its claim ended, as its claim stores it; not generic (its [`Shim`] keeps the
 /// value or the error for the caller).
 pub(super) enum Ending {
     /// `Ok`: the value as stored; `thrown`, the panic of its `Serialize` (stored as not serialized,
