@@ -597,7 +597,7 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         X: Future<Output = Result<T, E>>,
     {
         let (operation, body) = match placed {
-            Ok(detached) => return Drive::Detached { run: detached },
+            Ok(detached) => return Drive::Other { run: detached },
             Err(in_place) => in_place,
         };
         let (unchecked, on_replay) = operation.unchecked();
@@ -623,20 +623,21 @@ impl<'a, H, S, W, P> Operation<'a, H, S, W, P> {
         H: OnReplay<T> + Send,
     {
         let (unchecked, on_replay) = self.unchecked();
-        match start(unchecked, true) {
-            Started::Run { core } => DriveDetached::Run {
-                run: handler::Detaching::new(core, body, describe),
-                on_replay: Some(on_replay),
-            },
+        let other: DetachedCall<'static, T, E> = match start(unchecked, true) {
+            Started::Run { core } => {
+                return Drive::Run {
+                    run: handler::Detaching::new(core, body, describe),
+                    on_replay: Some(on_replay),
+                };
+            }
             // Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of
             // its own.
-            Started::Alone { namespace, tasks } => DriveDetached::Body {
-                body: handler::alone(namespace, tasks.as_ref(), body),
-            },
-            Started::Failed { error } => DriveDetached::Failed {
-                error: error.map(|e| (*e).into()),
-            },
-        }
+            Started::Alone { namespace, tasks } => handler::alone(namespace, tasks.as_ref(), body),
+            Started::Failed { error } => Box::pin(std::future::ready(Err((*error
+                .expect("a call that could not start has its error"))
+            .into()))),
+        };
+        Drive::Other { run: other }
     }
 
     /// The operation's parts for [`start`], and its replay hook.
@@ -924,20 +925,23 @@ impl<T, E> Future for NotDetached<T, E> {
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`Operation::drive`]: built whole before it is first polled, so that a caller's
-    /// future holds the state machine (and the body's future in it) in place and once.
+    /// The future of [`Operation::drive`] and [`Operation::drive_detached`]: built whole before it is
+    /// first polled, so that a caller's future holds the state machine (and the body's future in it)
+    /// in place and once.
     #[project = DriveProj]
     pub(crate) enum Drive<R, H, X> {
-        /// A call in place ([`handler::InPlace`]), which records its end in its span; its outcome says
-        /// whether the value is a replay, for `on_replay`.
+        /// The call's course ([`handler::InPlace`], or [`handler::Detaching`]), which records its end
+        /// in its span; its outcome says whether the value is a replay, for `on_replay`.
         Run {
             #[pin]
             run: R,
             on_replay: Option<H>,
         },
-        /// A detached call, boxed with its own [`DriveDetached`] ([`Placement::Call`]: none for a
-        /// body run in place, so that this variant and its poll are compiled only for detached calls).
-        Detached {
+        /// A call that ends without a course of this `Drive`'s: in place, a detached call, boxed with
+        /// its own `Drive` ([`Placement::Call`]: none for a body run in place, so that this variant
+        /// and its poll are compiled only for detached calls); in that `Drive`, the body run alone on
+        /// a task of its own, or the error of a call that could not start.
+        Other {
             #[pin]
             run: X,
         },
@@ -962,7 +966,7 @@ where
                 let (result, outcome) = ready!(run.poll(cx));
                 Poll::Ready(hooked(result, outcome, on_replay))
             }
-            DriveProj::Detached { run } => run.poll(cx),
+            DriveProj::Other { run } => run.poll(cx),
         }
     }
 }
@@ -983,56 +987,6 @@ fn hooked<T, E, H: OnReplay<T>>(
             }
         }
         other => other,
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The future of [`Operation::drive_detached`], boxed in [`Drive::Detached`].
-    #[project = DriveDetachedProj]
-    pub(crate) enum DriveDetached<R, B, H, E> {
-        /// The call ([`handler::Detaching`]), which records its end in its span; its outcome says
-        /// whether the value is a replay, for `on_replay`.
-        Run {
-            #[pin]
-            run: R,
-            on_replay: Option<H>,
-        },
-        /// Switched off, or a missing key under `MissingKey::Skip`: the body alone, on a task of its
-        /// own.
-        Body {
-            #[pin]
-            body: B,
-        },
-        /// The call could not start (the handle, the key or the payload).
-        Failed {
-            error: Option<E>,
-        },
-    }
-}
-
-impl<R, B, H, T, E> Future for DriveDetached<R, B, H, E>
-where
-    R: Future<Output = (Result<T, E>, Outcome)>,
-    B: Future<Output = Result<T, E>>,
-    H: OnReplay<T>,
-{
-    type Output = Result<T, E>;
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<T, E>> {
-        use std::task::{Poll, ready};
-        match self.project() {
-            DriveDetachedProj::Run { run, on_replay } => {
-                let (result, outcome) = ready!(run.poll(cx));
-                Poll::Ready(hooked(result, outcome, on_replay))
-            }
-            DriveDetachedProj::Body { body } => body.poll(cx),
-            DriveDetachedProj::Failed { error } => {
-                Poll::Ready(Err(error.take().expect("a failed call is polled once")))
-            }
-        }
     }
 }
 
