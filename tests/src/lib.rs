@@ -821,6 +821,22 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<String> {
         .or_else(|| panic.downcast_ref::<String>().cloned())
 }
 
+/// A panic's message, as `panic!` gave it (`<not a string>` for a payload that is not a string).
+#[must_use]
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic_message(panic).unwrap_or_else(|| "<not a string>".to_owned())
+}
+
+/// Polls `future` once with a waker that does nothing (a call on the memory store that does not wait
+/// ends at its first poll).
+pub fn poll_once<F: std::future::Future + ?Sized>(
+    future: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    future.poll(&mut cx)
+}
+
 /// How many times a body ran.
 #[derive(Debug, Default, Clone)]
 pub struct Runs(pub Arc<AtomicUsize>);

@@ -1,63 +1,13 @@
-//! What a test sees of the calls' ends ([`Seen`]): every closed span's name and fields, and `idempotency_calls_total` by namespace and outcome, under a subscriber and a metrics recorder
+//! What a test sees of the calls' ends ([`Seen`]): every closed span's name and fields ([`ClosedSpans`]),
+//! and `idempotency_calls_total` by namespace and outcome, under a subscriber and a metrics recorder
 //! of the test's own ([`watching`]), in a child process of its own ([`apart`]).
-
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde::{Deserialize, Serialize};
 use tracing::Dispatch;
-use tracing::span::{Attributes, Id, Record};
-use tracing_subscriber::layer::{Context, SubscriberExt as _};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::layer::SubscriberExt as _;
 
-use crate::spans::Fields;
-
-/// A `tracing_subscriber` layer that keeps, for every closed span (the calls' `idempotent` spans and
-/// any other), its name and the fields it had, in the order they closed.
-#[derive(Clone, Default)]
-pub struct AllClosed(Arc<Mutex<Vec<Closed>>>);
-
-/// A closed span: its name, and the fields that had a value.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Closed {
-    /// The span's name (`idempotent` for a call's).
-    pub name: String,
-    /// Its fields with a value.
-    pub fields: BTreeMap<String, String>,
-}
-
-impl Closed {
-    /// The field `field` ("" for none).
-    #[must_use]
-    pub fn get(&self, field: &str) -> String {
-        self.fields.get(field).cloned().unwrap_or_default()
-    }
-}
-
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for AllClosed {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        attrs.record(&mut fields);
-        ctx.span(id).unwrap().extensions_mut().insert(fields);
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let span = ctx.span(id).unwrap();
-        let mut extensions = span.extensions_mut();
-        values.record(extensions.get_mut::<Fields>().unwrap());
-    }
-
-    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let span = ctx.span(&id).unwrap();
-        let extensions = span.extensions();
-        let fields = &extensions.get::<Fields>().unwrap().0;
-        self.0.lock().unwrap().push(Closed {
-            name: span.name().to_owned(),
-            fields: fields.clone().into_iter().collect(),
-        });
-    }
-}
+use crate::spans::{Closed, ClosedSpans};
 
 /// What the calls made under [`watching`] reported.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -160,7 +110,7 @@ pub enum Install {
 /// # Panics
 /// When `idempotency_calls_total` is not a counter.
 pub fn watching(install: Install, f: impl FnOnce(&Dispatch)) -> Seen {
-    let closed = AllClosed::default();
+    let closed = ClosedSpans::default();
     let dispatch = match install {
         Install::ThreadDefault | Install::Scoped => {
             Dispatch::new(tracing_subscriber::registry().with(closed.clone()))
@@ -201,7 +151,7 @@ pub fn watching(install: Install, f: impl FnOnce(&Dispatch)) -> Seen {
             (label("namespace"), label("outcome"), n)
         })
         .collect();
-    let spans = closed.0.lock().unwrap().clone();
+    let spans = closed.all();
     Seen { spans, counted }
 }
 

@@ -4,24 +4,53 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-/// A `tracing_subscriber` layer that keeps the fields of every closed `idempotent` span, in the order
-/// they closed, with `parent` (`<name>:<namespace>` of the span it was opened in) when it has one.
+/// A `tracing_subscriber` layer that keeps every closed span (the calls' `idempotent` spans and any
+/// other), in the order they closed, with its fields and `parent` (`<name>:<namespace>` of the span
+/// it was opened in) when it has one.
 #[derive(Clone, Default)]
-pub struct ClosedSpans(Arc<Mutex<Vec<HashMap<String, String>>>>);
+pub struct ClosedSpans(Arc<Mutex<Vec<Closed>>>);
+
+/// A closed span: its name, and the fields that had a value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Closed {
+    /// The span's name (`idempotent` for a call's).
+    pub name: String,
+    /// Its fields with a value.
+    pub fields: HashMap<String, String>,
+}
+
+impl Closed {
+    /// The field `field` ("" for none).
+    #[must_use]
+    pub fn get(&self, field: &str) -> String {
+        self.fields.get(field).cloned().unwrap_or_default()
+    }
+}
 
 impl ClosedSpans {
-    /// The fields of each closed span.
+    /// Every closed span.
     #[must_use]
-    pub fn fields(&self) -> Vec<HashMap<String, String>> {
+    pub fn all(&self) -> Vec<Closed> {
         self.0.lock().unwrap().clone()
     }
 
-    /// The `outcome` of each closed span (empty when it has none).
+    /// The fields of each closed `idempotent` span.
+    #[must_use]
+    pub fn fields(&self) -> Vec<HashMap<String, String>> {
+        self.all()
+            .into_iter()
+            .filter(|s| s.name == "idempotent")
+            .map(|s| s.fields)
+            .collect()
+    }
+
+    /// The `outcome` of each closed `idempotent` span (empty when it has none).
     #[must_use]
     pub fn outcomes(&self) -> Vec<String> {
         self.fields()
@@ -30,7 +59,7 @@ impl ClosedSpans {
             .collect()
     }
 
-    /// The `namespace` and `outcome` of each closed span (empty when it has none).
+    /// The `namespace` and `outcome` of each closed `idempotent` span (empty when it has none).
     #[must_use]
     pub fn namespaces_and_outcomes(&self) -> Vec<(String, String)> {
         let get = |f: &HashMap<String, String>, k: &str| f.get(k).cloned().unwrap_or_default();
@@ -43,7 +72,7 @@ impl ClosedSpans {
 
 /// A span's fields, as recorded.
 #[derive(Default)]
-pub(crate) struct Fields(pub(crate) HashMap<String, String>);
+struct Fields(HashMap<String, String>);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
@@ -81,10 +110,11 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let span = ctx.span(&id).unwrap();
-        if span.name() == "idempotent" {
-            let fields = span.extensions().get::<Fields>().unwrap().0.clone();
-            self.0.lock().unwrap().push(fields);
-        }
+        let fields = span.extensions().get::<Fields>().unwrap().0.clone();
+        self.0.lock().unwrap().push(Closed {
+            name: span.name().to_owned(),
+            fields,
+        });
     }
 }
 

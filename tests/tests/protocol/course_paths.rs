@@ -27,7 +27,7 @@ use idempotent_runtime::{
     observe,
 };
 use idempotent_tests::seen::{self, Install, Seen};
-use idempotent_tests::{AppError, Forward, SharedOverride, panic_message};
+use idempotent_tests::{AppError, Forward, SharedOverride, panic_text, poll_once};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 // ---------------------------------------------------------------------------------------------------
@@ -41,17 +41,6 @@ fn memory() -> (Idempotency, Arc<MemoryStore>) {
 async fn status(store: &dyn Store, namespace: &str, key: &str) -> Option<Status> {
     let key = idempotent_runtime::derive_key(namespace, key).unwrap();
     store.get(&key).await.unwrap().map(|r| r.status)
-}
-
-fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic_message(panic).unwrap_or_else(|| "<not a string>".to_owned())
-}
-
-/// Polls `future` once with a waker that does nothing.
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    let waker = futures_util::task::noop_waker();
-    let mut cx = std::task::Context::from_waker(&waker);
-    future.poll(&mut cx)
 }
 
 /// [`seen::apart`] for a test of this module, with a current-thread runtime for `f`, dropped (with the
@@ -166,157 +155,123 @@ impl Drop for OnDrop {
 // ---------------------------------------------------------------------------------------------------
 // Telemetry: one outcome per call that reaches the store, however it ends.
 
-/// A duplicate whose replayed value's `Deserialize` panics, in place: the panic goes on, and the call
-/// (which reached the store) still closes its span with an outcome and counts once.
+/// A call of `ns` (key `key`, payload `payload` when given), in place or detached (`detach`), whose
+/// body returns `value`; boxed, so that a test makes both kinds through one path.
+fn placed<'a, T, E>(
+    idem: &'a Idempotency,
+    ns: &'static str,
+    key: &'static str,
+    payload: Option<u32>,
+    detach: bool,
+    value: T,
+) -> Pin<Box<dyn Future<Output = Result<T, E>> + 'a>>
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+    E: From<Error> + std::fmt::Display + Send + 'static,
+{
+    let mut op = idem.operation(ns, key);
+    if let Some(payload) = payload {
+        op = op.payload(&payload);
+    }
+    let body = move |_| async move { Ok::<_, E>(value) };
+    if detach {
+        Box::pin(op.detach().run(body))
+    } else {
+        Box::pin(op.run(body))
+    }
+}
+
+/// A duplicate whose replayed value's `Deserialize` panics: the panic goes on, and the call (which
+/// reached the store) still closes its span with an outcome and counts once. Detached, the replay is
+/// decoded in the caller's future (`Detaching`).
+fn a_replay_whose_deserialize_panics_is_recorded(test: &str, ns: &'static str, detach: bool) {
+    let Some(seen) = watched_apart(test, |rt| {
+        rt.block_on(async {
+            BRITTLE.set(false);
+            let idem = Idempotency::in_memory();
+            let call = || placed::<_, AppError>(&idem, ns, "k", None, detach, Brittle(1));
+            assert_eq!(call().await.unwrap(), Brittle(1));
+            BRITTLE.set(true);
+            let replay = AssertUnwindSafe(call()).catch_unwind().await;
+            BRITTLE.set(false);
+            let panic = replay.expect_err("the replay's Deserialize panics");
+            assert_eq!(panic_text(&*panic), "Brittle's Deserialize panics");
+        });
+    }) else {
+        return;
+    };
+    seen.assert_each_closed_with_an_outcome(ns, 2);
+}
+
 #[test]
 fn an_in_place_replay_whose_deserialize_panics_is_recorded() {
-    const NS: &str = "course::brittle_in_place";
-    let Some(seen) = watched_apart(
+    a_replay_whose_deserialize_panics_is_recorded(
         "an_in_place_replay_whose_deserialize_panics_is_recorded",
-        |rt| {
-            rt.block_on(async {
-                BRITTLE.set(false);
-                let idem = Idempotency::in_memory();
-                let call = || {
-                    idem.operation(NS, "k")
-                        .run(|_| async { Ok::<_, AppError>(Brittle(1)) })
-                };
-                assert_eq!(call().await.unwrap(), Brittle(1));
-                BRITTLE.set(true);
-                let replay = AssertUnwindSafe(call()).catch_unwind().await;
-                BRITTLE.set(false);
-                let panic = replay.expect_err("the replay's Deserialize panics");
-                assert_eq!(message(&*panic), "Brittle's Deserialize panics");
-            });
-        },
-    ) else {
-        return;
-    };
-    seen.assert_each_closed_with_an_outcome(NS, 2);
+        "course::brittle_in_place",
+        false,
+    );
 }
 
-/// The same, detached: the replay is decoded in the caller's future (`Detaching`), the panic goes on,
-/// and the call still closes its span with an outcome and counts once.
 #[test]
 fn a_detached_replay_whose_deserialize_panics_is_recorded() {
-    const NS: &str = "course::brittle_detached";
-    let Some(seen) = watched_apart(
+    a_replay_whose_deserialize_panics_is_recorded(
         "a_detached_replay_whose_deserialize_panics_is_recorded",
-        |rt| {
-            rt.block_on(async {
-                BRITTLE.set(false);
-                let idem = Idempotency::in_memory();
-                let call = || {
-                    idem.operation(NS, "k")
-                        .detach()
-                        .run(|_| async { Ok::<_, AppError>(Brittle(1)) })
-                };
-                assert_eq!(call().await.unwrap(), Brittle(1));
-                BRITTLE.set(true);
-                let replay = AssertUnwindSafe(call()).catch_unwind().await;
-                BRITTLE.set(false);
-                let panic = replay.expect_err("the replay's Deserialize panics");
-                assert_eq!(message(&*panic), "Brittle's Deserialize panics");
-            });
-        },
-    ) else {
-        return;
-    };
-    seen.assert_each_closed_with_an_outcome(NS, 2);
+        "course::brittle_detached",
+        true,
+    );
 }
 
-/// A call in place that ends with the library's error (a payload mismatch from the claim; a value that
-/// does not serialize, after its body ran) and whose `From<Error>` panics: the panic goes on, and the
-/// call's span has its outcome and the call is counted, since `drive_core` records the end before
-/// the conversion.
+/// A call that ends with the library's error and whose `From<Error>` panics: a payload mismatch from
+/// the claim (detached, converted in the caller's future, `Detaching`), and a value that does not
+/// serialize, after its body ran (detached, converted in the body's task, whose panic the caller
+/// resumes). The panic goes on, the value is final, and each call closes its span with its outcome
+/// and counts once, since its end is recorded before the conversion.
+fn a_library_error_with_a_panicking_from_is_recorded(test: &str, ns: &'static str, detach: bool) {
+    let Some(seen) = watched_apart(test, |rt| {
+        rt.block_on(async {
+            let (idem, store) = memory();
+            let stored = placed::<_, FromPanics>(&idem, ns, "mismatch", Some(1), detach, 1_u32);
+            assert_eq!(stored.await.unwrap(), 1);
+            let mismatch = placed::<_, FromPanics>(&idem, ns, "mismatch", Some(2), detach, 2_u32);
+            let panic = AssertUnwindSafe(mismatch)
+                .catch_unwind()
+                .await
+                .expect_err("From<Error> panics");
+            assert!(panic_text(&*panic).starts_with("From<Error> panics on"));
+            let nan = placed::<_, FromPanics>(&idem, ns, "nan", None, detach, f64::NAN);
+            let panic = AssertUnwindSafe(nan)
+                .catch_unwind()
+                .await
+                .expect_err("From<Error> panics");
+            assert!(panic_text(&*panic).starts_with("From<Error> panics on"));
+            assert_eq!(
+                status(&*store, ns, "nan").await,
+                Some(Status::Completed),
+                "the value that does not serialize is final"
+            );
+        });
+    }) else {
+        return;
+    };
+    seen.assert_closed(ns, &["executed", "payload_mismatch", "error"]);
+}
+
 #[test]
 fn an_in_place_library_error_with_a_panicking_from_is_recorded() {
-    const NS: &str = "course::from_panics_in_place";
-    let Some(seen) = watched_apart(
+    a_library_error_with_a_panicking_from_is_recorded(
         "an_in_place_library_error_with_a_panicking_from_is_recorded",
-        |rt| {
-            rt.block_on(async {
-                let idem = Idempotency::in_memory();
-                let stored = idem
-                    .operation(NS, "mismatch")
-                    .payload(&1)
-                    .run(|_| async { Ok::<_, FromPanics>(1_u32) })
-                    .await;
-                assert_eq!(stored.unwrap(), 1);
-                let mismatch = AssertUnwindSafe(
-                    idem.operation(NS, "mismatch")
-                        .payload(&2)
-                        .run(|_| async { Ok::<_, FromPanics>(2_u32) }),
-                )
-                .catch_unwind()
-                .await;
-                let panic = mismatch.expect_err("From<Error> panics");
-                assert!(message(&*panic).starts_with("From<Error> panics on"));
-                let nan = AssertUnwindSafe(
-                    idem.operation(NS, "nan")
-                        .run(|_| async { Ok::<_, FromPanics>(f64::NAN) }),
-                )
-                .catch_unwind()
-                .await;
-                let panic = nan.expect_err("From<Error> panics");
-                assert!(message(&*panic).starts_with("From<Error> panics on"));
-            });
-        },
-    ) else {
-        return;
-    };
-    seen.assert_closed(NS, &["executed", "payload_mismatch", "error"]);
+        "course::from_panics_in_place",
+        false,
+    );
 }
 
-/// The same two ends, detached: a payload mismatch (converted in the caller's future, `Detaching`),
-/// and a value that does not serialize (converted in the body's task, whose panic the caller resumes).
-/// Each call reached the store and ended, and must close its span with its outcome and count once,
-/// as it does in place.
 #[test]
 fn a_detached_library_error_with_a_panicking_from_is_recorded() {
-    const NS: &str = "course::from_panics_detached";
-    let Some(seen) = watched_apart(
+    a_library_error_with_a_panicking_from_is_recorded(
         "a_detached_library_error_with_a_panicking_from_is_recorded",
-        |rt| {
-            rt.block_on(async {
-                let (idem, store) = memory();
-                let stored = idem
-                    .operation(NS, "mismatch")
-                    .payload(&1)
-                    .detach()
-                    .run(|_| async { Ok::<_, FromPanics>(1_u32) })
-                    .await;
-                assert_eq!(stored.unwrap(), 1);
-                let mismatch = AssertUnwindSafe(
-                    idem.operation(NS, "mismatch")
-                        .payload(&2)
-                        .detach()
-                        .run(|_| async { Ok::<_, FromPanics>(2_u32) }),
-                )
-                .catch_unwind()
-                .await;
-                let panic = mismatch.expect_err("From<Error> panics");
-                assert!(message(&*panic).starts_with("From<Error> panics on"));
-                let nan = AssertUnwindSafe(
-                    idem.operation(NS, "nan")
-                        .detach()
-                        .run(|_| async { Ok::<_, FromPanics>(f64::NAN) }),
-                )
-                .catch_unwind()
-                .await;
-                let panic = nan.expect_err("From<Error> panics");
-                assert!(message(&*panic).starts_with("From<Error> panics on"));
-                assert_eq!(
-                    status(&*store, NS, "nan").await,
-                    Some(Status::Completed),
-                    "the value that does not serialize is final"
-                );
-            });
-        },
-    ) else {
-        return;
-    };
-    seen.assert_closed(NS, &["executed", "payload_mismatch", "error"]);
+        "course::from_panics_detached",
+        true,
+    );
 }
 
 /// A detached call whose caller gave up while its body ran: the body runs to its end on its task and
@@ -435,7 +390,7 @@ async fn runs_alone<'a>(op: impl Fn() -> Operation<'a>) {
     .catch_unwind()
     .await;
     assert_eq!(
-        message(&*panicked.expect_err("the panic goes on")),
+        panic_text(&*panicked.expect_err("the panic goes on")),
         "the body that runs alone panics"
     );
     // Dropped mid-body: the body is dropped at once.
@@ -711,7 +666,7 @@ async fn detached_alone<'a>(idem: &Idempotency, op: impl Fn() -> Operation<'a>) 
     .catch_unwind()
     .await;
     assert_eq!(
-        message(&*panicked.expect_err("the panic goes on")),
+        panic_text(&*panicked.expect_err("the panic goes on")),
         "the detached body that runs alone panics"
     );
     let done = Arc::new(AtomicBool::new(false));

@@ -13,7 +13,6 @@
 )]
 
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
@@ -24,7 +23,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{Transition, WriteOutcome};
 use idempotent_runtime::{Error, Idempotency, MemoryStore, MissingKey, Status, Store, StoreError};
 use idempotent_tests::seen::{self, Install, Seen};
-use idempotent_tests::{AppError, Forward, SharedOverride, panic_message};
+use idempotent_tests::{AppError, Forward, SharedOverride, panic_text, poll_once};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing::Dispatch;
 use tracing::instrument::{Instrument as _, WithSubscriber as _};
@@ -35,17 +34,6 @@ use tracing::instrument::{Instrument as _, WithSubscriber as _};
 fn memory() -> (Idempotency, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::new());
     (Idempotency::builder_arc(store.clone()).build(), store)
-}
-
-fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic_message(panic).unwrap_or_else(|| "<not a string>".to_owned())
-}
-
-/// Polls `future` once with a waker that does nothing.
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    let waker = futures_util::task::noop_waker();
-    let mut cx = std::task::Context::from_waker(&waker);
-    future.poll(&mut cx)
 }
 
 /// `future`, which must end at its first poll (a call on the memory store that does not wait), from
@@ -236,7 +224,7 @@ fn a_detached_call_whose_runtime_shuts_down_under_its_waiting_caller_is_recorded
             );
             let got = caller.block_on(AssertUnwindSafe(converted).catch_unwind());
             let panic = got.expect_err("From<Error> panics");
-            assert!(message(&*panic).starts_with("From<Error> panics on"));
+            assert!(panic_text(&*panic).starts_with("From<Error> panics on"));
         },
     ) else {
         return;
@@ -282,7 +270,10 @@ fn a_detached_call_whose_body_panics_as_its_runtime_drops_it_is_recorded() {
             drop(bodies);
             let got = caller.block_on(AssertUnwindSafe(call).catch_unwind());
             let panic = got.expect_err("the guard's panic goes on to the caller");
-            assert_eq!(message(&*panic), "the body's guard panics as it is dropped");
+            assert_eq!(
+                panic_text(&*panic),
+                "the body's guard panics as it is dropped"
+            );
         },
     ) else {
         return;
@@ -309,7 +300,11 @@ fn a_detached_call_polled_outside_a_runtime_panics_before_it_claims() {
             );
             let polled = std::panic::catch_unwind(AssertUnwindSafe(|| poll_once(call.as_mut())));
             let panic = polled.expect_err("spawning outside a runtime panics");
-            assert!(message(&*panic).contains("Tokio"), "{}", message(&*panic));
+            assert!(
+                panic_text(&*panic).contains("Tokio"),
+                "{}",
+                panic_text(&*panic)
+            );
             drop(call);
             assert_eq!(statuses(&store), [], "the call claimed its key");
         },
@@ -356,7 +351,7 @@ fn a_detached_bodys_panic_is_recorded_in_its_calls_span_under_a_scoped_subscribe
                             .catch_unwind()
                             .await
                     };
-                    assert_eq!(message(&*body.expect_err("panics")), "the body panics");
+                    assert_eq!(panic_text(&*body.expect_err("panics")), "the body panics");
                     let op = || idem.operation(ns, "display");
                     let display = if detached {
                         AssertUnwindSafe(
@@ -371,7 +366,7 @@ fn a_detached_bodys_panic_is_recorded_in_its_calls_span_under_a_scoped_subscribe
                             .await
                     };
                     assert_eq!(
-                        message(&*display.expect_err("panics")),
+                        panic_text(&*display.expect_err("panics")),
                         "DisplayPanics's Display panics"
                     );
                     let op = || idem.operation(ns, "serialize");
@@ -390,7 +385,7 @@ fn a_detached_bodys_panic_is_recorded_in_its_calls_span_under_a_scoped_subscribe
                         .await
                     };
                     assert_eq!(
-                        message(&*serialize.expect_err("panics")),
+                        panic_text(&*serialize.expect_err("panics")),
                         "SerializePanics's Serialize panics"
                     );
                 }
@@ -451,7 +446,10 @@ fn a_calls_end_and_attempts_are_not_recorded_in_the_span_around_it() {
                 )
                 .catch_unwind()
                 .await;
-                assert_eq!(message(&*panicked.expect_err("panics")), "the body panics");
+                assert_eq!(
+                    panic_text(&*panicked.expect_err("panics")),
+                    "the body panics"
+                );
             });
             drop(rt);
         },
@@ -614,7 +612,7 @@ fn a_replay_whose_on_replay_panics_is_recorded_once() {
                         };
                         match (n, got) {
                             (0, Ok(Ok(7))) => {}
-                            (1, Err(panic)) => assert_eq!(message(&*panic), "on_replay panics"),
+                            (1, Err(panic)) => assert_eq!(panic_text(&*panic), "on_replay panics"),
                             (n, other) => panic!("{ns} call {n}: {other:?}"),
                         }
                     }
@@ -854,7 +852,10 @@ fn calls_nested_in_a_store_a_deserialize_and_a_from_record_their_own_ends() {
                 let panicked = AssertUnwindSafe(idem.operation(OUTER, "panics").run(|_| panics()))
                     .catch_unwind()
                     .await;
-                assert_eq!(message(&*panicked.expect_err("panics")), "the body panics");
+                assert_eq!(
+                    panic_text(&*panicked.expect_err("panics")),
+                    "the body panics"
+                );
                 assert_eq!(hooks.made.load(Ordering::SeqCst), 1);
                 // A replay's Deserialize makes a call (the first call's read-back check too).
                 for detached in [false, true] {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use idempotent_runtime::{Error, Idempotency, MemoryStore, Status, Store};
-use idempotent_tests::AppError;
+use idempotent_tests::{AppError, panic_text, poll_once};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 const NS: &str = "shim_paths::call";
@@ -30,18 +30,6 @@ fn memory() -> (Idempotency, Arc<dyn Store>) {
 async fn status(store: &dyn Store, key: &str) -> Option<Status> {
     let key = idempotent_runtime::derive_key(NS, key).unwrap();
     store.get(&key).await.unwrap().map(|r| r.status)
-}
-
-fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    idempotent_tests::panic_message(panic).unwrap_or_else(|| "<not a string>".to_owned())
-}
-
-/// Polls `future` once with a waker that does nothing: a call on the memory store that does not wait
-/// ends at its first poll.
-fn poll_once<F: Future + ?Sized>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
-    let waker = futures_util::task::noop_waker();
-    let mut cx = std::task::Context::from_waker(&waker);
-    future.poll(&mut cx)
 }
 
 /// Runs the test `test` in a child process ([`idempotent_tests::spans::in_child`]) and checks that it
@@ -128,7 +116,7 @@ fn a_discarded_values_panic_payload_panicking_in_its_drop() {
         rt.block_on(status(&*store, "bomb")),
         Some(Status::Completed)
     );
-    assert_eq!(message(&*panic), "Serialize panics");
+    assert_eq!(panic_text(&*panic), "Serialize panics");
 }
 
 thread_local! {
@@ -189,7 +177,7 @@ async fn a_discarded_errors_drop_calls_its_own_key() {
     .await;
     SAME_KEY.set(None);
     let panic = caught.expect_err("the call panics");
-    assert_eq!(message(&*panic), "Display panics");
+    assert_eq!(panic_text(&*panic), "Display panics");
     assert_eq!(SAME_KEY_GOT.take(), ["ok 7"]);
     assert_eq!(SAME_KEY_RUNS.get(), 1);
     assert_eq!(status(&*store, "loud").await, Some(Status::Completed));
@@ -216,7 +204,7 @@ async fn a_discarded_values_drop_calls_its_own_key() {
         }
         Err(panic) => panic,
     };
-    assert_eq!(message(&*panic), "Serialize panics");
+    assert_eq!(panic_text(&*panic), "Serialize panics");
     let got = SAME_KEY_GOT.take();
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].contains("ResponseNotSerialized"), "{got:?}");
@@ -645,7 +633,7 @@ async fn a_panicking_display_after_a_step_and_with_a_transaction() {
         .catch_unwind()
     };
     let panic = call(true).await.expect_err("the Display's panic goes on");
-    assert_eq!(message(&*panic), "Display panics");
+    assert_eq!(panic_text(&*panic), "Display panics");
     assert_eq!(status(&*store, "steps-loud").await, Some(Status::Failed));
     let r = call(false).await.expect("no panic");
     assert!(matches!(r, Ok(11)), "{r:?}");
@@ -676,7 +664,7 @@ async fn a_panicking_display_after_a_step_and_with_a_transaction() {
     };
     match tx_call(true).await {
         Err(panic) => {
-            assert_eq!(message(&*panic), "Display panics");
+            assert_eq!(panic_text(&*panic), "Display panics");
             assert_eq!(status(&*store, "tx-loud").await, Some(Status::Failed));
             let r = tx_call(false).await.expect("no panic");
             assert!(matches!(r, Ok(5)), "{r:?}");
