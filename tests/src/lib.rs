@@ -812,6 +812,23 @@ impl<O: idempotent_runtime::store::conformance::Override<Forward>>
     }
 }
 
+/// An error whose `From<idempotent_runtime::Error>` panics (`From<Error> panics on: <the error>`): a
+/// call whose library error is converted into it panics there.
+#[derive(Debug)]
+pub struct FromPanics;
+
+impl std::fmt::Display for FromPanics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the body's own error")
+    }
+}
+
+impl From<idempotent_runtime::Error> for FromPanics {
+    fn from(e: idempotent_runtime::Error) -> Self {
+        panic!("From<Error> panics on: {e}")
+    }
+}
+
 /// A panic's message, as `panic!` gave it (`None` for a payload that is not a string).
 #[must_use]
 pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<String> {

@@ -27,7 +27,7 @@ use idempotent_runtime::{
     observe,
 };
 use idempotent_tests::seen::{self, Install, Seen};
-use idempotent_tests::{AppError, Forward, SharedOverride, panic_text, poll_once};
+use idempotent_tests::{AppError, Forward, FromPanics, SharedOverride, panic_text, poll_once};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 // ---------------------------------------------------------------------------------------------------
@@ -94,22 +94,6 @@ impl From<Error> for Counted {
     fn from(e: Error) -> Self {
         CONVERSIONS.set(CONVERSIONS.get() + 1);
         Counted::Lib(e)
-    }
-}
-
-/// An error whose `From<Error>` panics.
-#[derive(Debug)]
-struct FromPanics;
-
-impl std::fmt::Display for FromPanics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the body's own error")
-    }
-}
-
-impl From<Error> for FromPanics {
-    fn from(e: Error) -> Self {
-        panic!("From<Error> panics on: {e}")
     }
 }
 

@@ -23,7 +23,7 @@ use idempotent_runtime::store::conformance::{Delegating, Override};
 use idempotent_runtime::store::{Transition, WriteOutcome};
 use idempotent_runtime::{Error, Idempotency, MemoryStore, MissingKey, Status, Store, StoreError};
 use idempotent_tests::seen::{self, Install, Seen};
-use idempotent_tests::{AppError, Forward, SharedOverride, panic_text, poll_once};
+use idempotent_tests::{AppError, Forward, FromPanics, SharedOverride, panic_text, poll_once};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing::Dispatch;
 use tracing::instrument::{Instrument as _, WithSubscriber as _};
@@ -103,22 +103,6 @@ impl std::fmt::Display for DisplayPanics {
 impl From<Error> for DisplayPanics {
     fn from(e: Error) -> Self {
         DisplayPanics::Lib(e)
-    }
-}
-
-/// An error whose `From<Error>` panics.
-#[derive(Debug)]
-struct FromPanics;
-
-impl std::fmt::Display for FromPanics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the body's own error")
-    }
-}
-
-impl From<Error> for FromPanics {
-    fn from(e: Error) -> Self {
-        panic!("From<Error> panics on: {e}")
     }
 }
 
